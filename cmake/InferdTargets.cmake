@@ -1,0 +1,34 @@
+# Helpers shared by every target: warnings, sanitizers, tests.
+
+# Warnings and sanitizer flags for one of our own targets (never global flags).
+function(inferd_target_defaults target)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wshadow -Wnon-virtual-dtor
+                         -Wno-unused-parameter)
+  if(INFERD_WERROR)
+    target_compile_options(${target} PRIVATE -Werror)
+  endif()
+  if(INFERD_SANITIZE)
+    target_compile_options(${target} PRIVATE -fsanitize=${INFERD_SANITIZE} -fno-omit-frame-pointer
+                           -fno-sanitize-recover=all)
+    target_link_options(${target} PRIVATE -fsanitize=${INFERD_SANITIZE})
+  endif()
+endfunction()
+
+# inferd_add_test(NAME name SOURCES a.cpp ... LIBS lib ... [LABELS l ...])
+# One GoogleTest binary per library; every test case becomes a CTest test.
+function(inferd_add_test)
+  cmake_parse_arguments(T "" "NAME" "SOURCES;LIBS;LABELS" ${ARGN})
+  if(NOT INFERD_BUILD_TESTS)
+    return()
+  endif()
+  add_executable(${T_NAME} ${T_SOURCES})
+  target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main)
+  inferd_target_defaults(${T_NAME})
+  target_compile_definitions(${T_NAME} PRIVATE
+    INFERD_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+    INFERD_TEST_DATA_DIR="${PROJECT_SOURCE_DIR}/tests/data")
+  if(NOT T_LABELS)
+    set(T_LABELS unit)
+  endif()
+  gtest_discover_tests(${T_NAME} PROPERTIES LABELS "${T_LABELS}" DISCOVERY_TIMEOUT 60)
+endfunction()

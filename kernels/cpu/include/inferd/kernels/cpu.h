@@ -1,0 +1,67 @@
+// inferd/kernels/cpu.h — CPU kernels: dequantization, activation quantization, dot products.
+//
+// Every kernel exists once as a portable scalar reference and, where it pays, as AVX2 and AVX-512
+// (VNNI where present) variants. `type_kernels(type, isa)` returns the table for one weight type and
+// one instruction set; `best_isa()` is what this CPU runs. Tests compare every variant with the
+// scalar reference (cpu_test.cpp).
+//
+// Matmul convention (as ggml): a weight matrix W has `rows` rows of `k` elements, stored row-major
+// in its own type; activations X have `k` columns. y[t][r] = dot(W[r], X[t]).
+// Weights are never converted: a dot product reads the quantized weight row directly and multiplies
+// it with an activation row that was quantized once to `act_type` (Q8_0, Q8_1 or Q8_K), exactly
+// like ggml's vec_dot_type, which keeps results close to llama.cpp's.
+//
+// Thread safety: all functions are pure; tables are immutable after first use.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "inferd/kernels/dtype.h"
+
+namespace inferd::kernels {
+
+enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+const char* isa_name(Isa isa);
+
+// The best instruction set this CPU supports and this build compiled.
+// INFERD_ISA=scalar|avx2|avx512 in the environment caps it (for benchmarks and debugging).
+Isa best_isa();
+// Whether this CPU can run `isa` (tests iterate over the ones that are).
+bool isa_available(Isa isa);
+
+// Maximum number of activation rows one `dot` call handles (the GEMM micro-kernel's width).
+constexpr int kMaxDotRows = 4;
+
+struct TypeKernels {
+  DType type;       // weight type
+  DType act_type;   // the type activations are quantized to for `dot` (kF32 for float weights)
+  // Converts `n` elements (a multiple of the block size) of this type to float.
+  void (*to_float)(const void* src, float* dst, int64_t n);
+  // Quantizes `n` floats (a multiple of act_type's block size) to act_type (a plain copy for kF32).
+  void (*quantize_act)(const float* src, void* dst, int64_t n);
+  // out[r] = dot(w_row, act_row r) for r < nr (1..kMaxDotRows); k elements; activation rows are
+  // `act_stride` bytes apart. Reads each weight block once for all nr rows.
+  void (*dot)(int64_t k, const void* w_row, const void* act, size_t act_stride, int nr, float* out);
+};
+
+// Kernels for weight type `type` on `isa`; nullptr when the type has no kernels.
+// If `isa` has no specialised variant for the type, the next lower one is returned.
+const TypeKernels* type_kernels(DType type, Isa isa);
+inline const TypeKernels* type_kernels(DType type) { return type_kernels(type, best_isa()); }
+
+// ---- Half precision and small vector helpers used by attention ---------------------------------
+float fp16_to_fp32(fp16_t h);
+fp16_t fp32_to_fp16(float f);  // round to nearest even, as F16C
+float bf16_to_fp32(uint16_t h);
+void fp16_to_fp32_row(const fp16_t* src, float* dst, int64_t n);
+void fp32_to_fp16_row(const float* src, fp16_t* dst, int64_t n);
+
+// sum_i x[i] * float(y[i])
+float dot_f32_f16(int64_t n, const float* x, const fp16_t* y);
+// y[i] += a * float(x[i])
+void axpy_f16(int64_t n, float a, const fp16_t* x, float* y);
+// sum_i x[i] * y[i]
+float dot_f32(int64_t n, const float* x, const float* y);
+
+}  // namespace inferd::kernels
