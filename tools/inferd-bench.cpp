@@ -1,0 +1,175 @@
+// inferd-bench: prefill and decode speed of the CPU engine, like llama.cpp's llama-bench.
+//   prefill: a fresh sequence evaluates a P-token prompt in one pass (tokens/s);
+//   decode:  then N tokens are evaluated one per pass (tokens/s), the way generation runs.
+// Token ids are pseudo-random with a fixed seed (content does not change the work done).
+// --paths measures both matmul paths (GEMV, GEMM) on the same shapes to show each is faster where used.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "common/cli.h"
+#include "inferd/engine.h"
+#include "inferd/kernels/cpu.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+long rss_kib(const char* field) {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  long v = -1;
+  const size_t n = std::strlen(field);
+  while (std::fgets(line, sizeof(line), f)) {
+    if (std::strncmp(line, field, n) == 0 && line[n] == ':') v = std::strtol(line + n + 1, nullptr, 10);
+  }
+  std::fclose(f);
+  return v;
+}
+
+std::vector<int32_t> random_tokens(int32_t n, int32_t n_vocab, uint32_t seed) {
+  std::vector<int32_t> out(static_cast<size_t>(n));
+  uint32_t s = seed;
+  for (int32_t& t : out) {
+    s = s * 1664525u + 1013904223u;
+    t = static_cast<int32_t>((s >> 8) % static_cast<uint32_t>(n_vocab));
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_path = inferd::cli::default_model_path();
+  int32_t n_prompt = 128, n_gen = 64, reps = 3, n_threads = 0, n_ctx = 0;
+  bool json = false, paths = false;
+  inferd::cli::Parser p("inferd-bench", "Measures prefill and decode tokens/s of the CPU engine.");
+  p.option({"-m", "--model"}, &model_path, "FILE", "GGUF model");
+  p.option({"-p", "--n-prompt"}, &n_prompt, "N", "prompt tokens for prefill");
+  p.option({"-n", "--n-gen"}, &n_gen, "N", "tokens to decode");
+  p.option({"-r", "--repetitions"}, &reps, "N", "repetitions (the median is reported)");
+  p.option({"-t", "--threads"}, &n_threads, "N", "threads (0: all CPUs)");
+  p.option({"-c", "--ctx-size"}, &n_ctx, "N", "context size (0: prompt + gen)");
+  p.flag({"--paths"}, &paths, "compare the GEMV and GEMM matmul paths per batch size");
+  p.flag({"--json"}, &json, "print one JSON object");
+  if (int rc = inferd::cli::parse_or_exit(p, argc, argv); rc >= 0) return rc;
+  if (n_prompt < 1 || n_gen < 0 || reps < 1) {
+    std::fprintf(stderr, "error: need --n-prompt >= 1, --n-gen >= 0, --repetitions >= 1\n");
+    return 2;
+  }
+
+  auto model = inferd::Model::open(model_path);
+  if (!model) {
+    std::fprintf(stderr, "error: %s\n", model.status().message().c_str());
+    return 1;
+  }
+  inferd::EngineOptions eo;
+  eo.n_threads = n_threads;
+  eo.n_ctx = n_ctx > 0 ? n_ctx : n_prompt + n_gen + 1;
+  eo.n_ubatch = std::max(512, n_prompt);
+  auto engine = inferd::Engine::create(model.value(), eo);
+  if (!engine) {
+    std::fprintf(stderr, "error: %s\n", engine.status().message().c_str());
+    return 1;
+  }
+  inferd::Engine& eng = *engine.value();
+  const std::vector<int32_t> prompt = random_tokens(n_prompt, eng.n_vocab(), 42);
+  const std::vector<int32_t> gen = random_tokens(std::max(n_gen, 1), eng.n_vocab(), 7);
+
+  // Warm-up: touches the weights once (page cache, TLB) and builds the plans.
+  (void)eng.eval(0, std::span<const int32_t>(prompt.data(), std::min<size_t>(prompt.size(), 8)));
+  (void)eng.eval(0, std::span<const int32_t>(gen.data(), 1));
+
+  std::vector<double> pp, tg;
+  for (int r = 0; r < reps; ++r) {
+    eng.clear_slot(0);
+    auto t0 = Clock::now();
+    auto res = eng.eval(0, prompt);
+    if (!res) {
+      std::fprintf(stderr, "error: %s\n", res.status().message().c_str());
+      return 1;
+    }
+    pp.push_back(n_prompt / std::chrono::duration<double>(Clock::now() - t0).count());
+    t0 = Clock::now();
+    for (int32_t i = 0; i < n_gen; ++i) {
+      auto d = eng.eval(0, std::span<const int32_t>(&gen[static_cast<size_t>(i)], 1));
+      if (!d) {
+        std::fprintf(stderr, "error: %s\n", d.status().message().c_str());
+        return 1;
+      }
+    }
+    if (n_gen > 0) tg.push_back(n_gen / std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+
+  struct PathRow {
+    int m;
+    double gemv, gemm;
+  };
+  std::vector<PathRow> path_rows;
+  if (paths) {
+    for (int m : {1, 2, 4, 8, 16, 64, 128}) {
+      if (m > n_prompt) break;
+      PathRow row{m, 0, 0};
+      for (inferd::MatmulPath path : {inferd::MatmulPath::kGemv, inferd::MatmulPath::kGemm}) {
+        eng.force_matmul_path(&path);
+        std::vector<double> rates;
+        for (int r = 0; r < reps; ++r) {
+          eng.clear_slot(0);
+          auto t0 = Clock::now();
+          (void)eng.eval(0, std::span<const int32_t>(prompt.data(), static_cast<size_t>(m)));
+          rates.push_back(m / std::chrono::duration<double>(Clock::now() - t0).count());
+        }
+        (path == inferd::MatmulPath::kGemv ? row.gemv : row.gemm) = median(rates);
+      }
+      eng.force_matmul_path(nullptr);
+      path_rows.push_back(row);
+    }
+  }
+
+  const inferd::EngineStats& st = eng.stats();
+  const double pp_med = median(pp), tg_med = median(tg);
+  const double gb = static_cast<double>(model.value()->weight_bytes()) / 1e9;
+  if (json) {
+    std::printf("{\"model\":\"%s\",\"weights_bytes\":%zu,\"threads\":%d,\"isa\":\"%s\",\"n_prompt\":%d,\"n_gen\":%d,"
+                "\"prefill_tps\":%.2f,\"decode_tps\":%.2f,\"decode_weight_gbps\":%.2f,\"plan_rebuilds\":%lld,"
+                "\"arena_bytes\":%zu,\"kv_bytes\":%zu,\"vm_rss_kib\":%ld,\"rss_anon_kib\":%ld,\"rss_file_kib\":%ld",
+                model_path.c_str(), model.value()->weight_bytes(), eng.options().n_threads,
+                inferd::kernels::isa_name(inferd::kernels::best_isa()), n_prompt, n_gen, pp_med, tg_med, tg_med * gb,
+                static_cast<long long>(st.plan_rebuilds), st.arena_bytes, st.kv_bytes, rss_kib("VmRSS"),
+                rss_kib("RssAnon"), rss_kib("RssFile"));
+    if (paths) {
+      std::printf(",\"paths\":[");
+      for (size_t i = 0; i < path_rows.size(); ++i) {
+        std::printf("%s{\"tokens\":%d,\"gemv_tps\":%.2f,\"gemm_tps\":%.2f}", i ? "," : "", path_rows[i].m,
+                    path_rows[i].gemv, path_rows[i].gemm);
+      }
+      std::printf("]");
+    }
+    std::printf("}\n");
+  } else {
+    std::printf("model    %s\n", eng.model().describe().c_str());
+    std::printf("threads  %d, isa %s\n", eng.options().n_threads, inferd::kernels::isa_name(inferd::kernels::best_isa()));
+    std::printf("prefill  %6d tokens  %9.2f tok/s\n", n_prompt, pp_med);
+    std::printf("decode   %6d tokens  %9.2f tok/s  (%.1f GB/s of weights)\n", n_gen, tg_med, tg_med * gb);
+    std::printf("plans    %lld rebuilds, arena %.2f MiB (%.2f MiB without sharing), KV cache %.1f MiB\n",
+                static_cast<long long>(st.plan_rebuilds), st.arena_bytes / 1048576.0, st.arena_naive_bytes / 1048576.0,
+                st.kv_bytes / 1048576.0);
+    std::printf("memory   VmRSS %ld KiB (anon %ld, file %ld)\n", rss_kib("VmRSS"), rss_kib("RssAnon"),
+                rss_kib("RssFile"));
+    for (const PathRow& r : path_rows) {
+      std::printf("path     %4d tokens: GEMV %9.2f tok/s  GEMM %9.2f tok/s  -> %s\n", r.m, r.gemv, r.gemm,
+                  inferd::choose_matmul_path(r.m) == inferd::MatmulPath::kGemv ? "GEMV used" : "GEMM used");
+    }
+  }
+  return 0;
+}

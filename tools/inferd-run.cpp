@@ -1,0 +1,161 @@
+// inferd-run: prompt -> streamed text, in-process (no daemon), like llama.cpp's llama-cli -p.
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "common/cli.h"
+#include "inferd/engine.h"
+#include "inferd/sampler.h"
+#include "inferd/tokenizer.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// ChatML, as used by SmolLM2 and Qwen2 templates. The default system message is the one the model's
+// template inserts when the conversation has none.
+inferd::Result<std::string> chat_prompt(const inferd::gguf::GgufFile& file, const std::string& system,
+                                        const std::string& user) {
+  std::string tmpl;
+  if (file.has_key("tokenizer.chat_template")) {
+    auto t = file.get_string("tokenizer.chat_template");
+    if (t) tmpl = std::string(t.value());
+  }
+  if (tmpl.find("<|im_start|>") == std::string::npos) {
+    return inferd::make_error(inferd::Code::kUnimplemented,
+                              "--chat: this model's chat template is not ChatML; pass the formatted prompt with -p");
+  }
+  std::string sys = system;
+  const std::string marker = "<|im_start|>system\n";
+  if (sys.empty()) {
+    const size_t at = tmpl.find(marker);
+    const size_t end = at == std::string::npos ? at : tmpl.find("<|im_end|>", at);
+    if (end != std::string::npos) sys = tmpl.substr(at + marker.size(), end - at - marker.size());
+  }
+  std::string out;
+  if (!sys.empty()) out += marker + sys + "<|im_end|>\n";
+  out += "<|im_start|>user\n" + user + "<|im_end|>\n<|im_start|>assistant\n";
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_path = inferd::cli::default_model_path(), prompt, system;
+  int32_t n_predict = 128, n_threads = 0, n_ctx = 2048;
+  bool chat = false, quiet = false, no_special = false;
+  inferd::SamplingParams sp;
+  sp.seed = inferd::SamplingParams::kSeedFromClock;
+  inferd::cli::Parser p("inferd-run", "Generates text from a prompt with a GGUF model, streaming it to stdout.");
+  p.option({"-m", "--model"}, &model_path, "FILE", "GGUF model");
+  p.option({"-p", "--prompt"}, &prompt, "TEXT", "prompt");
+  p.flag({"--chat"}, &chat, "wrap the prompt in the model's chat template (ChatML)");
+  p.option({"--system"}, &system, "TEXT", "system message for --chat");
+  p.option({"-n", "--n-predict"}, &n_predict, "N", "tokens to generate");
+  p.option({"-t", "--threads"}, &n_threads, "N", "threads (0: all CPUs)");
+  p.option({"-c", "--ctx-size"}, &n_ctx, "N", "context size");
+  p.option({"--temp"}, &sp.temperature, "T", "temperature (0: greedy)");
+  p.option({"--top-k"}, &sp.top_k, "K", "top-k (0: off)");
+  p.option({"--top-p"}, &sp.top_p, "P", "top-p (1: off)");
+  p.option({"--min-p"}, &sp.min_p, "P", "min-p (0: off)");
+  p.option({"--repeat-penalty"}, &sp.repeat_penalty, "R", "repetition penalty (1: off)");
+  p.option({"--repeat-last-n"}, &sp.repeat_last_n, "N", "penalty window (-1: all)");
+  p.option({"--frequency-penalty"}, &sp.frequency_penalty, "F", "frequency penalty");
+  p.option({"--presence-penalty"}, &sp.presence_penalty, "F", "presence penalty");
+  p.option({"-s", "--seed"}, &sp.seed, "N", "random seed (default: from the clock)");
+  p.flag({"--no-special"}, &no_special, "do not parse special-token texts in the prompt");
+  p.flag({"-q", "--quiet"}, &quiet, "no timings on stderr");
+  if (int rc = inferd::cli::parse_or_exit(p, argc, argv); rc >= 0) return rc;
+
+  if (inferd::Status s = inferd::validate(sp); !s.is_ok()) {
+    std::fprintf(stderr, "error: %s\n", s.message().c_str());
+    return 2;
+  }
+  if (n_predict < 0) {
+    std::fprintf(stderr, "error: --n-predict must be >= 0\n");
+    return 2;
+  }
+  auto model = inferd::Model::open(model_path);
+  if (!model) {
+    std::fprintf(stderr, "error: %s\n", model.status().message().c_str());
+    return 1;
+  }
+  auto tok = inferd::Tokenizer::from_gguf(model.value()->file());
+  if (!tok) {
+    std::fprintf(stderr, "error: %s\n", tok.status().message().c_str());
+    return 1;
+  }
+  if (chat) {
+    auto formatted = chat_prompt(model.value()->file(), system, prompt);
+    if (!formatted) {
+      std::fprintf(stderr, "error: %s\n", formatted.status().message().c_str());
+      return 2;
+    }
+    prompt = formatted.value();
+  }
+  inferd::EngineOptions eo;
+  eo.n_ctx = n_ctx;
+  eo.n_threads = n_threads;
+  auto engine = inferd::Engine::create(model.value(), eo);
+  if (!engine) {
+    std::fprintf(stderr, "error: %s\n", engine.status().message().c_str());
+    return 1;
+  }
+  inferd::Engine& eng = *engine.value();
+  const inferd::Tokenizer& tk = *tok.value();
+
+  std::vector<int32_t> ids = tk.encode(prompt, /*add_special=*/true, /*parse_special=*/!no_special);
+  if (ids.empty()) {
+    std::fprintf(stderr, "error: the prompt is empty\n");
+    return 2;
+  }
+  if (static_cast<int64_t>(ids.size()) + n_predict > eng.options().n_ctx) {
+    std::fprintf(stderr, "error: prompt (%zu tokens) + %d to generate exceed the context size %d (use -c)\n",
+                 ids.size(), n_predict, eng.options().n_ctx);
+    return 2;
+  }
+  inferd::Sampler sampler(sp, eng.n_vocab());
+  for (int32_t id : ids) sampler.accept(id);
+  if (!chat) std::fputs(prompt.c_str(), stdout);
+  std::fflush(stdout);
+
+  const auto t0 = Clock::now();
+  auto logits = eng.eval(0, ids);
+  if (!logits) {
+    std::fprintf(stderr, "\nerror: %s\n", logits.status().message().c_str());
+    return 1;
+  }
+  const double t_prompt = seconds_since(t0);
+  inferd::Utf8Stream stream;
+  int n_gen = 0;
+  const auto t1 = Clock::now();
+  while (n_gen < n_predict) {
+    const int32_t next = sampler.sample(logits.value());
+    sampler.accept(next);
+    ++n_gen;
+    if (tk.is_eog(next)) break;
+    std::string text = stream.push(tk.token_to_piece(next));
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+    if (n_gen == n_predict) break;
+    logits = eng.eval(0, std::span<const int32_t>(&next, 1));
+    if (!logits) {
+      std::fprintf(stderr, "\nerror: %s\n", logits.status().message().c_str());
+      return 1;
+    }
+  }
+  std::string rest = stream.flush();
+  std::fwrite(rest.data(), 1, rest.size(), stdout);
+  std::fputc('\n', stdout);
+  const double t_gen = seconds_since(t1);
+  if (!quiet) {
+    std::fprintf(stderr, "\ninferd-run: %s\n", eng.model().describe().c_str());
+    std::fprintf(stderr, "inferd-run: prompt %zu tokens in %.1f ms (%.1f tok/s); generated %d tokens in %.1f ms "
+                 "(%.1f tok/s); threads %d; seed %llu\n",
+                 ids.size(), t_prompt * 1e3, static_cast<double>(ids.size()) / t_prompt, n_gen, t_gen * 1e3,
+                 n_gen / t_gen, eng.options().n_threads, static_cast<unsigned long long>(sampler.seed()));
+  }
+  return 0;
+}

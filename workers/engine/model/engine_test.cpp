@@ -1,0 +1,138 @@
+// Engine tests on the real default model: the two matmul paths, continuous batching across slots and
+// mask padding must all give the same logits as the plain one-sequence evaluation; bad batches fail
+// with clear errors.
+#include "inferd/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+namespace inferd {
+namespace {
+
+const char* kModel = INFERD_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!std::filesystem::exists(kModel)) GTEST_SKIP() << "model not found: " << kModel << " (run scripts/setup.sh)";
+    auto m = Model::open(kModel);
+    ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+    model_ = m.value();
+  }
+  std::unique_ptr<Engine> make(int n_slots = 1, int n_threads = 2, int n_ctx = 512) {
+    EngineOptions o;
+    o.n_slots = n_slots;
+    o.n_threads = n_threads;
+    o.n_ctx = n_ctx;
+    auto e = Engine::create(model_, o);
+    EXPECT_TRUE(e.is_ok()) << e.status().to_string();
+    return std::move(e).value();
+  }
+  std::shared_ptr<const Model> model_;
+};
+
+// Tokens of "The quick brown fox jumps over the lazy dog. The capital of France is" in SmolLM2's vocab.
+const std::vector<int32_t> kPrompt = {504, 2365, 6354, 16438, 27003, 690, 260, 23790, 2767, 30, 378, 3575, 282, 4649, 314};
+
+int argmax(std::span<const float> v) {
+  return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+float max_abs_diff(std::span<const float> a, std::span<const float> b) {
+  float d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
+  return d;
+}
+
+TEST_F(EngineTest, PrefillEqualsTokenByToken) {
+  auto a = make();
+  auto b = make();
+  auto all = a->eval(0, kPrompt, /*all_logits=*/true);
+  ASSERT_TRUE(all.is_ok()) << all.status().to_string();
+  const size_t nv = static_cast<size_t>(a->n_vocab());
+  std::vector<float> prefill(all->begin(), all->end());
+  EXPECT_EQ(a->stats().gemm_passes, 1);
+  for (size_t i = 0; i < kPrompt.size(); ++i) {
+    auto r = b->eval(0, std::span<const int32_t>(&kPrompt[i], 1));
+    ASSERT_TRUE(r.is_ok());
+    std::span<const float> p(prefill.data() + i * nv, nv);
+    EXPECT_LT(max_abs_diff(*r, p), 2e-3f) << "position " << i;
+    EXPECT_EQ(argmax(*r), argmax(p)) << "position " << i;
+  }
+  EXPECT_EQ(b->stats().gemv_passes, static_cast<int64_t>(kPrompt.size()));
+  // " Paris" is the answer a working model gives.
+  EXPECT_EQ(argmax(std::span<const float>(prefill.data() + (kPrompt.size() - 1) * nv, nv)), 7042);
+}
+
+TEST_F(EngineTest, BothMatmulPathsAgree) {
+  auto a = make();
+  auto b = make();
+  const MatmulPath gemv = MatmulPath::kGemv;
+  b->force_matmul_path(&gemv);
+  auto ra = a->eval(0, kPrompt);
+  ASSERT_TRUE(ra.is_ok());
+  std::vector<float> la(ra->begin(), ra->end());
+  auto rb = b->eval(0, kPrompt);
+  ASSERT_TRUE(rb.is_ok());
+  EXPECT_LT(max_abs_diff(la, *rb), 2e-3f);
+}
+
+TEST_F(EngineTest, ContinuousBatchingMatchesSeparateRuns) {
+  auto solo = make(1);
+  std::vector<std::vector<float>> expected;
+  const std::vector<int32_t> other = {19556, 905, 28, 451, 314};  // "Hello world, this is"
+  for (const auto* seq : {&kPrompt, &other}) {
+    solo->clear_slot(0);
+    auto r = solo->eval(0, *seq);
+    ASSERT_TRUE(r.is_ok());
+    expected.emplace_back(r->begin(), r->end());
+  }
+  // Two slots: prefill slot 0 except its last token, then feed both sequences token by token in one batch.
+  auto eng = make(2);
+  ASSERT_TRUE(eng->eval(0, std::span<const int32_t>(kPrompt.data(), kPrompt.size() - other.size())).is_ok());
+  std::vector<float> last0, last1;
+  for (size_t i = 0; i < other.size(); ++i) {
+    const size_t p0 = kPrompt.size() - other.size() + i;
+    BatchToken batch[2] = {{kPrompt[p0], 0, static_cast<int32_t>(p0), true},
+                           {other[i], 1, static_cast<int32_t>(i), true}};
+    auto r = eng->forward(batch);
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    const size_t nv = static_cast<size_t>(eng->n_vocab());
+    last0.assign(r->begin(), r->begin() + static_cast<std::ptrdiff_t>(nv));
+    last1.assign(r->begin() + static_cast<std::ptrdiff_t>(nv), r->end());
+  }
+  EXPECT_LT(max_abs_diff(last0, expected[0]), 2e-3f);
+  EXPECT_LT(max_abs_diff(last1, expected[1]), 2e-3f);
+}
+
+TEST_F(EngineTest, PlanRebuiltOnlyWhenLengthCrossesPaddingStep) {
+  auto eng = make(1, 2, 256);
+  std::vector<int32_t> one = {504};
+  for (int i = 0; i < 130; ++i) ASSERT_TRUE(eng->eval(0, one).is_ok());
+  // Lengths 1..130 with step 64: buckets 64, 128, 192 -> three plans.
+  EXPECT_EQ(eng->stats().plan_rebuilds, 3);
+  EXPECT_GT(eng->stats().arena_naive_bytes, eng->stats().arena_bytes);
+}
+
+TEST_F(EngineTest, BadBatchesAreRejected) {
+  auto eng = make(1, 1, 16);
+  BatchToken bad_token[1] = {{1 << 30, 0, 0, true}};
+  EXPECT_EQ(eng->forward(bad_token).status().code(), Code::kInvalidArgument);
+  BatchToken bad_slot[1] = {{1, 3, 0, true}};
+  EXPECT_EQ(eng->forward(bad_slot).status().code(), Code::kInvalidArgument);
+  BatchToken gap[1] = {{1, 0, 5, true}};
+  EXPECT_EQ(eng->forward(gap).status().code(), Code::kInvalidArgument);
+  std::vector<int32_t> too_long(17, 504);
+  auto r = eng->eval(0, too_long);
+  EXPECT_EQ(r.status().code(), Code::kOutOfRange);
+  EXPECT_NE(r.status().message().find("context"), std::string::npos) << r.status().message();
+  EXPECT_EQ(eng->slot_length(0), 0);  // nothing was written
+  EXPECT_TRUE(eng->eval(0, std::vector<int32_t>(16, 504)).is_ok());
+  EXPECT_EQ(eng->eval(0, std::vector<int32_t>(1, 504)).status().code(), Code::kOutOfRange);
+}
+
+}  // namespace
+}  // namespace inferd

@@ -1,0 +1,91 @@
+// inferd/model.h — a llama-family model's hyper-parameters and weight views.
+//
+// A Model borrows its weights from a GgufFile mapping (zero-copy: each WeightView points into the
+// mapped file) and keeps the file alive through a shared_ptr. Loading validates every tensor the
+// forward pass will touch — presence, type, shape — so the forward pass itself never checks input.
+// Thread safety: immutable after load; share freely between threads and engines.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "inferd/gguf.h"
+#include "inferd/kernels/dtype.h"
+#include "inferd/status.h"
+
+namespace inferd {
+
+enum class RopeStyle { kNormal, kNeox };  // llama: adjacent pairs; qwen2 (NeoX): halves
+
+struct ModelConfig {
+  std::string arch;         // "llama" or "qwen2"
+  std::string name;         // general.name, for display
+  int32_t n_vocab = 0;
+  int32_t n_ctx_train = 0;
+  int32_t n_embd = 0;
+  int32_t n_layer = 0;
+  int32_t n_head = 0;
+  int32_t n_head_kv = 0;
+  int32_t head_dim = 0;     // n_embd / n_head
+  int32_t n_rot = 0;        // rope dimensions (== head_dim for these architectures)
+  int32_t n_ff = 0;
+  float rms_eps = 1e-5f;
+  float rope_base = 10000.0f;
+  RopeStyle rope_style = RopeStyle::kNormal;
+  bool tied_output = false; // output projection reuses token_embd
+
+  int32_t n_embd_kv() const { return n_head_kv * head_dim; }
+};
+
+// A 2-D weight matrix (`rows` x `cols`, row-major, cols contiguous) or a 1-D vector (rows == 1).
+struct WeightView {
+  const uint8_t* data = nullptr;
+  DType type = DType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  size_t row_bytes = 0;
+
+  const uint8_t* row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes; }
+  const float* f32() const { return reinterpret_cast<const float*>(data); }
+  bool present() const { return data != nullptr; }
+};
+
+struct LayerWeights {
+  WeightView attn_norm, wq, wk, wv, wo;
+  WeightView bq, bk, bv;  // qwen2 only (absent otherwise)
+  WeightView ffn_norm, w_gate, w_up, w_down;
+};
+
+class Model {
+ public:
+  // Validates metadata and tensors of an opened file. Errors name the file and the offending key/tensor.
+  static Result<std::shared_ptr<const Model>> load(std::shared_ptr<const gguf::GgufFile> file);
+  static Result<std::shared_ptr<const Model>> open(const std::string& path);
+
+  const ModelConfig& config() const { return config_; }
+  const gguf::GgufFile& file() const { return *file_; }
+  std::shared_ptr<const gguf::GgufFile> file_ptr() const { return file_; }
+
+  const WeightView& token_embd() const { return token_embd_; }
+  const WeightView& output_norm() const { return output_norm_; }
+  const WeightView& output() const { return output_; }
+  const LayerWeights& layer(int i) const { return layers_[static_cast<size_t>(i)]; }
+
+  // Bytes of all weight tensors the forward pass reads.
+  size_t weight_bytes() const { return weight_bytes_; }
+  // A one-line description: arch, size, types.
+  std::string describe() const;
+
+ private:
+  Model() = default;
+
+  std::shared_ptr<const gguf::GgufFile> file_;
+  ModelConfig config_;
+  WeightView token_embd_, output_norm_, output_;
+  std::vector<LayerWeights> layers_;
+  size_t weight_bytes_ = 0;
+};
+
+}  // namespace inferd

@@ -1,0 +1,206 @@
+#include "inferd/model.h"
+
+#include <cstdio>
+#include <map>
+
+#include "inferd/kernels/cpu.h"
+
+namespace inferd {
+namespace {
+
+// Reads `arch.suffix` as u32, or returns `fallback` when absent and `required` is false.
+Result<uint32_t> arch_u32(const gguf::GgufFile& f, const std::string& arch, const char* suffix, bool required,
+                          uint32_t fallback = 0) {
+  std::string key = arch + "." + suffix;
+  if (!f.has_key(key)) {
+    if (required) return make_error(Code::kCorrupt, "%s: missing metadata key %s", f.path().c_str(), key.c_str());
+    return fallback;
+  }
+  return f.get_u32(key);
+}
+
+Result<float> arch_f32(const gguf::GgufFile& f, const std::string& arch, const char* suffix, float fallback) {
+  std::string key = arch + "." + suffix;
+  if (!f.has_key(key)) return fallback;
+  return f.get_f32(key);
+}
+
+class TensorBinder {
+ public:
+  explicit TensorBinder(const gguf::GgufFile& f) : f_(f) {}
+
+  // Binds tensor `name` with GGUF shape ne = {cols, rows} (rows == 1 for vectors).
+  Status bind(const std::string& name, int64_t cols, int64_t rows, bool required, WeightView* out) {
+    const gguf::TensorInfo* t = f_.find_tensor(name);
+    if (t == nullptr) {
+      if (!required) return Status::ok();
+      return make_error(Code::kCorrupt, "%s: missing tensor %s", f_.path().c_str(), name.c_str());
+    }
+    const int64_t want_dims = rows == 1 ? 1 : 2;
+    const int64_t t_rows = t->n_dims >= 2 ? t->ne[1] : 1;
+    if (t->ne[0] != cols || t_rows != rows || (t->n_dims > want_dims && t->ne[2] * t->ne[3] != 1)) {
+      return make_error(Code::kCorrupt, "%s: tensor %s has shape [%lld, %lld], expected [%lld, %lld]",
+                        f_.path().c_str(), name.c_str(), static_cast<long long>(t->ne[0]),
+                        static_cast<long long>(t_rows), static_cast<long long>(cols), static_cast<long long>(rows));
+    }
+    if (rows == 1 && t->type != DType::kF32) {
+      return make_error(Code::kUnimplemented, "%s: tensor %s has type %s; vectors must be F32", f_.path().c_str(),
+                        name.c_str(), dtype_name(t->type));
+    }
+    if (rows > 1 && kernels::type_kernels(t->type) == nullptr) {
+      return make_error(Code::kUnimplemented, "%s: tensor %s has type %s, which the CPU engine cannot compute with",
+                        f_.path().c_str(), name.c_str(), dtype_name(t->type));
+    }
+    out->data = t->data;
+    out->type = t->type;
+    out->rows = rows;
+    out->cols = cols;
+    out->row_bytes = dtype_row_bytes(t->type, cols);
+    bytes_ += t->nbytes;
+    return Status::ok();
+  }
+
+  size_t bytes() const { return bytes_; }
+
+ private:
+  const gguf::GgufFile& f_;
+  size_t bytes_ = 0;
+};
+
+}  // namespace
+
+Result<std::shared_ptr<const Model>> Model::open(const std::string& path) {
+  auto file = gguf::GgufFile::open(path);
+  if (!file) return file.status();
+  return load(std::shared_ptr<const gguf::GgufFile>(std::move(file).value()));
+}
+
+Result<std::shared_ptr<const Model>> Model::load(std::shared_ptr<const gguf::GgufFile> file) {
+  const gguf::GgufFile& f = *file;
+  std::shared_ptr<Model> m(new Model());
+  m->file_ = file;
+  ModelConfig& c = m->config_;
+
+  auto arch = f.get_string("general.architecture");
+  if (!arch) return arch.status();
+  c.arch = std::string(arch.value());
+  if (c.arch == "llama") {
+    c.rope_style = RopeStyle::kNormal;
+  } else if (c.arch == "qwen2") {
+    c.rope_style = RopeStyle::kNeox;
+  } else {
+    return make_error(Code::kUnimplemented, "%s: architecture '%s' is not supported (supported: llama, qwen2)",
+                      f.path().c_str(), c.arch.c_str());
+  }
+  if (f.has_key("general.name")) {
+    auto name = f.get_string("general.name");
+    if (name) c.name = std::string(name.value());
+  }
+
+  struct U32Field {
+    const char* key;
+    int32_t* dst;
+    bool required;
+  };
+  const U32Field fields[] = {
+      {"embedding_length", &c.n_embd, true},     {"block_count", &c.n_layer, true},
+      {"attention.head_count", &c.n_head, true}, {"feed_forward_length", &c.n_ff, true},
+      {"context_length", &c.n_ctx_train, false},
+  };
+  for (const U32Field& fld : fields) {
+    auto v = arch_u32(f, c.arch, fld.key, fld.required);
+    if (!v) return v.status();
+    if (v.value() > (1u << 24)) {
+      return make_error(Code::kCorrupt, "%s: %s.%s = %u is out of range", f.path().c_str(), c.arch.c_str(), fld.key,
+                        v.value());
+    }
+    *fld.dst = static_cast<int32_t>(v.value());
+  }
+  auto n_head_kv = arch_u32(f, c.arch, "attention.head_count_kv", false, static_cast<uint32_t>(c.n_head));
+  if (!n_head_kv) return n_head_kv.status();
+  c.n_head_kv = static_cast<int32_t>(n_head_kv.value());
+  auto eps = arch_f32(f, c.arch, "attention.layer_norm_rms_epsilon", 1e-5f);
+  if (!eps) return eps.status();
+  c.rms_eps = eps.value();
+  auto base = arch_f32(f, c.arch, "rope.freq_base", 10000.0f);
+  if (!base) return base.status();
+  c.rope_base = base.value();
+
+  if (c.n_embd <= 0 || c.n_layer <= 0 || c.n_head <= 0 || c.n_ff <= 0 || c.n_head_kv <= 0 ||
+      c.n_embd % c.n_head != 0 || c.n_head % c.n_head_kv != 0) {
+    return make_error(Code::kCorrupt,
+                      "%s: inconsistent hyper-parameters (n_embd %d, n_head %d, n_head_kv %d, n_layer %d, n_ff %d)",
+                      f.path().c_str(), c.n_embd, c.n_head, c.n_head_kv, c.n_layer, c.n_ff);
+  }
+  c.head_dim = c.n_embd / c.n_head;
+  auto n_rot = arch_u32(f, c.arch, "rope.dimension_count", false, static_cast<uint32_t>(c.head_dim));
+  if (!n_rot) return n_rot.status();
+  c.n_rot = static_cast<int32_t>(n_rot.value());
+  if (c.n_rot != c.head_dim || c.head_dim % 2 != 0) {
+    return make_error(Code::kUnimplemented, "%s: rope over %d of %d head dimensions is not supported",
+                      f.path().c_str(), c.n_rot, c.head_dim);
+  }
+  if (c.rms_eps <= 0.0f || !(c.rope_base > 0.0f)) {
+    return make_error(Code::kCorrupt, "%s: invalid rms epsilon %g or rope base %g", f.path().c_str(),
+                      static_cast<double>(c.rms_eps), static_cast<double>(c.rope_base));
+  }
+
+  const gguf::TensorInfo* embd = f.find_tensor("token_embd.weight");
+  if (embd == nullptr) return make_error(Code::kCorrupt, "%s: missing tensor token_embd.weight", f.path().c_str());
+  if (embd->n_dims < 2 || embd->ne[1] <= 0 || embd->ne[1] > (1 << 24)) {
+    return make_error(Code::kCorrupt, "%s: token_embd.weight has an invalid shape", f.path().c_str());
+  }
+  c.n_vocab = static_cast<int32_t>(embd->ne[1]);
+
+  TensorBinder b(f);
+  const int64_t e = c.n_embd, ekv = c.n_embd_kv(), ff = c.n_ff, nv = c.n_vocab;
+  INFERD_RETURN_IF_ERROR(b.bind("token_embd.weight", e, nv, true, &m->token_embd_));
+  INFERD_RETURN_IF_ERROR(b.bind("output_norm.weight", e, 1, true, &m->output_norm_));
+  INFERD_RETURN_IF_ERROR(b.bind("output.weight", e, nv, false, &m->output_));
+  if (!m->output_.present()) {
+    m->output_ = m->token_embd_;
+    c.tied_output = true;
+  }
+  m->layers_.resize(static_cast<size_t>(c.n_layer));
+  for (int i = 0; i < c.n_layer; ++i) {
+    LayerWeights& l = m->layers_[static_cast<size_t>(i)];
+    const std::string p = "blk." + std::to_string(i) + ".";
+    INFERD_RETURN_IF_ERROR(b.bind(p + "attn_norm.weight", e, 1, true, &l.attn_norm));
+    INFERD_RETURN_IF_ERROR(b.bind(p + "attn_q.weight", e, e, true, &l.wq));
+    INFERD_RETURN_IF_ERROR(b.bind(p + "attn_k.weight", e, ekv, true, &l.wk));
+    INFERD_RETURN_IF_ERROR(b.bind(p + "attn_v.weight", e, ekv, true, &l.wv));
+    INFERD_RETURN_IF_ERROR(b.bind(p + "attn_output.weight", e, e, true, &l.wo));
+    const bool biases = c.arch == "qwen2";
+    INFERD_RETURN_IF_ERROR(b.bind(p + "attn_q.bias", e, 1, biases, &l.bq));
+    INFERD_RETURN_IF_ERROR(b.bind(p + "attn_k.bias", ekv, 1, biases, &l.bk));
+    INFERD_RETURN_IF_ERROR(b.bind(p + "attn_v.bias", ekv, 1, biases, &l.bv));
+    INFERD_RETURN_IF_ERROR(b.bind(p + "ffn_norm.weight", e, 1, true, &l.ffn_norm));
+    INFERD_RETURN_IF_ERROR(b.bind(p + "ffn_gate.weight", e, ff, true, &l.w_gate));
+    INFERD_RETURN_IF_ERROR(b.bind(p + "ffn_up.weight", e, ff, true, &l.w_up));
+    INFERD_RETURN_IF_ERROR(b.bind(p + "ffn_down.weight", ff, e, true, &l.w_down));
+  }
+  m->weight_bytes_ = b.bytes();
+  return std::shared_ptr<const Model>(std::move(m));
+}
+
+std::string Model::describe() const {
+  std::map<std::string, int> types;
+  auto count = [&](const WeightView& w) {
+    if (w.present() && w.rows > 1) types[dtype_name(w.type)]++;
+  };
+  count(token_embd_);
+  if (!config_.tied_output) count(output_);
+  for (const LayerWeights& l : layers_) {
+    for (const WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) count(*w);
+  }
+  std::string t;
+  for (const auto& [name, n] : types) t += (t.empty() ? "" : ", ") + std::to_string(n) + "x" + name;
+  char buf[512];
+  std::snprintf(buf, sizeof(buf), "%s (%s): %d layers, n_embd %d, %d/%d heads, ffn %d, vocab %d, %.1f MiB weights [%s]",
+                config_.name.empty() ? "unnamed" : config_.name.c_str(), config_.arch.c_str(), config_.n_layer,
+                config_.n_embd, config_.n_head, config_.n_head_kv, config_.n_ff, config_.n_vocab,
+                static_cast<double>(weight_bytes_) / (1024.0 * 1024.0), t.c_str());
+  return buf;
+}
+
+}  // namespace inferd
