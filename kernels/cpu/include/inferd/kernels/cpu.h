@@ -64,4 +64,18 @@ void axpy_f16(int64_t n, float a, const fp16_t* x, float* y);
 // sum_i x[i] * y[i]
 float dot_f32(int64_t n, const float* x, const float* y);
 
+// The helpers above for one instruction set (the free functions use best_isa()); tests and
+// benchmarks compare them across ISAs. Results may differ from the scalar ones in float summation
+// order only; the fp16 conversions are bit-identical on every ISA.
+struct VectorKernels {
+  Isa isa;
+  void (*fp16_to_fp32_row)(const fp16_t* src, float* dst, int64_t n);
+  void (*fp32_to_fp16_row)(const float* src, fp16_t* dst, int64_t n);
+  float (*dot_f32_f16)(int64_t n, const float* x, const fp16_t* y);
+  void (*axpy_f16)(int64_t n, float a, const fp16_t* x, float* y);
+  float (*dot_f32)(int64_t n, const float* x, const float* y);
+};
+// The helpers of `isa`, or of the next lower available ISA when `isa` is not available.
+const VectorKernels& vector_kernels(Isa isa);
+
 }  // namespace inferd::kernels

@@ -1,0 +1,128 @@
+// Run-time ISA selection for inferd/kernels/cpu.h. Compiled for the baseline target: it only calls
+// into an ISA's translation unit after checking that the CPU runs that ISA.
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+
+#include "inferd/kernels/cpu.h"
+#include "isa_tables.h"
+
+namespace inferd::kernels {
+namespace {
+
+bool cpu_has(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar:
+      return true;
+    case Isa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+    case Isa::kAvx512:
+      // Without VNNI the AVX2 kernels are as fast; such CPUs get those.
+      return cpu_has(Isa::kAvx2) && __builtin_cpu_supports("avx512f") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
+  }
+  return false;
+}
+
+Isa detect_best_isa() {
+  Isa best = Isa::kScalar;
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+    if (cpu_has(isa)) best = isa;
+  }
+  if (const char* cap = std::getenv("INFERD_ISA")) {
+    Isa limit = best;
+    if (std::strcmp(cap, "scalar") == 0) limit = Isa::kScalar;
+    if (std::strcmp(cap, "avx2") == 0) limit = Isa::kAvx2;
+    if (std::strcmp(cap, "avx512") == 0) limit = Isa::kAvx512;
+    if (static_cast<int>(limit) < static_cast<int>(best)) best = limit;
+  }
+  return best;
+}
+
+const TypeKernels* table_for(DType type, Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      return avx512::type_kernels(type);
+    case Isa::kAvx2:
+      return avx2::type_kernels(type);
+    case Isa::kScalar:
+      return scalar::type_kernels(type);
+  }
+  return nullptr;
+}
+
+const VectorKernels& vector_for(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      return avx512::vector_kernels();
+    case Isa::kAvx2:
+      return avx2::vector_kernels();
+    case Isa::kScalar:
+      break;
+  }
+  return scalar::vector_kernels();
+}
+
+Isa lower(Isa isa) { return static_cast<Isa>(static_cast<int>(isa) - 1); }
+
+// The highest available ISA at or below `isa`.
+Isa clamp_available(Isa isa) {
+  while (isa != Isa::kScalar && !cpu_has(isa)) isa = lower(isa);
+  return isa;
+}
+
+}  // namespace
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar:
+      return "scalar";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
+  }
+  return "unknown";
+}
+
+Isa best_isa() {
+  static const Isa kBest = detect_best_isa();
+  return kBest;
+}
+
+bool isa_available(Isa isa) { return cpu_has(isa); }
+
+const TypeKernels* type_kernels(DType type, Isa isa) {
+  for (Isa i = clamp_available(isa);; i = lower(i)) {
+    if (const TypeKernels* t = table_for(type, i)) return t;
+    if (i == Isa::kScalar) return nullptr;
+  }
+}
+
+const VectorKernels& vector_kernels(Isa isa) { return vector_for(clamp_available(isa)); }
+
+float fp16_to_fp32(fp16_t h) { return scalar::fp16_to_fp32(h); }
+fp16_t fp32_to_fp16(float f) { return scalar::fp32_to_fp16(f); }
+
+float bf16_to_fp32(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+void fp16_to_fp32_row(const fp16_t* src, float* dst, int64_t n) {
+  vector_for(best_isa()).fp16_to_fp32_row(src, dst, n);
+}
+void fp32_to_fp16_row(const float* src, fp16_t* dst, int64_t n) {
+  vector_for(best_isa()).fp32_to_fp16_row(src, dst, n);
+}
+float dot_f32_f16(int64_t n, const float* x, const fp16_t* y) {
+  return vector_for(best_isa()).dot_f32_f16(n, x, y);
+}
+void axpy_f16(int64_t n, float a, const fp16_t* x, float* y) { vector_for(best_isa()).axpy_f16(n, a, x, y); }
+float dot_f32(int64_t n, const float* x, const float* y) { return vector_for(best_isa()).dot_f32(n, x, y); }
+
+}  // namespace inferd::kernels

@@ -1,0 +1,692 @@
+// Tests for inferd_kernels_cpu: every type on every ISA this CPU runs, against the scalar reference
+// and against independent element-by-element decoders written here from ggml's format description.
+//
+// Tolerances:
+//   * dequantization, activation quantization, fp16 conversion: bit-exact;
+//   * integer dot products: |got - ref| <= 1e-5 * S, S = 2 * max|w| * sum|a| over the dequantized
+//     row (a bound on every per-block term, so only float summation order may differ);
+//   * float helpers: |got - ref| <= 1e-5 * sum|x*y| + 1e-6.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "inferd/kernels/cpu.h"
+#include "inferd/kernels/quantize.h"
+
+namespace inferd::kernels {
+namespace {
+
+constexpr Isa kAllIsas[] = {Isa::kScalar, Isa::kAvx2, Isa::kAvx512};
+constexpr DType kWeightTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0,
+                                  DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
+                                  DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+
+float bits_to_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+uint32_t float_to_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+// Independent fp16 decoder: value = (-1)^s * 2^(e-15) * (1 + m/1024), subnormals 2^-14 * m/1024.
+float half_value(uint16_t h) {
+  const int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+  const float sign = s ? -1.0f : 1.0f;
+  if (e == 0) return sign * std::ldexp(static_cast<float>(m), -24);
+  if (e == 31) return m ? std::nanf("") : sign * INFINITY;
+  return sign * std::ldexp(1.0f + m / 1024.0f, e - 15);
+}
+
+uint16_t rand_half(std::mt19937& rng, float lo, float hi) {
+  return fp32_to_fp16(std::uniform_real_distribution<float>(lo, hi)(rng));
+}
+
+std::vector<uint8_t> random_bytes(std::mt19937& rng, size_t n) {
+  std::vector<uint8_t> v(n);
+  for (auto& b : v) b = static_cast<uint8_t>(rng());
+  return v;
+}
+
+// A row of `n` random weights of `type` with sane scales (random quants, scales in a small range).
+std::vector<uint8_t> random_weights(std::mt19937& rng, DType type, int64_t n) {
+  std::vector<uint8_t> row = random_bytes(rng, dtype_row_bytes(type, n));
+  const DTypeInfo* info = dtype_info(type);
+  const int64_t nb = n / info->block_size;
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  auto put = [&](int64_t b, size_t off, uint16_t v) { std::memcpy(&row[b * info->block_bytes + off], &v, 2); };
+  for (int64_t b = 0; b < nb; ++b) {
+    switch (type) {
+      case DType::kF32: {
+        const float v = uni(rng);
+        std::memcpy(&row[b * 4], &v, 4);
+        break;
+      }
+      case DType::kF16:
+        put(b, 0, fp32_to_fp16(uni(rng)));
+        break;
+      case DType::kBF16:
+        put(b, 0, static_cast<uint16_t>(float_to_bits(uni(rng)) >> 16));
+        break;
+      case DType::kQ4_1:
+      case DType::kQ5_1:
+        put(b, 0, rand_half(rng, 0.001f, 0.1f));
+        put(b, 2, rand_half(rng, -0.5f, 0.5f));
+        break;
+      case DType::kQ8_0:
+      case DType::kQ4_0:
+      case DType::kQ5_0:
+        put(b, 0, rand_half(rng, -0.1f, 0.1f));
+        break;
+      case DType::kQ4_K:
+      case DType::kQ5_K:
+        put(b, 0, rand_half(rng, 0.0001f, 0.01f));
+        put(b, 2, rand_half(rng, 0.0001f, 0.01f));
+        break;
+      case DType::kQ6_K:
+        put(b, offsetof(BlockQ6_K, d), rand_half(rng, -0.01f, 0.01f));
+        break;
+      default:
+        ADD_FAILURE() << "no generator for " << dtype_name(type);
+    }
+  }
+  return row;
+}
+
+std::vector<float> random_floats(std::mt19937& rng, int64_t n, float scale = 1.0f) {
+  std::vector<float> v(n);
+  std::normal_distribution<float> normal(0.0f, scale);
+  for (auto& x : v) x = normal(rng);
+  return v;
+}
+
+// ---- Independent decoders (one element at a time, straight from the format description) --------
+
+uint32_t le32(const uint8_t* p) { return p[0] | (p[1] << 8) | (p[2] << 16) | (static_cast<uint32_t>(p[3]) << 24); }
+uint16_t le16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+
+// 6-bit scale and min of sub-block s (0..7) of a Q4_K/Q5_K block's 12 scale bytes.
+void k4_scale_min(const uint8_t* sc, int s, int* scale, int* min) {
+  if (s < 4) {
+    *scale = sc[s] & 63;
+    *min = sc[s + 4] & 63;
+  } else {
+    *scale = (sc[s + 4] & 15) | ((sc[s - 4] >> 6) << 4);
+    *min = (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4);
+  }
+}
+
+float reference_element(DType type, const uint8_t* row, int64_t e) {
+  const DTypeInfo* info = dtype_info(type);
+  const uint8_t* b = row + (e / info->block_size) * info->block_bytes;
+  const int j = static_cast<int>(e % info->block_size);
+  auto nib = [&](const uint8_t* qs) { return j < 16 ? qs[j] & 15 : qs[j - 16] >> 4; };
+  switch (type) {
+    case DType::kF32: {
+      float f;
+      std::memcpy(&f, b, 4);
+      return f;
+    }
+    case DType::kF16:
+      return half_value(le16(b));
+    case DType::kBF16:
+      return bits_to_float(static_cast<uint32_t>(le16(b)) << 16);
+    case DType::kQ8_0:
+      return half_value(le16(b)) * static_cast<int8_t>(b[2 + j]);
+    case DType::kQ4_0:
+      return half_value(le16(b)) * (nib(b + 2) - 8);
+    case DType::kQ4_1:
+      return half_value(le16(b)) * nib(b + 4) + half_value(le16(b + 2));
+    case DType::kQ5_0:
+      return half_value(le16(b)) * ((nib(b + 6) | static_cast<int>(((le32(b + 2) >> j) & 1) << 4)) - 16);
+    case DType::kQ5_1:
+      return half_value(le16(b)) * (nib(b + 8) | static_cast<int>(((le32(b + 4) >> j) & 1) << 4)) +
+             half_value(le16(b + 2));
+    case DType::kQ4_K:
+    case DType::kQ5_K: {
+      const int s = j / 32, c = j / 64, l = j % 32;
+      const bool high_nibble = (j % 64) >= 32;
+      const uint8_t* qs = b + (type == DType::kQ4_K ? 16 : 48);
+      int q = high_nibble ? qs[32 * c + l] >> 4 : qs[32 * c + l] & 15;
+      if (type == DType::kQ5_K) q |= ((b[16 + l] >> s) & 1) << 4;
+      int scale, min;
+      k4_scale_min(b + 4, s, &scale, &min);
+      return half_value(le16(b)) * scale * q - half_value(le16(b + 2)) * min;
+    }
+    case DType::kQ6_K: {
+      const int half = j / 128, t = (j % 128) / 32, l = j % 32;
+      const uint8_t* ql = b + 64 * half;
+      const uint8_t* qh = b + 128 + 32 * half;
+      const int low = (t & 1) ? ql[l + 32] : ql[l];
+      const int q = (((t & 2) ? low >> 4 : low & 15) | (((qh[l] >> (2 * t)) & 3) << 4)) - 32;
+      return half_value(le16(b + 208)) * static_cast<int8_t>(b[192 + j / 16]) * q;
+    }
+    default:
+      ADD_FAILURE() << "no reference decoder for " << dtype_name(type);
+      return 0.0f;
+  }
+}
+
+// ---- Types and dispatch -------------------------------------------------------------------
+
+TEST(DType, InfoMatchesGgml) {
+  EXPECT_EQ(dtype_info(12u)->type, DType::kQ4_K);
+  EXPECT_STREQ(dtype_name(DType::kQ4_1), "Q4_1");
+  EXPECT_EQ(dtype_info(4u), nullptr);  // removed from ggml
+  EXPECT_EQ(dtype_info(1000u), nullptr);
+  EXPECT_EQ(dtype_row_bytes(DType::kQ4_1, 64), 40u);
+  EXPECT_EQ(dtype_row_bytes(DType::kQ6_K, 512), 420u);
+  EXPECT_EQ(dtype_row_bytes(DType::kF16, 3), 6u);
+}
+
+TEST(Dispatch, TablesExistAndFallBack) {
+  EXPECT_TRUE(isa_available(best_isa()));
+  EXPECT_TRUE(isa_available(Isa::kScalar));
+  for (Isa isa : kAllIsas) {
+    for (DType t : kWeightTypes) {
+      const TypeKernels* k = type_kernels(t, isa);
+      ASSERT_NE(k, nullptr) << dtype_name(t) << " " << isa_name(isa);
+      EXPECT_EQ(k->type, t);
+      EXPECT_NE(k->dot, nullptr);
+    }
+  }
+  EXPECT_EQ(type_kernels(DType::kQ2_K, Isa::kScalar), nullptr);
+  EXPECT_EQ(type_kernels(DType::kQ8_0)->act_type, DType::kQ8_0);
+  EXPECT_EQ(type_kernels(DType::kQ4_0)->act_type, DType::kQ8_0);
+  EXPECT_EQ(type_kernels(DType::kQ5_0)->act_type, DType::kQ8_0);
+  EXPECT_EQ(type_kernels(DType::kQ4_1)->act_type, DType::kQ8_1);
+  EXPECT_EQ(type_kernels(DType::kQ5_1)->act_type, DType::kQ8_1);
+  EXPECT_EQ(type_kernels(DType::kQ4_K)->act_type, DType::kQ8_K);
+  EXPECT_EQ(type_kernels(DType::kQ6_K)->act_type, DType::kQ8_K);
+  EXPECT_EQ(type_kernels(DType::kBF16)->act_type, DType::kF32);
+}
+
+// ---- fp16 / bf16 --------------------------------------------------------------------------
+
+TEST(Fp16, KnownBitPatterns) {
+  struct Case {
+    float f;
+    uint16_t h;
+  };
+  const Case cases[] = {
+      {0.0f, 0x0000},          {-0.0f, 0x8000},           {1.0f, 0x3c00},
+      {-2.0f, 0xc000},         {65504.0f, 0x7bff},        {INFINITY, 0x7c00},
+      {-INFINITY, 0xfc00},     {0x1p-24f, 0x0001},        {0x1p-14f, 0x0400},
+      {1023 * 0x1p-24f, 0x03ff}, {-0x1p-24f, 0x8001},     {0.333251953125f, 0x3555},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(fp32_to_fp16(c.f), c.h) << c.f;
+    const float back = fp16_to_fp32(c.h);
+    EXPECT_EQ(float_to_bits(back), float_to_bits(c.f)) << std::hex << c.h;
+  }
+  // Rounding: ties to even, overflow to infinity, underflow to zero.
+  EXPECT_EQ(fp32_to_fp16(1.0f + 0x1p-11f), 0x3c00);            // tie, even stays
+  EXPECT_EQ(fp32_to_fp16(1.0f + 3 * 0x1p-11f), 0x3c02);        // tie, odd rounds up
+  EXPECT_EQ(fp32_to_fp16(65519.0f), 0x7bff);
+  EXPECT_EQ(fp32_to_fp16(65520.0f), 0x7c00);
+  EXPECT_EQ(fp32_to_fp16(1e10f), 0x7c00);
+  EXPECT_EQ(fp32_to_fp16(0x1p-25f), 0x0000);                   // tie to even (zero)
+  EXPECT_EQ(fp32_to_fp16(0x1.8p-25f), 0x0001);
+  EXPECT_EQ(fp32_to_fp16(3 * 0x1p-25f), 0x0002);               // tie, odd rounds up
+  EXPECT_EQ(fp32_to_fp16(1e-30f), 0x0000);
+  EXPECT_EQ(fp32_to_fp16(2047 * 0x1p-25f), 0x0400);            // rounds up into the normals
+  EXPECT_TRUE(std::isnan(fp16_to_fp32(0x7e00)));
+  EXPECT_TRUE(std::isnan(fp16_to_fp32(0x7c01)));
+  const uint16_t nan_h = fp32_to_fp16(std::nanf(""));
+  EXPECT_EQ(nan_h & 0x7c00, 0x7c00);
+  EXPECT_NE(nan_h & 0x03ff, 0);
+}
+
+TEST(Fp16, EveryHalfRoundTrips) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = fp16_to_fp32(static_cast<uint16_t>(h));
+    const float want = half_value(static_cast<uint16_t>(h));
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(f)) << h;
+      ASSERT_EQ(fp32_to_fp16(f) | 0x0200, h | 0x0200) << h;  // payload kept, made quiet
+    } else {
+      ASSERT_EQ(float_to_bits(f), float_to_bits(want)) << h;
+      ASSERT_EQ(fp32_to_fp16(f), h) << h;
+    }
+  }
+}
+
+TEST(Fp16, RowConversionsMatchScalarOnEveryIsa) {
+  std::mt19937 rng(7);
+  std::vector<float> src;
+  for (int i = 0; i < 4000; ++i) {
+    // Exponents from deep subnormal to overflow, random mantissas, both signs.
+    src.push_back(bits_to_float((rng() & 0x80000000u) | ((90u + rng() % 60u) << 23) | (rng() & 0x7fffff)));
+  }
+  src.insert(src.end(), {0.0f, -0.0f, INFINITY, -INFINITY, 0x1p-25f, 65520.0f, std::nanf("")});
+  for (Isa isa : kAllIsas) {
+    if (!isa_available(isa)) continue;
+    const VectorKernels& vk = vector_kernels(isa);
+    for (int64_t n : {1, 7, 17, 100, static_cast<int>(src.size())}) {
+      std::vector<fp16_t> h(n + 1, 0xABCD);
+      vk.fp32_to_fp16_row(src.data(), h.data(), n);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(h[i], fp32_to_fp16(src[i])) << isa_name(isa) << " " << src[i];
+      EXPECT_EQ(h[n], 0xABCD) << "wrote past the end";
+      std::vector<float> back(n + 1, 42.0f);
+      vk.fp16_to_fp32_row(h.data(), back.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        const float want = fp16_to_fp32(h[i]);
+        if (std::isnan(want)) {
+          ASSERT_TRUE(std::isnan(back[i]));
+        } else {
+          ASSERT_EQ(float_to_bits(back[i]), float_to_bits(want)) << isa_name(isa);
+        }
+      }
+      EXPECT_EQ(back[n], 42.0f);
+    }
+  }
+}
+
+TEST(Bf16, Decodes) {
+  EXPECT_EQ(bf16_to_fp32(0x3f80), 1.0f);
+  EXPECT_EQ(bf16_to_fp32(0xc000), -2.0f);
+  EXPECT_EQ(float_to_bits(bf16_to_fp32(0x8000)), 0x80000000u);
+  EXPECT_TRUE(std::isinf(bf16_to_fp32(0x7f80)));
+  EXPECT_TRUE(std::isnan(bf16_to_fp32(0x7fc0)));
+}
+
+// ---- Dequantization -------------------------------------------------------------------------
+
+TEST(Dequantize, HandMadeBlocks) {
+  BlockQ4_0 q40{};
+  q40.d = fp32_to_fp16(0.5f);
+  q40.qs[0] = 0x2F;  // element 0: 15 - 8 = 7; element 16: 2 - 8 = -6
+  q40.qs[15] = 0x80;  // element 15: -8; element 31: 0
+  float out[256];
+  type_kernels(DType::kQ4_0, Isa::kScalar)->to_float(&q40, out, 32);
+  EXPECT_EQ(out[0], 3.5f);
+  EXPECT_EQ(out[16], -3.0f);
+  EXPECT_EQ(out[15], -4.0f);
+  EXPECT_EQ(out[31], 0.0f);
+  EXPECT_EQ(out[1], -4.0f);
+
+  BlockQ4_1 q41{};
+  q41.d = fp32_to_fp16(2.0f);
+  q41.m = fp32_to_fp16(-1.0f);
+  q41.qs[3] = 0x51;  // element 3: 1*2-1 = 1; element 19: 5*2-1 = 9
+  type_kernels(DType::kQ4_1, Isa::kScalar)->to_float(&q41, out, 32);
+  EXPECT_EQ(out[3], 1.0f);
+  EXPECT_EQ(out[19], 9.0f);
+  EXPECT_EQ(out[0], -1.0f);
+
+  BlockQ5_0 q50{};
+  q50.d = fp32_to_fp16(1.0f);
+  q50.qh[0] = 0x01;  // element 0 high bit
+  q50.qh[2] = 0x02;  // element 17 high bit
+  q50.qs[0] = 0x03;  // element 0: (3|16)-16 = 3; element 16: 0-16 = -16
+  q50.qs[1] = 0x40;  // element 1: -16; element 17: (4|16)-16 = 4
+  type_kernels(DType::kQ5_0, Isa::kScalar)->to_float(&q50, out, 32);
+  EXPECT_EQ(out[0], 3.0f);
+  EXPECT_EQ(out[16], -16.0f);
+  EXPECT_EQ(out[1], -16.0f);
+  EXPECT_EQ(out[17], 4.0f);
+
+  BlockQ8_0 q80{};
+  q80.d = fp32_to_fp16(0.25f);
+  q80.qs[5] = -128;
+  q80.qs[6] = 127;
+  type_kernels(DType::kQ8_0, Isa::kScalar)->to_float(&q80, out, 32);
+  EXPECT_EQ(out[5], -32.0f);
+  EXPECT_EQ(out[6], 31.75f);
+
+  BlockQ4_K q4k{};
+  q4k.d = fp32_to_fp16(1.0f);
+  q4k.dmin = fp32_to_fp16(0.5f);
+  q4k.scales[0] = 3;          // sub-block 0 scale 3
+  q4k.scales[4] = 2;          // sub-block 0 min 2
+  q4k.scales[8] = 0x75;       // sub-block 4: scale 5 | (scales[0]>>6)<<4, min 7 | (scales[4]>>6)<<4
+  q4k.scales[0] |= 0x40;      // adds 16 to sub-block 4's scale; sub-block 0 keeps 3
+  q4k.qs[0] = 0x9A;           // element 0: 10; element 32 (sub-block 1, scale 0): 9
+  q4k.qs[64] = 0x04;          // element 128 (sub-block 4): 4
+  type_kernels(DType::kQ4_K, Isa::kScalar)->to_float(&q4k, out, 256);
+  EXPECT_EQ(out[0], 3.0f * 10 - 0.5f * 2);
+  EXPECT_EQ(out[32], 0.0f);
+  EXPECT_EQ(out[128], 21.0f * 4 - 0.5f * 7);
+
+  BlockQ6_K q6k{};
+  q6k.d = fp32_to_fp16(0.5f);
+  q6k.scales[0] = -2;
+  q6k.scales[6] = 4;          // group 6 = elements 96..111
+  q6k.ql[0] = 0x0F;           // element 0 low 4 bits 15; element 64 low bits 0
+  q6k.qh[0] = 0xC3;           // element 0 high 3 -> 63-32 = 31; element 96 high 3
+  q6k.ql[32] = 0x50;          // element 96 low bits 5 -> (5|48)-32 = 21
+  type_kernels(DType::kQ6_K, Isa::kScalar)->to_float(&q6k, out, 256);
+  EXPECT_EQ(out[0], 0.5f * -2 * 31);
+  EXPECT_EQ(out[96], 0.5f * 4 * 21);
+  EXPECT_EQ(out[1], 0.5f * -2 * -32);
+}
+
+TEST(Dequantize, MatchesIndependentDecoderOnEveryIsa) {
+  std::mt19937 rng(1);
+  for (DType t : kWeightTypes) {
+    const int64_t bs = dtype_info(t)->block_size;
+    const int64_t n = bs == 1 ? 257 : bs * 5;
+    const std::vector<uint8_t> row = random_weights(rng, t, n);
+    for (Isa isa : kAllIsas) {
+      if (!isa_available(isa)) continue;
+      std::vector<float> out(n + 1, 42.0f);
+      type_kernels(t, isa)->to_float(row.data(), out.data(), n);
+      for (int64_t e = 0; e < n; ++e) {
+        ASSERT_EQ(out[e], reference_element(t, row.data(), e)) << dtype_name(t) << " element " << e;
+      }
+      EXPECT_EQ(out[n], 42.0f);
+    }
+  }
+}
+
+// ---- Reference quantizers -------------------------------------------------------------------
+
+TEST(QuantizeRef, RoundTripsWithinHalfAStep) {
+  std::mt19937 rng(3);
+  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1}) {
+    ASSERT_TRUE(has_quantize_ref(t));
+    const int64_t n = 32 * 9;
+    std::vector<float> x = random_floats(rng, n);
+    std::fill(x.begin() + 64, x.begin() + 96, 0.0f);  // an all-zero block
+    std::vector<uint8_t> q(dtype_row_bytes(t, n));
+    quantize_row_ref(t, x.data(), q.data(), n);
+    std::vector<float> y(n);
+    type_kernels(t, Isa::kScalar)->to_float(q.data(), y.data(), n);
+    for (int64_t b = 0; b < n / 32; ++b) {
+      float lo = x[b * 32], hi = x[b * 32], amax = 0.0f;
+      for (int j = 0; j < 32; ++j) {
+        lo = std::min(lo, x[b * 32 + j]);
+        hi = std::max(hi, x[b * 32 + j]);
+        amax = std::max(amax, std::fabs(x[b * 32 + j]));
+      }
+      // The step of each type; the clamped top code of Q4_0/Q5_0 may be a whole step off;
+      // the fp16 scale and min add relative errors of 2^-11.
+      float step = 0.0f, slack = 0.5f;
+      switch (t) {
+        case DType::kQ8_0: step = amax / 127; break;
+        case DType::kQ4_0: step = amax / 8; slack = 1.0f; break;
+        case DType::kQ5_0: step = amax / 16; slack = 1.0f; break;
+        case DType::kQ4_1: step = (hi - lo) / 15; break;
+        case DType::kQ5_1: step = (hi - lo) / 31; break;
+        default: break;
+      }
+      const float tol = slack * step + 2 * amax * 0x1p-11f + 1e-7f;
+      for (int j = 0; j < 32; ++j) {
+        ASSERT_NEAR(y[b * 32 + j], x[b * 32 + j], tol) << dtype_name(t) << " block " << b << " j " << j;
+      }
+    }
+  }
+  EXPECT_FALSE(has_quantize_ref(DType::kQ4_K));
+}
+
+TEST(QuantizeRef, Q8_0EqualsActivationQuantizer) {
+  std::mt19937 rng(4);
+  const std::vector<float> x = random_floats(rng, 32 * 5);
+  std::vector<uint8_t> a(dtype_row_bytes(DType::kQ8_0, 160)), b(a.size());
+  quantize_row_ref(DType::kQ8_0, x.data(), a.data(), 160);
+  type_kernels(DType::kQ4_0)->quantize_act(x.data(), b.data(), 160);
+  EXPECT_EQ(a, b);
+}
+
+// ---- Activation quantization: test-local references of ggml's quantize_row_q8_*_ref ----------
+
+void local_q8_0(const float* x, BlockQ8_0* y, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b, x += 32) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f;
+    const float id = d ? 1.0f / d : 0.0f;
+    y[b].d = fp32_to_fp16(d);
+    for (int j = 0; j < 32; ++j) y[b].qs[j] = static_cast<int8_t>(roundf(x[j] * id));
+  }
+}
+
+void local_q8_1(const float* x, BlockQ8_1* y, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b, x += 32) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f;
+    const float id = d ? 1.0f / d : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      y[b].qs[j] = static_cast<int8_t>(roundf(x[j] * id));
+      sum += y[b].qs[j];
+    }
+    y[b].d = fp32_to_fp16(d);
+    y[b].s = fp32_to_fp16(sum * d);
+  }
+}
+
+void local_q8_k(const float* x, BlockQ8_K* y, int64_t nb) {
+  for (int64_t b = 0; b < nb; ++b, x += 256) {
+    std::memset(&y[b], 0, sizeof(y[b]));
+    int arg = 0;
+    for (int j = 1; j < 256; ++j) {
+      if (std::fabs(x[j]) > std::fabs(x[arg])) arg = j;
+    }
+    if (x[arg] == 0.0f) continue;
+    const float iscale = -127.0f / x[arg];
+    for (int j = 0; j < 256; ++j) {
+      const float v = std::nearbyint(iscale * x[j]);  // default mode: ties to even
+      y[b].qs[j] = static_cast<int8_t>(std::min(127.0f, v));
+      y[b].bsums[j / 16] = static_cast<int16_t>(y[b].bsums[j / 16] + y[b].qs[j]);
+    }
+    y[b].d = 1.0f / iscale;
+  }
+}
+
+std::vector<float> activation_data(std::mt19937& rng, int64_t n) {
+  std::vector<float> x = random_floats(rng, n);
+  std::fill(x.begin(), x.begin() + 32, 0.0f);  // an all-zero block
+  // A block whose scale is exactly 1, with ties at .5 (roundf rounds away, nearest_int to even).
+  if (n >= 512) {
+    for (int j = 256; j < 512; ++j) x[j] = static_cast<float>((j % 7) - 3) + 0.5f;
+    x[256] = -127.0f;
+  }
+  return x;
+}
+
+TEST(QuantizeAct, MatchesGgmlReferenceOnEveryIsa) {
+  std::mt19937 rng(5);
+  const int64_t n = 256 * 3;
+  const std::vector<float> x = activation_data(rng, n);
+  std::vector<BlockQ8_0> w0(n / 32);
+  std::vector<BlockQ8_1> w1(n / 32);
+  std::vector<BlockQ8_K> wk(n / 256);
+  local_q8_0(x.data(), w0.data(), n / 32);
+  local_q8_1(x.data(), w1.data(), n / 32);
+  local_q8_k(x.data(), wk.data(), n / 256);
+  EXPECT_EQ(wk[1].qs[1], 2);  // 2.5 * (-127 / -127) -> 2 (ties to even)
+  EXPECT_EQ(w0[8].qs[1], 3);  // 2.5 with d = 1 -> 3 (away from zero)
+  for (Isa isa : kAllIsas) {
+    if (!isa_available(isa)) continue;
+    for (DType t : kWeightTypes) {
+      const TypeKernels* k = type_kernels(t, isa);
+      std::vector<uint8_t> got(dtype_row_bytes(k->act_type, n) + 1, 0xEE);
+      k->quantize_act(x.data(), got.data(), n);
+      EXPECT_EQ(got.back(), 0xEE);
+      const void* want = x.data();
+      switch (k->act_type) {
+        case DType::kQ8_0: want = w0.data(); break;
+        case DType::kQ8_1: want = w1.data(); break;
+        case DType::kQ8_K: want = wk.data(); break;
+        default: break;
+      }
+      EXPECT_EQ(std::memcmp(got.data(), want, got.size() - 1), 0) << dtype_name(t) << " " << isa_name(isa);
+    }
+  }
+}
+
+// ---- dot ------------------------------------------------------------------------------------
+
+// Dequantized activations (test-local) for the tolerance bound.
+std::vector<float> dequant_act(DType act_type, const uint8_t* a, int64_t n) {
+  std::vector<float> out(n);
+  for (int64_t e = 0; e < n; ++e) {
+    switch (act_type) {
+      case DType::kF32: std::memcpy(&out[e], a + 4 * e, 4); break;
+      case DType::kQ8_0: {
+        const auto& b = reinterpret_cast<const BlockQ8_0*>(a)[e / 32];
+        out[e] = half_value(b.d) * b.qs[e % 32];
+        break;
+      }
+      case DType::kQ8_1: {
+        const auto& b = reinterpret_cast<const BlockQ8_1*>(a)[e / 32];
+        out[e] = half_value(b.d) * b.qs[e % 32];
+        break;
+      }
+      case DType::kQ8_K: {
+        const auto& b = reinterpret_cast<const BlockQ8_K*>(a)[e / 256];
+        out[e] = b.d * b.qs[e % 256];
+        break;
+      }
+      default: ADD_FAILURE();
+    }
+  }
+  return out;
+}
+
+TEST(Dot, EveryTypeIsaAndRowCountMatchesScalar) {
+  std::mt19937 rng(11);
+  for (DType t : kWeightTypes) {
+    const int64_t bs = dtype_info(t)->block_size;
+    std::vector<int64_t> sizes;
+    if (bs == 1) sizes = {1, 7, 17, 100, 257};
+    if (bs == 32) sizes = {32, 96, 224, 1056};
+    if (bs == 256) sizes = {256, 768, 1280};
+    for (int64_t k : sizes) {
+      const std::vector<uint8_t> w = random_weights(rng, t, k);
+      const TypeKernels* ref = type_kernels(t, Isa::kScalar);
+      const size_t act_bytes = dtype_row_bytes(ref->act_type, k);
+      const size_t stride = act_bytes + 8;  // rows not packed back to back
+      std::vector<uint8_t> act(stride * kMaxDotRows);
+      std::vector<float> w_f(k);
+      ref->to_float(w.data(), w_f.data(), k);
+      float w_max = 0.0f;
+      for (float v : w_f) w_max = std::max(w_max, std::fabs(v));
+      float bound[kMaxDotRows];
+      for (int r = 0; r < kMaxDotRows; ++r) {
+        const std::vector<float> x = random_floats(rng, k, r == 3 ? 10.0f : 1.0f);
+        ref->quantize_act(x.data(), act.data() + r * stride, k);
+        const std::vector<float> a = dequant_act(ref->act_type, act.data() + r * stride, k);
+        float s = 0.0f;
+        for (float v : a) s += std::fabs(v);
+        bound[r] = 2.0f * w_max * s;
+      }
+      for (int nr = 1; nr <= kMaxDotRows; ++nr) {
+        float want[kMaxDotRows + 1];
+        ref->dot(k, w.data(), act.data(), stride, nr, want);
+        // The scalar reference itself against the dequantized float dot (a looser, independent check).
+        for (int r = 0; r < nr; ++r) {
+          const std::vector<float> a = dequant_act(ref->act_type, act.data() + r * stride, k);
+          double exact = 0.0;
+          for (int64_t e = 0; e < k; ++e) exact += static_cast<double>(reference_element(t, w.data(), e)) * a[e];
+          ASSERT_NEAR(want[r], exact, 1e-4 * bound[r] + 1e-6) << dtype_name(t) << " k " << k << " row " << r;
+        }
+        for (Isa isa : kAllIsas) {
+          if (!isa_available(isa)) continue;
+          float got[kMaxDotRows + 1];
+          std::fill(std::begin(got), std::end(got), 42.0f);
+          type_kernels(t, isa)->dot(k, w.data(), act.data(), stride, nr, got);
+          for (int r = 0; r < nr; ++r) {
+            ASSERT_NEAR(got[r], want[r], 1e-5 * bound[r] + 1e-6)
+                << dtype_name(t) << " " << isa_name(isa) << " k " << k << " nr " << nr << " row " << r;
+          }
+          EXPECT_EQ(got[nr], 42.0f) << "wrote past out[nr]";
+        }
+      }
+    }
+  }
+}
+
+// Weights at the edges of their ranges (Q8_0's -128, all-ones nibbles) against saturated activations.
+TEST(Dot, ExtremeQuantsMatchScalar) {
+  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ4_K,
+                  DType::kQ5_K, DType::kQ6_K}) {
+    const int64_t k = dtype_info(t)->block_size * 3;
+    for (uint8_t fill : {0x00, 0x80, 0xFF}) {
+      std::mt19937 rng(fill);
+      std::vector<uint8_t> w = random_weights(rng, t, k);
+      // Keep the scales random, overwrite every quant byte.
+      const DTypeInfo* info = dtype_info(t);
+      for (int64_t b = 0; b < k / info->block_size; ++b) {
+        uint8_t* blk = w.data() + b * info->block_bytes;
+        switch (t) {
+          case DType::kQ8_0: std::memset(blk + 2, fill, 32); break;
+          case DType::kQ4_0: std::memset(blk + 2, fill, 16); break;
+          case DType::kQ4_1: std::memset(blk + 4, fill, 16); break;
+          case DType::kQ5_0: std::memset(blk + 2, fill, 20); break;
+          case DType::kQ5_1: std::memset(blk + 4, fill, 20); break;
+          case DType::kQ4_K: std::memset(blk + 4, fill, 140); break;
+          case DType::kQ5_K: std::memset(blk + 4, fill, 172); break;
+          case DType::kQ6_K: std::memset(blk, fill, 208); break;
+          default: break;
+        }
+      }
+      std::vector<float> x(k);
+      for (int64_t e = 0; e < k; ++e) x[e] = (e % 2) ? 1.0f : -1.0f;
+      const TypeKernels* ref = type_kernels(t, Isa::kScalar);
+      std::vector<uint8_t> act(dtype_row_bytes(ref->act_type, k));
+      ref->quantize_act(x.data(), act.data(), k);
+      float want = 0.0f;
+      ref->dot(k, w.data(), act.data(), act.size(), 1, &want);
+      for (Isa isa : kAllIsas) {
+        if (!isa_available(isa)) continue;
+        float got = 0.0f;
+        type_kernels(t, isa)->dot(k, w.data(), act.data(), act.size(), 1, &got);
+        EXPECT_NEAR(got, want, 1e-5 * std::fabs(want) + 1e-5) << dtype_name(t) << " " << isa_name(isa);
+      }
+    }
+  }
+}
+
+// ---- Vector helpers -------------------------------------------------------------------------
+
+TEST(VectorHelpers, MatchScalarOnEveryIsa) {
+  std::mt19937 rng(13);
+  const VectorKernels& ref = vector_kernels(Isa::kScalar);
+  for (int64_t n : {0, 1, 7, 17, 100, 1000}) {
+    const std::vector<float> x = random_floats(rng, n), y = random_floats(rng, n);
+    std::vector<fp16_t> h(n);
+    ref.fp32_to_fp16_row(y.data(), h.data(), n);
+    float bound_f16 = 1e-6f, bound_f32 = 1e-6f;
+    for (int64_t i = 0; i < n; ++i) {
+      bound_f16 += 1e-5f * std::fabs(x[i] * fp16_to_fp32(h[i]));
+      bound_f32 += 1e-5f * std::fabs(x[i] * y[i]);
+    }
+    const float want_f16 = ref.dot_f32_f16(n, x.data(), h.data());
+    const float want_f32 = ref.dot_f32(n, x.data(), y.data());
+    std::vector<float> want_axpy = y;
+    ref.axpy_f16(n, 0.75f, h.data(), want_axpy.data());
+    for (Isa isa : kAllIsas) {
+      if (!isa_available(isa)) continue;
+      const VectorKernels& vk = vector_kernels(isa);
+      EXPECT_EQ(vk.isa, isa);
+      EXPECT_NEAR(vk.dot_f32_f16(n, x.data(), h.data()), want_f16, bound_f16) << isa_name(isa) << " n " << n;
+      EXPECT_NEAR(vk.dot_f32(n, x.data(), y.data()), want_f32, bound_f32) << isa_name(isa) << " n " << n;
+      std::vector<float> got = y;
+      got.push_back(42.0f);
+      vk.axpy_f16(n, 0.75f, h.data(), got.data());
+      for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(got[i], want_axpy[i], 1e-6f * (1 + std::fabs(want_axpy[i])));
+      EXPECT_EQ(got[n], 42.0f);
+    }
+  }
+  // The free functions dispatch to best_isa().
+  const float x[3] = {1, 2, 3}, y[3] = {4, 5, 6};
+  EXPECT_EQ(dot_f32(3, x, y), 32.0f);
+  const fp16_t h[3] = {0x3c00, 0x4000, 0xc000};  // 1, 2, -2
+  EXPECT_EQ(dot_f32_f16(3, x, h), -1.0f);
+  float acc[3] = {1, 1, 1};
+  axpy_f16(3, 2.0f, h, acc);
+  EXPECT_EQ(acc[2], -3.0f);
+}
+
+}  // namespace
+}  // namespace inferd::kernels

@@ -1,0 +1,32 @@
+// isa_tables.h (private) — the per-ISA kernel tables that cpu.cpp dispatches between.
+//
+// Each ISA lives in its own translation unit compiled with that ISA's flags (see CMakeLists.txt);
+// only cpu.cpp, compiled for the baseline, decides at run time which of them may be called.
+// Thread safety: tables are constant.
+#pragma once
+
+#include "inferd/kernels/cpu.h"
+
+namespace inferd::kernels {
+
+namespace scalar {
+// nullptr when the type has no kernels. Every weight type has a scalar table.
+const TypeKernels* type_kernels(DType type);
+const VectorKernels& vector_kernels();
+// Bit-exact software fp16 conversions (the reference the SIMD ones must equal).
+float fp16_to_fp32(fp16_t h);
+fp16_t fp32_to_fp16(float f);
+}  // namespace scalar
+
+namespace avx2 {
+// nullptr when AVX2 has no specialised kernels for the type.
+const TypeKernels* type_kernels(DType type);
+const VectorKernels& vector_kernels();
+}  // namespace avx2
+
+namespace avx512 {
+const TypeKernels* type_kernels(DType type);
+const VectorKernels& vector_kernels();
+}  // namespace avx512
+
+}  // namespace inferd::kernels
