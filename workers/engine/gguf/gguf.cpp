@@ -9,7 +9,6 @@
 #include <bit>
 #include <cerrno>
 #include <cinttypes>
-#include <cmath>
 #include <cstring>
 #include <limits>
 
