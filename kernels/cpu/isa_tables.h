@@ -16,6 +16,9 @@ const VectorKernels& vector_kernels();
 // Bit-exact software fp16 conversions (the reference the SIMD ones must equal).
 float fp16_to_fp32(fp16_t h);
 fp16_t fp32_to_fp16(float f);
+// All 65536 halves as floats (256 KiB, built on first use): a scale conversion in a hot loop becomes
+// a load instead of a conversion competing with the dot product for the vector ports.
+const float* fp16_table();
 }  // namespace scalar
 
 namespace avx2 {

@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
       const TypeKernels* k = type_kernels(type, Isa::kScalar);
       const size_t stride = inferd::dtype_row_bytes(k->act_type, kCols);
       std::vector<uint8_t> act(stride);
-      t->from_float(x.data(), act.data(), kCols);
+      ggml_traits(t->vec_dot_type)->from_float(x.data(), act.data(), kCols);
       const double s = best_seconds([&] {
         for (int64_t row = 0; row < kRows; ++row) {
           t->vec_dot(static_cast<int>(kCols), &out[row], 0, w.data() + row * row_bytes, 0, act.data(), 0, 1);

@@ -486,6 +486,15 @@ fp16_t fp32_to_fp16(float f) {
   return static_cast<fp16_t>(sign | (base < 0x7c00 ? base : 0x7c00));
 }
 
+const float* fp16_table() {
+  static const float* const kTable = [] {
+    auto* table = new float[1 << 16];  // lives as long as the process
+    for (uint32_t h = 0; h < (1u << 16); ++h) table[h] = fp16_to_fp32(static_cast<fp16_t>(h));
+    return table;
+  }();
+  return kTable;
+}
+
 const TypeKernels* type_kernels(DType type) {
   for (const TypeKernels& t : kTables) {
     if (t.type == type) return &t;
