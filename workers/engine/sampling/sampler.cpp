@@ -227,7 +227,8 @@ size_t Sampler::build_distribution(std::span<const float> logits, double* sum) {
   size_t size = cand_.size();
   for (size_t i = 0; i < size; ++i) {
     const float l = logits[i];
-    // NaN is impossible; +inf would turn the softmax into NaN, so it becomes the largest finite value.
+    // A NaN logit becomes -inf (never drawn); +inf would turn the softmax into NaN, so it becomes the largest
+    // finite value.
     c[i].logit = std::isnan(l) ? kNegInf : std::min(l, std::numeric_limits<float>::max());
     c[i].id = static_cast<int32_t>(i);
   }

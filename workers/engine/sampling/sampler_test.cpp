@@ -161,6 +161,25 @@ TEST(Greedy, ArgmaxWithTiesToLowestIdAndNanIgnored) {
   EXPECT_EQ(d[0].p, 1.0f);
 }
 
+TEST(Greedy, MatchesFirstMaxElementOnLargeVocab) {
+  SamplingParams p = plain();
+  p.temperature = 0.0f;
+  Rng rng(5);
+  for (int32_t n : {1, 15, 16, 17, 1000, 49152 + 7}) {
+    Sampler s(p, n);
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<float> logits(static_cast<size_t>(n));
+      for (float& l : logits) l = std::floor(static_cast<float>(rng.next_double()) * 64.0f);  // many ties
+      if (trial % 3 == 1) logits[rng.next_u64() % static_cast<size_t>(n)] = kNan;
+      if (trial % 3 == 2) logits.back() = 1000.0f;
+      std::vector<float> no_nan = logits;
+      for (float& l : no_nan) l = std::isnan(l) ? -kInf : l;
+      const auto want = std::max_element(no_nan.begin(), no_nan.end()) - no_nan.begin();
+      ASSERT_EQ(s.sample(logits), want) << "n=" << n << " trial=" << trial;
+    }
+  }
+}
+
 TEST(Greedy, AppliesPenalties) {
   SamplingParams p = plain();
   p.temperature = 0.0f;
