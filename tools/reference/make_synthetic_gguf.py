@@ -1,0 +1,347 @@
+#!/usr/bin/env python3
+"""Writes llama-architecture GGUF models with random weights that llama.cpp loads and runs.
+
+Purpose: test and benchmark models of real shapes and quantization mixes without downloading weights.
+
+Presets
+  tinyllama-q4_0   TinyLlama-1.1B shapes (n_embd 2048, 22 layers, 32 heads / 4 kv heads, ffn 5632, rope base
+                   10000, rms eps 1e-5, context 2048). Every 2-D weight Q4_0 (token_embd too), output Q6_K, norms
+                   F32 -- the types llama.cpp's Q4_0 quantization produces. Vocabulary: SmolLM2's gpt2/smollm BPE
+                   vocabulary truncated to 32000 tokens (merges kept only when both parts and the result are among
+                   them). ~640 MB.
+  mixed-small      n_embd 256, 6 layers, 4 heads / 2 kv heads (head_dim 64), ffn 1024, rope base 10000, context
+                   2048, full SmolLM2 vocabulary (49152). token_embd Q8_0, output Q6_K, the seven matrices of layer
+                   L rotate through Q4_0, Q8_0, Q4_K, Q6_K: matrix k (attn_q, attn_k, attn_v, attn_output,
+                   ffn_gate, ffn_up, ffn_down) of layer L has type [Q4_0, Q8_0, Q4_K, Q6_K][(L + k) % 4], so every
+                   matrix kind meets every type and every layer mixes all four. ~27 MB. `--print-types` lists it.
+  llama3-8b-q4_0   Llama-3-8B shapes (n_embd 4096, 32 layers, 32 / 8 heads, ffn 14336, rope base 500000, vocab
+                   padded from SmolLM2's 49152 tokens to 128256 with unused tokens), all Q4_0, output Q6_K. ~4.6 GB.
+
+How the weights are made (no float quantization: quant blocks are written directly, which is fast and exact)
+  - Each quantized weight element is code * scale. Codes are i.i.d. draws from a discretized normal over the type's
+    code range (Q4_0: q-8 in [-8,7], sigma 2.7; Q8_0: [-127,127], sigma 40; Q4_K: q-7.5 via dmin, q in [0,15],
+    sigma 2.7; Q6_K: q-32 in [-32,31], sigma 10), sampled through a 65536-entry inverse-CDF table indexed by
+    uniform uint16 draws. Codes are placed in ggml's block layouts (kernels/cpu/include/inferd/kernels/dtype.h).
+  - Block scales: fp16 d = base * U(0.8, 1.2) per block (Q4_0 with a random sign, as real Q4_0 files have);
+    Q4_K sub-block scales uniform in [40, 63] with mins equal to the scales and dmin = 7.5 d, so every sub-block
+    is centred on zero; Q6_K int8 sub-block scales have random sign and magnitude in [64, 127]. `base` is chosen so
+    that the dequantized weights have the target std.
+  - Target stds: 1/sqrt(fan_in) for every projection (like a trained model's), token_embd 1.0, output
+    kLogitScale/sqrt(n_embd) so logits have std ~kLogitScale and top-1/top-2 margins are clear; norms 1 + 0.1 N.
+  - Everything comes from numpy's PCG64 with a fixed seed (`--seed`); on the same numpy/gguf versions the output is
+    bit-for-bit reproducible (the file contains no time stamps).
+
+Usage: make_synthetic_gguf.py --preset mixed-small --out tests/data/models/mixed-small.gguf [--seed 1234]
+       make_synthetic_gguf.py --preset mixed-small --print-types
+       make_synthetic_gguf.py --check FILE   (dequantizes every tensor with gguf.quants and prints its std/mean)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+import gguf  # noqa: E402
+from gguf import GGMLQuantizationType as QT  # noqa: E402
+
+kLogitScale = 4.0
+kDefaultSeed = 1234
+kQK = 32
+kQK_K = 256
+
+
+@dataclass
+class Preset:
+    name: str
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int
+    n_vocab: int
+    rope_base: float
+    rms_eps: float
+    n_ctx: int
+    token_embd_type: QT
+    output_type: QT
+    layer_types: list = field(default_factory=list)  # per matrix kind, or a callable(layer, k)
+    file_type: int = 2  # LLAMA_FTYPE_MOSTLY_Q4_0
+
+
+kMatrixKinds = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
+kMixedCycle = [QT.Q4_0, QT.Q8_0, QT.Q4_K, QT.Q6_K]
+
+
+def _uniform_q4_0(layer: int, k: int) -> QT:
+    return QT.Q4_0
+
+
+def _mixed(layer: int, k: int) -> QT:
+    return kMixedCycle[(layer + k) % len(kMixedCycle)]
+
+
+PRESETS = {
+    "tinyllama-q4_0": Preset("tinyllama-q4_0", 2048, 22, 32, 4, 5632, 32000, 10000.0, 1e-5, 2048,
+                             QT.Q4_0, QT.Q6_K, _uniform_q4_0),
+    "mixed-small": Preset("mixed-small", 256, 6, 4, 2, 1024, 49152, 10000.0, 1e-5, 2048,
+                          QT.Q8_0, QT.Q6_K, _mixed, file_type=7),  # "mostly Q8_0" is the closest ftype label
+    "llama3-8b-q4_0": Preset("llama3-8b-q4_0", 4096, 32, 32, 8, 14336, 128256, 500000.0, 1e-5, 8192,
+                             QT.Q4_0, QT.Q6_K, _uniform_q4_0),
+}
+
+
+# ---- Random codes -----------------------------------------------------------------------------
+
+def _code_table(values: np.ndarray, sigma: float) -> tuple[np.ndarray, float, float]:
+    """Inverse-CDF table mapping a uniform uint16 to an index into `values` (discretized normal by value).
+
+    Returns (table, mean, std) of the value distribution the table realizes (exact, from the table counts)."""
+    p = np.exp(-0.5 * (values / sigma) ** 2)
+    cdf = np.cumsum(p) / p.sum()
+    u = (np.arange(65536, dtype=np.float64) + 0.5) / 65536.0
+    table = np.searchsorted(cdf, u, side="right").clip(0, len(values) - 1).astype(np.uint8)
+    realized = values[table]
+    return table, float(realized.mean()), float(realized.std())
+
+
+# code index -> stored code; values = code - offset
+_Q4_0_TABLE, _, _Q4_0_STD = _code_table(np.arange(16) - 8.0, 2.7)
+_Q4_K_TABLE, _, _Q4_K_STD = _code_table(np.arange(16) - 7.5, 2.7)
+_Q6_K_TABLE, _, _Q6_K_STD = _code_table(np.arange(64) - 32.0, 10.0)
+_Q8_0_TABLE, _, _Q8_0_STD = _code_table(np.arange(255) - 127.0, 40.0)  # stored int8 = index - 127
+
+
+def _codes(rng: np.random.Generator, table: np.ndarray, shape) -> np.ndarray:
+    return table[rng.integers(0, 65536, size=shape, dtype=np.uint16)]
+
+
+def _jitter(rng: np.random.Generator, n: int) -> np.ndarray:
+    return rng.uniform(0.8, 1.2, size=n)
+
+
+kJitterRms = float(np.sqrt(1.0 + 0.4 ** 2 / 12.0))
+
+
+def _f16_bytes(x: np.ndarray) -> np.ndarray:
+    return x.astype("<f2").view(np.uint8).reshape(-1, 2)
+
+
+# ---- Block writers (layouts identical to ggml) ---------------------------------------------------
+
+def make_q4_0(rng, rows: int, cols: int, std: float) -> np.ndarray:
+    nb = rows * cols // kQK
+    c = _codes(rng, _Q4_0_TABLE, (nb, kQK))
+    qs = c[:, :16] | (c[:, 16:] << 4)  # element j: low nibble of qs[j]; element j+16: high nibble
+    sign = np.where(rng.integers(0, 2, size=nb) == 0, -1.0, 1.0)
+    d = sign * _jitter(rng, nb) * (std / (_Q4_0_STD * kJitterRms))
+    out = np.empty((nb, 18), np.uint8)
+    out[:, 0:2] = _f16_bytes(d)
+    out[:, 2:] = qs
+    return out.reshape(rows, -1)
+
+
+def make_q8_0(rng, rows: int, cols: int, std: float) -> np.ndarray:
+    nb = rows * cols // kQK
+    q = (_codes(rng, _Q8_0_TABLE, (nb, kQK)).astype(np.int16) - 127).astype(np.int8)
+    d = _jitter(rng, nb) * (std / (_Q8_0_STD * kJitterRms))
+    out = np.empty((nb, 34), np.uint8)
+    out[:, 0:2] = _f16_bytes(d)
+    out[:, 2:] = q.view(np.uint8)
+    return out.reshape(rows, -1)
+
+
+def make_q4_k(rng, rows: int, cols: int, std: float) -> np.ndarray:
+    nb = rows * cols // kQK_K
+    c = _codes(rng, _Q4_K_TABLE, (nb, 4, 2, 32))  # [64-element group, low/high nibble, l]
+    qs = (c[:, :, 0, :] | (c[:, :, 1, :] << 4)).reshape(nb, 128)
+    sc = rng.integers(40, 64, size=(nb, 8)).astype(np.uint8)  # 6-bit sub-block scales
+    mn = sc.copy()  # mins == scales and dmin == 7.5 d: each sub-block is d*sc*(q - 7.5)
+    scales = np.empty((nb, 12), np.uint8)
+    scales[:, 0:4] = sc[:, 0:4] | ((sc[:, 4:8] >> 4) << 6)
+    scales[:, 4:8] = mn[:, 0:4] | ((mn[:, 4:8] >> 4) << 6)
+    scales[:, 8:12] = (sc[:, 4:8] & 0xF) | ((mn[:, 4:8] & 0xF) << 4)
+    sc_rms = float(np.sqrt(np.mean(np.arange(40, 64, dtype=np.float64) ** 2)))
+    d = _jitter(rng, nb) * (std / (_Q4_K_STD * sc_rms * kJitterRms))
+    out = np.empty((nb, 144), np.uint8)
+    out[:, 0:2] = _f16_bytes(d)
+    out[:, 2:4] = _f16_bytes(7.5 * d)
+    out[:, 4:16] = scales
+    out[:, 16:] = qs
+    return out.reshape(rows, -1)
+
+
+def make_q6_k(rng, rows: int, cols: int, std: float) -> np.ndarray:
+    nb = rows * cols // kQK_K
+    # element 128*h + 32*k + l has code c[:, h, k, l]; its low 4 bits go to ql, high 2 bits to qh
+    c = _codes(rng, _Q6_K_TABLE, (nb, 2, 4, 32))
+    lo, hi = c & 0xF, c >> 4
+    ql = np.empty((nb, 2, 64), np.uint8)
+    ql[:, :, 0:32] = lo[:, :, 0, :] | (lo[:, :, 2, :] << 4)
+    ql[:, :, 32:64] = lo[:, :, 1, :] | (lo[:, :, 3, :] << 4)
+    qh = hi[:, :, 0, :] | (hi[:, :, 1, :] << 2) | (hi[:, :, 2, :] << 4) | (hi[:, :, 3, :] << 6)
+    mag = rng.integers(64, 128, size=(nb, 16))
+    sgn = np.where(rng.integers(0, 2, size=(nb, 16)) == 0, -1, 1)
+    scales = (mag * sgn).astype(np.int8)
+    sc_rms = float(np.sqrt(np.mean(np.arange(64, 128, dtype=np.float64) ** 2)))
+    d = _jitter(rng, nb) * (std / (_Q6_K_STD * sc_rms * kJitterRms))
+    out = np.empty((nb, 210), np.uint8)
+    out[:, 0:128] = ql.reshape(nb, 128)
+    out[:, 128:192] = qh.reshape(nb, 64)
+    out[:, 192:208] = scales.view(np.uint8)
+    out[:, 208:210] = _f16_bytes(d)
+    return out.reshape(rows, -1)
+
+
+MAKERS = {QT.Q4_0: make_q4_0, QT.Q8_0: make_q8_0, QT.Q4_K: make_q4_k, QT.Q6_K: make_q6_k}
+
+
+def make_weight(rng, qtype: QT, rows: int, cols: int, std: float) -> np.ndarray:
+    """A (rows, row_bytes) uint8 array: `rows` rows of `cols` elements (cols = fan_in = ggml's ne0)."""
+    block = kQK_K if qtype in (QT.Q4_K, QT.Q6_K) else kQK
+    if cols % block:
+        raise ValueError(f"{qtype.name} rows need a multiple of {block} elements, got {cols}")
+    # One tensor can be big (Llama-3 token_embd: 525M elements); generate it in row chunks to bound memory.
+    chunk = max(1, (1 << 24) // cols)
+    parts = [MAKERS[qtype](rng, min(chunk, rows - r), cols, std) for r in range(0, rows, chunk)]
+    return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+
+# ---- Model ----------------------------------------------------------------------------------
+
+def tensor_plan(p: Preset):
+    """[(name, qtype, rows, cols, std)] in file order; cols is the fan-in (ne0)."""
+    head_dim = p.n_embd // p.n_head
+    kv = head_dim * p.n_head_kv
+    plan = [("token_embd.weight", p.token_embd_type, p.n_vocab, p.n_embd, 1.0),
+            ("output_norm.weight", QT.F32, 1, p.n_embd, None),
+            ("output.weight", p.output_type, p.n_vocab, p.n_embd, kLogitScale / np.sqrt(p.n_embd))]
+    shapes = {"attn_q": (p.n_embd, p.n_embd), "attn_k": (kv, p.n_embd), "attn_v": (kv, p.n_embd),
+              "attn_output": (p.n_embd, p.n_embd), "ffn_gate": (p.n_ff, p.n_embd),
+              "ffn_up": (p.n_ff, p.n_embd), "ffn_down": (p.n_embd, p.n_ff)}
+    for layer in range(p.n_layer):
+        plan.append((f"blk.{layer}.attn_norm.weight", QT.F32, 1, p.n_embd, None))
+        for k, kind in enumerate(kMatrixKinds):
+            rows, cols = shapes[kind]
+            plan.append((f"blk.{layer}.{kind}.weight", p.layer_types(layer, k), rows, cols, 1.0 / np.sqrt(cols)))
+            if kind == "attn_output":
+                plan.append((f"blk.{layer}.ffn_norm.weight", QT.F32, 1, p.n_embd, None))
+    return plan
+
+
+def padded_tokenizer(n_vocab: int) -> common.Tokenizer:
+    tok = common.load_tokenizer(common.SMOLLM2_PATH, n_vocab=min(n_vocab, 49152))
+    while len(tok.tokens) < n_vocab:  # unused ids for larger vocabularies (llama3-8b preset)
+        tok.tokens.append(f"[PAD{len(tok.tokens)}]".encode())
+        tok.token_types.append(int(gguf.TokenType.UNUSED))
+    return tok
+
+
+def write_model(p: Preset, out_path: str, seed: int, verbose: bool = True) -> None:
+    rng = np.random.Generator(np.random.PCG64(seed))
+    tok = padded_tokenizer(p.n_vocab)
+    w = gguf.GGUFWriter(out_path, "llama")
+    w.add_type(gguf.GGUFType.MODEL)
+    w.add_name(f"inferd synthetic {p.name} seed {seed}")
+    w.add_context_length(p.n_ctx)
+    w.add_embedding_length(p.n_embd)
+    w.add_block_count(p.n_layer)
+    w.add_feed_forward_length(p.n_ff)
+    w.add_head_count(p.n_head)
+    w.add_head_count_kv(p.n_head_kv)
+    w.add_rope_freq_base(p.rope_base)
+    w.add_layer_norm_rms_eps(p.rms_eps)
+    w.add_rope_dimension_count(p.n_embd // p.n_head)
+    w.add_vocab_size(p.n_vocab)
+    w.add_file_type(p.file_type)
+    w.add_quantization_version(2)
+    w.add_tokenizer_model(tok.model)
+    w.add_tokenizer_pre(tok.pre)
+    w.add_token_list(tok.tokens)
+    w.add_token_types(tok.token_types)
+    w.add_token_merges(tok.merges)
+    w.add_bos_token_id(tok.bos_id)
+    w.add_eos_token_id(tok.eos_id)
+    if tok.unk_id is not None:
+        w.add_unk_token_id(tok.unk_id)
+    if tok.pad_id is not None:
+        w.add_pad_token_id(tok.pad_id)
+    w.add_add_bos_token(tok.add_bos)
+    if tok.add_space_prefix is not None:
+        w.add_add_space_prefix(tok.add_space_prefix)
+    if tok.chat_template is not None:
+        w.add_chat_template(tok.chat_template)
+
+    plan = tensor_plan(p)
+    for name, qtype, rows, cols, std in plan:
+        if qtype == QT.F32:
+            w.add_tensor_info(name, [cols], np.dtype(np.float32), cols * 4)
+        else:
+            row_bytes = (cols // gguf.GGML_QUANT_SIZES[qtype][0]) * gguf.GGML_QUANT_SIZES[qtype][1]
+            w.add_tensor_info(name, [rows, row_bytes], np.dtype(np.uint8), rows * row_bytes, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    # Tensor data is streamed in plan order, so even the 8B preset needs only one tensor in memory at a time.
+    for name, qtype, rows, cols, std in plan:
+        if qtype == QT.F32:
+            data = (1.0 + 0.1 * rng.standard_normal(cols)).astype(np.float32)
+        else:
+            data = make_weight(rng, qtype, rows, cols, std)
+        w.write_tensor_data(data)
+        if verbose and not name.startswith("blk.") or name.startswith("blk.0."):
+            print(f"  {name:28s} {qtype.name:5s} {cols}x{rows}", file=sys.stderr)
+    w.close()
+
+
+def print_types(p: Preset) -> None:
+    for name, qtype, rows, cols, std in tensor_plan(p):
+        print(f"{name:28s} {qtype.name:5s} ne=[{cols}, {rows}]" if rows > 1 else f"{name:28s} {qtype.name:5s} ne=[{cols}]")
+
+
+def check(path: str) -> None:
+    """Dequantizes every tensor and prints std and mean, to confirm the intended scales."""
+    r = gguf.GGUFReader(path)
+    for t in r.tensors:
+        data = t.data
+        if t.tensor_type != QT.F32:
+            data = gguf.quants.dequantize(np.asarray(data), t.tensor_type)
+        data = np.asarray(data, dtype=np.float64)
+        fan_in = int(t.shape[0])
+        print(f"{t.name:28s} {t.tensor_type.name:5s} std {data.std():.5f} (x sqrt(fan_in) {data.std() * np.sqrt(fan_in):.3f})"
+              f" mean {data.mean():+.5f} finite {bool(np.isfinite(data).all())}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", choices=sorted(PRESETS))
+    ap.add_argument("--out")
+    ap.add_argument("--seed", type=int, default=kDefaultSeed)
+    ap.add_argument("--print-types", action="store_true")
+    ap.add_argument("--check", metavar="FILE")
+    args = ap.parse_args()
+    if args.check:
+        check(args.check)
+        return 0
+    if not args.preset:
+        ap.error("--preset is required")
+    p = PRESETS[args.preset]
+    if args.print_types:
+        print_types(p)
+        return 0
+    if not args.out:
+        ap.error("--out is required")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    write_model(p, args.out, args.seed)
+    print(f"{args.out}: {os.path.getsize(args.out)} bytes sha256 {common.sha256_file(args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
