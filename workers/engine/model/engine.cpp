@@ -11,6 +11,7 @@
 #include "inferd/arena.h"
 #include "inferd/kernels/cpu.h"
 #include "inferd/kv_cache.h"
+#include "ops.h"
 #include "inferd/thread_pool.h"
 
 namespace inferd {
@@ -48,18 +49,6 @@ struct SiteInfo {
   unsigned act_mask = 0;
   size_t row_bytes[kActKinds] = {};  // bytes of one encoded row, per needed kind
 };
-
-void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
-  double sum = 0.0;  // as ggml: accumulate in double
-  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i] * x[i]);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(sum / static_cast<double>(n)) + eps);
-  for (int64_t i = 0; i < n; ++i) y[i] = (x[i] * scale) * w[i];
-}
-
-float silu(float x) { return x / (1.0f + std::exp(-x)); }
-
-// Rounds through half precision, as llama.cpp does to operands of products with the F16 cache.
-float round_fp16(float v) { return kernels::fp16_to_fp32(kernels::fp32_to_fp16(v)); }
 
 }  // namespace
 
@@ -310,25 +299,9 @@ void gate_up_rows(const WeightView& wg, const WeightView& wu, uint8_t* const* ac
       for (int64_t r = rb0; r < rb1; ++r) {
         tg->dot(k, wg.row(r), act[ag] + static_cast<size_t>(t0) * act_row_bytes[ag], act_row_bytes[ag], nr, g);
         tu->dot(k, wu.row(r), act[au] + static_cast<size_t>(t0) * act_row_bytes[au], act_row_bytes[au], nr, u);
-        for (int i = 0; i < nr; ++i) h[(t0 + i) * n_ff + r] = silu(g[i]) * u[i];
+        for (int i = 0; i < nr; ++i) h[(t0 + i) * n_ff + r] = ops::silu(g[i]) * u[i];
       }
     }
-  }
-}
-
-// Rotates pairs of `x` (one head) for position `pos`, with ggml's recurrence for the angles.
-void rope_head(float* x, int64_t head_dim, int32_t pos, float base, RopeStyle style) {
-  const float theta_scale = std::pow(base, -2.0f / static_cast<float>(head_dim));
-  float theta = static_cast<float>(pos);
-  const int64_t half = head_dim / 2;
-  for (int64_t i = 0; i < half; ++i) {
-    const float c = std::cos(theta), s = std::sin(theta);
-    const int64_t i0 = style == RopeStyle::kNormal ? 2 * i : i;
-    const int64_t i1 = style == RopeStyle::kNormal ? 2 * i + 1 : i + half;
-    const float x0 = x[i0], x1 = x[i1];
-    x[i0] = x0 * c - x1 * s;
-    x[i1] = x0 * s + x1 * c;
-    theta *= theta_scale;
   }
 }
 
@@ -375,10 +348,10 @@ void Engine::Impl::run_pass(std::span<const BatchToken> batch, MatmulPath path, 
   };
   auto norm_rows = [&](const float* src, const WeightView& w, float* dst) {
     if (gemv) {
-      rms_norm(src, w.f32(), dst, E, cfg.rms_eps);
+      ops::rms_norm(src, w.f32(), dst, E, cfg.rms_eps);
     } else {
       auto [t0, t1] = split_range(m, ith, nth);
-      for (int64_t t = t0; t < t1; ++t) rms_norm(src + t * E, w.f32(), dst + t * E, E, cfg.rms_eps);
+      for (int64_t t = t0; t < t1; ++t) ops::rms_norm(src + t * E, w.f32(), dst + t * E, E, cfg.rms_eps);
     }
   };
   auto matmul = [&](const MatmulJob& j) {
@@ -420,12 +393,12 @@ void Engine::Impl::run_pass(std::span<const BatchToken> batch, MatmulPath path, 
         const BatchToken& bt = batch[static_cast<size_t>(t)];
         if (hh < n_head) {
           float* qh = q + t * E + hh * hd;
-          rope_head(qh, hd, bt.pos, cfg.rope_base, cfg.rope_style);
-          for (int64_t i = 0; i < hd; ++i) qh[i] = round_fp16(qh[i]);
+          ops::rope_head(qh, hd, bt.pos, cfg.rope_base, cfg.rope_style);
+          for (int64_t i = 0; i < hd; ++i) qh[i] = ops::round_fp16(qh[i]);
         } else {
           const int32_t kvh = static_cast<int32_t>(hh - n_head);
           float* kh = kb + t * Ekv + kvh * hd;
-          rope_head(kh, hd, bt.pos, cfg.rope_base, cfg.rope_style);
+          ops::rope_head(kh, hd, bt.pos, cfg.rope_base, cfg.rope_style);
           kernels::fp32_to_fp16_row(kh, kv->k(bt.slot, l, kvh).row(bt.pos), hd);
           kernels::fp32_to_fp16_row(vb + t * Ekv + kvh * hd, kv->v(bt.slot, l, kvh).row(bt.pos), hd);
         }
@@ -442,24 +415,8 @@ void Engine::Impl::run_pass(std::span<const BatchToken> batch, MatmulPath path, 
         const BatchToken& bt = batch[static_cast<size_t>(t)];
         const int32_t kvh = static_cast<int32_t>(hh / group);
         const KvCache::View kc = kv->k(bt.slot, l, kvh), vc = kv->v(bt.slot, l, kvh);
-        const float* qh = q + t * E + hh * hd;
-        const int64_t n_kv = bt.pos + 1;
-        float max_s = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < n_kv; ++j) {
-          scores[j] = kernels::dot_f32_f16(hd, qh, kc.row(j)) * kq_scale;
-          max_s = std::max(max_s, scores[j]);
-        }
-        for (int64_t j = n_kv; j < kv_pad; ++j) scores[j] = -std::numeric_limits<float>::infinity();
-        double sum = 0.0;
-        for (int64_t j = 0; j < kv_pad; ++j) {
-          const float e = scores[j] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(scores[j] - max_s);
-          scores[j] = e;
-          sum += e;
-        }
-        const float inv = static_cast<float>(1.0 / sum);
-        float* out = attn + t * E + hh * hd;
-        std::fill(out, out + hd, 0.0f);
-        for (int64_t j = 0; j < n_kv; ++j) kernels::axpy_f16(hd, round_fp16(scores[j] * inv), vc.row(j), out);
+        ops::attention_head(q + t * E + hh * hd, kc, vc, hd, bt.pos + 1, kv_pad, kq_scale, scores,
+                            attn + t * E + hh * hd);
       }
       pool->barrier();
     }
@@ -490,7 +447,7 @@ void Engine::Impl::run_pass(std::span<const BatchToken> batch, MatmulPath path, 
   {
     auto [o0, o1] = split_range(n_out, ith, nth);
     for (int64_t o = o0; o < o1; ++o) {
-      rms_norm(x + out_rows[static_cast<size_t>(o)] * E, model->output_norm().f32(), xo + o * E, E, cfg.rms_eps);
+      ops::rms_norm(x + out_rows[static_cast<size_t>(o)] * E, model->output_norm().f32(), xo + o * E, E, cfg.rms_eps);
     }
     pool->barrier();
     // The output rows are encoded into the shared buffers on both paths (there may be several).

@@ -1,0 +1,36 @@
+// ops.h — the row operations of the llama forward pass (private to inferd_engine).
+//
+// Each function works on one row (one token, or one head of one token) so that the engine can
+// split work between threads freely. Their floating-point behaviour follows ggml's CPU backend
+// (accumulation types and order, half-precision rounding of attention operands) because the
+// engine is compared with llama.cpp token by token; where an operation differs from ggml, the
+// comment says how.
+// Thread safety: pure functions of their arguments.
+#pragma once
+
+#include <cstdint>
+
+#include "inferd/kv_cache.h"
+#include "inferd/model.h"
+
+namespace inferd::ops {
+
+// y = x / sqrt(mean(x^2) + eps) * w; the sum of squares is accumulated in double, as ggml does.
+void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps);
+
+// x * sigmoid(x).
+float silu(float x);
+
+// Rounds through IEEE half precision (llama.cpp rounds attention operands to F16).
+float round_fp16(float v);
+
+// Rotates one head of `head_dim` values in place for position `pos` (angles by ggml's recurrence).
+void rope_head(float* x, int64_t head_dim, int32_t pos, float base, RopeStyle style);
+
+// One query head against positions [0, n_kv) of its KV head; positions [n_kv, kv_pad) are the
+// padding of the shape bucket and are masked out. `scores` has room for kv_pad floats. Writes
+// head_dim values to `out`.
+void attention_head(const float* q, const KvCache::View& k, const KvCache::View& v, int64_t head_dim, int64_t n_kv,
+                    int64_t kv_pad, float scale, float* scores, float* out);
+
+}  // namespace inferd::ops
