@@ -152,6 +152,37 @@ TEST(Utf8StreamTest, ReplacesInvalidBytes) {
   EXPECT_EQ(s.flush(), "");
 }
 
+// Arbitrary bytes never crash either tokenizer, and a stream always emits valid UTF-8.
+TEST(TokenizerFuzz, RandomBytes) {
+  auto bpe = Tokenizer::from_config(tiny_bpe());
+  auto spm = Tokenizer::from_config(tiny_spm());
+  ASSERT_TRUE(bpe.is_ok() && spm.is_ok());
+  uint64_t state = 0x9E3779B97F4A7C15ull;  // fixed seed
+  auto next = [&] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  };
+  for (int iter = 0; iter < 2000; ++iter) {
+    std::string text(next() % 40, '\0');
+    for (char& c : text) c = static_cast<char>(next());
+    if (iter % 3 == 0) text += "<|im_start|>";
+    for (const auto* tok : {bpe->get(), spm->get()}) {
+      const auto ids = tok->encode(text, true, true);
+      for (const int32_t id : ids) ASSERT_TRUE(id >= 0 && id < tok->n_vocab());
+      Utf8Stream stream;
+      std::string out = stream.push(tok->decode(ids));
+      out += stream.flush();
+      std::vector<uint32_t> cpts;
+      unicode::decode_utf8(out, cpts);
+      std::string reencoded;
+      for (const uint32_t cp : cpts) unicode::append_utf8(cp, reencoded);
+      ASSERT_EQ(reencoded, out);
+    }
+  }
+}
+
 std::vector<size_t> split(std::vector<pretok::Step> steps, std::string_view text) {
   std::vector<uint32_t> cpts;
   unicode::decode_utf8(text, cpts);
