@@ -1,9 +1,10 @@
 // inferd-perplexity: perplexity of a text file, like llama.cpp's llama-perplexity.
 //
 // Protocol (the same as tools/reference/gen_numerics_refs.py, so figures compare with llama.cpp's):
-// the text is tokenized (BOS as the model's metadata says) and split into chunks of --ctx-size tokens;
-// each chunk is evaluated from an empty KV cache with logits at every position; every position but the
-// last of each chunk scores the next token. PPL = exp(mean negative log-likelihood).
+// the text is tokenized (BOS as the model's metadata says) and split into chunks of --ctx-size tokens
+// (the last one may be shorter; a one-token remainder is dropped); each chunk is evaluated from an
+// empty KV cache with logits at every position; every position but the last of each chunk scores the
+// next token. PPL = exp(mean negative log-likelihood).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -68,10 +69,11 @@ int main(int argc, char** argv) {
   inferd::Engine& eng = *engine.value();
   const std::vector<int32_t> ids = tok.value()->encode(text, /*add_special=*/true, /*parse_special=*/false);
   const size_t nv = static_cast<size_t>(eng.n_vocab());
-  int64_t n_chunks = static_cast<int64_t>(ids.size()) / n_ctx;
+  const int64_t n_ids = static_cast<int64_t>(ids.size());
+  int64_t n_chunks = n_ids / n_ctx + (n_ids % n_ctx >= 2 ? 1 : 0);
   if (max_chunks > 0) n_chunks = std::min<int64_t>(n_chunks, max_chunks);
   if (n_chunks == 0) {
-    std::fprintf(stderr, "error: the text has %zu tokens, fewer than one chunk of %d\n", ids.size(), n_ctx);
+    std::fprintf(stderr, "error: the text has %zu tokens; at least 2 are needed\n", ids.size());
     return 1;
   }
   double nll = 0.0;
@@ -79,13 +81,14 @@ int main(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t c = 0; c < n_chunks; ++c) {
     eng.clear_slot(0);
-    std::span<const int32_t> chunk(ids.data() + c * n_ctx, static_cast<size_t>(n_ctx));
+    const int64_t len = std::min<int64_t>(n_ctx, n_ids - c * n_ctx);
+    std::span<const int32_t> chunk(ids.data() + c * n_ctx, static_cast<size_t>(len));
     auto logits = eng.eval(0, chunk, /*all_logits=*/true);
     if (!logits) {
       std::fprintf(stderr, "error: %s\n", logits.status().message().c_str());
       return 1;
     }
-    for (int32_t i = 0; i + 1 < n_ctx; ++i) {
+    for (int64_t i = 0; i + 1 < len; ++i) {
       const float* row = logits->data() + static_cast<size_t>(i) * nv;
       float mx = row[0];
       for (size_t v = 1; v < nv; ++v) mx = std::max(mx, row[v]);
