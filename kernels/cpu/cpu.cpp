@@ -124,5 +124,13 @@ float dot_f32_f16(int64_t n, const float* x, const fp16_t* y) {
 }
 void axpy_f16(int64_t n, float a, const fp16_t* x, float* y) { vector_for(best_isa()).axpy_f16(n, a, x, y); }
 float dot_f32(int64_t n, const float* x, const float* y) { return vector_for(best_isa()).dot_f32(n, x, y); }
+float silu(float x) { return vector_for(best_isa()).silu(x); }
+void swiglu(int64_t n, const float* g, const float* u, float* y) { vector_for(best_isa()).swiglu(n, g, u, y); }
+double exp_sum(int64_t n, const float* x, float max, float* y) {
+  return vector_for(best_isa()).exp_sum(n, x, max, y);
+}
+void rope_rotate(int64_t n, const float* cos, const float* sin, float* x0, float* x1, int64_t stride) {
+  vector_for(best_isa()).rope_rotate(n, cos, sin, x0, x1, stride);
+}
 
 }  // namespace inferd::kernels

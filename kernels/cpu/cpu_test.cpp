@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -426,25 +427,32 @@ TEST(QuantizeRef, RoundTripsWithinHalfAStep) {
   EXPECT_FALSE(has_quantize_ref(DType::kQ4_K));
 }
 
-TEST(QuantizeRef, Q8_0EqualsActivationQuantizer) {
+// Weights use ggml's quantize_row_q8_0_ref (1/d, ties away from zero); activations use ggml's x86
+// quantize_row_q8_0 (127/amax, ties to even). The two agree within one quant step.
+TEST(QuantizeRef, Q8_0WithinOneStepOfActivationQuantizer) {
   std::mt19937 rng(4);
   const std::vector<float> x = random_floats(rng, 32 * 5);
   std::vector<uint8_t> a(dtype_row_bytes(DType::kQ8_0, 160)), b(a.size());
   quantize_row_ref(DType::kQ8_0, x.data(), a.data(), 160);
   type_kernels(DType::kQ4_0)->quantize_act(x.data(), b.data(), 160);
-  EXPECT_EQ(a, b);
+  const auto* qa = reinterpret_cast<const BlockQ8_0*>(a.data());
+  const auto* qb = reinterpret_cast<const BlockQ8_0*>(b.data());
+  for (int blk = 0; blk < 5; ++blk) {
+    EXPECT_EQ(qa[blk].d, qb[blk].d);
+    for (int j = 0; j < 32; ++j) EXPECT_LE(std::abs(qa[blk].qs[j] - qb[blk].qs[j]), 1) << blk << " " << j;
+  }
 }
 
-// ---- Activation quantization: test-local references of ggml's quantize_row_q8_*_ref ----------
+// ---- Activation quantization: test-local references of ggml's x86 quantize_row_q8_0 / q8_1 ---
+// (the AVX path llama.cpp runs: multiplier 127 / amax, ties to even) and of quantize_row_q8_K_ref.
 
 void local_q8_0(const float* x, BlockQ8_0* y, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b, x += 32) {
     float amax = 0.0f;
     for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
-    const float d = amax / 127.0f;
-    const float id = d ? 1.0f / d : 0.0f;
-    y[b].d = fp32_to_fp16(d);
-    for (int j = 0; j < 32; ++j) y[b].qs[j] = static_cast<int8_t>(roundf(x[j] * id));
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    y[b].d = fp32_to_fp16(amax / 127.0f);
+    for (int j = 0; j < 32; ++j) y[b].qs[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
   }
 }
 
@@ -453,14 +461,14 @@ void local_q8_1(const float* x, BlockQ8_1* y, int64_t nb) {
     float amax = 0.0f;
     for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
     const float d = amax / 127.0f;
-    const float id = d ? 1.0f / d : 0.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     int sum = 0;
     for (int j = 0; j < 32; ++j) {
-      y[b].qs[j] = static_cast<int8_t>(roundf(x[j] * id));
+      y[b].qs[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
       sum += y[b].qs[j];
     }
     y[b].d = fp32_to_fp16(d);
-    y[b].s = fp32_to_fp16(sum * d);
+    y[b].s = fp32_to_fp16(d * static_cast<float>(sum));
   }
 }
 
@@ -485,7 +493,7 @@ void local_q8_k(const float* x, BlockQ8_K* y, int64_t nb) {
 std::vector<float> activation_data(std::mt19937& rng, int64_t n) {
   std::vector<float> x = random_floats(rng, n);
   std::fill(x.begin(), x.begin() + 32, 0.0f);  // an all-zero block
-  // A block whose scale is exactly 1, with ties at .5 (roundf rounds away, nearest_int to even).
+  // A block whose scale is exactly 1, with ties at .5 (both quantizers round them to even).
   if (n >= 512) {
     for (int j = 256; j < 512; ++j) x[j] = static_cast<float>((j % 7) - 3) + 0.5f;
     x[256] = -127.0f;
@@ -504,7 +512,7 @@ TEST(QuantizeAct, MatchesGgmlReferenceOnEveryIsa) {
   local_q8_1(x.data(), w1.data(), n / 32);
   local_q8_k(x.data(), wk.data(), n / 256);
   EXPECT_EQ(wk[1].qs[1], 2);  // 2.5 * (-127 / -127) -> 2 (ties to even)
-  EXPECT_EQ(w0[8].qs[1], 3);  // 2.5 with d = 1 -> 3 (away from zero)
+  EXPECT_EQ(w0[8].qs[1], 2);  // 2.5 with d = 1 -> 2 (ties to even, as _mm256_round_ps)
   for (Isa isa : kAllIsas) {
     if (!isa_available(isa)) continue;
     for (DType t : kWeightTypes) {
@@ -648,6 +656,118 @@ TEST(Dot, ExtremeQuantsMatchScalar) {
 }
 
 // ---- Vector helpers -------------------------------------------------------------------------
+
+// The SIMD dot kernels reproduce ggml's AVX2 vec_dot order, so each row of an nr-row call equals the
+// single-row result and AVX2 equals AVX-512 bit for bit (maddubs/madd vs VNNI: same integer sums).
+TEST(Dot, SimdRowsAndIsasAreBitIdentical) {
+  std::mt19937 rng(21);
+  for (DType t : kWeightTypes) {
+    const int64_t bs = dtype_info(t)->block_size;
+    if (bs == 1) continue;
+    const int64_t k = bs == 32 ? 1056 : 1280;
+    const std::vector<uint8_t> w = random_weights(rng, t, k);
+    const TypeKernels* ref = type_kernels(t, Isa::kScalar);
+    const size_t stride = dtype_row_bytes(ref->act_type, k);
+    std::vector<uint8_t> act(stride * kMaxDotRows);
+    for (int r = 0; r < kMaxDotRows; ++r) {
+      const std::vector<float> x = random_floats(rng, k, r == 3 ? 10.0f : 1.0f);
+      ref->quantize_act(x.data(), act.data() + r * stride, k);
+    }
+    float first[kMaxDotRows] = {};
+    bool have_first = false;
+    for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+      if (!isa_available(isa)) continue;
+      const TypeKernels* tk = type_kernels(t, isa);
+      float single[kMaxDotRows];
+      for (int r = 0; r < kMaxDotRows; ++r) tk->dot(k, w.data(), act.data() + r * stride, stride, 1, &single[r]);
+      for (int nr = 2; nr <= kMaxDotRows; ++nr) {
+        float got[kMaxDotRows];
+        tk->dot(k, w.data(), act.data(), stride, nr, got);
+        for (int r = 0; r < nr; ++r) {
+          EXPECT_EQ(std::memcmp(&got[r], &single[r], 4), 0) << dtype_name(t) << " " << isa_name(isa) << " nr " << nr;
+        }
+      }
+      if (have_first) {
+        EXPECT_EQ(std::memcmp(first, single, sizeof(single)), 0) << dtype_name(t) << " avx2 vs avx512";
+      }
+      std::memcpy(first, single, sizeof(single));
+      have_first = true;
+    }
+  }
+}
+
+// ---- ggml's transcendental row operations ----------------------------------------------------
+
+float ulp_distance(float a, float b) {
+  return std::fabs(a - b) / std::max(std::numeric_limits<float>::denorm_min(), std::fabs(std::nextafter(b, INFINITY) - b));
+}
+
+TEST(GgmlMath, ExpSiluSwigluRopeAreBitIdenticalOnEveryIsa) {
+  std::mt19937 rng(17);
+  const int64_t n = 16 * 9 + 5;  // whole chunks and a partial one
+  std::vector<float> x = random_floats(rng, n, 30.0f), u = random_floats(rng, n);
+  x[0] = 0.0f;
+  x[1] = -200.0f;  // exp underflows to 0, silu to -0
+  x[2] = 100.0f;   // exp overflows to inf
+  x[3] = -87.0f;   // subnormal exp
+  const VectorKernels& ref = vector_kernels(Isa::kScalar);
+  std::vector<float> want_swiglu(n), want_exp(n);
+  ref.swiglu(n, x.data(), u.data(), want_swiglu.data());
+  const double want_sum = ref.exp_sum(n, x.data(), 1.5f, want_exp.data());
+  std::vector<float> c = random_floats(rng, 32), sn = random_floats(rng, 32), want_rope = random_floats(rng, 64);
+  std::vector<float> rope_in = want_rope;
+  ref.rope_rotate(32, c.data(), sn.data(), want_rope.data(), want_rope.data() + 1, 2);
+  for (int64_t i = 0; i < n; ++i) {
+    const double e = std::exp(static_cast<double>(x[i] - 1.5f));  // the argument exp_sum rounds to
+    if (e < 1e-38) {
+      EXPECT_LE(want_exp[i], 1.2e-38f) << x[i];
+    } else if (e > 3.4e38) {
+      EXPECT_EQ(want_exp[i], INFINITY) << x[i];
+    } else {
+      EXPECT_LE(ulp_distance(want_exp[i], static_cast<float>(e)), 2.0f) << x[i];
+    }
+    EXPECT_EQ(std::memcmp(&want_swiglu[i], &(const float&)(ref.silu(x[i]) * u[i]), 4), 0);
+  }
+  EXPECT_EQ(ref.silu(-200.0f), -0.0f);
+  EXPECT_EQ(ref.silu(0.0f), 0.0f);
+  for (Isa isa : kAllIsas) {
+    if (!isa_available(isa)) continue;
+    const VectorKernels& vk = vector_kernels(isa);
+    std::vector<float> got(n + 1, 42.0f);
+    vk.swiglu(n, x.data(), u.data(), got.data());
+    EXPECT_EQ(std::memcmp(got.data(), want_swiglu.data(), 4 * n), 0) << isa_name(isa);
+    EXPECT_EQ(got[n], 42.0f);
+    const double sum = vk.exp_sum(n, x.data(), 1.5f, got.data());
+    EXPECT_EQ(std::memcmp(got.data(), want_exp.data(), 4 * n), 0) << isa_name(isa);
+    EXPECT_EQ(got[n], 42.0f);
+    EXPECT_EQ(sum, want_sum) << isa_name(isa);
+    for (int64_t i = 0; i < n; ++i) {
+      const float s = vk.silu(x[i]);
+      EXPECT_EQ(std::memcmp(&s, &(const float&)ref.silu(x[i]), 4), 0) << isa_name(isa) << " " << x[i];
+    }
+    std::vector<float> r = rope_in;
+    vk.rope_rotate(32, c.data(), sn.data(), r.data(), r.data() + 1, 2);
+    EXPECT_EQ(std::memcmp(r.data(), want_rope.data(), 4 * 64), 0) << isa_name(isa);
+  }
+}
+
+TEST(GgmlMath, ExpSumReducesChunksInReduceAddOrder) {
+  // Values whose float sum depends on the order: 1, then 15 copies of 2^-24 (each lost when added to
+  // 1 on its own, kept when added pairwise first).
+  std::vector<float> x(17, std::log(0x1p-24f));
+  x[0] = 0.0f;
+  x[16] = 0.0f;  // second chunk: 1 and 15 zero-padded lanes
+  std::vector<float> y(17);
+  const double sum = exp_sum(17, x.data(), 0.0f, y.data());
+  float chunk[16];
+  for (int i = 0; i < 16; ++i) chunk[i] = y[i];
+  float a[8], b[4];
+  for (int i = 0; i < 8; ++i) a[i] = chunk[i + 8] + chunk[i];
+  for (int i = 0; i < 4; ++i) b[i] = a[i + 4] + a[i];
+  const float first = (b[0] + b[2]) + (b[1] + b[3]);
+  EXPECT_EQ(sum, static_cast<double>(first) + static_cast<double>(y[16]));
+  EXPECT_EQ(y[16], 1.0f);
+}
 
 TEST(VectorHelpers, MatchScalarOnEveryIsa) {
   std::mt19937 rng(13);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "ggml_math.h"
 #include "inferd/status.h"
 #include "isa_tables.h"
 
@@ -25,17 +26,20 @@ float bits_float(uint32_t u) {
 
 float h2f(fp16_t h) { return fp16_to_fp32(h); }
 
-// ---- Activation quantizers (ggml's quantize_row_q8_0_ref / q8_1_ref / q8_K_ref) -------------------
+// ---- Activation quantizers (ggml's CPU quantize_row_q8_0 / q8_1 on x86, quantize_row_q8_K_ref) ----
+// Q8_0/Q8_1 follow ggml's AVX path, which llama.cpp uses for activations, not quantize_row_q8_*_ref:
+// the multiplier is 127 / amax (not 1 / d) and x * id rounds to nearest even (not away from zero).
+
+float q8_multiplier(float amax) { return amax != 0.0f ? 127.0f / amax : 0.0f; }
 
 void quantize_q8_0(const float* x, void* dst, int64_t n) {
   auto* y = static_cast<BlockQ8_0*>(dst);
   for (int64_t b = 0; b < n / kQK8_0; ++b, x += kQK8_0) {
     float amax = 0.0f;
     for (int j = 0; j < kQK8_0; ++j) amax = std::fmax(amax, std::fabs(x[j]));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    y[b].d = fp32_to_fp16(d);
-    for (int j = 0; j < kQK8_0; ++j) y[b].qs[j] = static_cast<int8_t>(std::round(x[j] * id));
+    const float id = q8_multiplier(amax);
+    y[b].d = fp32_to_fp16(amax / 127.0f);
+    for (int j = 0; j < kQK8_0; ++j) y[b].qs[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
   }
 }
 
@@ -45,14 +49,14 @@ void quantize_q8_1(const float* x, void* dst, int64_t n) {
     float amax = 0.0f;
     for (int j = 0; j < kQK8_1; ++j) amax = std::fmax(amax, std::fabs(x[j]));
     const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float id = q8_multiplier(amax);
     y[b].d = fp32_to_fp16(d);
     int sum = 0;
     for (int j = 0; j < kQK8_1; ++j) {
-      y[b].qs[j] = static_cast<int8_t>(std::round(x[j] * id));
+      y[b].qs[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
       sum += y[b].qs[j];
     }
-    y[b].s = fp32_to_fp16(static_cast<float>(sum) * d);
+    y[b].s = fp32_to_fp16(d * static_cast<float>(sum));
   }
 }
 
@@ -441,8 +445,26 @@ float dot_f32_impl(int64_t n, const float* x, const float* y) {
   return sum;
 }
 
+float silu_impl(float x) { return ggml_math::silu_lane(x); }
+
+void swiglu_impl(int64_t n, const float* g, const float* u, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = ggml_math::silu_lane(g[i]) * u[i];
+}
+
+double exp_sum_impl(int64_t n, const float* x, float max, float* y) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; i += 16) {
+    float chunk[16] = {};
+    const int64_t m = n - i < 16 ? n - i : 16;
+    for (int64_t l = 0; l < m; ++l) chunk[l] = y[i + l] = ggml_math::expf_lane(x[i + l] - max);
+    sum += static_cast<double>(ggml_math::reduce16(chunk));
+  }
+  return sum;
+}
+
 constexpr VectorKernels kVector = {Isa::kScalar, fp16_row_to_f32, f32_row_to_fp16, dot_f32_f16_impl,
-                                   axpy_f16_impl, dot_f32_impl};
+                                   axpy_f16_impl, dot_f32_impl,     silu_impl,       swiglu_impl,
+                                   exp_sum_impl,    ggml_math::rope_rotate};
 
 }  // namespace
 

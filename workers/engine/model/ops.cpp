@@ -5,8 +5,13 @@
 #include <limits>
 
 #include "inferd/kernels/cpu.h"
+#include "inferd/status.h"
 
 namespace inferd::ops {
+
+namespace {
+constexpr int64_t kMaxHeadDim = 256;
+}  // namespace
 
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
   double sum = 0.0;
@@ -16,43 +21,55 @@ void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
   for (int64_t i = 0; i < n; ++i) y[i] = (x[i] * scale) * w[i];
 }
 
-float silu(float x) { return x / (1.0f + std::exp(-x)); }
+float silu(float x) { return kernels::silu(x); }
 
 float round_fp16(float v) { return kernels::fp16_to_fp32(kernels::fp32_to_fp16(v)); }
 
 void rope_head(float* x, int64_t head_dim, int32_t pos, float base, RopeStyle style) {
+  INFERD_ASSERT(head_dim <= kMaxHeadDim && head_dim % 2 == 0);
   const float theta_scale = std::pow(base, -2.0f / static_cast<float>(head_dim));
   float theta = static_cast<float>(pos);
   const int64_t half = head_dim / 2;
+  float cos[kMaxHeadDim / 2], sin[kMaxHeadDim / 2];
   for (int64_t i = 0; i < half; ++i) {
-    const float c = std::cos(theta), s = std::sin(theta);
-    const int64_t i0 = style == RopeStyle::kNormal ? 2 * i : i;
-    const int64_t i1 = style == RopeStyle::kNormal ? 2 * i + 1 : i + half;
-    const float x0 = x[i0], x1 = x[i1];
-    x[i0] = x0 * c - x1 * s;
-    x[i1] = x0 * s + x1 * c;
+    cos[i] = std::cos(theta);
+    sin[i] = std::sin(theta);
     theta *= theta_scale;
+  }
+  if (style == RopeStyle::kNormal) {
+    kernels::rope_rotate(half, cos, sin, x, x + 1, 2);
+  } else {
+    kernels::rope_rotate(half, cos, sin, x, x + half, 1);
   }
 }
 
 void attention_head(const float* q, const KvCache::View& k, const KvCache::View& v, int64_t head_dim, int64_t n_kv,
                     int64_t kv_pad, float scale, float* scores, float* out) {
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  float max_s = kNegInf;
+  INFERD_ASSERT(head_dim <= kMaxHeadDim);
+  float max_s = -std::numeric_limits<float>::infinity();
   for (int64_t j = 0; j < n_kv; ++j) {
     scores[j] = kernels::dot_f32_f16(head_dim, q, k.row(j)) * scale;
     max_s = std::max(max_s, scores[j]);
   }
-  for (int64_t j = n_kv; j < kv_pad; ++j) scores[j] = kNegInf;
-  double sum = 0.0;
-  for (int64_t j = 0; j < kv_pad; ++j) {
-    const float e = scores[j] == kNegInf ? 0.0f : std::exp(scores[j] - max_s);
-    scores[j] = e;
-    sum += e;
+  // Masked positions [n_kv, kv_pad) have exp(-inf) = 0: they add nothing to the sum or the output.
+  const float inv = static_cast<float>(1.0 / kernels::exp_sum(n_kv, scores, max_s, scores));
+
+  // KQV as llama.cpp computes it (tinyBLAS over the transposed V cache): out[d] is a 16-lane dot
+  // over positions, lane i summing positions j = i (mod 16) in order with fused multiply-adds, the
+  // lanes then reduced as _mm512_reduce_add_ps. Lane i's partial sums for all d form lanes[i].
+  // The products f16 * f16 are exact in float, so axpy's multiply-add equals the fused one.
+  alignas(64) float lanes[16][kMaxHeadDim];
+  const int64_t n_lanes = std::min<int64_t>(16, n_kv);
+  for (int64_t i = 0; i < n_lanes; ++i) std::fill(lanes[i], lanes[i] + head_dim, 0.0f);
+  for (int64_t i = n_lanes; i < 16; ++i) std::fill(lanes[i], lanes[i] + head_dim, 0.0f);
+  for (int64_t j = 0; j < n_kv; ++j) kernels::axpy_f16(head_dim, round_fp16(scores[j] * inv), v.row(j), lanes[j % 16]);
+  for (int64_t d = 0; d < head_dim; ++d) {
+    float a[8], b[4];
+    for (int i = 0; i < 8; ++i) a[i] = lanes[i + 8][d] + lanes[i][d];
+    for (int i = 0; i < 4; ++i) b[i] = a[i + 4] + a[i];
+    out[d] = (b[0] + b[2]) + (b[1] + b[3]);
   }
-  const float inv = static_cast<float>(1.0 / sum);
-  std::fill(out, out + head_dim, 0.0f);
-  for (int64_t j = 0; j < n_kv; ++j) kernels::axpy_f16(head_dim, round_fp16(scores[j] * inv), v.row(j), out);
+  (void)kv_pad;
 }
 
 }  // namespace inferd::ops

@@ -18,18 +18,21 @@ namespace inferd::ops {
 // y = x / sqrt(mean(x^2) + eps) * w; the sum of squares is accumulated in double, as ggml does.
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps);
 
-// x * sigmoid(x).
+// x * sigmoid(x), bit-identical to llama.cpp's AVX-512 ggml_v_silu (kernels::silu).
 float silu(float x);
 
 // Rounds through IEEE half precision (llama.cpp rounds attention operands to F16).
 float round_fp16(float v);
 
-// Rotates one head of `head_dim` values in place for position `pos` (angles by ggml's recurrence).
+// Rotates one head of `head_dim` (even, <= 256) values in place for position `pos`: angles by ggml's
+// recurrence theta *= base^(-2/head_dim), cosf/sinf, rotation by kernels::rope_rotate.
 void rope_head(float* x, int64_t head_dim, int32_t pos, float base, RopeStyle style);
 
 // One query head against positions [0, n_kv) of its KV head; positions [n_kv, kv_pad) are the
 // padding of the shape bucket and are masked out. `scores` has room for kv_pad floats. Writes
-// head_dim values to `out`.
+// head_dim (<= 256) values to `out`. Bit-identical to llama.cpp without flash attention when `q`
+// holds fp16-rounded values: KQ and KQV in tinyBLAS's 16-lane order, softmax with ggml's exp and
+// chunked double sum (kernels::exp_sum), probabilities rounded to fp16 before KQV.
 void attention_head(const float* q, const KvCache::View& k, const KvCache::View& v, int64_t head_dim, int64_t n_kv,
                     int64_t kv_pad, float scale, float* scores, float* out);
 

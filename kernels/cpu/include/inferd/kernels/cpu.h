@@ -64,9 +64,25 @@ void axpy_f16(int64_t n, float a, const fp16_t* x, float* y);
 // sum_i x[i] * y[i]
 float dot_f32(int64_t n, const float* x, const float* y);
 
+// The transcendental row operations of llama.cpp's AVX-512 CPU backend, reproduced bit for bit on
+// every ISA (the vector code is elementwise, so a lane of it is a scalar function):
+// x * sigmoid(x) as ggml_v_silu. Callers with whole rows should prefer swiglu().
+float silu(float x);
+// y[i] = silu(g[i]) * u[i] (ggml_vec_swiglu_f32 for rows whose length is a multiple of 16).
+void swiglu(int64_t n, const float* g, const float* u, float* y);
+// y[i] = exp(x[i] - max) for i < n; returns sum_i y[i] in ggml_vec_soft_max_f32's order: each
+// 16-element chunk (the last one padded with zeros) reduced as _mm512_reduce_add_ps, the chunk sums
+// accumulated in double.
+double exp_sum(int64_t n, const float* x, float max, float* y);
+// RoPE's rotation of n pairs (a, b) = (x0[i * stride], x1[i * stride]) by angles with cos[i], sin[i]:
+// a' = fma(a, cos, -(b * sin)), b' = fma(a, sin, b * cos) -- the fused forms GCC gives ggml's
+// `x0*cos - x1*sin` and `x0*sin + x1*cos` when it builds them with FMA.
+void rope_rotate(int64_t n, const float* cos, const float* sin, float* x0, float* x1, int64_t stride);
+
 // The helpers above for one instruction set (the free functions use best_isa()); tests and
-// benchmarks compare them across ISAs. Results may differ from the scalar ones in float summation
-// order only; the fp16 conversions are bit-identical on every ISA.
+// benchmarks compare them across ISAs. dot_f32_f16, axpy_f16 and dot_f32 may differ from the scalar
+// ones in float summation order; the fp16 conversions, silu, swiglu, exp_sum and rope_rotate are
+// bit-identical on every ISA.
 struct VectorKernels {
   Isa isa;
   void (*fp16_to_fp32_row)(const fp16_t* src, float* dst, int64_t n);
@@ -74,6 +90,10 @@ struct VectorKernels {
   float (*dot_f32_f16)(int64_t n, const float* x, const fp16_t* y);
   void (*axpy_f16)(int64_t n, float a, const fp16_t* x, float* y);
   float (*dot_f32)(int64_t n, const float* x, const float* y);
+  float (*silu)(float x);
+  void (*swiglu)(int64_t n, const float* g, const float* u, float* y);
+  double (*exp_sum)(int64_t n, const float* x, float max, float* y);
+  void (*rope_rotate)(int64_t n, const float* cos, const float* sin, float* x0, float* x1, int64_t stride);
 };
 // The helpers of `isa`, or of the next lower available ISA when `isa` is not available.
 const VectorKernels& vector_kernels(Isa isa);

@@ -1,0 +1,54 @@
+// ggml_math.h (private) — one lane of ggml's vectorized expf/silu, its 16-lane float reduction, and
+// RoPE's rotation with ggml's fused multiply-adds.
+//
+// llama.cpp's x86 CPU backend, built with AVX-512, evaluates exp in softmax and silu in SwiGLU with
+// ggml_v_expf (a polynomial with _mm512_scalef_ps) and sums 16-lane vectors with GCC's
+// _mm512_reduce_add_ps. These are elementwise / fixed-tree operations, so one lane written in scalar
+// code gives the same bits as the vector version, provided every std::fma below is a true fused
+// multiply-add (it is: hardware FMA in the x86 translation units, correctly rounded libm fmaf in
+// the scalar one). Thread safety: pure functions.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+namespace inferd::kernels::ggml_math {
+
+// exp(x) as one lane of ggml_v_expf (AVX-512 variant): |error| <= 1.5 ulp; 0 below about -104,
+// +inf above about 88.4.
+inline float expf_lane(float x) {
+  constexpr float kRound = 0x1.8p23f;
+  const float z = std::fma(x, 0x1.715476p+0f, kRound);
+  const float n = z - kRound;  // round(x * log2(e)), integral
+  const float b = std::fma(-n, 0x1.7f7d1cp-20f, std::fma(-n, 0x1.62e4p-1f, x));
+  if (std::fabs(n) > 192.0f) return n <= 0.0f ? 0.0f : std::numeric_limits<float>::infinity();
+  const float u = b * b;
+  const float j = std::fma(std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
+                                    std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                           u, std::fma(0x1.ffffecp-1f, b, 1.0f));
+  // scalef(j, n) = j * 2^n, correctly rounded (also into the subnormal range), as ldexp.
+  return std::ldexp(j, static_cast<int>(n));
+}
+
+// x * sigmoid(x) as one lane of ggml_v_silu.
+inline float silu_lane(float x) { return x / (1.0f + expf_lane(0.0f - x)); }
+
+// The sum of 16 floats in _mm512_reduce_add_ps's order: halves, quarters, pairs, then the last two.
+inline float reduce16(const float* v) {
+  float a[8], b[4];
+  for (int i = 0; i < 8; ++i) a[i] = v[i + 8] + v[i];
+  for (int i = 0; i < 4; ++i) b[i] = a[i + 4] + a[i];
+  return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+// See kernels::rope_rotate.
+inline void rope_rotate(int64_t n, const float* cos, const float* sin, float* x0, float* x1, int64_t stride) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = x0[i * stride], b = x1[i * stride];
+    x0[i * stride] = std::fma(a, cos[i], -(b * sin[i]));
+    x1[i * stride] = std::fma(a, sin[i], b * cos[i]);
+  }
+}
+
+}  // namespace inferd::kernels::ggml_math
