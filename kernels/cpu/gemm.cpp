@@ -1,0 +1,119 @@
+// GEMM dispatch and the scalar reference for inferd/kernels/gemm.h. Compiled for the baseline
+// target: the AVX-512 translation unit is only entered after isa_available() said yes.
+#include "inferd/kernels/gemm.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "gemm_internal.h"
+#include "inferd/status.h"
+#include "isa_tables.h"
+
+namespace inferd::kernels {
+namespace gemm_scalar {
+namespace {
+
+// The 8 lane sums int_i = sum of w[j] * a[j] over j in 4i..4i+3 for one 32-element block; `w`
+// holds the weight quants as signed values (Q4_0: q - 8; Q4_1: q; Q8_0: q).
+void lane_sums(const int* w, const int8_t* a, int32_t out[8]) {
+  for (int i = 0; i < 8; ++i) {
+    int32_t s = 0;
+    for (int j = 4 * i; j < 4 * i + 4; ++j) s += w[j] * a[j];
+    out[i] = s;
+  }
+}
+
+// Element order of a 4-bit block: the low nibbles are elements 0..15, the high nibbles 16..31.
+void unpack_q4(const uint8_t* qs, int offset, int* w) {
+  for (int j = 0; j < 16; ++j) {
+    w[j] = (qs[j] & 0x0F) - offset;
+    w[j + 16] = (qs[j] >> 4) - offset;
+  }
+}
+
+float reduce_lanes(const float acc[8]) {
+  float r[4];
+  for (int j = 0; j < 4; ++j) r[j] = acc[j + 4] + acc[j];
+  return (r[0] + r[2]) + (r[1] + r[3]);
+}
+
+template <DType kType>
+float dot_contract(int64_t nb, const uint8_t* w_row, const uint8_t* act_row) {
+  const float* half = scalar::fp16_table();
+  float acc[8] = {};
+  float summs = 0.0f;
+  int w[32];
+  int32_t isum[8];
+  for (int64_t b = 0; b < nb; ++b) {
+    float scale;
+    if constexpr (kType == DType::kQ4_1) {
+      const auto& wb = reinterpret_cast<const BlockQ4_1*>(w_row)[b];
+      const auto& ab = reinterpret_cast<const BlockQ8_1*>(act_row)[b];
+      unpack_q4(wb.qs, 0, w);
+      lane_sums(w, ab.qs, isum);
+      scale = half[wb.d] * half[ab.d];
+      summs = std::fma(half[wb.m], half[ab.s], summs);
+    } else {
+      const auto& ab = reinterpret_cast<const BlockQ8_0*>(act_row)[b];
+      if constexpr (kType == DType::kQ4_0) {
+        const auto& wb = reinterpret_cast<const BlockQ4_0*>(w_row)[b];
+        unpack_q4(wb.qs, 8, w);
+        scale = half[wb.d] * half[ab.d];
+      } else {
+        const auto& wb = reinterpret_cast<const BlockQ8_0*>(w_row)[b];
+        for (int j = 0; j < 32; ++j) w[j] = wb.qs[j];
+        scale = half[wb.d] * half[ab.d];
+      }
+      lane_sums(w, ab.qs, isum);
+    }
+    for (int i = 0; i < 8; ++i) acc[i] = std::fma(scale, static_cast<float>(isum[i]), acc[i]);
+  }
+  float result = reduce_lanes(acc);
+  if constexpr (kType == DType::kQ4_1) result = result + summs;
+  return result;
+}
+
+template <DType kType>
+void gemm_type(const GemmArgs& g) {
+  const int64_t nb = g.k / 32;
+  for (int64_t t = 0; t < g.m; ++t) {
+    const uint8_t* act_row = g.act + static_cast<size_t>(t) * g.act_stride;
+    float* out = g.out + t * g.out_stride;
+    for (int64_t r = g.r0; r < g.r1; ++r) {
+      const float v = dot_contract<kType>(nb, g.w + static_cast<size_t>(r) * g.w_row_bytes, act_row);
+      if (g.accumulate) {
+        out[r] += v;
+      } else {
+        out[r] = g.bias != nullptr ? v + g.bias[r] : v;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void gemm(const GemmArgs& g) {
+  INFERD_ASSERT(g.k % 32 == 0, "k must be a multiple of 32");
+  switch (g.type) {
+    case DType::kQ4_0:
+      return gemm_type<DType::kQ4_0>(g);
+    case DType::kQ4_1:
+      return gemm_type<DType::kQ4_1>(g);
+    case DType::kQ8_0:
+      return gemm_type<DType::kQ8_0>(g);
+    default:
+      INFERD_ASSERT(false, "gemm_scalar: unsupported type");
+  }
+}
+
+}  // namespace gemm_scalar
+
+GemmFn gemm_kernel(DType type, Isa isa) {
+  if (type != DType::kQ4_0 && type != DType::kQ4_1 && type != DType::kQ8_0) return nullptr;
+  if (isa == Isa::kAvx512 && isa_available(Isa::kAvx512)) return gemm_avx512::kernel(type);
+  if (isa == Isa::kScalar) return &gemm_scalar::gemm;
+  // AVX2 (or AVX-512 on a CPU without it): its dot kernels are the faster path.
+  return nullptr;
+}
+
+}  // namespace inferd::kernels

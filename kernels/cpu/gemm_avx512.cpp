@@ -1,0 +1,270 @@
+// AVX-512 VNNI GEMM for Q4_0, Q4_1 and Q8_0 weights (see inferd/kernels/gemm.h for the contract).
+//
+// Layout of the work. The activation rows are first packed, once per call, in pairs: for each pair
+// of activation rows and each 32-element block a PairBlock holds both rows' 32 quants side by side
+// (one zmm), the integer start value of each of the 16 int32 lanes, and each lane's activation
+// scale. A weight block is decoded once per tile into one zmm holding the block twice, so that one
+// vpdpbusd yields the 8 lane sums of the contract for two activation rows at once (lanes 0..7 row
+// t, lanes 8..15 row t + 1). A tile is kRows weight rows x kPairs activation pairs of such
+// accumulators, run over all blocks of k.
+//
+// Integer tricks (all exact):
+//  - vpdpbusd multiplies unsigned weight bytes by signed activation bytes. Q8_0 weights are made
+//    unsigned by flipping the sign bit (q + 128), Q4_0 weights are used as raw nibbles q (not
+//    q - 8); the start value of each lane (-128 or -8 times the lane's activation sum) removes the
+//    offset again.
+//  - The two nibbles of a 4-bit block are separated by one AND with 0x0F / 0xF0 per 128-bit lane,
+//    so elements 16..31 enter as 16 q. Their lanes' integer sums are 16 times too large and their
+//    activation scale is stored divided by 16: (s / 16) * (16 n) == s * n exactly and s / 16 is a
+//    normal float rounded like s, so the fused multiply-add is bit-identical.
+// Float steps per lane are exactly the contract's: scale = d_w * d_a (fp32), acc = fma(scale,
+// float(n), acc), block by block.
+// GCC 12's 512-bit intrinsics pass _mm512_undefined_*() as the unused merge source, which its own
+// -Wuninitialized flags once inlined (GCC bug 105593, fixed in GCC 13).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "gemm_internal.h"
+#include "inferd/status.h"
+#include "isa_tables.h"
+
+namespace inferd::kernels::gemm_avx512 {
+namespace {
+
+struct alignas(64) PairBlock {
+  int8_t a[64];       // quants of activation rows t (bytes 0..31) and t + 1 (32..63)
+  int32_t start[16];  // initial value of each int32 lane before vpdpbusd
+  float d[16];        // activation scale of each lane (divided by 16 on high-nibble lanes)
+};
+static_assert(sizeof(PairBlock) == 192);
+
+// Weight rows per tile and activation pairs per tile (the register tile is kRows x kPairs zmm).
+constexpr int kRows = 4;
+constexpr int kPairs = 4;
+
+struct Scratch {
+  std::vector<PairBlock> pairs;  // [pair][block]
+  std::vector<float> act_sums;   // Q4_1: s_a of [block][token], tokens padded to a multiple of 8
+};
+
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
+template <DType kType>
+struct Traits;
+template <>
+struct Traits<DType::kQ4_0> {
+  using WBlock = BlockQ4_0;
+  using ABlock = BlockQ8_0;
+};
+template <>
+struct Traits<DType::kQ4_1> {
+  using WBlock = BlockQ4_1;
+  using ABlock = BlockQ8_1;
+};
+template <>
+struct Traits<DType::kQ8_0> {
+  using WBlock = BlockQ8_0;
+  using ABlock = BlockQ8_0;
+};
+
+template <DType kType>
+void pack_pairs(const GemmArgs& g, int64_t nb, int64_t npairs, PairBlock* out) {
+  using ABlock = typename Traits<kType>::ABlock;
+  const float* half = scalar::fp16_table();
+  constexpr bool kNibbles = kType != DType::kQ8_0;
+  // Per-lane multipliers of the activation sums and of the scales.
+  const __m512i start_mul = kType == DType::kQ8_0 ? _mm512_set1_epi32(-128)
+                                                    : _mm512_setr_epi32(-8, -8, -8, -8, -128, -128, -128, -128,
+                                                                        -8, -8, -8, -8, -128, -128, -128, -128);
+  const __m512 d_mul = kNibbles ? _mm512_setr_ps(1, 1, 1, 1, 0.0625f, 0.0625f, 0.0625f, 0.0625f, 1, 1, 1, 1,
+                                                 0.0625f, 0.0625f, 0.0625f, 0.0625f)
+                                : _mm512_set1_ps(1.0f);
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int64_t p = 0; p < npairs; ++p) {
+    const int64_t t0 = 2 * p;
+    const int64_t t1 = std::min(t0 + 1, g.m - 1);  // an odd last row is paired with itself
+    const auto* a0 = reinterpret_cast<const ABlock*>(g.act + static_cast<size_t>(t0) * g.act_stride);
+    const auto* a1 = reinterpret_cast<const ABlock*>(g.act + static_cast<size_t>(t1) * g.act_stride);
+    PairBlock* dst = out + p * nb;
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m512i q = _mm512_inserti64x4(
+          _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a0[b].qs))),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a1[b].qs)), 1);
+      _mm512_store_si512(dst[b].a, q);
+      if constexpr (kType == DType::kQ4_1) {
+        _mm512_store_si512(dst[b].start, _mm512_setzero_si512());
+      } else {
+        const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, q);
+        _mm512_store_si512(dst[b].start, _mm512_mullo_epi32(sums, start_mul));
+      }
+      const __m512 d = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(half[a0[b].d]), _mm512_set1_ps(half[a1[b].d]));
+      _mm512_store_ps(dst[b].d, _mm512_mul_ps(d, d_mul));
+    }
+  }
+}
+
+// Q4_1: s_a of every block and activation row, transposed to [block][token] for the summs pass.
+void pack_act_sums(const GemmArgs& g, int64_t nb, int64_t m_pad, float* out) {
+  const float* half = scalar::fp16_table();
+  for (int64_t t = 0; t < m_pad; ++t) {
+    const int64_t src_t = std::min(t, g.m - 1);
+    const auto* a = reinterpret_cast<const BlockQ8_1*>(g.act + static_cast<size_t>(src_t) * g.act_stride);
+    for (int64_t b = 0; b < nb; ++b) out[b * m_pad + t] = half[a[b].s];
+  }
+}
+
+// The contract's reduction of 8 lanes: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
+inline float reduce8(__m256 v) {
+  __m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+  r = _mm_add_ss(r, _mm_movehdup_ps(r));
+  return _mm_cvtss_f32(r);
+}
+
+// The register tile: R weight rows x P activation pairs over all nb blocks. res[r][j] receives the
+// reduced (pre-summs) result for row r and activation row 2 * p0 + j.
+template <DType kType, int R, int P>
+void tile(const uint8_t* w, size_t w_row_bytes, const PairBlock* pairs, int64_t nb, float res[kRows][2 * kPairs]) {
+  using WBlock = typename Traits<kType>::WBlock;
+  const float* half = scalar::fp16_table();
+  const WBlock* rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = reinterpret_cast<const WBlock*>(w + static_cast<size_t>(r) * w_row_bytes);
+  const __m512i nibble_mask = _mm512_setr_epi64(0x0F0F0F0F0F0F0F0F, 0x0F0F0F0F0F0F0F0F, 0xF0F0F0F0F0F0F0F0,
+                                                0xF0F0F0F0F0F0F0F0, 0x0F0F0F0F0F0F0F0F, 0x0F0F0F0F0F0F0F0F,
+                                                0xF0F0F0F0F0F0F0F0, 0xF0F0F0F0F0F0F0F0);
+  const __m512i sign_bit = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc[R][P];
+  for (int r = 0; r < R; ++r) {
+    for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i wq[R];
+    __m512 dw[R];
+    for (int r = 0; r < R; ++r) {
+      const WBlock& blk = rows[r][b];
+      if constexpr (kType == DType::kQ8_0) {
+        wq[r] = _mm512_xor_si512(
+            _mm512_maskz_broadcast_i64x4(0xFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs))), sign_bit);
+      } else {
+        wq[r] = _mm512_and_si512(
+            _mm512_maskz_broadcast_i32x4(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs))), nibble_mask);
+      }
+      dw[r] = _mm512_set1_ps(half[blk.d]);
+    }
+    for (int p = 0; p < P; ++p) {
+      const PairBlock& pb = pairs[p * nb + b];
+      const __m512i aq = _mm512_load_si512(pb.a);
+      const __m512 da = _mm512_load_ps(pb.d);
+      for (int r = 0; r < R; ++r) {
+        const __m512i n = _mm512_dpbusd_epi32(_mm512_load_si512(pb.start), wq[r], aq);
+        acc[r][p] = _mm512_fmadd_ps(_mm512_mul_ps(dw[r], da), _mm512_cvtepi32_ps(n), acc[r][p]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int p = 0; p < P; ++p) {
+      res[r][2 * p] = reduce8(_mm512_castps512_ps256(acc[r][p]));
+      res[r][2 * p + 1] = reduce8(_mm512_maskz_extractf32x8_ps(0xFF, acc[r][p], 1));
+    }
+  }
+}
+
+using TileFn = void (*)(const uint8_t*, size_t, const PairBlock*, int64_t, float[kRows][2 * kPairs]);
+
+template <DType kType, int R, int... Ps>
+constexpr std::array<TileFn, sizeof...(Ps)> tiles_for_rows(std::integer_sequence<int, Ps...>) {
+  return {&tile<kType, R, Ps + 1>...};
+}
+template <DType kType, int... Rs>
+constexpr std::array<std::array<TileFn, kPairs>, kRows> make_tiles(std::integer_sequence<int, Rs...>) {
+  return {tiles_for_rows<kType, Rs + 1>(std::make_integer_sequence<int, kPairs>())...};
+}
+
+// Q4_1: summs[j] = sum over blocks (fma, block order) of m_w * s_a for activation rows t0 .. t0 + 7
+// of one weight row.
+void q4_1_summs(const BlockQ4_1* row, const float* act_sums, int64_t m_pad, int64_t t0, int64_t nb, float out[8]) {
+  const float* half = scalar::fp16_table();
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(half[row[b].m]), _mm256_loadu_ps(act_sums + b * m_pad + t0), acc);
+  }
+  _mm256_storeu_ps(out, acc);
+}
+
+template <DType kType>
+void gemm(const GemmArgs& g) {
+  INFERD_ASSERT(g.k % 32 == 0, "k must be a multiple of 32");
+  if (g.m <= 0 || g.r1 <= g.r0) return;
+  static constexpr auto kTiles = make_tiles<kType>(std::make_integer_sequence<int, kRows>());
+  const int64_t nb = g.k / 32;
+  const int64_t npairs = (g.m + 1) / 2;
+  Scratch& s = scratch();
+  if (s.pairs.size() < static_cast<size_t>(npairs * nb)) s.pairs.resize(static_cast<size_t>(npairs * nb));
+  pack_pairs<kType>(g, nb, npairs, s.pairs.data());
+  const int64_t m_pad = (g.m + 7) / 8 * 8;
+  if constexpr (kType == DType::kQ4_1) {
+    if (s.act_sums.size() < static_cast<size_t>(nb * m_pad)) s.act_sums.resize(static_cast<size_t>(nb * m_pad));
+    pack_act_sums(g, nb, m_pad, s.act_sums.data());
+  }
+  // Rows are walked in chunks whose weights stay in L2 while every activation tile passes over them.
+  constexpr size_t kChunkBytes = 256 * 1024;
+  const int64_t chunk_rows =
+      std::max<int64_t>(kRows, static_cast<int64_t>(kChunkBytes / g.w_row_bytes) / kRows * kRows);
+  alignas(64) float res[kRows][2 * kPairs];
+  for (int64_t rc = g.r0; rc < g.r1; rc += chunk_rows) {
+    const int64_t rc_end = std::min(g.r1, rc + chunk_rows);
+    for (int64_t p0 = 0; p0 < npairs; p0 += kPairs) {
+      const int np = static_cast<int>(std::min<int64_t>(kPairs, npairs - p0));
+      const int64_t t_end = std::min(g.m, 2 * (p0 + np));
+      for (int64_t r = rc; r < rc_end; r += kRows) {
+        const int nr = static_cast<int>(std::min<int64_t>(kRows, rc_end - r));
+        kTiles[nr - 1][np - 1](g.w + static_cast<size_t>(r) * g.w_row_bytes, g.w_row_bytes,
+                               s.pairs.data() + p0 * nb, nb, res);
+        for (int i = 0; i < nr; ++i) {
+          float summs[2 * kPairs];
+          if constexpr (kType == DType::kQ4_1) {
+            const auto* row = reinterpret_cast<const BlockQ4_1*>(g.w + static_cast<size_t>(r + i) * g.w_row_bytes);
+            q4_1_summs(row, s.act_sums.data(), m_pad, 2 * p0, nb, summs);
+          }
+          for (int64_t t = 2 * p0; t < t_end; ++t) {
+            float v = res[i][t - 2 * p0];
+            if constexpr (kType == DType::kQ4_1) v = v + summs[t - 2 * p0];
+            float& o = g.out[t * g.out_stride + r + i];
+            if (g.accumulate) {
+              o += v;
+            } else {
+              o = g.bias != nullptr ? v + g.bias[r + i] : v;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+GemmFn kernel(DType type) {
+  switch (type) {
+    case DType::kQ4_0:
+      return &gemm<DType::kQ4_0>;
+    case DType::kQ4_1:
+      return &gemm<DType::kQ4_1>;
+    case DType::kQ8_0:
+      return &gemm<DType::kQ8_0>;
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace inferd::kernels::gemm_avx512

@@ -1,0 +1,22 @@
+// gemm_internal.h (private) — the per-ISA GEMM entry points that gemm.cpp dispatches between.
+//
+// Each ISA's GEMM lives in its own translation unit compiled with that ISA's flags (gemm.cmake);
+// only gemm.cpp, compiled for the baseline, decides at run time which of them may be called.
+// Thread safety: pure functions.
+#pragma once
+
+#include "inferd/kernels/gemm.h"
+
+namespace inferd::kernels {
+
+namespace gemm_scalar {
+// The numerics contract of gemm.h written out lane by lane; the reference every SIMD GEMM equals.
+void gemm(const GemmArgs& args);
+}  // namespace gemm_scalar
+
+namespace gemm_avx512 {
+// nullptr when the type has no AVX-512 GEMM.
+GemmFn kernel(DType type);
+}  // namespace gemm_avx512
+
+}  // namespace inferd::kernels

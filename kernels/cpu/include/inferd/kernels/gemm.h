@@ -1,0 +1,51 @@
+// inferd/kernels/gemm.h — prefill matrix multiplication for Q4_0, Q4_1 and Q8_0 weights.
+//
+// One call computes a block of y[t][r] = dot(W[r], X[t]) for a row range of a quantized weight
+// matrix and m activation rows, reading the mapped weights in place (no repacking). It replaces
+// m / kMaxDotRows calls of TypeKernels::dot per row during prefill.
+//
+// Numerics: every output is bit-identical to ggml's x86 ggml_vec_dot_<type>_q8_* for that row and
+// activation row (and so to this library's dot kernels, which follow the same order): per 32-element
+// block, 8 float lanes accumulate acc_i = fma(d_w * d_a, float(int_i), acc_i), where int_i is the
+// exact integer dot of elements 4i..4i+3; the lanes reduce as s = ((a0+a4) + (a2+a6)) +
+// ((a1+a5) + (a3+a7)); Q4_1 adds summs = fma(m_w, s_a, summs) (accumulated block by block) last.
+// Only the integer work is reorganised (tiles of rows x activation rows, VNNI u8 x s8 products).
+//
+// Thread safety: kernels are pure apart from a thread-local scratch buffer; one call runs on the
+// calling thread only, and calls on different threads (e.g. disjoint row ranges) are independent.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "inferd/kernels/cpu.h"
+#include "inferd/kernels/dtype.h"
+
+namespace inferd::kernels {
+
+// out[t * out_stride + r] (+)= dot(W row r, activation row t) for r in [r0, r1), t in [0, m).
+// W rows are `w_row_bytes` apart, k elements each (k a multiple of 32), type `type`; activation rows
+// (already quantized to type_kernels(type)->act_type: Q8_0 for Q4_0/Q8_0, Q8_1 for Q4_1) are
+// `act_stride` bytes apart. If `accumulate`, adds to out; else stores (plus bias[r] if bias is set).
+struct GemmArgs {
+  DType type;
+  int64_t k;
+  const uint8_t* w;
+  size_t w_row_bytes;
+  int64_t r0, r1;
+  const uint8_t* act;
+  size_t act_stride;
+  int64_t m;
+  float* out;
+  int64_t out_stride;
+  bool accumulate;
+  const float* bias;
+};
+using GemmFn = void (*)(const GemmArgs&);
+
+// The GEMM for weights of `type` on `isa` (clamped to what this CPU runs); nullptr when there is no
+// GEMM for the type on that ISA (the caller then uses TypeKernels::dot).
+GemmFn gemm_kernel(DType type, Isa isa);
+inline GemmFn gemm_kernel(DType type) { return gemm_kernel(type, best_isa()); }
+
+}  // namespace inferd::kernels
