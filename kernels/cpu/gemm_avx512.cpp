@@ -190,15 +190,23 @@ constexpr std::array<std::array<TileFn, kPairs>, kRows> make_tiles(std::integer_
   return {tiles_for_rows<kType, Rs + 1>(std::make_integer_sequence<int, kPairs>())...};
 }
 
-// Q4_1: summs[j] = sum over blocks (fma, block order) of m_w * s_a for activation rows t0 .. t0 + 7
-// of one weight row.
-void q4_1_summs(const BlockQ4_1* row, const float* act_sums, int64_t m_pad, int64_t t0, int64_t nb, float out[8]) {
+// Q4_1: summs[i][j] = sum over blocks (fma, block order) of m_w * s_a for weight row i < nr of the
+// tile and activation rows t0 .. t0 + 7; the rows' chains run side by side.
+void q4_1_summs(const uint8_t* w, size_t w_row_bytes, int nr, const float* act_sums, int64_t m_pad, int64_t t0,
+                int64_t nb, float out[kRows][2 * kPairs]) {
+  static_assert(2 * kPairs == 8);
   const float* half = scalar::fp16_table();
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(half[row[b].m]), _mm256_loadu_ps(act_sums + b * m_pad + t0), acc);
+  const BlockQ4_1* rows[kRows];
+  for (int i = 0; i < kRows; ++i) {
+    rows[i] = reinterpret_cast<const BlockQ4_1*>(w + static_cast<size_t>(std::min(i, nr - 1)) * w_row_bytes);
   }
-  _mm256_storeu_ps(out, acc);
+  __m256 acc[kRows];
+  for (int i = 0; i < kRows; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256 sa = _mm256_loadu_ps(act_sums + b * m_pad + t0);
+    for (int i = 0; i < kRows; ++i) acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(half[rows[i][b].m]), sa, acc[i]);
+  }
+  for (int i = 0; i < kRows; ++i) _mm256_storeu_ps(out[i], acc[i]);
 }
 
 template <DType kType>
@@ -230,15 +238,15 @@ void gemm(const GemmArgs& g) {
         const int nr = static_cast<int>(std::min<int64_t>(kRows, rc_end - r));
         kTiles[nr - 1][np - 1](g.w + static_cast<size_t>(r) * g.w_row_bytes, g.w_row_bytes,
                                s.pairs.data() + p0 * nb, nb, res);
+        alignas(32) float summs[kRows][2 * kPairs];
+        if constexpr (kType == DType::kQ4_1) {
+          q4_1_summs(g.w + static_cast<size_t>(r) * g.w_row_bytes, g.w_row_bytes, nr, s.act_sums.data(), m_pad,
+                     2 * p0, nb, summs);
+        }
         for (int i = 0; i < nr; ++i) {
-          float summs[2 * kPairs];
-          if constexpr (kType == DType::kQ4_1) {
-            const auto* row = reinterpret_cast<const BlockQ4_1*>(g.w + static_cast<size_t>(r + i) * g.w_row_bytes);
-            q4_1_summs(row, s.act_sums.data(), m_pad, 2 * p0, nb, summs);
-          }
           for (int64_t t = 2 * p0; t < t_end; ++t) {
             float v = res[i][t - 2 * p0];
-            if constexpr (kType == DType::kQ4_1) v = v + summs[t - 2 * p0];
+            if constexpr (kType == DType::kQ4_1) v = v + summs[i][t - 2 * p0];
             float& o = g.out[t * g.out_stride + r + i];
             if (g.accumulate) {
               o += v;
