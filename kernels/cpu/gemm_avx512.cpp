@@ -131,14 +131,32 @@ inline float reduce8(__m256 v) {
   return _mm_cvtss_f32(r);
 }
 
-// The register tile: R weight rows x P activation pairs over all nb blocks. res[r][j] receives the
-// reduced (pre-summs) result for row r and activation row 2 * p0 + j.
+// One tile's inputs and outputs. Row r of the tile is weight row w + r * w_row_bytes; pairs and
+// act_sums start at the tile's first activation pair / row.
+struct TileIo {
+  const uint8_t* w;
+  size_t w_row_bytes;
+  const PairBlock* pairs;  // [pair][block], nb blocks per pair
+  int64_t nb;
+  const float* act_sums;  // Q4_1: s_a as [block][token], m_pad tokens per block
+  int64_t m_pad;
+  float (*res)[2 * kPairs];    // [row][activation row]: the reduced lane sums
+  float (*summs)[2 * kPairs];  // Q4_1: [row][activation row]: the summs of the contract
+};
+
+// The register tile: R weight rows x P activation pairs over all nb blocks.
 template <DType kType, int R, int P>
-void tile(const uint8_t* w, size_t w_row_bytes, const PairBlock* pairs, int64_t nb, float res[kRows][2 * kPairs]) {
+void tile(const TileIo& io) {
   using WBlock = typename Traits<kType>::WBlock;
   const float* half = scalar::fp16_table();
+  const int64_t nb = io.nb;
+  const PairBlock* pairs = io.pairs;
   const WBlock* rows[R];
-  for (int r = 0; r < R; ++r) rows[r] = reinterpret_cast<const WBlock*>(w + static_cast<size_t>(r) * w_row_bytes);
+  for (int r = 0; r < R; ++r) rows[r] = reinterpret_cast<const WBlock*>(io.w + static_cast<size_t>(r) * io.w_row_bytes);
+  [[maybe_unused]] __m256 summs[R];
+  if constexpr (kType == DType::kQ4_1) {
+    for (int r = 0; r < R; ++r) summs[r] = _mm256_setzero_ps();
+  }
   const __m512i nibble_mask = _mm512_setr_epi64(0x0F0F0F0F0F0F0F0F, 0x0F0F0F0F0F0F0F0F, 0xF0F0F0F0F0F0F0F0,
                                                 0xF0F0F0F0F0F0F0F0, 0x0F0F0F0F0F0F0F0F, 0x0F0F0F0F0F0F0F0F,
                                                 0xF0F0F0F0F0F0F0F0, 0xF0F0F0F0F0F0F0F0);
@@ -161,6 +179,11 @@ void tile(const uint8_t* w, size_t w_row_bytes, const PairBlock* pairs, int64_t 
       }
       dw[r] = _mm512_set1_ps(half[blk.d]);
     }
+    if constexpr (kType == DType::kQ4_1) {
+      static_assert(2 * kPairs == 8);
+      const __m256 sa = _mm256_loadu_ps(io.act_sums + b * io.m_pad);
+      for (int r = 0; r < R; ++r) summs[r] = _mm256_fmadd_ps(_mm256_set1_ps(half[rows[r][b].m]), sa, summs[r]);
+    }
     for (int p = 0; p < P; ++p) {
       const PairBlock& pb = pairs[p * nb + b];
       const __m512i aq = _mm512_load_si512(pb.a);
@@ -173,13 +196,14 @@ void tile(const uint8_t* w, size_t w_row_bytes, const PairBlock* pairs, int64_t 
   }
   for (int r = 0; r < R; ++r) {
     for (int p = 0; p < P; ++p) {
-      res[r][2 * p] = reduce8(_mm512_castps512_ps256(acc[r][p]));
-      res[r][2 * p + 1] = reduce8(_mm512_maskz_extractf32x8_ps(0xFF, acc[r][p], 1));
+      io.res[r][2 * p] = reduce8(_mm512_castps512_ps256(acc[r][p]));
+      io.res[r][2 * p + 1] = reduce8(_mm512_maskz_extractf32x8_ps(0xFF, acc[r][p], 1));
     }
+    if constexpr (kType == DType::kQ4_1) _mm256_storeu_ps(io.summs[r], summs[r]);
   }
 }
 
-using TileFn = void (*)(const uint8_t*, size_t, const PairBlock*, int64_t, float[kRows][2 * kPairs]);
+using TileFn = void (*)(const TileIo&);
 
 template <DType kType, int R, int... Ps>
 constexpr std::array<TileFn, sizeof...(Ps)> tiles_for_rows(std::integer_sequence<int, Ps...>) {
@@ -188,25 +212,6 @@ constexpr std::array<TileFn, sizeof...(Ps)> tiles_for_rows(std::integer_sequence
 template <DType kType, int... Rs>
 constexpr std::array<std::array<TileFn, kPairs>, kRows> make_tiles(std::integer_sequence<int, Rs...>) {
   return {tiles_for_rows<kType, Rs + 1>(std::make_integer_sequence<int, kPairs>())...};
-}
-
-// Q4_1: summs[i][j] = sum over blocks (fma, block order) of m_w * s_a for weight row i < nr of the
-// tile and activation rows t0 .. t0 + 7; the rows' chains run side by side.
-void q4_1_summs(const uint8_t* w, size_t w_row_bytes, int nr, const float* act_sums, int64_t m_pad, int64_t t0,
-                int64_t nb, float out[kRows][2 * kPairs]) {
-  static_assert(2 * kPairs == 8);
-  const float* half = scalar::fp16_table();
-  const BlockQ4_1* rows[kRows];
-  for (int i = 0; i < kRows; ++i) {
-    rows[i] = reinterpret_cast<const BlockQ4_1*>(w + static_cast<size_t>(std::min(i, nr - 1)) * w_row_bytes);
-  }
-  __m256 acc[kRows];
-  for (int i = 0; i < kRows; ++i) acc[i] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m256 sa = _mm256_loadu_ps(act_sums + b * m_pad + t0);
-    for (int i = 0; i < kRows; ++i) acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(half[rows[i][b].m]), sa, acc[i]);
-  }
-  for (int i = 0; i < kRows; ++i) _mm256_storeu_ps(out[i], acc[i]);
 }
 
 template <DType kType>
@@ -229,6 +234,7 @@ void gemm(const GemmArgs& g) {
   const int64_t chunk_rows =
       std::max<int64_t>(kRows, static_cast<int64_t>(kChunkBytes / g.w_row_bytes) / kRows * kRows);
   alignas(64) float res[kRows][2 * kPairs];
+  alignas(64) float summs[kRows][2 * kPairs];
   for (int64_t rc = g.r0; rc < g.r1; rc += chunk_rows) {
     const int64_t rc_end = std::min(g.r1, rc + chunk_rows);
     for (int64_t p0 = 0; p0 < npairs; p0 += kPairs) {
@@ -236,13 +242,9 @@ void gemm(const GemmArgs& g) {
       const int64_t t_end = std::min(g.m, 2 * (p0 + np));
       for (int64_t r = rc; r < rc_end; r += kRows) {
         const int nr = static_cast<int>(std::min<int64_t>(kRows, rc_end - r));
-        kTiles[nr - 1][np - 1](g.w + static_cast<size_t>(r) * g.w_row_bytes, g.w_row_bytes,
-                               s.pairs.data() + p0 * nb, nb, res);
-        alignas(32) float summs[kRows][2 * kPairs];
-        if constexpr (kType == DType::kQ4_1) {
-          q4_1_summs(g.w + static_cast<size_t>(r) * g.w_row_bytes, g.w_row_bytes, nr, s.act_sums.data(), m_pad,
-                     2 * p0, nb, summs);
-        }
+        const TileIo io{g.w + static_cast<size_t>(r) * g.w_row_bytes, g.w_row_bytes, s.pairs.data() + p0 * nb, nb,
+                        kType == DType::kQ4_1 ? s.act_sums.data() + 2 * p0 : nullptr, m_pad, res, summs};
+        kTiles[nr - 1][np - 1](io);
         for (int i = 0; i < nr; ++i) {
           for (int64_t t = 2 * p0; t < t_end; ++t) {
             float v = res[i][t - 2 * p0];
