@@ -10,6 +10,7 @@
 
 #include "inferd/arena.h"
 #include "inferd/kernels/cpu.h"
+#include "inferd/kernels/gemm.h"
 #include "inferd/kv_cache.h"
 #include "ops.h"
 #include "inferd/thread_pool.h"
@@ -68,7 +69,7 @@ struct Engine::Impl {
     bool operator==(const PlanKey&) const = default;
   } key;
   ArenaPlan plan;
-  int id_x = -1, id_xn = -1, id_q = -1, id_k = -1, id_v = -1, id_attn = -1, id_h = -1, id_xo = -1;
+  int id_x = -1, id_u = -1, id_xn = -1, id_q = -1, id_k = -1, id_v = -1, id_attn = -1, id_h = -1, id_xo = -1;
   int id_scores = -1, id_local_xn = -1;
   int id_act[kSites][kActKinds];
   int id_local_act[kActKinds];
@@ -208,6 +209,7 @@ void Engine::Impl::ensure_plan(int64_t m, int64_t n_out, int64_t kv_pad) {
   id_v = plan.add("v", static_cast<size_t>(mc * Ekv) * f, 3, 4);
   id_attn = plan.add("attn", static_cast<size_t>(mc * E) * f, 5, 7);
   id_h = plan.add("h", static_cast<size_t>(mc * F) * f, 10, 12);
+  id_u = plan.add("u", static_cast<size_t>(mc * F) * f, 10, 10);
   id_xo = plan.add("x_out", static_cast<size_t>(std::max<int64_t>(k.n_out_cap, 1) * E) * f, 13, 15);
   id_scores = plan.add("scores", static_cast<size_t>(nth) * static_cast<size_t>(kv_pad) * f, 5, 5);
   id_local_xn = plan.add("local_xn", static_cast<size_t>(nth) * static_cast<size_t>(std::max(E, F)) * f, 0, 15);
@@ -259,6 +261,14 @@ struct MatmulJob {
 void matmul_rows(const MatmulJob& j, int64_t m, int max_nr, int64_t r0, int64_t r1) {
   const kernels::TypeKernels* tk = kernels::type_kernels(j.w->type);
   const int a = act_index(tk->act_type);
+  // The GEMM path uses the register-tiled kernel where one exists (same bits as `dot`).
+  if (max_nr > 1) {
+    if (kernels::GemmFn gemm = kernels::gemm_kernel(j.w->type)) {
+      gemm({j.w->type, j.w->cols, j.w->data, j.w->row_bytes, r0, r1, j.act[a], j.act_row_bytes[a], m, j.out,
+            j.out_stride, j.accumulate, j.bias});
+      return;
+    }
+  }
   const uint8_t* act = j.act[a];
   const size_t stride = j.act_row_bytes[a];
   const int64_t k = j.w->cols;
@@ -432,7 +442,16 @@ void Engine::Impl::run_pass(std::span<const BatchToken> batch, MatmulPath path, 
     encode(kSiteFfnIn, xn_f);
     {
       auto [r0, r1] = split_range(F, ith, nth);
-      gate_up_rows(lw.w_gate, lw.w_up, act[kSiteFfnIn], sites[kSiteFfnIn].row_bytes, h, m, max_nr, F, r0, r1);
+      if (max_nr > 1 && kernels::gemm_kernel(lw.w_gate.type) && kernels::gemm_kernel(lw.w_up.type)) {
+        // Tiled GEMMs for gate and up, then SwiGLU over this thread's columns.
+        float* u = buf<float>(id_u);
+        const size_t* rb_ffn = sites[kSiteFfnIn].row_bytes;
+        matmul_rows({&lw.w_gate, act[kSiteFfnIn], rb_ffn, h, F, false, nullptr}, m, max_nr, r0, r1);
+        matmul_rows({&lw.w_up, act[kSiteFfnIn], rb_ffn, u, F, false, nullptr}, m, max_nr, r0, r1);
+        for (int64_t t = 0; t < m; ++t) kernels::swiglu(r1 - r0, h + t * F + r0, u + t * F + r0, h + t * F + r0);
+      } else {
+        gate_up_rows(lw.w_gate, lw.w_up, act[kSiteFfnIn], sites[kSiteFfnIn].row_bytes, h, m, max_nr, F, r0, r1);
+      }
       pool->barrier();
     }
     encode(kSiteDownIn, h);
