@@ -50,7 +50,9 @@ TEST(ArenaPlan, RandomPlansAreValid) {
     const int n = 1 + static_cast<int>(rng() % 20);
     for (int i = 0; i < n; ++i) {
       const int a = static_cast<int>(rng() % 10), b = static_cast<int>(rng() % 10);
-      plan.add("t" + std::to_string(i), rng() % 5000, std::min(a, b), std::max(a, b));
+      std::string name = "t";
+      name += std::to_string(i);
+      plan.add(name, rng() % 5000, std::min(a, b), std::max(a, b));
     }
     plan.plan(32);
     expect_valid(plan, 32);
