@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/cli.h"
+#include "common/session.h"
 #include "inferd/engine.h"
 #include "inferd/tokenizer.h"
 
@@ -47,27 +48,17 @@ int main(int argc, char** argv) {
   ss << in.rdbuf();
   const std::string text = ss.str();
 
-  auto model = inferd::Model::open(model_path);
-  if (!model) {
-    std::fprintf(stderr, "error: %s\n", model.status().message().c_str());
-    return 1;
-  }
-  auto tok = inferd::Tokenizer::from_gguf(model.value()->file());
-  if (!tok) {
-    std::fprintf(stderr, "error: %s\n", tok.status().message().c_str());
-    return 1;
-  }
   inferd::EngineOptions eo;
   eo.n_ctx = n_ctx;
   eo.n_threads = n_threads;
   eo.n_ubatch = n_ctx;
-  auto engine = inferd::Engine::create(model.value(), eo);
-  if (!engine) {
-    std::fprintf(stderr, "error: %s\n", engine.status().message().c_str());
+  auto session = inferd::cli::open_session(model_path, eo, /*with_tokenizer=*/true);
+  if (!session) {
+    std::fprintf(stderr, "error: %s\n", session.status().message().c_str());
     return 1;
   }
-  inferd::Engine& eng = *engine.value();
-  const std::vector<int32_t> ids = tok.value()->encode(text, /*add_special=*/true, /*parse_special=*/false);
+  inferd::Engine& eng = *session->engine;
+  const std::vector<int32_t> ids = session->tokenizer->encode(text, /*add_special=*/true, /*parse_special=*/false);
   const size_t nv = static_cast<size_t>(eng.n_vocab());
   const int64_t n_ids = static_cast<int64_t>(ids.size());
   int64_t n_chunks = n_ids / n_ctx + (n_ids % n_ctx >= 2 ? 1 : 0);

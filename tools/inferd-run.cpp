@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/cli.h"
+#include "common/session.h"
 #include "inferd/engine.h"
 #include "inferd/sampler.h"
 #include "inferd/tokenizer.h"
@@ -77,34 +78,24 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: --n-predict must be >= 0\n");
     return 2;
   }
-  auto model = inferd::Model::open(model_path);
-  if (!model) {
-    std::fprintf(stderr, "error: %s\n", model.status().message().c_str());
-    return 1;
-  }
-  auto tok = inferd::Tokenizer::from_gguf(model.value()->file());
-  if (!tok) {
-    std::fprintf(stderr, "error: %s\n", tok.status().message().c_str());
+  inferd::EngineOptions eo;
+  eo.n_ctx = n_ctx;
+  eo.n_threads = n_threads;
+  auto session = inferd::cli::open_session(model_path, eo, /*with_tokenizer=*/true);
+  if (!session) {
+    std::fprintf(stderr, "error: %s\n", session.status().message().c_str());
     return 1;
   }
   if (chat) {
-    auto formatted = chat_prompt(model.value()->file(), system, prompt);
+    auto formatted = chat_prompt(session->model->file(), system, prompt);
     if (!formatted) {
       std::fprintf(stderr, "error: %s\n", formatted.status().message().c_str());
       return 2;
     }
     prompt = formatted.value();
   }
-  inferd::EngineOptions eo;
-  eo.n_ctx = n_ctx;
-  eo.n_threads = n_threads;
-  auto engine = inferd::Engine::create(model.value(), eo);
-  if (!engine) {
-    std::fprintf(stderr, "error: %s\n", engine.status().message().c_str());
-    return 1;
-  }
-  inferd::Engine& eng = *engine.value();
-  const inferd::Tokenizer& tk = *tok.value();
+  inferd::Engine& eng = *session->engine;
+  const inferd::Tokenizer& tk = *session->tokenizer;
 
   std::vector<int32_t> ids = tk.encode(prompt, /*add_special=*/true, /*parse_special=*/!no_special);
   if (ids.empty()) {
