@@ -425,7 +425,7 @@ void Engine::Impl::run_pass(std::span<const BatchToken> batch, MatmulPath path, 
         const BatchToken& bt = batch[static_cast<size_t>(t)];
         const int32_t kvh = static_cast<int32_t>(hh / group);
         const KvCache::View kc = kv->k(bt.slot, l, kvh), vc = kv->v(bt.slot, l, kvh);
-        ops::attention_head(q + t * E + hh * hd, kc, vc, hd, bt.pos + 1, kv_pad, kq_scale, scores,
+        ops::attention_head(q + t * E + hh * hd, kc, vc, hd, bt.pos + 1, kq_scale, scores,
                             attn + t * E + hh * hd);
       }
       pool->barrier();

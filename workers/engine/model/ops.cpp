@@ -44,14 +44,15 @@ void rope_head(float* x, int64_t head_dim, int32_t pos, float base, RopeStyle st
 }
 
 void attention_head(const float* q, const KvCache::View& k, const KvCache::View& v, int64_t head_dim, int64_t n_kv,
-                    int64_t kv_pad, float scale, float* scores, float* out) {
+                    float scale, float* scores, float* out) {
   INFERD_ASSERT(head_dim <= kMaxHeadDim);
   float max_s = -std::numeric_limits<float>::infinity();
   for (int64_t j = 0; j < n_kv; ++j) {
     scores[j] = kernels::dot_f32_f16(head_dim, q, k.row(j)) * scale;
     max_s = std::max(max_s, scores[j]);
   }
-  // Masked positions [n_kv, kv_pad) have exp(-inf) = 0: they add nothing to the sum or the output.
+  // The bucket's padded positions [n_kv, kv_pad) are masked: exp(-inf) = 0 adds nothing to the sum or
+  // the output, so they are skipped.
   const float inv = static_cast<float>(1.0 / kernels::exp_sum(n_kv, scores, max_s, scores));
 
   // KQV as llama.cpp computes it (tinyBLAS over the transposed V cache): out[d] is a 16-lane dot
@@ -59,9 +60,7 @@ void attention_head(const float* q, const KvCache::View& k, const KvCache::View&
   // lanes then reduced as _mm512_reduce_add_ps. Lane i's partial sums for all d form lanes[i].
   // The products f16 * f16 are exact in float, so axpy's multiply-add equals the fused one.
   alignas(64) float lanes[16][kMaxHeadDim];
-  const int64_t n_lanes = std::min<int64_t>(16, n_kv);
-  for (int64_t i = 0; i < n_lanes; ++i) std::fill(lanes[i], lanes[i] + head_dim, 0.0f);
-  for (int64_t i = n_lanes; i < 16; ++i) std::fill(lanes[i], lanes[i] + head_dim, 0.0f);
+  for (auto& lane : lanes) std::fill(lane, lane + head_dim, 0.0f);
   for (int64_t j = 0; j < n_kv; ++j) kernels::axpy_f16(head_dim, round_fp16(scores[j] * inv), v.row(j), lanes[j % 16]);
   for (int64_t d = 0; d < head_dim; ++d) {
     float a[8], b[4];
@@ -69,7 +68,6 @@ void attention_head(const float* q, const KvCache::View& k, const KvCache::View&
     for (int i = 0; i < 4; ++i) b[i] = a[i + 4] + a[i];
     out[d] = (b[0] + b[2]) + (b[1] + b[3]);
   }
-  (void)kv_pad;
 }
 
 }  // namespace inferd::ops

@@ -28,12 +28,12 @@ float round_fp16(float v);
 // recurrence theta *= base^(-2/head_dim), cosf/sinf, rotation by kernels::rope_rotate.
 void rope_head(float* x, int64_t head_dim, int32_t pos, float base, RopeStyle style);
 
-// One query head against positions [0, n_kv) of its KV head; positions [n_kv, kv_pad) are the
-// padding of the shape bucket and are masked out. `scores` has room for kv_pad floats. Writes
+// One query head against positions [0, n_kv) of its KV head; the positions past n_kv in the shape
+// bucket (mask padding) are masked, i.e. contribute nothing. `scores` has room for n_kv floats. Writes
 // head_dim (<= 256) values to `out`. Bit-identical to llama.cpp without flash attention when `q`
 // holds fp16-rounded values: KQ and KQV in tinyBLAS's 16-lane order, softmax with ggml's exp and
 // chunked double sum (kernels::exp_sum), probabilities rounded to fp16 before KQV.
 void attention_head(const float* q, const KvCache::View& k, const KvCache::View& v, int64_t head_dim, int64_t n_kv,
-                    int64_t kv_pad, float scale, float* scores, float* out);
+                    float scale, float* scores, float* out);
 
 }  // namespace inferd::ops
