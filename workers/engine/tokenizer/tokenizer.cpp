@@ -472,6 +472,26 @@ struct SpmOrder {
   }
 };
 
+// Repeatedly merges the best queued bigram of adjacent symbols (BPE: lowest rank; SPM: highest
+// score), re-queueing the merged symbol's new neighbours through `add_bigram`.
+template <typename Queue, typename AddBigram>
+void merge_best_bigrams(std::vector<Symbol>& symbols, Queue& queue, const AddBigram& add_bigram) {
+  while (!queue.empty()) {
+    const auto b = queue.top();
+    queue.pop();
+    Symbol& l = symbols[b.left];
+    Symbol& r = symbols[b.right];
+    // Stale: one side was merged away or grew since this bigram was queued.
+    if (l.n == 0 || r.n == 0 || l.n + r.n != b.size) continue;
+    l.n += r.n;
+    r.n = 0;
+    l.next = r.next;
+    if (r.next >= 0) symbols[r.next].prev = b.left;
+    add_bigram(l.prev, b.left);
+    add_bigram(b.left, l.next);
+  }
+}
+
 // Splits `word` into symbols of one (possibly truncated) UTF-8 sequence each.
 void init_symbols(std::string_view word, std::vector<Symbol>& symbols) {
   symbols.clear();
@@ -526,20 +546,7 @@ void Tokenizer::encode_bpe(std::string_view text, std::vector<int32_t>& out) con
       queue.push({left, right, rank, symbols[left].n + symbols[right].n});
     };
     for (int i = 1; i < static_cast<int>(symbols.size()); ++i) add_bigram(i - 1, i);
-    while (!queue.empty()) {
-      const BpeBigram b = queue.top();
-      queue.pop();
-      Symbol& l = symbols[b.left];
-      Symbol& r = symbols[b.right];
-      // Stale: one side was merged away or grew since this bigram was queued.
-      if (l.n == 0 || r.n == 0 || l.n + r.n != b.size) continue;
-      l.n += r.n;
-      r.n = 0;
-      l.next = r.next;
-      if (r.next >= 0) symbols[r.next].prev = b.left;
-      add_bigram(l.prev, b.left);
-      add_bigram(b.left, l.next);
-    }
+    merge_best_bigrams(symbols, queue, add_bigram);
     for (int i = 0; i != -1 && !symbols.empty(); i = symbols[i].next) {
       const std::string_view piece = view(i);
       const int32_t id = find(piece);
@@ -567,19 +574,7 @@ void Tokenizer::encode_spm(std::string_view text, std::vector<int32_t>& out) con
     queue.push({left, right, tokens_[id].score, joined.size()});
   };
   for (int i = 1; i < static_cast<int>(symbols.size()); ++i) add_bigram(i - 1, i);
-  while (!queue.empty()) {
-    const SpmBigram b = queue.top();
-    queue.pop();
-    Symbol& l = symbols[b.left];
-    Symbol& r = symbols[b.right];
-    if (l.n == 0 || r.n == 0 || l.n + r.n != b.size) continue;
-    l.n += r.n;
-    r.n = 0;
-    l.next = r.next;
-    if (r.next >= 0) symbols[r.next].prev = b.left;
-    add_bigram(l.prev, b.left);
-    add_bigram(b.left, l.next);
-  }
+  merge_best_bigrams(symbols, queue, add_bigram);
   // Every merged symbol is a token; only single (possibly invalid) characters can be missing, and
   // those fall back to byte tokens.
   for (int i = 0; i != -1 && !symbols.empty(); i = symbols[i].next) {
