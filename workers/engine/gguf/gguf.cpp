@@ -410,6 +410,16 @@ Result<std::unique_ptr<GgufFile>> GgufFile::from_buffer(std::vector<uint8_t> byt
   return file;
 }
 
+Result<std::unique_ptr<GgufFile>> GgufFile::from_memory(const uint8_t* data, size_t size, std::string name,
+                                                        std::shared_ptr<const void> keepalive) {
+  std::unique_ptr<GgufFile> file(new GgufFile(std::move(name), nullptr, {}));
+  file->keepalive_ = std::move(keepalive);
+  file->base_ = data;
+  file->size_ = size;
+  INFERD_RETURN_IF_ERROR(file->parse());
+  return file;
+}
+
 Status GgufFile::parse() {
   Parser in(path_, base_, size_);
   if (size_ == 0) return in.error(0, "file is empty (0 bytes)");

@@ -163,6 +163,11 @@ void Sampler::accept(int32_t token) {
   }
 }
 
+void Sampler::skip_draws(uint64_t n) {
+  if (params_.temperature <= 0.0f) return;
+  for (uint64_t i = 0; i < n; ++i) rng_.next_u64();
+}
+
 void Sampler::reset() {
   rng_.reseed(seed_);
   if (!track_history_) return;

@@ -86,6 +86,10 @@ class GgufFile {
   static Result<std::unique_ptr<GgufFile>> open(const std::string& path);
   // Parses `bytes` as if it were the file `name` (used in error messages).
   static Result<std::unique_ptr<GgufFile>> from_buffer(std::vector<uint8_t> bytes, std::string name);
+  // Parses `size` bytes at `data` in place, without copying (a GGUF image inside a shared-memory weights
+  // segment). `keepalive` owns the memory; the GgufFile holds it until destroyed.
+  static Result<std::unique_ptr<GgufFile>> from_memory(const uint8_t* data, size_t size, std::string name,
+                                                       std::shared_ptr<const void> keepalive);
 
   GgufFile(const GgufFile&) = delete;
   GgufFile& operator=(const GgufFile&) = delete;
@@ -141,6 +145,7 @@ class GgufFile {
   std::string path_;
   std::unique_ptr<MappedFile> mapping_;  // set by open()
   std::vector<uint8_t> buffer_;          // set by from_buffer()
+  std::shared_ptr<const void> keepalive_;  // set by from_memory()
   const uint8_t* base_ = nullptr;
   size_t size_ = 0;
   uint32_t version_ = 0;

@@ -64,6 +64,11 @@ class Sampler {
   // Forgets the history and restarts the random sequence from seed().
   void reset();
 
+  // Advances the random sequence as if `n` tokens had been sampled (greedy sampling draws nothing, so
+  // it is a no-op there). A sequence replayed on a restarted worker resumes its random sequence where
+  // it stopped, so the replay produces the tokens the uninterrupted run would have.
+  void skip_draws(uint64_t n);
+
   uint64_t seed() const { return seed_; }
   const SamplingParams& params() const { return params_; }
 

@@ -1,0 +1,92 @@
+#include "chat_template.h"
+
+namespace inferd::daemon {
+
+ChatTemplate detect_chat_template(std::string_view src) {
+  auto has = [&](std::string_view s) { return src.find(s) != std::string_view::npos; };
+  if (has("<|im_start|>")) return ChatTemplate::kChatml;
+  if (has("<|start_header_id|>")) return ChatTemplate::kLlama3;
+  if (has("<start_of_turn>")) return ChatTemplate::kGemma;
+  if (has("<|user|>") && has("<|end|>")) return ChatTemplate::kPhi3;
+  if (has("<|user|>")) return ChatTemplate::kZephyr;
+  if (has("[INST]")) return ChatTemplate::kLlama2;
+  return ChatTemplate::kChatml;
+}
+
+const char* chat_template_name(ChatTemplate t) {
+  switch (t) {
+    case ChatTemplate::kChatml: return "chatml";
+    case ChatTemplate::kLlama3: return "llama3";
+    case ChatTemplate::kLlama2: return "llama2";
+    case ChatTemplate::kZephyr: return "zephyr";
+    case ChatTemplate::kPhi3: return "phi3";
+    case ChatTemplate::kGemma: return "gemma";
+  }
+  return "?";
+}
+
+Result<std::string> apply_chat_template(ChatTemplate t, const std::vector<ChatMessage>& messages) {
+  if (messages.empty()) return Status(Code::kInvalidArgument, "a chat needs at least one message");
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string& r = messages[i].role;
+    if (r != "system" && r != "user" && r != "assistant") {
+      return Status(Code::kInvalidArgument, "message " + std::to_string(i) + ": role '" + r +
+                                                "' is not one of system, user, assistant");
+    }
+  }
+  std::string out;
+  switch (t) {
+    case ChatTemplate::kChatml:
+      for (const auto& m : messages) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+      out += "<|im_start|>assistant\n";
+      break;
+    case ChatTemplate::kLlama3:
+      for (const auto& m : messages) {
+        out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + m.content + "<|eot_id|>";
+      }
+      out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+      break;
+    case ChatTemplate::kZephyr:
+      for (const auto& m : messages) out += "<|" + m.role + "|>\n" + m.content + "</s>\n";
+      out += "<|assistant|>\n";
+      break;
+    case ChatTemplate::kPhi3:
+      for (const auto& m : messages) out += "<|" + m.role + "|>\n" + m.content + "<|end|>\n";
+      out += "<|assistant|>\n";
+      break;
+    case ChatTemplate::kGemma: {
+      std::string system;
+      for (const auto& m : messages) {
+        if (m.role == "system") {
+          system += m.content + "\n\n";
+          continue;
+        }
+        out += "<start_of_turn>" + std::string(m.role == "assistant" ? "model" : "user") + "\n" +
+               (m.role == "user" ? std::exchange(system, "") : "") + m.content + "<end_of_turn>\n";
+      }
+      out += "<start_of_turn>model\n";
+      break;
+    }
+    case ChatTemplate::kLlama2: {
+      // [INST] <<SYS>>\nsystem\n<</SYS>>\n\nuser [/INST] assistant</s><s>[INST] user [/INST]
+      std::string system;
+      bool open = false;
+      for (const auto& m : messages) {
+        if (m.role == "system") {
+          system = "<<SYS>>\n" + m.content + "\n<</SYS>>\n\n";
+        } else if (m.role == "user") {
+          out += "[INST] " + std::exchange(system, "") + m.content + " [/INST]";
+          open = true;
+        } else {
+          out += " " + m.content + "</s>";
+          open = false;
+        }
+      }
+      (void)open;
+      break;
+    }
+  }
+  return out;
+}
+
+}  // namespace inferd::daemon

@@ -1,0 +1,44 @@
+#include "chat_template.h"
+
+#include <gtest/gtest.h>
+
+namespace inferd::daemon {
+namespace {
+
+TEST(ChatTemplate, DetectsFamiliesByTheirMarkers) {
+  EXPECT_EQ(detect_chat_template("{% for m in messages %}<|im_start|>{{m.role}}"), ChatTemplate::kChatml);
+  EXPECT_EQ(detect_chat_template("<|start_header_id|>{{ message['role'] }}<|end_header_id|>"), ChatTemplate::kLlama3);
+  EXPECT_EQ(detect_chat_template("[INST] {{ content }} [/INST]"), ChatTemplate::kLlama2);
+  EXPECT_EQ(detect_chat_template("<|user|>\n{{ content }}</s>"), ChatTemplate::kZephyr);
+  EXPECT_EQ(detect_chat_template("<|user|>\n{{ content }}<|end|>"), ChatTemplate::kPhi3);
+  EXPECT_EQ(detect_chat_template("<start_of_turn>user"), ChatTemplate::kGemma);
+  EXPECT_EQ(detect_chat_template(""), ChatTemplate::kChatml);
+}
+
+TEST(ChatTemplate, ChatmlMatchesTheReferenceFormatting) {
+  auto r = apply_chat_template(ChatTemplate::kChatml, {{"system", "Be brief."}, {"user", "Hi"}});
+  ASSERT_TRUE(r) << r.status().to_string();
+  EXPECT_EQ(r.value(), "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+}
+
+TEST(ChatTemplate, Llama3) {
+  auto r = apply_chat_template(ChatTemplate::kLlama3, {{"user", "Hi"}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r.value(), "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+TEST(ChatTemplate, Llama2FoldsTheSystemPromptIntoTheFirstTurn) {
+  auto r = apply_chat_template(ChatTemplate::kLlama2, {{"system", "S"}, {"user", "U1"}, {"assistant", "A1"}, {"user", "U2"}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r.value(), "[INST] <<SYS>>\nS\n<</SYS>>\n\nU1 [/INST] A1</s>[INST] U2 [/INST]");
+}
+
+TEST(ChatTemplate, RejectsBadInput) {
+  EXPECT_EQ(apply_chat_template(ChatTemplate::kChatml, {}).status().code(), Code::kInvalidArgument);
+  auto r = apply_chat_template(ChatTemplate::kChatml, {{"wizard", "x"}});
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.status().message().find("wizard"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace inferd::daemon

@@ -1,0 +1,87 @@
+// daemon/config.h — the daemon's configuration: a `key = value` file, then command-line flags.
+//
+// parse_config() reads the file chosen by --config (else /etc/inferd/inferd.conf when it exists), then
+// applies the flags over it, and returns a complete DaemonConfig: every default filled in, every path
+// absolute. Anything wrong in the file or the flags is an error value (kInvalidArgument, messages
+// "FILE:LINE: ..." or "--flag: ..."), never an abort. The format is described by usage() and by
+// systemd/inferd.conf, the example installed to /etc/inferd/inferd.conf.
+//
+// Thread safety: parse_config() and default_socket_path() read the environment (getenv) and the
+// process's working directory, so call them at start-up, before other threads could setenv/chdir.
+// The returned values are plain data.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "inferd/status.h"
+
+namespace inferd::daemon {
+
+// The file read when no --config flag is given, if it exists.
+inline constexpr std::string_view kDefaultConfigPath = "/etc/inferd/inferd.conf";
+
+// status.h has no "cancelled" kind, so a --help request is reported as a non-OK Status with this
+// code, whose message is usage(). parse_config() returns no other kUnimplemented status; test with
+// is_help_request(), print the message to stdout and exit 0.
+inline constexpr Code kHelpRequested = Code::kUnimplemented;
+bool is_help_request(const Status& status);
+
+// One `load = ...` entry: a model the daemon loads at start. Zero numbers mean "the daemon's default"
+// (as in rpc::LoadOptions).
+struct ModelToLoad {
+  std::string path;  // absolute
+  std::string id;    // id=ID, else the file name without ".gguf" (as rpc::LoadOptions.id); unique
+  uint32_t context_size = 0, parallel = 0, threads = 0;
+  std::string backend = "cpu";
+};
+
+struct DaemonConfig {
+  std::string socket_path;           // absolute; default_socket_path() unless set
+  std::string worker_path;           // inferd-worker binary; default: next to /proc/self/exe
+  std::string log_level = "info";    // trace, debug, info, warn, error, off
+  uint32_t threads = 0;              // default worker compute threads; 0 = all CPUs
+  uint32_t max_restarts = 5;         // worker restarts allowed within restart_window_s ...
+  double restart_window_s = 60;      // ... before its backend is marked failed
+  uint32_t default_context = 0;      // 0: min(training context, 4096)
+  uint32_t default_parallel = 4;     // >= 1
+  uint32_t max_queue = 64;           // >= 1: requests waiting for a slot before OVERLOADED
+  std::vector<uint32_t> admin_uids;  // empty: any peer that can open the socket may use Admin
+  std::vector<ModelToLoad> load;     // models loaded at start, in order
+
+  // True when Admin is open to every peer (no admin-uids configured).
+  bool admin_open() const { return admin_uids.empty(); }
+};
+
+// $INFERD_SOCKET if set and non-empty; else $XDG_RUNTIME_DIR/inferd/inferd.sock if XDG_RUNTIME_DIR is
+// set; else /run/inferd/inferd.sock when running as root; else /tmp/inferd-<uid>/inferd.sock.
+std::string default_socket_path();
+
+// The inferd-worker binary in the directory of /proc/self/exe; "inferd-worker" (found through PATH by
+// the caller) if /proc/self/exe cannot be read.
+std::string default_worker_path();
+
+// Parses the configuration file, then argv[1..argc) (argv[0] is the program name). Flags are
+// `--key value` or `--key=value`, with the file's key names, plus `--config PATH` and `--help`/-h.
+//
+// Precedence: a flag replaces the file's value. `load` and `admin-uids` are lists: the flags' entries
+// (every --load, the last --admin-uids) replace the file's whole list rather than adding to it.
+// In the file a key other than `load` may appear once; on the command line the last flag wins.
+// Relative paths in the file are relative to the file's directory; on the command line, to the
+// working directory.
+//
+// Errors: kInvalidArgument for bad input, kNotFound when --config names a missing file, kFailed
+// when the file cannot be read; kHelpRequested for --help (see above).
+Result<DaemonConfig> parse_config(int argc, const char* const* argv);
+
+// As above with another default file instead of kDefaultConfigPath; empty: no default file. For tests
+// and for callers that must not read /etc.
+Result<DaemonConfig> parse_config(int argc, const char* const* argv,
+                                  std::string_view default_config_path);
+
+// The --help text: every flag and file key, with its default.
+std::string usage();
+
+}  // namespace inferd::daemon

@@ -1,0 +1,110 @@
+// daemon/generation.h — a generation request, and the stream that carries its tokens from the
+// supervisor thread (producer) to the RPC thread (consumer).
+//
+// Thread safety: GenerationStream is shared by exactly two threads: the supervisor calls push(),
+// finish() and reads cancelled(); the RPC thread calls ready(), take() and cancel(). Everything else
+// here is plain data.
+#pragma once
+
+#include <kj/async.h>
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "chat_template.h"
+#include "inferd/sampler.h"
+#include "inferd/status.h"
+
+namespace inferd::daemon {
+
+struct GenerateParams {
+  enum class Input { kPrompt, kMessages, kTokens };
+  std::string model;
+  Input input = Input::kPrompt;
+  std::string prompt;
+  std::vector<ChatMessage> messages;
+  std::vector<int32_t> tokens;
+  SamplingParams sampling;
+  uint32_t max_tokens = 256;  // 0: until end of generation or the context is full
+  std::vector<std::string> stop;
+  bool add_special = true;
+  bool parse_special = true;
+  bool ignore_eog = false;
+};
+
+enum class FinishReason { kEndOfGeneration, kMaxTokens, kStop, kContextFull };
+
+struct GenerateSummary {
+  FinishReason reason = FinishReason::kEndOfGeneration;
+  uint32_t prompt_tokens = 0;
+  uint32_t generated_tokens = 0;
+  uint64_t seed = 0;
+  double queue_ms = 0, time_to_first_token_ms = 0, prompt_ms = 0, generate_ms = 0;
+  uint32_t replays = 0;
+};
+
+class GenerationStream {
+ public:
+  struct Batch {
+    std::vector<int32_t> tokens;
+    std::string text;
+    std::optional<Result<GenerateSummary>> end;  // set once, with the last batch
+  };
+
+  // Supervisor thread.
+  void push(std::span<const int32_t> tokens, std::string_view text) {
+    kj::Own<kj::CrossThreadPromiseFulfiller<void>> waiter;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_.tokens.insert(pending_.tokens.end(), tokens.begin(), tokens.end());
+      pending_.text += text;
+      waiter = kj::mv(waiter_);
+    }
+    if (waiter.get() != nullptr) waiter->fulfill();
+  }
+  void finish(Result<GenerateSummary> end) {
+    kj::Own<kj::CrossThreadPromiseFulfiller<void>> waiter;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (pending_.end) return;
+      pending_.end = std::move(end);
+      waiter = kj::mv(waiter_);
+    }
+    if (waiter.get() != nullptr) waiter->fulfill();
+  }
+  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
+
+  // RPC thread. ready() resolves when take() has tokens, text or the end.
+  kj::Promise<void> ready() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (has_data()) return kj::READY_NOW;
+    auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
+    waiter_ = kj::mv(paf.fulfiller);
+    return kj::mv(paf.promise);
+  }
+  Batch take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    Batch out = std::move(pending_);
+    pending_ = Batch{};
+    if (out.end) ended_ = true;
+    return out;
+  }
+  void cancel() { cancelled_.store(true, std::memory_order_release); }
+
+ private:
+  bool has_data() const { return !pending_.tokens.empty() || !pending_.text.empty() || pending_.end.has_value(); }
+
+  std::mutex mu_;
+  Batch pending_;
+  bool ended_ = false;
+  kj::Own<kj::CrossThreadPromiseFulfiller<void>> waiter_;
+  std::atomic<bool> cancelled_{false};
+};
+
+}  // namespace inferd::daemon

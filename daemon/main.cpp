@@ -1,0 +1,142 @@
+// inferd: the supervisor daemon. See docs/ARCHITECTURE.md.
+//
+// Threads: the main thread runs the KJ event loop with the Cap'n Proto server (rpc_server.h) and
+// handles SIGTERM/SIGINT; the supervisor thread runs the Asio io_context that owns every model and
+// worker (supervisor.h); each load copies its file on a short-lived loader thread.
+#include <signal.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include <kj/async-io.h>
+#include <kj/async-unix.h>
+
+#include "config.h"
+#include "rpc_server.h"
+#include "sd_notify.h"
+#include "supervisor.h"
+
+namespace inferd::daemon {
+namespace {
+
+void setup_logging(const DaemonConfig& cfg) {
+  auto logger = spdlog::stderr_color_mt("inferd");
+  spdlog::set_default_logger(logger);
+  // Under systemd, journald adds its own timestamps.
+  if (std::getenv("JOURNAL_STREAM")) {
+    spdlog::set_pattern("%l: %v");
+  } else {
+    spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
+  }
+  spdlog::set_level(spdlog::level::from_str(cfg.log_level));
+}
+
+int run(DaemonConfig cfg) {
+  setup_logging(cfg);
+  ::signal(SIGPIPE, SIG_IGN);
+  // Blocked here before any thread starts, so only the KJ loop sees them (and workers unblock them).
+  kj::UnixEventPort::captureSignal(SIGTERM);
+  kj::UnixEventPort::captureSignal(SIGINT);
+  auto io = kj::setupAsyncIo();
+
+  int listen_fd = -1;
+  bool activated = false;
+  std::vector<int> fds = systemd::listen_fds();
+  if (!fds.empty()) {
+    listen_fd = fds[0];
+    activated = true;
+    for (size_t i = 1; i < fds.size(); ++i) ::close(fds[i]);
+    spdlog::info("using the socket passed by systemd (fd {})", listen_fd);
+  } else {
+    auto fd = listen_unix(cfg.socket_path);
+    if (!fd) {
+      spdlog::critical("{}", fd.status().message());
+      return 1;
+    }
+    listen_fd = fd.value();
+  }
+
+  Supervisor sup(cfg);
+  std::atomic<int64_t> supervisor_heartbeat{0};
+  std::thread sup_thread([&] { sup.run(); });
+  RpcServer server(sup, *io.provider, *io.lowLevelProvider, listen_fd);
+  auto serving = server.run().eagerlyEvaluate([](kj::Exception&& e) {
+    spdlog::critical("accept loop failed: {}", e.getDescription().cStr());
+  });
+  spdlog::info("inferd {} serving {} (pid {})", INFERD_VERSION, cfg.socket_path, ::getpid());
+
+  for (const ModelToLoad& m : cfg.load) {
+    LoadSpec spec;
+    spec.path = m.path;
+    spec.id = m.id;
+    spec.context_size = m.context_size;
+    spec.parallel = m.parallel;
+    spec.threads = m.threads;
+    spec.backend = m.backend;
+    sup.post([&sup, spec] {
+      sup.load(spec, nullptr, [path = spec.path](Result<ModelInfoData> r) {
+        if (!r) spdlog::error("could not load {} at start: {}", path, r.status().message());
+      });
+    });
+  }
+  systemd::notify("READY=1\nSTATUS=serving " + cfg.socket_path);
+
+  // Watchdog: ping systemd only while the supervisor thread still answers.
+  kj::Promise<void> watchdog = kj::READY_NOW;
+  if (auto interval = systemd::watchdog_interval()) {
+    auto half = std::chrono::duration_cast<std::chrono::milliseconds>(*interval / 2);
+    auto& timer = io.provider->getTimer();
+    std::function<kj::Promise<void>(int64_t)> tick = [&](int64_t seen) -> kj::Promise<void> {
+      int64_t now = supervisor_heartbeat.load();
+      if (now != seen || seen == 0) systemd::notify("WATCHDOG=1");
+      sup.post([&] { supervisor_heartbeat.fetch_add(1); });
+      return timer.afterDelay(half.count() * kj::MILLISECONDS).then([&, now] { return tick(now); });
+    };
+    watchdog = tick(0).eagerlyEvaluate(nullptr);
+  }
+
+  int sig = io.unixEventPort.onSignal(SIGTERM)
+                .exclusiveJoin(io.unixEventPort.onSignal(SIGINT))
+                .wait(io.waitScope)
+                .si_signo;
+  spdlog::info("signal {}: stopping", sig);
+  systemd::notify("STOPPING=1");
+  sup.post([&sup] { sup.stop(); });
+  // Keep serving the KJ loop while the supervisor winds down, so failing streams reach their clients.
+  auto stopped = kj::newPromiseAndCrossThreadFulfiller<void>();
+  std::thread joiner([&] {
+    sup_thread.join();
+    stopped.fulfiller->fulfill();
+  });
+  stopped.promise.wait(io.waitScope);
+  joiner.join();
+  if (!activated) ::unlink(cfg.socket_path.c_str());
+  spdlog::info("stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace inferd::daemon
+
+int main(int argc, char** argv) {
+  auto cfg = inferd::daemon::parse_config(argc, argv);
+  if (!cfg) {
+    if (inferd::daemon::is_help_request(cfg.status())) {
+      std::fputs(cfg.status().message().c_str(), stdout);
+      return 0;
+    }
+    std::fprintf(stderr, "inferd: %s\n", cfg.status().message().c_str());
+    return 2;
+  }
+  try {
+    return inferd::daemon::run(std::move(cfg).value());
+  } catch (const kj::Exception& e) {
+    spdlog::critical("fatal: {}", e.getDescription().cStr());
+    return 1;
+  }
+}

@@ -1,0 +1,542 @@
+#include "rpc_server.h"
+
+// Cap'n Proto's generated Server classes and kj::TaskSet::ErrorHandler are destroyed through their
+// own Own<> disposers, not through base pointers, and have no virtual destructors.
+#pragma GCC diagnostic ignored "-Wnon-virtual-dtor"
+
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include <capnp/rpc-twoparty.h>
+#include <capnp/rpc.h>
+
+#include "inferd/schemas/inferd.capnp.h"
+
+namespace inferd::daemon {
+namespace {
+
+kj::Exception to_exception(const Status& s) {
+  kj::Exception::Type type = kj::Exception::Type::FAILED;
+  switch (s.code()) {
+    case Code::kOverloaded: type = kj::Exception::Type::OVERLOADED; break;
+    case Code::kDisconnected: type = kj::Exception::Type::DISCONNECTED; break;
+    case Code::kUnimplemented: type = kj::Exception::Type::UNIMPLEMENTED; break;
+    default: break;
+  }
+  return kj::Exception(type, __FILE__, __LINE__, kj::str(s.message().c_str()));
+}
+
+// Runs fn() on the supervisor thread; its result fulfils the returned promise on this thread.
+template <typename T, typename Fn>
+kj::Promise<T> on_supervisor(Supervisor& sup, Fn fn) {
+  auto paf = kj::newPromiseAndCrossThreadFulfiller<T>();
+  auto holder = std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<T>>>(kj::mv(paf.fulfiller));
+  sup.post([holder, fn]() mutable { (*holder)->fulfill(fn()); });
+  return kj::mv(paf.promise);
+}
+
+template <typename T>
+T unwrap(Result<T> r) {
+  if (!r) kj::throwFatalException(to_exception(r.status()));
+  return std::move(r).value();
+}
+
+rpc::ModelState to_rpc(ModelState s) {
+  switch (s) {
+    case ModelState::kLoading: return rpc::ModelState::LOADING;
+    case ModelState::kReady: return rpc::ModelState::READY;
+    case ModelState::kRecovering: return rpc::ModelState::RECOVERING;
+    case ModelState::kFailed: return rpc::ModelState::FAILED;
+  }
+  return rpc::ModelState::FAILED;
+}
+
+void fill(rpc::ModelInfo::Builder b, const ModelInfoData& m) {
+  b.setId(m.id);
+  b.setPath(m.path);
+  b.setName(m.name);
+  b.setArch(m.arch);
+  b.setDescription(m.description);
+  b.setState(to_rpc(m.state));
+  b.setWeightsBytes(m.weights_bytes);
+  b.setContextSize(m.context_size);
+  b.setParallel(m.parallel);
+  b.setVocabSize(m.vocab_size);
+  b.setChatTemplate(m.chat_template);
+  b.setLoadMs(m.load_ms);
+  auto placement = b.initPlacement();
+  placement.setSummary(m.placement_summary);
+  auto stages = placement.initStages(static_cast<unsigned>(m.placement.size()));
+  for (unsigned i = 0; i < m.placement.size(); ++i) {
+    const auto& s = m.placement[i];
+    stages[i].setWorker(s.worker);
+    stages[i].setBackend(s.backend);
+    stages[i].setFirstLayer(s.first_layer);
+    stages[i].setEndLayer(s.end_layer);
+    stages[i].setEmbeddings(s.embeddings);
+    stages[i].setOutput(s.output);
+  }
+  auto workers = b.initWorkers(static_cast<unsigned>(m.workers.size()));
+  for (unsigned i = 0; i < m.workers.size(); ++i) {
+    const auto& w = m.workers[i];
+    workers[i].setIndex(w.index);
+    workers[i].setBackend(w.backend);
+    workers[i].setPid(w.pid);
+    workers[i].setState(w.state);
+    workers[i].setRssBytes(w.rss_bytes);
+    workers[i].setSharedBytes(w.shared_bytes);
+    workers[i].setUptimeMs(w.uptime_ms);
+    workers[i].setRestarts(w.restarts);
+    workers[i].setLastRestartMs(w.last_restart_ms);
+    workers[i].setSteps(w.steps);
+    workers[i].setTokens(w.tokens);
+    workers[i].setDevice(w.device);
+  }
+}
+
+void fill_list(capnp::List<rpc::ModelInfo>::Builder out, const std::vector<ModelInfoData>& models) {
+  for (unsigned i = 0; i < models.size(); ++i) fill(out[i], models[i]);
+}
+
+// Converts and checks the shape of a request (the supervisor checks the values against the model).
+Result<GenerateParams> to_params(rpc::GenerateRequest::Reader r) {
+  GenerateParams p;
+  p.model = r.getModel();
+  auto in = r.getInput();
+  switch (in.which()) {
+    case rpc::GenerateRequest::Input::PROMPT:
+      p.input = GenerateParams::Input::kPrompt;
+      p.prompt = in.getPrompt();
+      break;
+    case rpc::GenerateRequest::Input::MESSAGES:
+      p.input = GenerateParams::Input::kMessages;
+      for (auto m : in.getMessages()) p.messages.push_back({m.getRole(), m.getContent()});
+      break;
+    case rpc::GenerateRequest::Input::TOKENS:
+      p.input = GenerateParams::Input::kTokens;
+      for (int32_t t : in.getTokens()) p.tokens.push_back(t);
+      break;
+    default:
+      return Status(Code::kInvalidArgument, "the request's input is of a kind this daemon does not know");
+  }
+  auto s = r.getSampling();
+  p.sampling.temperature = s.getTemperature();
+  p.sampling.top_k = s.getTopK();
+  p.sampling.top_p = s.getTopP();
+  p.sampling.min_p = s.getMinP();
+  p.sampling.repeat_penalty = s.getRepeatPenalty();
+  p.sampling.repeat_last_n = s.getRepeatLastN();
+  p.sampling.frequency_penalty = s.getFrequencyPenalty();
+  p.sampling.presence_penalty = s.getPresencePenalty();
+  p.sampling.seed = s.getSeed();
+  p.max_tokens = r.getMaxTokens();
+  for (auto stop : r.getStop()) p.stop.emplace_back(stop.cStr(), stop.size());
+  p.add_special = r.getAddSpecial();
+  p.parse_special = r.getParseSpecial();
+  p.ignore_eog = r.getIgnoreEog();
+  return p;
+}
+
+rpc::FinishReason to_rpc(FinishReason r) {
+  switch (r) {
+    case FinishReason::kEndOfGeneration: return rpc::FinishReason::END_OF_GENERATION;
+    case FinishReason::kMaxTokens: return rpc::FinishReason::MAX_TOKENS;
+    case FinishReason::kStop: return rpc::FinishReason::STOP;
+    case FinishReason::kContextFull: return rpc::FinishReason::CONTEXT_FULL;
+  }
+  return rpc::FinishReason::END_OF_GENERATION;
+}
+
+// Load progress from the loader thread to this thread; only the latest value matters.
+class ProgressRelay final : public LoadProgressSink {
+ public:
+  ~ProgressRelay() noexcept override {}
+  struct Update {
+    std::string stage;
+    uint64_t done = 0, total = 0;
+  };
+  void update(const std::string& stage, uint64_t done, uint64_t total) override {
+    kj::Own<kj::CrossThreadPromiseFulfiller<void>> waiter;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      latest_ = Update{stage, done, total};
+      waiter = kj::mv(waiter_);
+    }
+    if (waiter.get() != nullptr) waiter->fulfill();
+  }
+  void close() { update("", 0, 0); }
+  kj::Promise<void> ready() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (latest_) return kj::READY_NOW;
+    auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
+    waiter_ = kj::mv(paf.fulfiller);
+    return kj::mv(paf.promise);
+  }
+  std::optional<Update> take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::exchange(latest_, std::nullopt);
+  }
+
+ private:
+  std::mutex mu_;
+  std::optional<Update> latest_;
+  kj::Own<kj::CrossThreadPromiseFulfiller<void>> waiter_;
+};
+
+kj::Promise<void> relay_progress(std::shared_ptr<ProgressRelay> relay, rpc::LoadProgress::Client cap) {
+  return relay->ready().then([relay, cap]() mutable -> kj::Promise<void> {
+    auto u = relay->take();
+    if (!u || u->stage.empty()) return kj::READY_NOW;  // closed
+    auto req = cap.updateRequest();
+    req.setStage(u->stage);
+    req.setDone(u->done);
+    req.setTotal(u->total);
+    return req.send().then([relay, cap]() mutable { return relay_progress(relay, cap); });
+  });
+}
+
+struct Peer {
+  uint32_t pid = 0, uid = 0, gid = 0;
+  bool known = false;
+};
+
+class AdminImpl final : public rpc::Admin::Server {
+ public:
+  explicit AdminImpl(Supervisor& sup) : sup_(sup) {}
+
+  kj::Promise<void> load(LoadContext context) override {
+    auto params = context.getParams();
+    auto o = params.getOptions();
+    LoadSpec spec;
+    spec.path = params.getPath();
+    spec.id = o.getId();
+    spec.context_size = o.getContextSize();
+    spec.parallel = o.getParallel();
+    spec.threads = o.getThreads();
+    spec.backend = o.getBackend();
+    spec.batch_tokens = o.getBatchTokens();
+    spec.pad_step = o.getPadStep();
+    spec.max_queue = o.getMaxQueue();
+    auto relay = std::make_shared<ProgressRelay>();
+    kj::Promise<void> progress = kj::READY_NOW;
+    if (params.hasProgress()) {
+      progress = relay_progress(relay, params.getProgress()).catch_([](kj::Exception&&) {}).eagerlyEvaluate(nullptr);
+    }
+    auto paf = kj::newPromiseAndCrossThreadFulfiller<Result<ModelInfoData>>();
+    auto holder = std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<Result<ModelInfoData>>>>(kj::mv(paf.fulfiller));
+    Supervisor& sup = sup_;
+    sup_.post([&sup, spec, relay, holder] {
+      sup.load(spec, relay, [holder](Result<ModelInfoData> r) { (*holder)->fulfill(std::move(r)); });
+    });
+    return paf.promise.then([context, relay, progress = kj::mv(progress)](Result<ModelInfoData> r) mutable {
+      relay->close();
+      return progress.then([context, r = std::move(r)]() mutable {
+        fill(context.getResults().initModel(), unwrap(std::move(r)));
+      });
+    });
+  }
+
+  kj::Promise<void> unload(UnloadContext context) override {
+    std::string id = context.getParams().getId();
+    Supervisor& sup = sup_;
+    return on_supervisor<Status>(sup_, [&sup, id] { return sup.unload(id); }).then([](Status s) {
+      if (!s) kj::throwFatalException(to_exception(s));
+    });
+  }
+
+  kj::Promise<void> list(ListContext context) override {
+    Supervisor& sup = sup_;
+    return on_supervisor<std::vector<ModelInfoData>>(sup_, [&sup] { return sup.list(); })
+        .then([context](std::vector<ModelInfoData> models) mutable {
+          fill_list(context.getResults().initModels(static_cast<unsigned>(models.size())), models);
+        });
+  }
+
+  kj::Promise<void> status(StatusContext context) override {
+    Supervisor& sup = sup_;
+    return on_supervisor<DaemonStatusData>(sup_, [&sup] { return sup.status(); }).then([context](DaemonStatusData d) mutable {
+      auto b = context.getResults().initStatus();
+      b.setVersion(d.version);
+      b.setProtocolVersion(rpc::PROTOCOL_VERSION);
+      b.setPid(d.pid);
+      b.setUptimeMs(d.uptime_ms);
+      b.setSocketPath(d.socket_path);
+      b.setConnections(d.connections);
+      b.setRequestsTotal(d.requests_total);
+      b.setRequestsRejected(d.requests_rejected);
+      b.setRssBytes(d.rss_bytes);
+      auto models = b.initModels(static_cast<unsigned>(d.models.size()));
+      for (unsigned i = 0; i < d.models.size(); ++i) {
+        const ModelStatusData& m = d.models[i];
+        fill(models[i].initInfo(), m.info);
+        models[i].setKvBytes(m.kv_bytes);
+        models[i].setSlotsUsed(m.slots_used);
+        models[i].setKvTokensUsed(m.kv_tokens_used);
+        models[i].setRequestsActive(m.requests_active);
+        models[i].setRequestsQueued(m.requests_queued);
+        models[i].setRequestsDone(m.requests_done);
+        models[i].setRequestsFailed(m.requests_failed);
+        models[i].setPromptTokens(m.prompt_tokens);
+        models[i].setGeneratedTokens(m.generated_tokens);
+        models[i].setDecodeTokensPerSecond(m.decode_tokens_per_second);
+        models[i].setReplays(m.replays);
+      }
+    });
+  }
+
+ private:
+  Supervisor& sup_;
+};
+
+class InferenceImpl final : public rpc::Inference::Server {
+ public:
+  explicit InferenceImpl(Supervisor& sup) : sup_(sup) {}
+
+  kj::Promise<void> list(ListContext context) override {
+    Supervisor& sup = sup_;
+    return on_supervisor<std::vector<ModelInfoData>>(sup_, [&sup] { return sup.list(); })
+        .then([context](std::vector<ModelInfoData> models) mutable {
+          fill_list(context.getResults().initModels(static_cast<unsigned>(models.size())), models);
+        });
+  }
+
+  kj::Promise<void> tokenize(TokenizeContext context) override {
+    auto p = context.getParams();
+    std::string model = p.getModel(), text = p.getText();
+    bool add = p.getAddSpecial(), parse = p.getParseSpecial();
+    Supervisor& sup = sup_;
+    return on_supervisor<Result<std::vector<int32_t>>>(sup_, [&sup, model, text, add, parse] {
+             return sup.tokenize(model, text, add, parse);
+           })
+        .then([context](Result<std::vector<int32_t>> r) mutable {
+          auto ids = unwrap(std::move(r));
+          auto out = context.getResults().initTokens(static_cast<unsigned>(ids.size()));
+          for (unsigned i = 0; i < ids.size(); ++i) out.set(i, ids[i]);
+        });
+  }
+
+  kj::Promise<void> detokenize(DetokenizeContext context) override {
+    auto p = context.getParams();
+    std::string model = p.getModel();
+    std::vector<int32_t> ids;
+    for (int32_t t : p.getTokens()) ids.push_back(t);
+    Supervisor& sup = sup_;
+    return on_supervisor<Result<std::string>>(sup_, [&sup, model, ids] { return sup.detokenize(model, ids); })
+        .then([context](Result<std::string> r) mutable { context.getResults().setText(unwrap(std::move(r))); });
+  }
+
+  kj::Promise<void> generate(GenerateContext context) override {
+    context.allowCancellation();
+    auto params = to_params(context.getParams().getRequest());
+    if (!params) return to_exception(params.status());
+    auto sink = context.getParams().getSink();
+    auto stream = std::make_shared<GenerationStream>();
+    Supervisor& sup = sup_;
+    daemon::GenerateParams gp = std::move(params).value();
+    std::string model = gp.model;
+    auto submitted = on_supervisor<Status>(sup_, [&sup, gp, stream]() mutable { return sup.generate(std::move(gp), stream); });
+    // Dropping this promise (the client cancelled or disconnected) stops the sequence at its next step.
+    auto cancel = kj::defer([&sup, stream, model] {
+      stream->cancel();
+      sup.post([&sup, model] { sup.kick(model); });
+    });
+    return submitted
+        .then([stream, sink, context](Status s) mutable -> kj::Promise<void> {
+          if (!s) return to_exception(s);
+          return pump(stream, sink, context);
+        })
+        .attach(kj::mv(cancel));
+  }
+
+ private:
+  static kj::Promise<void> pump(std::shared_ptr<GenerationStream> stream, rpc::TokenSink::Client sink,
+                                GenerateContext context) {
+    return stream->ready().then([stream, sink, context]() mutable -> kj::Promise<void> {
+      GenerationStream::Batch batch = stream->take();
+      kj::Promise<void> sent = kj::READY_NOW;
+      if (!batch.tokens.empty() || !batch.text.empty()) {
+        auto req = sink.sendRequest();
+        auto b = req.initBatch();
+        auto t = b.initTokens(static_cast<unsigned>(batch.tokens.size()));
+        for (unsigned i = 0; i < batch.tokens.size(); ++i) t.set(i, batch.tokens[i]);
+        b.setText(batch.text);
+        sent = req.send();
+      }
+      if (!batch.end) {
+        return sent.then([stream, sink, context]() mutable { return pump(stream, sink, context); });
+      }
+      return sent.then([context, end = std::move(*batch.end)]() mutable {
+        GenerateSummary s = unwrap(std::move(end));
+        auto r = context.getResults().initResult();
+        r.setFinishReason(to_rpc(s.reason));
+        r.setPromptTokens(s.prompt_tokens);
+        r.setGeneratedTokens(s.generated_tokens);
+        r.setSeed(s.seed);
+        r.setQueueMs(s.queue_ms);
+        r.setTimeToFirstTokenMs(s.time_to_first_token_ms);
+        r.setPromptMs(s.prompt_ms);
+        r.setGenerateMs(s.generate_ms);
+        r.setReplays(s.replays);
+      });
+    });
+  }
+
+  Supervisor& sup_;
+};
+
+class DaemonImpl final : public rpc::Daemon::Server {
+ public:
+  DaemonImpl(Supervisor& sup, Peer peer) : sup_(sup), peer_(peer) {}
+
+  kj::Promise<void> hello(HelloContext context) override {
+    auto p = context.getParams();
+    if (p.getClientProtocol() != rpc::PROTOCOL_VERSION) {
+      return KJ_EXCEPTION(FAILED, "this daemon serves protocol version", rpc::PROTOCOL_VERSION,
+                          "; the client speaks", p.getClientProtocol());
+    }
+    spdlog::debug("client '{}' (pid {}) says hello", p.getClientName().cStr(), peer_.pid);
+    auto r = context.getResults();
+    r.setProtocolVersion(rpc::PROTOCOL_VERSION);
+    r.setDaemonVersion(INFERD_VERSION);
+    r.setPid(static_cast<uint32_t>(::getpid()));
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> inference(InferenceContext context) override {
+    context.getResults().setInference(kj::heap<InferenceImpl>(sup_));
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> admin(AdminContext context) override {
+    const auto& uids = sup_.config().admin_uids;
+    bool allowed = uids.empty() || (peer_.known && (peer_.uid == ::getuid() ||
+                                                    std::find(uids.begin(), uids.end(), peer_.uid) != uids.end()));
+    if (!allowed) {
+      spdlog::warn("admin refused to uid {} (pid {})", peer_.uid, peer_.pid);
+      return KJ_EXCEPTION(FAILED, "permission denied: admin calls are restricted (admin-uids) and this uid is not in the list",
+                          peer_.uid);
+    }
+    context.getResults().setAdmin(kj::heap<AdminImpl>(sup_));
+    return kj::READY_NOW;
+  }
+
+ private:
+  Supervisor& sup_;
+  Peer peer_;
+};
+
+struct Connection {
+  Connection(kj::Own<kj::AsyncIoStream> s, capnp::Capability::Client bootstrap)
+      : stream(kj::mv(s)),
+        network(*stream, capnp::rpc::twoparty::Side::SERVER),
+        rpc(capnp::makeRpcServer(network, kj::mv(bootstrap))) {}
+  kj::Own<kj::AsyncIoStream> stream;
+  capnp::TwoPartyVatNetwork network;
+  capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc;
+};
+
+class TaskLogger final : public kj::TaskSet::ErrorHandler {
+ public:
+  void taskFailed(kj::Exception&& e) override {
+    spdlog::info("connection ended: {}", e.getDescription().cStr());
+  }
+};
+
+}  // namespace
+
+struct RpcServer::Impl {
+  Supervisor& sup;
+  kj::Own<kj::ConnectionReceiver> listener;
+  TaskLogger logger;
+  kj::TaskSet tasks{logger};
+
+  Impl(Supervisor& s, kj::Own<kj::ConnectionReceiver> l) : sup(s), listener(kj::mv(l)) {}
+
+  kj::Promise<void> accept_loop() {
+    return listener->accept().then([this](kj::Own<kj::AsyncIoStream> stream) {
+      Peer peer;
+      KJ_IF_MAYBE(fd, stream->getFd()) {
+        struct ucred cred {};
+        socklen_t len = sizeof(cred);
+        if (::getsockopt(*fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+          peer = Peer{static_cast<uint32_t>(cred.pid), cred.uid, cred.gid, true};
+        }
+      }
+      spdlog::info("connection from pid {} uid {} gid {}", peer.pid, peer.uid, peer.gid);
+      Supervisor& s = sup;
+      sup.post([&s] { s.connection_opened(); });
+      auto conn = kj::heap<Connection>(kj::mv(stream), kj::heap<DaemonImpl>(sup, peer));
+      auto done = conn->network.onDisconnect();
+      tasks.add(done.attach(kj::mv(conn), kj::defer([&s] { s.post([&s] { s.connection_closed(); }); })));
+      return accept_loop();
+    });
+  }
+};
+
+RpcServer::RpcServer(Supervisor& supervisor, kj::AsyncIoProvider&, kj::LowLevelAsyncIoProvider& low, int listen_fd)
+    : impl_(std::make_unique<Impl>(supervisor,
+                                   low.wrapListenSocketFd(listen_fd, kj::LowLevelAsyncIoProvider::TAKE_OWNERSHIP))) {}
+
+RpcServer::~RpcServer() = default;
+
+kj::Promise<void> RpcServer::run() { return impl_->accept_loop(); }
+
+Result<int> listen_unix(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return Status(Code::kInvalidArgument, "socket path is longer than " + std::to_string(sizeof(addr.sun_path) - 1) +
+                                              " bytes: " + path);
+  }
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  std::error_code ec;
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (!dir.empty() && !std::filesystem::exists(dir, ec)) {
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return Status(Code::kFailed, "cannot create " + dir.string() + ": " + ec.message());
+    ::chmod(dir.c_str(), 0750);
+  }
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status(Code::kFailed, std::string("socket: ") + std::strerror(errno));
+  // A socket file left by a crashed daemon: remove it, unless a daemon still answers on it.
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      ::close(fd);
+      return Status(Code::kFailed, path + " exists and is not a socket; refusing to replace it");
+    }
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+      ::close(fd);
+      return Status(Code::kFailed, "another inferd is already serving " + path);
+    }
+    ::close(fd);
+    fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    spdlog::info("removing stale socket {} left by an earlier run", path);
+    ::unlink(path.c_str());
+  }
+  mode_t old = ::umask(0117);  // the socket is created 0660
+  int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  ::umask(old);
+  if (rc != 0) {
+    Status s(Code::kFailed, "cannot bind " + path + ": " + std::strerror(errno));
+    ::close(fd);
+    return s;
+  }
+  ::chmod(path.c_str(), 0660);
+  if (::listen(fd, 128) != 0) {
+    Status s(Code::kFailed, "cannot listen on " + path + ": " + std::strerror(errno));
+    ::close(fd);
+    return s;
+  }
+  return fd;
+}
+
+}  // namespace inferd::daemon

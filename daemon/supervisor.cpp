@@ -1,0 +1,820 @@
+#include "supervisor.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <deque>
+#include <fstream>
+#include <optional>
+#include <random>
+#include <thread>
+
+#include "chat_template.h"
+#include "inferd/ipc/ring.h"
+#include "inferd/ipc/weights_segment.h"
+#include "inferd/model.h"
+#include "inferd/tokenizer.h"
+#include "text_output.h"
+#include "worker_process.h"
+
+namespace inferd::daemon {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+constexpr uint32_t kMaxReplays = 3;        // a request survives this many worker deaths
+constexpr uint32_t kMaxStopStrings = 16;
+constexpr size_t kMaxStopBytes = 256;
+constexpr auto kShutdownGrace = std::chrono::seconds(5);
+
+// RssAnon and RssShmem of a process, from /proc.
+std::pair<uint64_t, uint64_t> process_memory(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string key;
+  uint64_t anon = 0, shmem = 0;
+  while (in >> key) {
+    uint64_t kb = 0;
+    if (key == "RssAnon:" && in >> kb) anon = kb * 1024;
+    else if (key == "RssShmem:" && in >> kb) shmem = kb * 1024;
+    in.ignore(1 << 20, '\n');
+  }
+  return {anon, shmem};
+}
+
+std::string basename_id(const std::string& path) {
+  std::string base = path.substr(path.find_last_of('/') + 1);
+  if (base.size() > 5 && base.compare(base.size() - 5, 5, ".gguf") == 0) base.resize(base.size() - 5);
+  return base;
+}
+
+bool valid_id(const std::string& id) {
+  if (id.empty() || id.size() > 128) return false;
+  return std::all_of(id.begin(), id.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-' || c == ':';
+  });
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------
+// ModelHost: one loaded model — its weights, tokenizer, scheduler and worker.
+//
+// Scheduling (continuous batching): at most one step is in flight per worker. A step holds one token
+// for every sequence that is decoding, then prompt chunks of the sequences still prefilling, up to
+// batch_tokens; queued requests are admitted into free slots between steps. After a worker dies,
+// every sequence it held is replayed on the restarted worker from position 0 (prompt + the tokens
+// already streamed), with its sampler resumed at the same draw, so the client's stream goes on with
+// neither duplicated nor missing tokens. A request replayed more than kMaxReplays times fails.
+
+struct Sequence {
+  uint64_t id = 0;
+  std::shared_ptr<GenerationStream> stream;
+  std::vector<int32_t> history;  // prompt, then generated tokens
+  uint32_t n_prompt = 0;
+  SamplingParams sampling;
+  uint32_t max_tokens = 0;
+  bool ignore_eog = false;
+  TextOutput text;
+  int32_t slot = -1;
+  size_t fed = 0;  // tokens of history in the worker's KV cache
+  uint32_t replays = 0;
+  Clock::time_point t_arrival, t_admitted, t_first, t_last;
+  bool has_first = false;
+
+  uint32_t n_generated() const { return static_cast<uint32_t>(history.size()) - n_prompt; }
+};
+
+class ModelHost {
+ public:
+  ModelHost(Supervisor& sup, LoadSpec spec) : sup_(sup), spec_(std::move(spec)) {}
+  ~ModelHost() {
+    if (loader_.joinable()) loader_.join();
+  }
+
+  const LoadSpec& spec() const { return spec_; }
+  ModelState state() const { return state_; }
+  std::thread& loader() { return loader_; }
+
+  void attach(std::shared_ptr<const ipc::WeightsSegment> weights, std::shared_ptr<const Model> model,
+              std::unique_ptr<Tokenizer> tokenizer, double load_ms) {
+    weights_ = std::move(weights);
+    model_ = std::move(model);
+    tokenizer_ = std::move(tokenizer);
+    const ModelConfig& c = model_->config();
+    n_ctx_ = spec_.context_size ? spec_.context_size : static_cast<uint32_t>(std::min(c.n_ctx_train, 4096));
+    auto tmpl = weights_->gguf()->get_string("tokenizer.chat_template");
+    chat_template_ = detect_chat_template(tmpl ? tmpl.value() : std::string_view());
+    load_ms_ = load_ms;
+    slots_.assign(spec_.parallel, 0);
+  }
+
+  // Starts the worker; `ready` is called once, with OK when it is ready or the reason it is not.
+  void start(std::function<void(Status)> ready) {
+    first_ready_ = std::move(ready);
+    spawn_worker();
+  }
+
+  void spawn_worker() {
+    WorkerSpec ws;
+    ws.worker_path = sup_.config().worker_path;
+    ws.backend = spec_.backend;
+    ws.model_id = spec_.id;
+    ws.weights_fd = weights_->fd();
+    ws.context_size = n_ctx_;
+    ws.slots = spec_.parallel;
+    ws.threads = spec_.threads;
+    ws.batch_tokens = spec_.batch_tokens;
+    ws.pad_step = spec_.pad_step;
+    ws.first_layer = 0;
+    ws.end_layer = static_cast<uint32_t>(model_->config().n_layer);
+    WorkerProcess::Events ev;
+    ev.on_ready = [this](const WorkerReady& r) { on_ready(r); };
+    ev.on_completion = [this] { on_completion(); };
+    ev.on_exit = [this](std::string why) { on_exit(std::move(why)); };
+    auto w = WorkerProcess::spawn(sup_.io(), ws, std::move(ev));
+    if (!w) {
+      spdlog::error("model {}: cannot start a worker: {}", spec_.id, w.status().to_string());
+      fail_backend(w.status().message());
+      return;
+    }
+    worker_ = std::move(w).value();
+    spdlog::info("model {}: worker {} started ({})", spec_.id, worker_->pid(), ws.worker_path);
+  }
+
+  // ---- requests -------------------------------------------------------------------------------
+
+  Status enqueue(GenerateParams p, std::shared_ptr<GenerationStream> stream) {
+    if (state_ == ModelState::kLoading) return Status(Code::kFailed, "model " + spec_.id + " is still loading");
+    if (state_ == ModelState::kFailed) {
+      return Status(Code::kFailed, "model " + spec_.id + " failed (" + failure_ + "); unload it and load it again");
+    }
+    INFERD_RETURN_IF_ERROR(validate(p.sampling));
+    if (p.stop.size() > kMaxStopStrings) {
+      return Status(Code::kInvalidArgument, "at most " + std::to_string(kMaxStopStrings) + " stop strings");
+    }
+    for (const auto& s : p.stop) {
+      if (s.size() > kMaxStopBytes) {
+        return Status(Code::kInvalidArgument, "a stop string is longer than " + std::to_string(kMaxStopBytes) + " bytes");
+      }
+    }
+    std::vector<int32_t> prompt;
+    switch (p.input) {
+      case GenerateParams::Input::kPrompt:
+        prompt = tokenizer_->encode(p.prompt, p.add_special, p.parse_special);
+        break;
+      case GenerateParams::Input::kMessages: {
+        auto text = apply_chat_template(chat_template_, p.messages);
+        if (!text) return text.status();
+        prompt = tokenizer_->encode(text.value(), p.add_special, true);
+        break;
+      }
+      case GenerateParams::Input::kTokens:
+        for (size_t i = 0; i < p.tokens.size(); ++i) {
+          if (p.tokens[i] < 0 || p.tokens[i] >= tokenizer_->n_vocab()) {
+            return Status(Code::kInvalidArgument, "token " + std::to_string(i) + " is " + std::to_string(p.tokens[i]) +
+                                                      ", outside the vocabulary [0, " +
+                                                      std::to_string(tokenizer_->n_vocab()) + ")");
+          }
+        }
+        prompt = std::move(p.tokens);
+        break;
+    }
+    if (prompt.empty()) return Status(Code::kInvalidArgument, "the prompt is empty");
+    if (prompt.size() >= n_ctx_) {
+      return Status(Code::kOutOfRange, "the prompt is " + std::to_string(prompt.size()) + " tokens but model " +
+                                           spec_.id + "'s context holds " + std::to_string(n_ctx_) +
+                                           " (the prompt must leave room for at least one generated token)");
+    }
+    if (queue_.size() >= spec_.max_queue) {
+      return Status(Code::kOverloaded, "model " + spec_.id + " has " + std::to_string(queue_.size()) +
+                                           " requests waiting (max-queue); retry later");
+    }
+    auto seq = std::make_unique<Sequence>();
+    seq->id = ++next_seq_id_;
+    seq->stream = std::move(stream);
+    seq->n_prompt = static_cast<uint32_t>(prompt.size());
+    seq->history = std::move(prompt);
+    seq->sampling = p.sampling;
+    if (seq->sampling.seed == SamplingParams::kSeedFromClock) {
+      seq->sampling.seed = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+      if (seq->sampling.seed == SamplingParams::kSeedFromClock) seq->sampling.seed = 0;
+    }
+    seq->max_tokens = p.max_tokens;
+    seq->ignore_eog = p.ignore_eog;
+    seq->text = TextOutput(std::move(p.stop));
+    seq->t_arrival = Clock::now();
+    queue_.push_back(std::move(seq));
+    schedule();
+    return Status::ok();
+  }
+
+  void schedule() {
+    if (step_ || !worker_ || !worker_->ready() || state_ == ModelState::kFailed) return;
+    const auto now = Clock::now();
+    // Cancelled sequences leave at a step boundary; their slots are free for this very step.
+    for (auto it = active_.begin(); it != active_.end();) {
+      if (it->second->stream->cancelled()) {
+        Sequence& s = *it->second;
+        spdlog::info("request {} on {}: cancelled by the client after {} tokens", s.id, spec_.id, s.n_generated());
+        slots_[static_cast<size_t>(s.slot)] = 0;
+        ++requests_done_;
+        it = active_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    std::erase_if(queue_, [](const auto& s) { return s->stream->cancelled(); });
+    for (size_t slot = 0; slot < slots_.size() && !queue_.empty(); ++slot) {
+      if (slots_[slot] != 0) continue;
+      auto seq = std::move(queue_.front());
+      queue_.pop_front();
+      seq->slot = static_cast<int32_t>(slot);
+      seq->t_admitted = now;
+      slots_[slot] = seq->id;
+      active_.emplace(seq->id, std::move(seq));
+    }
+    if (active_.empty()) return;
+
+    ipc::Submission* sub = worker_->ring().submission_slot();
+    INFERD_ASSERT(sub != nullptr);  // one step in flight, ring capacity >= 2
+    Step step;
+    step.id = ++next_step_id_;
+    sub->id = step.id;
+    sub->n_seqs = 0;
+    sub->n_tokens = 0;
+    uint32_t budget = spec_.batch_tokens;
+    auto add = [&](Sequence& s) {
+      size_t pending = s.history.size() - s.fed;
+      uint32_t chunk = static_cast<uint32_t>(std::min<size_t>(pending, budget));
+      if (chunk == 0) return;
+      bool want = s.fed + chunk == s.history.size();
+      ipc::StepSeq& e = sub->seqs[sub->n_seqs];
+      e = {};
+      e.slot = static_cast<uint32_t>(s.slot);
+      e.flags = want ? ipc::kSeqWantToken : 0;
+      e.n_sampled = s.n_generated();
+      e.seed = s.sampling.seed;
+      e.temperature = s.sampling.temperature;
+      e.top_p = s.sampling.top_p;
+      e.min_p = s.sampling.min_p;
+      e.repeat_penalty = s.sampling.repeat_penalty;
+      e.frequency_penalty = s.sampling.frequency_penalty;
+      e.presence_penalty = s.sampling.presence_penalty;
+      e.top_k = s.sampling.top_k;
+      e.repeat_last_n = s.sampling.repeat_last_n;
+      for (uint32_t i = 0; i < chunk; ++i) {
+        ipc::StepToken& t = sub->tokens[sub->n_tokens++];
+        t.token = s.history[s.fed + i];
+        t.pos = static_cast<int32_t>(s.fed + i);
+        t.seq = sub->n_seqs;
+      }
+      step.entries.push_back({s.id, chunk, want});
+      ++sub->n_seqs;
+      budget -= chunk;
+    };
+    // Decoding sequences first (one token each), then prompt chunks in admission order.
+    for (auto& [id, s] : active_) {
+      if (s->history.size() - s->fed == 1) add(*s);
+    }
+    for (auto& [id, s] : active_) {
+      if (budget == 0) break;
+      if (s->history.size() - s->fed > 1) add(*s);
+    }
+    if (sub->n_tokens == 0) return;
+    step.submitted = now;
+    step_ = std::move(step);
+    worker_->ring().publish_submission();
+    worker_->notify_submission();
+  }
+
+  void on_completion() {
+    if (!worker_) return;
+    const ipc::RingSegment& ring = worker_->ring();
+    while (const ipc::Completion* c = ring.next_completion()) {
+      if (!step_ || c->id != step_->id) {
+        worker_->kill();  // a worker that answers steps it was not given is broken
+        spdlog::error("model {}: worker answered step {} (expected {})", spec_.id, c->id, step_ ? step_->id : 0);
+        return;
+      }
+      Step step = std::move(*step_);
+      step_.reset();
+      if (c->status != 0) {
+        std::string why(c->error, strnlen(c->error, sizeof(c->error)));
+        ring.release_completion();
+        spdlog::error("model {}: step {} failed: {}", spec_.id, step.id, why);
+        for (const auto& e : step.entries) fail_sequence(e.seq, Status(Code::kFailed, "the worker failed: " + why));
+        continue;
+      }
+      std::vector<int32_t> tokens(step.entries.size(), -1);
+      bool bad = c->n_outputs > step.entries.size();
+      for (uint32_t i = 0; !bad && i < c->n_outputs; ++i) {
+        const ipc::StepOutput& o = c->outputs[i];
+        if (o.seq >= step.entries.size() || !step.entries[o.seq].want || o.token < 0 ||
+            o.token >= tokenizer_->n_vocab()) {
+          bad = true;
+        } else {
+          tokens[o.seq] = o.token;
+        }
+      }
+      for (size_t i = 0; !bad && i < step.entries.size(); ++i) bad = step.entries[i].want && tokens[i] < 0;
+      ring.release_completion();
+      if (bad) {
+        spdlog::error("model {}: worker sent a malformed completion; killing it", spec_.id);
+        worker_->kill();
+        return;
+      }
+      ++steps_;
+      const auto now = Clock::now();
+      uint32_t decoded = 0;
+      for (size_t i = 0; i < step.entries.size(); ++i) {
+        auto it = active_.find(step.entries[i].seq);
+        if (it == active_.end()) continue;  // cancelled or failed meanwhile
+        Sequence& s = *it->second;
+        s.fed += step.entries[i].chunk;
+        tokens_processed_ += step.entries[i].chunk;
+        if (step.entries[i].want) {
+          ++decoded;
+          accept_token(s, tokens[i], now);
+        }
+      }
+      rate_.push_back({now, decoded});
+      while (!rate_.empty() && now - rate_.front().first > std::chrono::seconds(5)) rate_.pop_front();
+    }
+    schedule();
+  }
+
+  void accept_token(Sequence& s, int32_t token, Clock::time_point now) {
+    if (!s.has_first) {
+      s.has_first = true;
+      s.t_first = now;
+    }
+    s.t_last = now;
+    if (!s.ignore_eog && tokenizer_->is_eog(token)) return finish(s.id, FinishReason::kEndOfGeneration);
+    s.history.push_back(token);
+    ++generated_tokens_;
+    std::string text = s.text.push(tokenizer_->token_to_piece(token, false));
+    s.stream->push(std::span<const int32_t>(&token, 1), text);
+    if (s.text.stopped()) return finish(s.id, FinishReason::kStop);
+    if (s.max_tokens != 0 && s.n_generated() >= s.max_tokens) return finish(s.id, FinishReason::kMaxTokens);
+    if (s.history.size() >= n_ctx_) return finish(s.id, FinishReason::kContextFull);
+  }
+
+  void finish(uint64_t id, FinishReason reason) {
+    auto it = active_.find(id);
+    INFERD_ASSERT(it != active_.end());
+    Sequence& s = *it->second;
+    std::string tail = s.text.finish();
+    if (!tail.empty()) s.stream->push({}, tail);
+    GenerateSummary sum;
+    sum.reason = reason;
+    sum.prompt_tokens = s.n_prompt;
+    sum.generated_tokens = s.n_generated();
+    sum.seed = s.sampling.seed;
+    sum.queue_ms = ms_between(s.t_arrival, s.t_admitted);
+    sum.time_to_first_token_ms = s.has_first ? ms_between(s.t_arrival, s.t_first) : 0;
+    sum.prompt_ms = s.has_first ? ms_between(s.t_admitted, s.t_first) : 0;
+    sum.generate_ms = s.has_first ? ms_between(s.t_first, s.t_last) : 0;
+    sum.replays = s.replays;
+    static const char* kReasons[] = {"end of generation", "max tokens", "stop string", "context full"};
+    spdlog::info("request {} on {}: {} prompt + {} generated tokens, {} | queue {:.1f} ms, first token {:.1f} ms, "
+                 "{:.1f} tok/s{}",
+                 s.id, spec_.id, sum.prompt_tokens, sum.generated_tokens, kReasons[static_cast<int>(reason)],
+                 sum.queue_ms, sum.time_to_first_token_ms,
+                 sum.generate_ms > 0 ? (sum.generated_tokens - 1) * 1000.0 / sum.generate_ms : 0.0,
+                 s.replays ? ", replayed " + std::to_string(s.replays) + "x" : "");
+    s.stream->finish(sum);
+    slots_[static_cast<size_t>(s.slot)] = 0;
+    prompt_tokens_ += s.n_prompt;
+    ++requests_done_;
+    active_.erase(it);
+  }
+
+  void fail_sequence(uint64_t id, const Status& why) {
+    auto it = active_.find(id);
+    if (it == active_.end()) return;
+    Sequence& s = *it->second;
+    spdlog::warn("request {} on {}: {}", s.id, spec_.id, why.to_string());
+    s.stream->finish(why);
+    slots_[static_cast<size_t>(s.slot)] = 0;
+    ++requests_failed_;
+    active_.erase(it);
+  }
+
+  void fail_all(const Status& why) {
+    std::vector<uint64_t> ids;
+    for (auto& [id, s] : active_) ids.push_back(id);
+    for (uint64_t id : ids) fail_sequence(id, why);
+    for (auto& s : queue_) {
+      s->stream->finish(why);
+      ++requests_failed_;
+    }
+    queue_.clear();
+  }
+
+  // ---- worker life ----------------------------------------------------------------------------
+
+  void on_ready(const WorkerReady& r) {
+    ready_info_ = r;
+    if (crashed_at_) {
+      last_restart_ms_ = ms_between(*crashed_at_, Clock::now());
+      crashed_at_.reset();
+      spdlog::info("model {}: worker {} back in {:.1f} ms; replaying {} requests", spec_.id, worker_->pid(),
+                   last_restart_ms_, active_.size());
+    } else {
+      spdlog::info("model {}: worker {} ready ({}, KV {:.1f} MiB) in {:.1f} ms", spec_.id, worker_->pid(), r.device,
+                   r.kv_bytes / 1048576.0, r.start_ms);
+    }
+    worker_started_ = Clock::now();
+    state_ = ModelState::kReady;
+    if (first_ready_) std::exchange(first_ready_, nullptr)(Status::ok());
+    schedule();
+  }
+
+  void on_exit(std::string why) {
+    // Runs inside the WorkerProcess's handler: the old worker must outlive this call.
+    auto dead = worker_;
+    asio::post(sup_.io(), [dead] {});
+    step_.reset();
+    if (shutting_down_) {
+      spdlog::info("model {}: worker {} {}", spec_.id, dead->pid(), why);
+      worker_.reset();
+      if (on_stopped_) std::exchange(on_stopped_, nullptr)();
+      return;
+    }
+    spdlog::error("model {}: worker {} {}", spec_.id, dead->pid(), why);
+    worker_.reset();
+    if (first_ready_) {  // it never became ready: the load fails
+      state_ = ModelState::kFailed;
+      failure_ = "worker could not start: " + why;
+      std::exchange(first_ready_, nullptr)(Status(Code::kFailed, failure_));
+      return;
+    }
+    const auto now = Clock::now();
+    crashed_at_ = now;
+    crashes_.push_back(now);
+    const auto window = std::chrono::duration<double>(sup_.config().restart_window_s);
+    while (!crashes_.empty() && now - crashes_.front() > window) crashes_.pop_front();
+    if (crashes_.size() > sup_.config().max_restarts) {
+      fail_backend("its worker crashed " + std::to_string(crashes_.size()) + " times in " +
+                   std::to_string(static_cast<int>(sup_.config().restart_window_s)) + " s (last: " + why + ")");
+      return;
+    }
+    // Every sequence the worker held is replayed from position 0 on the new worker.
+    std::vector<uint64_t> give_up;
+    for (auto& [id, s] : active_) {
+      s->fed = 0;
+      if (++s->replays > kMaxReplays) give_up.push_back(id);
+    }
+    for (uint64_t id : give_up) {
+      fail_sequence(id, Status(Code::kDisconnected, "the worker died " + std::to_string(kMaxReplays + 1) +
+                                                        " times during this request (last: " + why + "); retry"));
+    }
+    replays_ += active_.size();
+    ++restarts_;
+    state_ = ModelState::kRecovering;
+    spawn_worker();
+  }
+
+  void fail_backend(const std::string& why) {
+    state_ = ModelState::kFailed;
+    failure_ = "backend " + spec_.backend + " failed: " + why;
+    spdlog::error("model {}: {}", spec_.id, failure_);
+    fail_all(Status(Code::kDisconnected, "model " + spec_.id + ": " + failure_));
+    if (first_ready_) std::exchange(first_ready_, nullptr)(Status(Code::kFailed, failure_));
+  }
+
+  // Fails every request, asks the worker to exit and calls `stopped` once it has (or was killed).
+  void shutdown(const Status& why, std::function<void()> stopped) {
+    shutting_down_ = true;
+    fail_all(why);
+    if (first_ready_) std::exchange(first_ready_, nullptr)(why);
+    if (!worker_) {
+      asio::post(sup_.io(), std::move(stopped));
+      return;
+    }
+    on_stopped_ = std::move(stopped);
+    worker_->request_shutdown();
+    kill_timer_ = std::make_unique<asio::steady_timer>(sup_.io(), kShutdownGrace);
+    std::weak_ptr<WorkerProcess> weak = worker_;
+    kill_timer_->async_wait([weak](std::error_code ec) {
+      if (ec) return;
+      if (auto w = weak.lock()) w->kill();
+    });
+  }
+
+  // ---- reporting ------------------------------------------------------------------------------
+
+  ModelInfoData info() const {
+    ModelInfoData m;
+    m.id = spec_.id;
+    m.path = spec_.path;
+    m.state = state_;
+    m.context_size = n_ctx_;
+    m.parallel = spec_.parallel;
+    m.load_ms = load_ms_;
+    m.chat_template = chat_template_name(chat_template_);
+    if (model_) {
+      const ModelConfig& c = model_->config();
+      m.name = c.name;
+      m.arch = c.arch;
+      m.description = model_->describe();
+      m.vocab_size = static_cast<uint32_t>(c.n_vocab);
+      m.weights_bytes = weights_->size();
+      PlacementStageInfo st;
+      st.worker = 0;
+      st.backend = spec_.backend;
+      st.first_layer = 0;
+      st.end_layer = static_cast<uint32_t>(c.n_layer);
+      st.embeddings = st.output = true;
+      m.placement.push_back(st);
+      m.placement_summary = spec_.backend + ":0 layers 0-" + std::to_string(c.n_layer - 1) + " + embeddings + output";
+    }
+    WorkerInfoData w;
+    w.index = 0;
+    w.backend = spec_.backend;
+    w.restarts = restarts_;
+    w.last_restart_ms = last_restart_ms_;
+    w.steps = steps_;
+    w.tokens = tokens_processed_;
+    w.device = ready_info_.device;
+    if (worker_) {
+      w.pid = static_cast<uint32_t>(worker_->pid());
+      w.state = worker_->ready() ? "ready" : (restarts_ ? "restarting" : "starting");
+      auto [anon, shmem] = process_memory(worker_->pid());
+      w.rss_bytes = anon;
+      w.shared_bytes = shmem;
+      if (worker_->ready()) w.uptime_ms = static_cast<uint64_t>(ms_between(worker_started_, Clock::now()));
+    } else {
+      w.state = state_ == ModelState::kFailed ? "failed" : (state_ == ModelState::kLoading ? "loading" : "stopped");
+    }
+    if (state_ != ModelState::kLoading) m.workers.push_back(w);
+    return m;
+  }
+
+  ModelStatusData status() const {
+    ModelStatusData st;
+    st.info = info();
+    st.kv_bytes = ready_info_.kv_bytes;
+    for (auto& [id, s] : active_) {
+      ++st.slots_used;
+      st.kv_tokens_used += s->fed;
+    }
+    st.requests_active = static_cast<uint32_t>(active_.size());
+    st.requests_queued = static_cast<uint32_t>(queue_.size());
+    st.requests_done = requests_done_;
+    st.requests_failed = requests_failed_;
+    st.prompt_tokens = prompt_tokens_;
+    st.generated_tokens = generated_tokens_;
+    st.replays = replays_;
+    if (rate_.size() >= 2) {
+      uint64_t n = 0;
+      for (size_t i = 1; i < rate_.size(); ++i) n += rate_[i].second;
+      double secs = std::chrono::duration<double>(rate_.back().first - rate_.front().first).count();
+      if (secs > 0) st.decode_tokens_per_second = n / secs;
+    }
+    return st;
+  }
+
+  const Tokenizer* tokenizer() const { return tokenizer_.get(); }
+
+ private:
+  struct StepEntry {
+    uint64_t seq;
+    uint32_t chunk;
+    bool want;
+  };
+  struct Step {
+    uint64_t id = 0;
+    std::vector<StepEntry> entries;  // in the submission's seq order
+    Clock::time_point submitted;
+  };
+
+  Supervisor& sup_;
+  LoadSpec spec_;
+  ModelState state_ = ModelState::kLoading;
+  std::string failure_;
+  std::thread loader_;
+  std::shared_ptr<const ipc::WeightsSegment> weights_;
+  std::shared_ptr<const Model> model_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  ChatTemplate chat_template_ = ChatTemplate::kChatml;
+  uint32_t n_ctx_ = 0;
+  double load_ms_ = 0;
+
+  std::shared_ptr<WorkerProcess> worker_;
+  WorkerReady ready_info_;
+  std::function<void(Status)> first_ready_;
+  std::function<void()> on_stopped_;
+  std::unique_ptr<asio::steady_timer> kill_timer_;
+  bool shutting_down_ = false;
+  std::optional<Clock::time_point> crashed_at_;
+  std::deque<Clock::time_point> crashes_;
+  Clock::time_point worker_started_;
+  uint32_t restarts_ = 0;
+  double last_restart_ms_ = 0;
+
+  std::deque<std::unique_ptr<Sequence>> queue_;
+  std::map<uint64_t, std::unique_ptr<Sequence>> active_;
+  std::vector<uint64_t> slots_;  // sequence id per KV slot, 0 = free
+  std::optional<Step> step_;
+  uint64_t next_seq_id_ = 0, next_step_id_ = 0;
+  uint64_t steps_ = 0, tokens_processed_ = 0;
+  uint64_t requests_done_ = 0, requests_failed_ = 0, prompt_tokens_ = 0, generated_tokens_ = 0, replays_ = 0;
+  std::deque<std::pair<Clock::time_point, uint32_t>> rate_;
+};
+
+// ------------------------------------------------------------------------------------------------
+// Supervisor
+
+Supervisor::Supervisor(DaemonConfig config)
+    : config_(std::move(config)), work_(asio::make_work_guard(io_)), started_(Clock::now()) {}
+
+Supervisor::~Supervisor() = default;
+
+void Supervisor::run() { io_.run(); }
+
+void Supervisor::stop() {
+  if (stopping_) return;
+  stopping_ = true;
+  auto remaining = std::make_shared<size_t>(models_.size() + retiring_.size());
+  auto done_one = [this, remaining] {
+    if (--*remaining == 0) {
+      work_.reset();
+      io_.stop();
+    }
+  };
+  if (*remaining == 0) {
+    work_.reset();
+    io_.stop();
+    return;
+  }
+  for (auto& [id, host] : models_) host->shutdown(Status(Code::kDisconnected, "the daemon is shutting down"), done_one);
+  for (auto& host : retiring_) host->shutdown(Status(Code::kDisconnected, "the daemon is shutting down"), done_one);
+}
+
+ModelHost* Supervisor::find(const std::string& id) const {
+  auto it = models_.find(id);
+  return it == models_.end() ? nullptr : it->second.get();
+}
+
+void Supervisor::load(LoadSpec spec, std::shared_ptr<LoadProgressSink> progress,
+                      std::function<void(Result<ModelInfoData>)> done) {
+  auto fail = [&](Code code, const std::string& why) { done(Status(code, why)); };
+  if (stopping_) return fail(Code::kDisconnected, "the daemon is shutting down");
+  if (spec.path.empty() || spec.path[0] != '/') {
+    return fail(Code::kInvalidArgument, "model path must be absolute, got '" + spec.path + "'");
+  }
+  if (spec.id.empty()) spec.id = basename_id(spec.path);
+  if (!valid_id(spec.id)) {
+    return fail(Code::kInvalidArgument, "model id '" + spec.id + "' must be 1-128 characters of A-Z a-z 0-9 . _ - :");
+  }
+  if (models_.count(spec.id)) return fail(Code::kInvalidArgument, "a model with id '" + spec.id + "' is already loaded");
+  if (spec.backend.empty()) spec.backend = "cpu";
+  if (spec.backend == "cuda" || spec.backend == "opencl") {
+    return fail(Code::kUnimplemented, "backend '" + spec.backend + "' is not available in this build of inferd");
+  }
+  if (spec.backend != "cpu") return fail(Code::kInvalidArgument, "unknown backend '" + spec.backend + "' (cpu, cuda, opencl)");
+  if (spec.parallel == 0) spec.parallel = config_.default_parallel;
+  if (spec.parallel > ipc::kMaxStepSeqs) {
+    return fail(Code::kInvalidArgument, "parallel must be in [1, " + std::to_string(ipc::kMaxStepSeqs) + "]");
+  }
+  if (spec.context_size == 0) spec.context_size = config_.default_context;
+  if (spec.context_size != 0 && (spec.context_size < 16 || spec.context_size > 131072)) {
+    return fail(Code::kInvalidArgument, "context size must be in [16, 131072]");
+  }
+  if (spec.threads == 0) spec.threads = config_.threads;
+  if (spec.threads > 1024) return fail(Code::kInvalidArgument, "threads must be at most 1024");
+  if (spec.batch_tokens == 0) spec.batch_tokens = 512;
+  if (spec.batch_tokens > ipc::kMaxStepTokens) {
+    return fail(Code::kInvalidArgument, "batch tokens must be in [1, " + std::to_string(ipc::kMaxStepTokens) + "]");
+  }
+  if (spec.pad_step == 0) spec.pad_step = 64;
+  if (spec.pad_step != 64 && spec.pad_step != 128) return fail(Code::kInvalidArgument, "pad step must be 64 or 128");
+  if (spec.max_queue == 0) spec.max_queue = config_.max_queue;
+
+  auto host_ptr = std::make_unique<ModelHost>(*this, spec);
+  ModelHost* host = host_ptr.get();
+  models_.emplace(spec.id, std::move(host_ptr));
+  spdlog::info("loading {} as {} ({} slots, context {}, {} threads)", spec.path, spec.id, spec.parallel,
+               spec.context_size ? std::to_string(spec.context_size) : std::string("default"),
+               spec.threads ? std::to_string(spec.threads) : std::string("all"));
+  const auto t0 = Clock::now();
+  std::string id = spec.id;
+  // The copy into shared memory runs on its own thread; the result comes back to this io_context.
+  host->loader() = std::thread([this, spec, progress, done, t0, id]() mutable {
+    if (progress) progress->update("copying", 0, 1);
+    auto weights = ipc::WeightsSegment::create(spec.path, [&](uint64_t d, uint64_t t) {
+      if (progress) progress->update("copying", d, t);
+    });
+    Result<std::shared_ptr<const Model>> model = Status(Code::kFailed, "not loaded");
+    Result<std::unique_ptr<Tokenizer>> tokenizer = Status(Code::kFailed, "not loaded");
+    if (weights) {
+      if (progress) progress->update("validating", 0, 1);
+      model = Model::load(weights.value()->gguf());
+      if (model) tokenizer = Tokenizer::from_gguf(*weights.value()->gguf());
+    }
+    auto shared = std::make_shared<std::tuple<decltype(weights), decltype(model), decltype(tokenizer)>>(
+        std::move(weights), std::move(model), std::move(tokenizer));
+    asio::post(io_, [this, shared, progress, done, t0, id] {
+      auto& [w, m, t] = *shared;
+      ModelHost* h = find(id);
+      if (!h) return done(Status(Code::kFailed, "model " + id + " was unloaded while loading"));
+      Status err = !w ? w.status() : !m ? m.status() : !t ? t.status() : Status::ok();
+      if (!err) {
+        spdlog::error("load of {} failed: {}", id, err.to_string());
+        models_.erase(id);  // joins the loader thread, which has nothing left to do
+        return done(err);
+      }
+      h->attach(std::move(w).value(), std::move(m).value(), std::move(t).value(), ms_between(t0, Clock::now()));
+      if (progress) progress->update("starting workers", 0, 1);
+      h->start([this, h, done, progress, id](Status s) {
+        if (!s) {
+          spdlog::error("load of {} failed: {}", id, s.to_string());
+          if (ModelHost* again = find(id); again == h) {
+            auto node = models_.extract(id);
+            auto* raw = node.mapped().get();
+            retiring_.push_back(std::move(node.mapped()));
+            raw->shutdown(s, [this, raw] { std::erase_if(retiring_, [raw](auto& r) { return r.get() == raw; }); });
+          }
+          return done(s);
+        }
+        if (progress) progress->update("starting workers", 1, 1);
+        spdlog::info("model {} ready: {}", id, h->info().description);
+        done(h->info());
+      });
+    });
+  });
+}
+
+Status Supervisor::unload(const std::string& id) {
+  auto it = models_.find(id);
+  if (it == models_.end()) return Status(Code::kNotFound, "no model with id '" + id + "' is loaded");
+  ModelHost* raw = it->second.get();
+  retiring_.push_back(std::move(it->second));
+  models_.erase(it);
+  spdlog::info("unloading {}", id);
+  raw->shutdown(Status(Code::kFailed, "model " + id + " was unloaded"),
+                [this, raw] { std::erase_if(retiring_, [raw](auto& r) { return r.get() == raw; }); });
+  return Status::ok();
+}
+
+std::vector<ModelInfoData> Supervisor::list() const {
+  std::vector<ModelInfoData> out;
+  for (auto& [id, host] : models_) out.push_back(host->info());
+  return out;
+}
+
+DaemonStatusData Supervisor::status() const {
+  DaemonStatusData st;
+  st.version = INFERD_VERSION;
+  st.pid = static_cast<uint32_t>(::getpid());
+  st.uptime_ms = static_cast<uint64_t>(ms_between(started_, Clock::now()));
+  st.socket_path = config_.socket_path;
+  for (auto& [id, host] : models_) st.models.push_back(host->status());
+  st.connections = connections_;
+  st.requests_total = requests_total_;
+  st.requests_rejected = requests_rejected_;
+  st.rss_bytes = process_memory(::getpid()).first;
+  return st;
+}
+
+Result<std::vector<int32_t>> Supervisor::tokenize(const std::string& model, const std::string& text, bool add_special,
+                                                  bool parse_special) const {
+  ModelHost* h = find(model);
+  if (!h) return Status(Code::kNotFound, "no model with id '" + model + "' is loaded");
+  if (!h->tokenizer()) return Status(Code::kFailed, "model " + model + " is still loading");
+  return h->tokenizer()->encode(text, add_special, parse_special);
+}
+
+Result<std::string> Supervisor::detokenize(const std::string& model, const std::vector<int32_t>& tokens) const {
+  ModelHost* h = find(model);
+  if (!h) return Status(Code::kNotFound, "no model with id '" + model + "' is loaded");
+  if (!h->tokenizer()) return Status(Code::kFailed, "model " + model + " is still loading");
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= h->tokenizer()->n_vocab()) {
+      return Status(Code::kInvalidArgument, "token " + std::to_string(i) + " is " + std::to_string(tokens[i]) +
+                                                ", outside the vocabulary");
+    }
+  }
+  return h->tokenizer()->decode(tokens, false);
+}
+
+Status Supervisor::generate(GenerateParams params, std::shared_ptr<GenerationStream> stream) {
+  ++requests_total_;
+  ModelHost* h = find(params.model);
+  if (!h) return Status(Code::kNotFound, "no model with id '" + params.model + "' is loaded");
+  Status s = h->enqueue(std::move(params), std::move(stream));
+  if (s.code() == Code::kOverloaded) ++requests_rejected_;
+  return s;
+}
+
+void Supervisor::kick(const std::string& model) {
+  if (ModelHost* h = find(model)) h->schedule();
+}
+
+}  // namespace inferd::daemon

@@ -1,0 +1,148 @@
+// daemon/supervisor.h — the supervisor: the model registry, one scheduler per model, the worker
+// processes, all driven by one Asio io_context (its own thread).
+//
+// Actors. Each loaded model is a ModelHost that owns its weights segment, its tokenizer, its scheduler
+// and its workers (WorkerProcess). They interact only through the io_context: a worker's completion,
+// exit or readiness is an event on it; the RPC thread reaches the supervisor only by post()ing a
+// function to it (see rpc_server.cpp), and gets answers back through cross-thread promise fulfillers
+// or a GenerationStream. So no supervisor state is ever touched by two threads and nothing here
+// takes a lock. Loading copies the file into shared memory on a loader thread, which hands the
+// finished segment back to the io_context.
+//
+// Thread safety: every method except the constructor, post() and io() must run on the io_context's
+// thread.
+#pragma once
+
+#include <asio.hpp>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config.h"
+#include "generation.h"
+#include "inferd/status.h"
+
+namespace inferd::daemon {
+
+struct LoadSpec {
+  std::string path;
+  std::string id;
+  uint32_t context_size = 0, parallel = 0, threads = 0, batch_tokens = 0, pad_step = 0, max_queue = 0;
+  std::string backend;
+};
+
+struct PlacementStageInfo {
+  uint32_t worker = 0;
+  std::string backend;
+  uint32_t first_layer = 0, end_layer = 0;
+  bool embeddings = false, output = false;
+};
+
+struct WorkerInfoData {
+  uint32_t index = 0;
+  std::string backend;
+  uint32_t pid = 0;
+  std::string state;
+  uint64_t rss_bytes = 0, shared_bytes = 0, uptime_ms = 0;
+  uint32_t restarts = 0;
+  double last_restart_ms = 0;
+  uint64_t steps = 0, tokens = 0;
+  std::string device;
+};
+
+enum class ModelState { kLoading, kReady, kRecovering, kFailed };
+
+struct ModelInfoData {
+  std::string id, path, name, arch, description;
+  ModelState state = ModelState::kLoading;
+  uint64_t weights_bytes = 0;
+  uint32_t context_size = 0, parallel = 0, vocab_size = 0;
+  std::string chat_template;
+  std::vector<PlacementStageInfo> placement;
+  std::string placement_summary;
+  std::vector<WorkerInfoData> workers;
+  double load_ms = 0;
+};
+
+struct ModelStatusData {
+  ModelInfoData info;
+  uint64_t kv_bytes = 0;
+  uint32_t slots_used = 0;
+  uint64_t kv_tokens_used = 0;
+  uint32_t requests_active = 0, requests_queued = 0;
+  uint64_t requests_done = 0, requests_failed = 0, prompt_tokens = 0, generated_tokens = 0, replays = 0;
+  double decode_tokens_per_second = 0;
+};
+
+struct DaemonStatusData {
+  std::string version;
+  uint32_t pid = 0;
+  uint64_t uptime_ms = 0;
+  std::string socket_path;
+  std::vector<ModelStatusData> models;
+  uint32_t connections = 0;
+  uint64_t requests_total = 0, requests_rejected = 0, rss_bytes = 0;
+};
+
+// Progress of a load, reported from the loader thread. Implementations must be thread-safe.
+class LoadProgressSink {
+ public:
+  virtual ~LoadProgressSink() = default;
+  virtual void update(const std::string& stage, uint64_t done, uint64_t total) = 0;
+};
+
+class ModelHost;
+
+class Supervisor {
+ public:
+  explicit Supervisor(DaemonConfig config);
+  ~Supervisor();
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+
+  asio::io_context& io() { return io_; }
+  // Runs the io_context on the calling thread until stop().
+  void run();
+  // Any thread: runs fn on the supervisor thread.
+  void post(std::function<void()> fn) { asio::post(io_, std::move(fn)); }
+  // Shuts every worker down and stops run() once they are gone.
+  void stop();
+
+  void load(LoadSpec spec, std::shared_ptr<LoadProgressSink> progress,
+            std::function<void(Result<ModelInfoData>)> done);
+  Status unload(const std::string& id);
+  std::vector<ModelInfoData> list() const;
+  DaemonStatusData status() const;
+  Result<std::vector<int32_t>> tokenize(const std::string& model, const std::string& text, bool add_special,
+                                        bool parse_special) const;
+  Result<std::string> detokenize(const std::string& model, const std::vector<int32_t>& tokens) const;
+  // Queues a generation; results arrive on `stream`. Errors (unknown model, bad input, OVERLOADED)
+  // are returned here and nothing is queued.
+  Status generate(GenerateParams params, std::shared_ptr<GenerationStream> stream);
+  // Wakes the model's scheduler to notice a cancelled stream.
+  void kick(const std::string& model);
+
+  // Counters kept by the RPC layer (supervisor thread).
+  void connection_opened() { ++connections_; }
+  void connection_closed() { --connections_; }
+
+  const DaemonConfig& config() const { return config_; }
+
+ private:
+  ModelHost* find(const std::string& id) const;
+
+  DaemonConfig config_;
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  std::map<std::string, std::unique_ptr<ModelHost>> models_;  // includes models still loading
+  std::vector<std::unique_ptr<ModelHost>> retiring_;          // unloaded, waiting for workers to exit
+  std::chrono::steady_clock::time_point started_;
+  uint32_t connections_ = 0;
+  uint64_t requests_total_ = 0, requests_rejected_ = 0;
+  bool stopping_ = false;
+};
+
+}  // namespace inferd::daemon

@@ -1,0 +1,266 @@
+#include "worker_process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/eventfd.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "inferd/ipc/frame.h"
+#include "inferd/schemas/worker.capnp.h"
+
+namespace inferd::daemon {
+namespace {
+
+Status errno_status(const std::string& what) { return Status(Code::kFailed, what + ": " + std::strerror(errno)); }
+
+int pidfd_open(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
+
+std::string describe_exit(int status) {
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return std::string("killed by signal ") + std::to_string(WTERMSIG(status)) + " (" + ::strsignal(WTERMSIG(status)) +
+           ")";
+  }
+  return "ended (status " + std::to_string(status) + ")";
+}
+
+}  // namespace
+
+WorkerProcess::WorkerProcess(asio::io_context& io, WorkerSpec spec, Events events)
+    : io_(io), spec_(std::move(spec)), events_(std::move(events)), control_(io), complete_efd_(io), pidfd_(io) {}
+
+Result<std::shared_ptr<WorkerProcess>> WorkerProcess::spawn(asio::io_context& io, const WorkerSpec& spec,
+                                                            Events events) {
+  std::shared_ptr<WorkerProcess> w(new WorkerProcess(io, spec, std::move(events)));
+  auto ring = ipc::RingSegment::create();
+  if (!ring) return ring.status();
+  w->ring_ = std::move(ring).value();
+
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return errno_status("socketpair");
+  ipc::UniqueFd ours(sv[0]), theirs(sv[1]);
+  ipc::UniqueFd submit(::eventfd(0, EFD_CLOEXEC));
+  ipc::UniqueFd complete(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!submit || !complete) return errno_status("eventfd");
+
+  // Everything the child needs is prepared before fork: between fork and exec only async-signal-safe
+  // calls are allowed (this process has other threads).
+  const std::string fd_args[] = {"3", "4", "5", "6", "7"};
+  std::vector<std::string> args = {spec.worker_path, "--backend", spec.backend,
+                                   "--control-fd", fd_args[0], "--weights-fd", fd_args[1],
+                                   "--ring-fd", fd_args[2], "--submit-efd", fd_args[3],
+                                   "--complete-efd", fd_args[4]};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const int child_fds[5] = {theirs.get(), spec.weights_fd, w->ring_->fd(), submit.get(), complete.get()};
+  const pid_t parent = ::getpid();
+
+  pid_t pid = ::fork();
+  if (pid < 0) return errno_status("fork");
+  if (pid == 0) {
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(1);
+    int tmp[5];
+    for (int i = 0; i < 5; ++i) {
+      tmp[i] = ::fcntl(child_fds[i], F_DUPFD_CLOEXEC, 64);
+      if (tmp[i] < 0) ::_exit(126);
+    }
+    for (int i = 0; i < 5; ++i) {
+      if (::dup2(tmp[i], 3 + i) < 0) ::_exit(126);  // dup2 clears FD_CLOEXEC on the copy
+    }
+    ::syscall(SYS_close_range, 8u, ~0u, 0u);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  w->pid_ = pid;
+  w->started_ = std::chrono::steady_clock::now();
+  int pidfd = pidfd_open(pid);
+  if (pidfd < 0) {
+    Status s = errno_status("pidfd_open");
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    return s;
+  }
+  w->pidfd_.assign(pidfd);
+  w->control_.assign(asio::local::stream_protocol(), ours.release());
+  w->complete_efd_.assign(complete.release());
+  w->submit_efd_ = std::move(submit);
+  // theirs (the child's end) closes here, so EOF on the control socket means the worker is gone.
+  w->read_frame_header();
+  w->wait_completion();
+  w->wait_exit();
+  return w;
+}
+
+WorkerProcess::~WorkerProcess() {
+  if (pid_ > 0 && !reaped_) {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+}
+
+void WorkerProcess::notify_submission() {
+  uint64_t one = 1;
+  (void)!::write(submit_efd_.get(), &one, sizeof(one));
+}
+
+void WorkerProcess::request_shutdown() {
+  capnp::MallocMessageBuilder msg;
+  msg.initRoot<wire::ToWorker>().setShutdown();
+  send_frame(ipc::encode_frame(msg));
+}
+
+void WorkerProcess::kill() {
+  if (pid_ > 0 && !reaped_) ::kill(pid_, SIGKILL);
+}
+
+void WorkerProcess::fail_protocol(const std::string& why) {
+  spdlog::error("worker {} ({}): {}; killing it", pid_, spec_.model_id, why);
+  kill();
+}
+
+void WorkerProcess::read_frame_header() {
+  std::weak_ptr<WorkerProcess> weak = shared_from_this();
+  asio::async_read(control_, asio::buffer(&frame_length_, 4), [weak](std::error_code ec, size_t) {
+    auto self = weak.lock();
+    if (!self || ec) return;  // EOF: the exit is reported through the pidfd
+    Status s = ipc::check_frame_length(self->frame_length_);
+    if (!s) return self->fail_protocol(s.message());
+    self->read_frame_body(self->frame_length_);
+  });
+}
+
+void WorkerProcess::read_frame_body(uint32_t length) {
+  frame_.resize(length);
+  std::weak_ptr<WorkerProcess> weak = shared_from_this();
+  asio::async_read(control_, asio::buffer(frame_), [weak](std::error_code ec, size_t) {
+    auto self = weak.lock();
+    if (!self || ec) return;
+    self->handle_frame(self->frame_);
+    if (!self->exited_) self->read_frame_header();
+  });
+}
+
+void WorkerProcess::handle_frame(const std::vector<uint8_t>& frame) {
+  try {
+    kj::ArrayPtr<const capnp::word> words(reinterpret_cast<const capnp::word*>(frame.data()),
+                                          frame.size() / sizeof(capnp::word));
+    capnp::FlatArrayMessageReader reader(words);
+    auto m = reader.getRoot<wire::FromWorker>();
+    switch (m.which()) {
+      case wire::FromWorker::HELLO: {
+        auto hello = m.getHello();
+        if (hello.getProtocolVersion() != wire::WORKER_PROTOCOL_VERSION) {
+          return fail_protocol("speaks worker protocol " + std::to_string(hello.getProtocolVersion()) +
+                               ", this supervisor " + std::to_string(wire::WORKER_PROTOCOL_VERSION));
+        }
+        capnp::MallocMessageBuilder msg;
+        auto cfg = msg.initRoot<wire::ToWorker>().initConfigure();
+        cfg.setProtocolVersion(wire::WORKER_PROTOCOL_VERSION);
+        cfg.setContextSize(spec_.context_size);
+        cfg.setSlots(spec_.slots);
+        cfg.setThreads(spec_.threads);
+        cfg.setBatchTokens(spec_.batch_tokens);
+        cfg.setPadStep(spec_.pad_step);
+        cfg.setFirstLayer(spec_.first_layer);
+        cfg.setEndLayer(spec_.end_layer);
+        cfg.setModelId(spec_.model_id);
+        send_frame(ipc::encode_frame(msg));
+        return;
+      }
+      case wire::FromWorker::READY: {
+        auto r = m.getReady();
+        WorkerReady ready{r.getDevice(), r.getKvBytes(), r.getArenaBytes(), r.getStartMs()};
+        ready_ = true;
+        if (events_.on_ready) events_.on_ready(ready);
+        return;
+      }
+      case wire::FromWorker::FAILED:
+        failure_ = m.getFailed().cStr();
+        spdlog::error("worker {} ({}) could not start: {}", pid_, spec_.model_id, failure_);
+        return;  // it exits next; the pidfd reports it
+      case wire::FromWorker::PONG:
+        return;
+    }
+    fail_protocol("sent an unknown control message");
+  } catch (const kj::Exception& e) {
+    fail_protocol(std::string("sent a malformed control message: ") + e.getDescription().cStr());
+  }
+}
+
+void WorkerProcess::send_frame(std::vector<uint8_t> frame) {
+  write_queue_.push_back(std::move(frame));
+  if (!writing_) write_next();
+}
+
+void WorkerProcess::write_next() {
+  if (write_queue_.empty()) {
+    writing_ = false;
+    return;
+  }
+  writing_ = true;
+  auto buf = std::make_shared<std::vector<uint8_t>>(std::move(write_queue_.front()));
+  write_queue_.erase(write_queue_.begin());
+  std::weak_ptr<WorkerProcess> weak = shared_from_this();
+  asio::async_write(control_, asio::buffer(*buf), [weak, buf](std::error_code ec, size_t) {
+    auto self = weak.lock();
+    if (!self) return;
+    if (ec) {  // the worker is gone; the pidfd reports it
+      self->writing_ = false;
+      self->write_queue_.clear();
+      return;
+    }
+    self->write_next();
+  });
+}
+
+void WorkerProcess::wait_completion() {
+  std::weak_ptr<WorkerProcess> weak = shared_from_this();
+  complete_efd_.async_wait(asio::posix::stream_descriptor::wait_read, [weak](std::error_code ec) {
+    auto self = weak.lock();
+    if (!self || ec) return;
+    uint64_t count = 0;
+    (void)!::read(self->complete_efd_.native_handle(), &count, sizeof(count));
+    if (self->events_.on_completion) self->events_.on_completion();
+    if (!self->exited_) self->wait_completion();
+  });
+}
+
+void WorkerProcess::wait_exit() {
+  std::weak_ptr<WorkerProcess> weak = shared_from_this();
+  pidfd_.async_wait(asio::posix::stream_descriptor::wait_read, [weak](std::error_code ec) {
+    auto self = weak.lock();
+    if (!self || ec) return;
+    int status = 0;
+    pid_t r = ::waitpid(self->pid_, &status, 0);
+    self->reaped_ = true;
+    self->exited_ = true;
+    self->ready_ = false;
+    std::string why = r == self->pid_ ? describe_exit(status) : std::string("ended (not reaped)");
+    if (!self->failure_.empty()) why = self->failure_ + " (worker " + why + ")";
+    // Close our ends now: the worker's fds disappear with it, ours must not leak across restarts.
+    std::error_code ignored;
+    self->control_.close(ignored);
+    self->complete_efd_.close(ignored);
+    self->pidfd_.close(ignored);
+    self->submit_efd_.reset();
+    if (self->events_.on_exit) self->events_.on_exit(why);
+  });
+}
+
+}  // namespace inferd::daemon

@@ -1,0 +1,100 @@
+// daemon/worker_process.h — one inferd-worker child process, seen from the supervisor.
+//
+// spawn() creates the worker's private channels — a control socketpair, a fresh ring segment, two
+// eventfds — forks and execs inferd-worker with them (and the model's weights segment) as its only
+// descriptors, and opens a pidfd for it. Everything after that is asynchronous on the supervisor's
+// io_context: the Hello/Ready handshake, completion wake-ups, and the pidfd turning readable when the
+// process exits (however it exits: crash, kill -9, OOM killer), which is reported once through
+// Events::on_exit after the child is reaped.
+//
+// Lifetime: owned by a shared_ptr; asynchronous handlers hold weak_ptrs, so destroying the object
+// cancels everything. Destroying a live worker kills it (SIGKILL) and reaps it.
+// Thread safety: every method runs on the supervisor's io_context thread.
+#pragma once
+
+#include <asio.hpp>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "inferd/ipc/ring.h"
+#include "inferd/ipc/unique_fd.h"
+#include "inferd/status.h"
+
+namespace inferd::daemon {
+
+struct WorkerSpec {
+  std::string worker_path;
+  std::string backend = "cpu";
+  std::string model_id;
+  int weights_fd = -1;  // borrowed; the worker gets its own duplicate
+  uint32_t context_size = 0, slots = 1, threads = 0, batch_tokens = 512, pad_step = 64;
+  uint32_t first_layer = 0, end_layer = 0;
+};
+
+struct WorkerReady {
+  std::string device;
+  uint64_t kv_bytes = 0;
+  uint64_t arena_bytes = 0;
+  double start_ms = 0;
+};
+
+class WorkerProcess : public std::enable_shared_from_this<WorkerProcess> {
+ public:
+  struct Events {
+    std::function<void(const WorkerReady&)> on_ready;
+    std::function<void()> on_completion;      // the completion eventfd fired: drain the ring
+    std::function<void(std::string why)> on_exit;  // the process is gone (reaped); `why` describes it
+  };
+
+  static Result<std::shared_ptr<WorkerProcess>> spawn(asio::io_context& io, const WorkerSpec& spec, Events events);
+  ~WorkerProcess();
+  WorkerProcess(const WorkerProcess&) = delete;
+  WorkerProcess& operator=(const WorkerProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  bool ready() const { return ready_; }
+  bool exited() const { return exited_; }
+  const ipc::RingSegment& ring() const { return *ring_; }
+  // Wakes the worker after a submission was published.
+  void notify_submission();
+  // Asks the worker to exit (it finishes the step it is in). on_exit follows.
+  void request_shutdown();
+  // SIGKILL; on_exit follows.
+  void kill();
+  std::chrono::steady_clock::time_point started() const { return started_; }
+
+ private:
+  WorkerProcess(asio::io_context& io, WorkerSpec spec, Events events);
+  void read_frame_header();
+  void read_frame_body(uint32_t length);
+  void handle_frame(const std::vector<uint8_t>& frame);
+  void wait_completion();
+  void wait_exit();
+  void send_frame(std::vector<uint8_t> frame);
+  void write_next();
+  void fail_protocol(const std::string& why);
+
+  asio::io_context& io_;
+  WorkerSpec spec_;
+  Events events_;
+  pid_t pid_ = -1;
+  bool ready_ = false;
+  bool exited_ = false;
+  bool reaped_ = false;
+  std::string failure_;  // the worker's Failed message, if it sent one
+  std::chrono::steady_clock::time_point started_;
+  std::unique_ptr<ipc::RingSegment> ring_;
+  ipc::UniqueFd submit_efd_;
+  asio::local::stream_protocol::socket control_;
+  asio::posix::stream_descriptor complete_efd_;
+  asio::posix::stream_descriptor pidfd_;
+  uint32_t frame_length_ = 0;
+  std::vector<uint8_t> frame_;
+  std::vector<std::vector<uint8_t>> write_queue_;
+  bool writing_ = false;
+};
+
+}  // namespace inferd::daemon

@@ -1,0 +1,148 @@
+// inferd/ipc/ring.h — the hot path between the supervisor and a worker: two single-producer,
+// single-consumer rings in one shared-memory segment.
+//
+//   submissions  supervisor -> worker   one forward step each: the tokens to process (slot, position,
+//                                       id) and, per sequence, its sampling parameters
+//   completions  worker -> supervisor   per step: the token sampled for each sequence that asked
+//
+// Layout of the segment (a memfd the supervisor creates per worker process and passes at spawn):
+//
+//   0       RingHeader (320 B): magic "INFDRNG1", version, capacities, limits, offsets,
+//           then four 64-byte-aligned counters: sub_head, sub_tail, comp_head, comp_tail
+//   sub_offset    Submission[sub_capacity]
+//   comp_offset   Completion[comp_capacity]
+//
+// Counters only grow (64-bit: they never wrap); entry i lives at index i % capacity. The producer
+// fills entry head % capacity, then publishes it with a release store of head + 1; the consumer reads
+// it after an acquire load of head and frees it with a release store of tail + 1. Wake-ups are
+// separate (an eventfd per direction), so a ring never blocks: a full ring is a caller's bug (the
+// supervisor keeps at most one step in flight per worker, far below the capacity).
+//
+// Trust: the supervisor validates every completion (bounds, slots, token ids) because a dying worker
+// may leave anything behind; the worker validates every submission the same way.
+//
+// Thread safety: one producer thread and one consumer thread per ring (each in its own process).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "inferd/ipc/unique_fd.h"
+#include "inferd/status.h"
+
+namespace inferd::ipc {
+
+inline constexpr char kRingMagic[8] = {'I', 'N', 'F', 'D', 'R', 'N', 'G', '1'};
+inline constexpr uint32_t kRingVersion = 1;
+inline constexpr uint32_t kMaxStepTokens = 512;  // most tokens in one forward step
+inline constexpr uint32_t kMaxStepSeqs = 64;     // most sequences in one forward step (= most KV slots)
+
+// One sequence's part in a step.
+struct StepSeq {
+  uint32_t slot;            // KV slot
+  uint32_t flags;           // kSeqWantToken
+  uint32_t n_sampled;       // tokens this request sampled before this step; a replay resumes the
+                            // random sequence there
+  uint32_t reserved0;
+  uint64_t seed;            // sampling seed (resolved by the supervisor: never "from the clock" here)
+  float temperature, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty;
+  int32_t top_k, repeat_last_n;
+};
+inline constexpr uint32_t kSeqWantToken = 1u << 0;  // sample a token after this step's last token
+static_assert(sizeof(StepSeq) == 56);
+
+struct StepToken {
+  int32_t token;
+  int32_t pos;    // position in the sequence; a sequence's first token in a step at pos 0 starts it afresh
+  uint32_t seq;   // index into Submission::seqs
+};
+static_assert(sizeof(StepToken) == 12);
+
+struct Submission {
+  uint64_t id;              // step number, echoed by the completion
+  uint32_t n_seqs;
+  uint32_t n_tokens;
+  StepSeq seqs[kMaxStepSeqs];
+  StepToken tokens[kMaxStepTokens];  // a sequence's tokens are consecutive positions, in order
+};
+
+struct StepOutput {
+  uint32_t seq;             // index into the submission's seqs
+  int32_t token;
+  uint32_t reserved0;
+  uint32_t reserved1;
+};
+static_assert(sizeof(StepOutput) == 16);
+
+struct Completion {
+  uint64_t id;              // the submission's id
+  int32_t status;           // inferd::Code; non-zero: the step failed and `error` says why
+  uint32_t n_outputs;
+  uint64_t compute_ns;      // time spent in the forward pass and sampling
+  StepOutput outputs[kMaxStepSeqs];
+  char error[256];          // NUL-terminated
+};
+
+struct RingHeader {
+  char magic[8];
+  uint32_t version;
+  uint32_t header_bytes;
+  uint32_t sub_capacity;
+  uint32_t comp_capacity;
+  uint32_t max_step_tokens;
+  uint32_t max_step_seqs;
+  uint32_t submission_bytes;
+  uint32_t completion_bytes;
+  uint64_t sub_offset;
+  uint64_t comp_offset;
+  uint64_t segment_bytes;
+  alignas(64) std::atomic<uint64_t> sub_head;   // written by the supervisor
+  alignas(64) std::atomic<uint64_t> sub_tail;   // written by the worker
+  alignas(64) std::atomic<uint64_t> comp_head;  // written by the worker
+  alignas(64) std::atomic<uint64_t> comp_tail;  // written by the supervisor
+  uint8_t pad1[56];
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "ring counters must be lock-free across processes");
+static_assert(offsetof(RingHeader, sub_offset) == 40);
+static_assert(offsetof(RingHeader, sub_head) == 64);
+static_assert(offsetof(RingHeader, sub_tail) == 128);
+static_assert(offsetof(RingHeader, comp_head) == 192);
+static_assert(offsetof(RingHeader, comp_tail) == 256);
+static_assert(sizeof(RingHeader) == 320);
+
+// A mapped ring segment. create() makes a fresh memfd (supervisor); attach() maps one passed in
+// (worker) and validates its header. Both sides then use the typed views below.
+class RingSegment {
+ public:
+  static Result<std::unique_ptr<RingSegment>> create(uint32_t sub_capacity = 4, uint32_t comp_capacity = 4);
+  static Result<std::unique_ptr<RingSegment>> attach(UniqueFd fd);
+  ~RingSegment();
+  RingSegment(const RingSegment&) = delete;
+  RingSegment& operator=(const RingSegment&) = delete;
+
+  int fd() const { return fd_.get(); }
+  RingHeader& header() const { return *reinterpret_cast<RingHeader*>(base_); }
+
+  // Producer side of submissions (supervisor).
+  Submission* submission_slot() const;       // the entry to fill, or nullptr if the ring is full
+  void publish_submission() const;
+  // Consumer side of submissions (worker).
+  const Submission* next_submission() const;  // nullptr if empty
+  void release_submission() const;
+  // Producer side of completions (worker).
+  Completion* completion_slot() const;
+  void publish_completion() const;
+  // Consumer side of completions (supervisor).
+  const Completion* next_completion() const;
+  void release_completion() const;
+
+ private:
+  RingSegment() = default;
+  UniqueFd fd_;
+  uint8_t* base_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace inferd::ipc

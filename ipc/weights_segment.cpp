@@ -1,0 +1,231 @@
+#include "inferd/ipc/weights_segment.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/sendfile.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace inferd::ipc {
+namespace {
+
+constexpr unsigned kSeals = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+constexpr size_t kCopyChunk = size_t{64} << 20;
+
+size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+Status errno_status(const std::string& what) {
+  return Status(Code::kFailed, what + ": " + std::strerror(errno));
+}
+
+void copy_cstr(char* dst, size_t cap, std::string_view src) {
+  size_t n = std::min(cap - 1, src.size());
+  std::memcpy(dst, src.data(), n);
+  dst[n] = '\0';
+}
+
+bool same_identity(const struct stat& a, const struct stat& b) {
+  return a.st_size == b.st_size && a.st_mtim.tv_sec == b.st_mtim.tv_sec && a.st_mtim.tv_nsec == b.st_mtim.tv_nsec &&
+         a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+}  // namespace
+
+uint64_t fnv1a64(const void* data, size_t n, uint64_t h) {
+  auto p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+struct WeightsSegment::Mapping {
+  const uint8_t* base = nullptr;
+  size_t size = 0;
+  ~Mapping() {
+    if (base) ::munmap(const_cast<uint8_t*>(base), size);
+  }
+};
+
+WeightsSegment::~WeightsSegment() = default;
+size_t WeightsSegment::size() const { return mapping_->size; }
+const uint8_t* WeightsSegment::data() const { return mapping_->base; }
+const TensorEntry* WeightsSegment::tensors() const {
+  return reinterpret_cast<const TensorEntry*>(data() + header().table_offset);
+}
+
+Result<std::shared_ptr<const WeightsSegment>> WeightsSegment::create(const std::string& path,
+                                                                    const ProgressFn& progress) {
+  // 1. Parse the file once for the layout (this reads the metadata pages only).
+  auto parsed = gguf::GgufFile::open(path);
+  if (!parsed) return parsed.status();
+  const gguf::GgufFile& src = *parsed.value();
+
+  UniqueFd file(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!file) return errno_status(path + ": cannot open");
+  struct stat before {};
+  if (::fstat(file.get(), &before) != 0) return errno_status(path + ": cannot stat");
+  if (static_cast<uint64_t>(before.st_size) != src.file_size()) {
+    return Status(Code::kFailed, path + ": the file changed while loading");
+  }
+
+  // 2. Lay the segment out.
+  const size_t n_tensors = src.tensors().size();
+  const size_t table_offset = kWeightsHeaderBytes;
+  const size_t table_bytes = n_tensors * sizeof(TensorEntry);
+  const size_t gguf_offset =
+      align_up(table_offset + table_bytes + src.data_offset(), kHugePageBytes) - src.data_offset();
+  const size_t gguf_bytes = src.file_size();
+  const size_t segment_bytes = align_up(gguf_offset + gguf_bytes, 4096);
+
+  std::string memfd_name = "inferd-weights";
+  UniqueFd fd(::memfd_create(memfd_name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd) return errno_status("memfd_create");
+  if (::ftruncate(fd.get(), static_cast<off_t>(segment_bytes)) != 0) {
+    return errno_status("cannot size the weights segment to " + std::to_string(segment_bytes) + " bytes");
+  }
+
+  // 3. Header and table through a temporary writable mapping of the first pages.
+  {
+    const size_t head_bytes = align_up(table_offset + table_bytes, 4096);
+    void* p = ::mmap(nullptr, head_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+    if (p == MAP_FAILED) return errno_status("mmap of the weights segment header");
+    auto* h = static_cast<WeightsHeader*>(p);
+    std::memcpy(h->magic, kWeightsMagic, sizeof(kWeightsMagic));
+    h->version = kWeightsVersion;
+    h->header_bytes = sizeof(WeightsHeader);
+    h->segment_bytes = segment_bytes;
+    h->table_offset = table_offset;
+    h->tensor_count = static_cast<uint32_t>(n_tensors);
+    h->tensor_entry_bytes = sizeof(TensorEntry);
+    h->gguf_offset = gguf_offset;
+    h->gguf_bytes = gguf_bytes;
+    h->data_offset = gguf_offset + src.data_offset();
+    h->source_bytes = static_cast<uint64_t>(before.st_size);
+    h->source_mtime_ns = int64_t{before.st_mtim.tv_sec} * 1000000000 + before.st_mtim.tv_nsec;
+    h->source_dev = before.st_dev;
+    h->source_ino = before.st_ino;
+    copy_cstr(h->source_path, sizeof(h->source_path), path);
+    auto name = src.get_string("general.name");
+    copy_cstr(h->model_name, sizeof(h->model_name), name ? name.value() : std::string_view());
+    auto* table = reinterpret_cast<TensorEntry*>(static_cast<uint8_t*>(p) + table_offset);
+    for (size_t i = 0; i < n_tensors; ++i) {
+      const gguf::TensorInfo& t = src.tensors()[i];
+      TensorEntry& e = table[i];
+      copy_cstr(e.name, sizeof(e.name), t.name);
+      e.type = static_cast<uint32_t>(t.type);
+      e.n_dims = static_cast<uint32_t>(t.n_dims);
+      for (int d = 0; d < 4; ++d) e.ne[d] = t.ne[d];
+      e.offset = h->data_offset + t.offset;
+      e.bytes = t.nbytes;
+    }
+    h->table_checksum = fnv1a64(table, table_bytes);
+    ::munmap(p, head_bytes);
+  }
+  parsed = Status(Code::kFailed, "released");  // unmap the source's metadata pages
+
+  // 4. The file, byte for byte, copied by the kernel (no user-space buffer, no page faults here).
+  uint64_t done = 0;
+  while (done < gguf_bytes) {
+    off_t in_off = static_cast<off_t>(done);
+    if (::lseek(fd.get(), static_cast<off_t>(gguf_offset + done), SEEK_SET) < 0) return errno_status("lseek");
+    size_t want = std::min(kCopyChunk, gguf_bytes - done);
+    ssize_t n = ::sendfile(fd.get(), file.get(), &in_off, want);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno_status(path + ": copying into the weights segment");
+    }
+    if (n == 0) return Status(Code::kFailed, path + ": the file shrank while loading");
+    done += static_cast<uint64_t>(n);
+    if (progress) progress(done, gguf_bytes);
+  }
+  struct stat after {};
+  if (::fstat(file.get(), &after) != 0) return errno_status(path + ": cannot stat");
+  if (!same_identity(before, after)) return Status(Code::kFailed, path + ": the file changed while loading");
+
+  // 5. Seal: from here on nobody can write or resize it, and every mapping is read-only.
+  if (::fcntl(fd.get(), F_ADD_SEALS, kSeals) != 0) return errno_status("sealing the weights segment");
+  auto seg = attach(std::move(fd));
+  if (!seg) return seg.status().with_context(path + ": the copy in shared memory does not validate");
+  return seg;
+}
+
+Result<std::shared_ptr<const WeightsSegment>> WeightsSegment::attach(UniqueFd fd) {
+  int seals = ::fcntl(fd.get(), F_GET_SEALS);
+  if (seals < 0) return errno_status("weights segment: F_GET_SEALS");
+  if ((static_cast<unsigned>(seals) & (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW)) !=
+      (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW)) {
+    return Status(Code::kCorrupt, "weights segment is not sealed against writes and resizing");
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return errno_status("weights segment: fstat");
+  const size_t size = static_cast<size_t>(st.st_size);
+  if (size < kWeightsHeaderBytes) {
+    return Status(Code::kCorrupt, "weights segment is " + std::to_string(size) + " bytes, smaller than its header");
+  }
+  void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd.get(), 0);
+  if (p == MAP_FAILED) return errno_status("weights segment: mmap");
+  auto mapping = std::make_shared<Mapping>();
+  mapping->base = static_cast<const uint8_t*>(p);
+  mapping->size = size;
+
+  std::shared_ptr<WeightsSegment> seg(new WeightsSegment());
+  seg->fd_ = std::move(fd);
+  seg->mapping_ = std::move(mapping);
+  INFERD_RETURN_IF_ERROR(seg->validate_and_parse());
+  return std::shared_ptr<const WeightsSegment>(std::move(seg));
+}
+
+Status WeightsSegment::validate_and_parse() {
+  const WeightsHeader& h = header();
+  const size_t size = mapping_->size;
+  auto corrupt = [](const std::string& what) { return Status(Code::kCorrupt, "weights segment: " + what); };
+  if (std::memcmp(h.magic, kWeightsMagic, sizeof(kWeightsMagic)) != 0) return corrupt("bad magic");
+  if (h.version != kWeightsVersion) {
+    return corrupt("version " + std::to_string(h.version) + ", this build reads version " +
+                   std::to_string(kWeightsVersion));
+  }
+  if (h.header_bytes != sizeof(WeightsHeader) || h.tensor_entry_bytes != sizeof(TensorEntry)) {
+    return corrupt("header or table entry size does not match this build");
+  }
+  if (h.segment_bytes != size) return corrupt("recorded size differs from the memfd's size");
+  uint64_t table_bytes = uint64_t{h.tensor_count} * sizeof(TensorEntry);
+  if (h.table_offset < sizeof(WeightsHeader) || h.table_offset > size || table_bytes > size - h.table_offset) {
+    return corrupt("tensor table outside the segment");
+  }
+  if (h.gguf_offset < h.table_offset + table_bytes || h.gguf_offset > size || h.gguf_bytes > size - h.gguf_offset) {
+    return corrupt("GGUF image outside the segment");
+  }
+  if (h.data_offset % kHugePageBytes != 0) return corrupt("tensor data not aligned to 2 MiB");
+  if (fnv1a64(data() + h.table_offset, table_bytes) != h.table_checksum) return corrupt("tensor table checksum");
+  if (::memchr(h.source_path, 0, sizeof(h.source_path)) == nullptr ||
+      ::memchr(h.model_name, 0, sizeof(h.model_name)) == nullptr) {
+    return corrupt("unterminated string in the header");
+  }
+
+  auto file = gguf::GgufFile::from_memory(data() + h.gguf_offset, h.gguf_bytes,
+                                          std::string(h.source_path) + " (shared memory)", mapping_);
+  if (!file) return file.status();
+  gguf_ = std::move(file).value();
+
+  if (gguf_->tensors().size() != h.tensor_count) return corrupt("tensor count differs from the GGUF image");
+  if (h.gguf_offset + gguf_->data_offset() != h.data_offset) return corrupt("data offset differs from the GGUF image");
+  const TensorEntry* table = tensors();
+  for (uint32_t i = 0; i < h.tensor_count; ++i) {
+    const gguf::TensorInfo& t = gguf_->tensors()[i];
+    const TensorEntry& e = table[i];
+    if (::memchr(e.name, 0, sizeof(e.name)) == nullptr || t.name != e.name ||
+        e.type != static_cast<uint32_t>(t.type) || e.offset != h.data_offset + t.offset || e.bytes != t.nbytes) {
+      return corrupt("tensor table entry " + std::to_string(i) + " differs from the GGUF image");
+    }
+  }
+  // Best effort: let the kernel back the tensor data with huge pages where shmem THP is enabled.
+  const size_t data_begin = h.data_offset;
+  if (data_begin < size) {
+    ::madvise(const_cast<uint8_t*>(data()) + data_begin, size - data_begin, MADV_HUGEPAGE);
+  }
+  return Status::ok();
+}
+
+}  // namespace inferd::ipc

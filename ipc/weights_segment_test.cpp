@@ -1,0 +1,128 @@
+#include "inferd/ipc/weights_segment.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+
+#include "inferd/model.h"
+
+namespace inferd::ipc {
+namespace {
+
+const std::string kModel = std::string(INFERD_TEST_DATA_DIR) + "/models/mixed-small.gguf";
+
+std::vector<uint8_t> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST(WeightsSegment, CopiesTheFileByteForByteWithHugePageAlignedData) {
+  uint64_t last_done = 0, calls = 0;
+  auto seg = WeightsSegment::create(kModel, [&](uint64_t done, uint64_t total) {
+    EXPECT_GT(done, last_done);
+    EXPECT_LE(done, total);
+    last_done = done;
+    ++calls;
+  });
+  ASSERT_TRUE(seg) << seg.status().to_string();
+  const WeightsSegment& s = *seg.value();
+  std::vector<uint8_t> file = read_file(kModel);
+  EXPECT_EQ(last_done, file.size());
+  EXPECT_GE(calls, 1u);
+  const WeightsHeader& h = s.header();
+  EXPECT_EQ(0, std::memcmp(h.magic, kWeightsMagic, 8));
+  EXPECT_EQ(h.gguf_bytes, file.size());
+  EXPECT_EQ(h.data_offset % kHugePageBytes, 0u);
+  EXPECT_EQ(h.segment_bytes, s.size());
+  EXPECT_EQ(0, std::memcmp(s.data() + h.gguf_offset, file.data(), file.size()));
+  EXPECT_STREQ(h.source_path, kModel.c_str());
+  // The table names every tensor at its place in the image.
+  ASSERT_EQ(h.tensor_count, s.gguf()->tensors().size());
+  for (uint32_t i = 0; i < h.tensor_count; ++i) {
+    const gguf::TensorInfo& t = s.gguf()->tensors()[i];
+    EXPECT_EQ(s.tensors()[i].name, t.name);
+    EXPECT_EQ(s.data() + s.tensors()[i].offset, t.data);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data) % 32, 0u) << t.name;
+  }
+  // A model loads from it without touching the file.
+  auto model = Model::load(s.gguf());
+  ASSERT_TRUE(model) << model.status().to_string();
+}
+
+TEST(WeightsSegment, IsSealedAgainstWritesAndResizing) {
+  auto seg = WeightsSegment::create(kModel, nullptr);
+  ASSERT_TRUE(seg) << seg.status().to_string();
+  int fd = seg.value()->fd();
+  char byte = 1;
+  EXPECT_EQ(-1, ::pwrite(fd, &byte, 1, 0));
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_NE(0, ::ftruncate(fd, 4096));
+  void* p = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  EXPECT_EQ(p, MAP_FAILED);
+}
+
+TEST(WeightsSegment, AttachingAnotherFdSharesTheSamePages) {
+  auto seg = WeightsSegment::create(kModel, nullptr);
+  ASSERT_TRUE(seg) << seg.status().to_string();
+  auto again = WeightsSegment::attach(UniqueFd(::dup(seg.value()->fd())));
+  ASSERT_TRUE(again) << again.status().to_string();
+  EXPECT_EQ(again.value()->size(), seg.value()->size());
+  EXPECT_EQ(0, std::memcmp(again.value()->data(), seg.value()->data(), seg.value()->size()));
+}
+
+TEST(WeightsSegment, ReportsFileErrors) {
+  auto missing = WeightsSegment::create("/nonexistent/model.gguf", nullptr);
+  ASSERT_FALSE(missing);
+  EXPECT_EQ(missing.status().code(), Code::kNotFound);
+  auto not_gguf = WeightsSegment::create(std::string(INFERD_TEST_DATA_DIR) + "/text/english.txt", nullptr);
+  ASSERT_FALSE(not_gguf);
+  EXPECT_EQ(not_gguf.status().code(), Code::kCorrupt);
+  EXPECT_NE(not_gguf.status().message().find("not a GGUF file"), std::string::npos) << not_gguf.status().message();
+}
+
+// Writes `bytes` into a memfd, optionally sealed.
+UniqueFd memfd_with(const std::vector<uint8_t>& bytes, bool seal) {
+  UniqueFd fd(::memfd_create("test", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  EXPECT_TRUE(fd.valid());
+  EXPECT_EQ(static_cast<ssize_t>(bytes.size()), ::pwrite(fd.get(), bytes.data(), bytes.size(), 0));
+  if (seal) {
+    EXPECT_EQ(0, ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW));
+  }
+  return fd;
+}
+
+TEST(WeightsSegment, AttachRejectsUnsealedAndDamagedSegments) {
+  auto seg = WeightsSegment::create(kModel, nullptr);
+  ASSERT_TRUE(seg) << seg.status().to_string();
+  std::vector<uint8_t> bytes(seg.value()->data(), seg.value()->data() + seg.value()->size());
+
+  auto unsealed = WeightsSegment::attach(memfd_with(bytes, false));
+  ASSERT_FALSE(unsealed);
+  EXPECT_NE(unsealed.status().message().find("not sealed"), std::string::npos);
+
+  struct Damage {
+    const char* what;
+    size_t offset;
+    uint8_t value;
+  };
+  const WeightsHeader& h = seg.value()->header();
+  for (Damage d : {Damage{"bad magic", 0, 'X'}, Damage{"version", 8, 9},
+                   Damage{"checksum", static_cast<size_t>(h.table_offset) + 70, 0xFF},
+                   Damage{"GGUF", static_cast<size_t>(h.gguf_offset), 'X'},
+                   Damage{"data offset", offsetof(WeightsHeader, data_offset) + 1, 0x13}}) {
+    std::vector<uint8_t> broken = bytes;
+    broken[d.offset] ^= d.value;
+    auto r = WeightsSegment::attach(memfd_with(broken, true));
+    ASSERT_FALSE(r) << d.what;
+    EXPECT_EQ(r.status().code(), Code::kCorrupt) << d.what << ": " << r.status().to_string();
+  }
+  std::vector<uint8_t> tiny(100, 0);
+  EXPECT_FALSE(WeightsSegment::attach(memfd_with(tiny, true)));
+}
+
+}  // namespace
+}  // namespace inferd::ipc

@@ -1,0 +1,46 @@
+// step_backend.h — what a worker process runs: one forward step at a time over the KV slots it owns.
+//
+// A backend receives a validated-by-itself ring Submission (tokens of one or more sequences) and
+// fills a Completion (a sampled token per sequence that asked for one). The CPU backend (this folder)
+// runs the engine; the CUDA and OpenCL workers implement the same interface in their own folders.
+//
+// Contract for every backend (the supervisor relies on it):
+//  * A sequence whose first token in a step has position 0 starts afresh in its slot (a new request
+//    or a replay after a worker restart); otherwise its first position must equal the slot's length.
+//  * Every token of a step is added to its sequence's sampling history before that sequence samples.
+//  * Sampling of a sequence created with n_sampled = k resumes its random sequence after k draws.
+//  * A malformed submission fails the step with a message; it never crashes the worker.
+//
+// Thread safety: one thread calls step().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "inferd/ipc/ring.h"
+#include "inferd/model.h"
+#include "inferd/status.h"
+
+namespace inferd::worker {
+
+struct BackendOptions {
+  int32_t context_size = 0;
+  int32_t slots = 1;
+  int32_t threads = 0;
+  int32_t batch_tokens = 512;
+  int32_t pad_step = 64;
+};
+
+class StepBackend {
+ public:
+  virtual ~StepBackend() = default;
+  virtual Status step(const ipc::Submission& submission, ipc::Completion& completion) = 0;
+  virtual std::string device() const = 0;
+  virtual uint64_t kv_bytes() const = 0;
+  virtual uint64_t arena_bytes() const = 0;
+};
+
+Result<std::unique_ptr<StepBackend>> make_cpu_backend(std::shared_ptr<const Model> model, const BackendOptions& options);
+
+}  // namespace inferd::worker
