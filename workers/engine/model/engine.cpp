@@ -78,6 +78,9 @@ struct Engine::Impl {
   size_t arena_capacity = 0;
   uint8_t* arena = nullptr;  // owned, 64-byte aligned
   std::vector<float> logits;
+  std::vector<float> hidden;          // a pipeline stage's output (m x n_embd)
+  const float* hidden_in = nullptr;   // the previous stage's output, during a pass
+  float* hidden_out = nullptr;
   std::vector<float> all_logits;
   EngineStats stats;
   bool forced = false;
@@ -141,10 +144,17 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> mode
   if (opt.pad_step != 64 && opt.pad_step != 128) {
     return make_error(Code::kInvalidArgument, "pad_step must be 64 or 128, got %d", opt.pad_step);
   }
+  if (opt.end_layer == 0) opt.end_layer = cfg.n_layer;
+  if (opt.first_layer < 0 || opt.first_layer >= opt.end_layer || opt.end_layer > cfg.n_layer) {
+    return make_error(Code::kInvalidArgument, "layer range [%d, %d) is not inside the model's %d layers",
+                      opt.first_layer, opt.end_layer, cfg.n_layer);
+  }
   impl->model = model;
   impl->cfg = cfg;
   impl->opt = opt;
-  auto kv = KvCache::create(cfg, opt.n_slots, opt.n_ctx);
+  ModelConfig stage_cfg = cfg;  // the cache holds this stage's layers only
+  stage_cfg.n_layer = opt.end_layer - opt.first_layer;
+  auto kv = KvCache::create(stage_cfg, opt.n_slots, opt.n_ctx);
   if (!kv) return kv.status();
   impl->kv = std::move(kv).value();
   impl->pool = std::make_unique<ThreadPool>(opt.n_threads);
@@ -161,7 +171,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> mode
     s.act_mask |= 1u << a;
     s.row_bytes[a] = dtype_row_bytes(tk->act_type, k);
   };
-  for (int l = 0; l < cfg.n_layer; ++l) {
+  for (int l = opt.first_layer; l < opt.end_layer; ++l) {
     const LayerWeights& lw = model->layer(l);
     for (const WeightView* w : {&lw.wq, &lw.wk, &lw.wv}) add_site(kSiteAttnIn, cfg.n_embd, *w);
     add_site(kSiteWoIn, cfg.n_embd, lw.wo);
@@ -169,7 +179,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> mode
     add_site(kSiteFfnIn, cfg.n_embd, lw.w_up);
     add_site(kSiteDownIn, cfg.n_ff, lw.w_down);
   }
-  add_site(kSiteOutIn, cfg.n_embd, model->output());
+  if (opt.end_layer == cfg.n_layer) add_site(kSiteOutIn, cfg.n_embd, model->output());
   for (int s = 0; s < kSites; ++s) {
     for (int a = 0; a < kActKinds; ++a) {
       if (impl->sites[s].act_mask & (1u << a)) {
@@ -369,11 +379,15 @@ void Engine::Impl::run_pass(std::span<const BatchToken> batch, MatmulPath path, 
     matmul_rows(j, m, max_nr, r0, r1);
   };
 
-  // Embeddings.
+  // Embeddings, or the previous pipeline stage's hidden states.
   {
     auto [t0, t1] = split_range(m, ith, nth);
     for (int64_t t = t0; t < t1; ++t) {
-      embd_kernels->to_float(model->token_embd().row(batch[static_cast<size_t>(t)].token), x + t * E, E);
+      if (opt.first_layer == 0) {
+        embd_kernels->to_float(model->token_embd().row(batch[static_cast<size_t>(t)].token), x + t * E, E);
+      } else {
+        std::memcpy(x + t * E, hidden_in + t * E, static_cast<size_t>(E) * sizeof(float));
+      }
     }
     pool->barrier();
   }
@@ -382,8 +396,9 @@ void Engine::Impl::run_pass(std::span<const BatchToken> batch, MatmulPath path, 
   const int64_t kv_pad = key.kv_pad;
   float* scores = buf<float>(id_scores) + static_cast<size_t>(ith) * static_cast<size_t>(kv_pad);
 
-  for (int l = 0; l < cfg.n_layer; ++l) {
+  for (int l = opt.first_layer; l < opt.end_layer; ++l) {
     const LayerWeights& lw = model->layer(l);
+    const int32_t kl = l - opt.first_layer;  // the layer's index in this stage's cache
     // Attention block: norm, encode, Q/K/V.
     float* xn_a = gemv ? local_xn : xn;
     norm_rows(x, lw.attn_norm, xn_a);
@@ -409,8 +424,8 @@ void Engine::Impl::run_pass(std::span<const BatchToken> batch, MatmulPath path, 
           const int32_t kvh = static_cast<int32_t>(hh - n_head);
           float* kh = kb + t * Ekv + kvh * hd;
           ops::rope_head(kh, hd, bt.pos, cfg.rope_base, cfg.rope_style);
-          kernels::fp32_to_fp16_row(kh, kv->k(bt.slot, l, kvh).row(bt.pos), hd);
-          kernels::fp32_to_fp16_row(vb + t * Ekv + kvh * hd, kv->v(bt.slot, l, kvh).row(bt.pos), hd);
+          kernels::fp32_to_fp16_row(kh, kv->k(bt.slot, kl, kvh).row(bt.pos), hd);
+          kernels::fp32_to_fp16_row(vb + t * Ekv + kvh * hd, kv->v(bt.slot, kl, kvh).row(bt.pos), hd);
         }
       }
       pool->barrier();
@@ -424,7 +439,7 @@ void Engine::Impl::run_pass(std::span<const BatchToken> batch, MatmulPath path, 
         const int64_t t = u / n_head, hh = u % n_head;
         const BatchToken& bt = batch[static_cast<size_t>(t)];
         const int32_t kvh = static_cast<int32_t>(hh / group);
-        const KvCache::View kc = kv->k(bt.slot, l, kvh), vc = kv->v(bt.slot, l, kvh);
+        const KvCache::View kc = kv->k(bt.slot, kl, kvh), vc = kv->v(bt.slot, kl, kvh);
         ops::attention_head(q + t * E + hh * hd, kc, vc, hd, bt.pos + 1, kq_scale, scores,
                             attn + t * E + hh * hd);
       }
@@ -459,6 +474,13 @@ void Engine::Impl::run_pass(std::span<const BatchToken> batch, MatmulPath path, 
     pool->barrier();
   }
 
+  // A stage before the last hands its hidden states on.
+  if (opt.end_layer < cfg.n_layer) {
+    auto [t0, t1] = split_range(m, ith, nth);
+    std::memcpy(hidden_out + t0 * E, x + t0 * E, static_cast<size_t>((t1 - t0) * E) * sizeof(float));
+    return;
+  }
+
   // Output: final norm and projection of the tokens whose logits are wanted.
   const int64_t n_out = static_cast<int64_t>(out_rows.size());
   if (n_out == 0) return;
@@ -483,12 +505,18 @@ void Engine::Impl::run_pass(std::span<const BatchToken> batch, MatmulPath path, 
   }
 }
 
-Result<std::span<const float>> Engine::forward(std::span<const BatchToken> batch) {
+Result<std::span<const float>> Engine::forward(std::span<const BatchToken> batch, std::span<const float> hidden_in) {
   Impl& I = *impl_;
   const ModelConfig& cfg = I.cfg;
   if (batch.empty() || static_cast<int64_t>(batch.size()) > I.opt.n_ubatch) {
     return make_error(Code::kInvalidArgument, "a batch must hold 1 to %d tokens, got %zu", I.opt.n_ubatch,
                       batch.size());
+  }
+  const bool first = I.opt.first_layer == 0, last = I.opt.end_layer == cfg.n_layer;
+  const size_t hidden_floats = batch.size() * static_cast<size_t>(cfg.n_embd);
+  if (!first && hidden_in.size() != hidden_floats) {
+    return make_error(Code::kInvalidArgument, "a stage starting at layer %d needs %zu hidden-state floats, got %zu",
+                      I.opt.first_layer, hidden_floats, hidden_in.size());
   }
   // Validate everything before touching the cache.
   std::vector<int32_t> next = I.slot_len;
@@ -510,27 +538,34 @@ Result<std::span<const float>> Engine::forward(std::span<const BatchToken> batch
     }
     next[static_cast<size_t>(bt.slot)] = bt.pos + 1;
     max_len = std::max<int64_t>(max_len, bt.pos + 1);
-    n_out += bt.logits ? 1 : 0;
+    n_out += bt.logits && last ? 1 : 0;
   }
 
   const MatmulPath path = I.forced ? I.forced_path : choose_matmul_path(static_cast<int64_t>(batch.size()));
   I.ensure_plan(static_cast<int64_t>(batch.size()), n_out, round_up(max_len, I.opt.pad_step));
   I.logits.resize(static_cast<size_t>(n_out) * static_cast<size_t>(cfg.n_vocab));
   I.out_rows.clear();
-  for (size_t t = 0; t < batch.size(); ++t) {
+  for (size_t t = 0; t < batch.size() && last; ++t) {
     if (batch[t].logits) I.out_rows.push_back(static_cast<int64_t>(t));
   }
+  if (!last) I.hidden.resize(hidden_floats);
+  I.hidden_in = hidden_in.data();
+  I.hidden_out = I.hidden.data();
   I.pool->run([&](int ith, int nth) { I.run_pass(batch, path, ith, nth); });
 
   I.slot_len = std::move(next);
   I.stats.forward_calls++;
   I.stats.tokens += static_cast<int64_t>(batch.size());
   (path == MatmulPath::kGemv ? I.stats.gemv_passes : I.stats.gemm_passes)++;
+  if (!last) return std::span<const float>(I.hidden);
   return std::span<const float>(I.logits);
 }
 
 Result<std::span<const float>> Engine::eval(int32_t slot, std::span<const int32_t> tokens, bool all_logits) {
   Impl& I = *impl_;
+  if (I.opt.first_layer != 0 || I.opt.end_layer != I.cfg.n_layer) {
+    return make_error(Code::kInvalidArgument, "eval() runs whole models; a pipeline stage is driven by forward()");
+  }
   if (slot < 0 || slot >= I.opt.n_slots) {
     return make_error(Code::kInvalidArgument, "slot %d is out of range [0, %d)", slot, I.opt.n_slots);
   }

@@ -136,3 +136,63 @@ TEST_F(EngineTest, BadBatchesAreRejected) {
 
 }  // namespace
 }  // namespace inferd
+
+namespace inferd {
+namespace {
+
+// Two pipeline stages (layers [0, 13) and [13, 30)) chained by their hidden states give the whole
+// model's logits bit for bit, in prefill and in decode.
+TEST_F(EngineTest, PipelineStagesEqualTheWholeModel) {
+  auto whole = make();
+  auto stage = [&](int first, int end) {
+    EngineOptions o;
+    o.n_slots = 1;
+    o.n_threads = 2;
+    o.n_ctx = 512;
+    o.first_layer = first;
+    o.end_layer = end;
+    auto e = Engine::create(model_, o);
+    EXPECT_TRUE(e.is_ok()) << e.status().to_string();
+    return std::move(e).value();
+  };
+  auto a = stage(0, 13), b = stage(13, 30);
+  EXPECT_TRUE(a->is_first_stage() && !a->is_last_stage());
+  EXPECT_TRUE(!b->is_first_stage() && b->is_last_stage());
+  EXPECT_LT(a->stats().kv_bytes, whole->stats().kv_bytes);
+
+  std::vector<BatchToken> batch;
+  for (size_t i = 0; i < kPrompt.size(); ++i) batch.push_back({kPrompt[i], 0, static_cast<int32_t>(i), true});
+  auto ref = whole->forward(batch);
+  ASSERT_TRUE(ref.is_ok());
+  std::vector<float> expect(ref->begin(), ref->end());
+  auto h = a->forward(batch);
+  ASSERT_TRUE(h.is_ok()) << h.status().to_string();
+  ASSERT_EQ(h->size(), kPrompt.size() * static_cast<size_t>(model_->config().n_embd));
+  std::vector<float> hidden(h->begin(), h->end());
+  auto got = b->forward(batch, hidden);
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  ASSERT_EQ(got->size(), expect.size());
+  EXPECT_TRUE(std::equal(got->begin(), got->end(), expect.begin())) << "prefill logits differ";
+
+  // One decode step.
+  std::vector<BatchToken> one = {{7042, 0, static_cast<int32_t>(kPrompt.size()), true}};
+  auto r1 = whole->forward(one);
+  ASSERT_TRUE(r1.is_ok());
+  std::vector<float> e1(r1->begin(), r1->end());
+  auto h1 = a->forward(one);
+  ASSERT_TRUE(h1.is_ok());
+  std::vector<float> hid1(h1->begin(), h1->end());
+  auto g1 = b->forward(one, hid1);
+  ASSERT_TRUE(g1.is_ok());
+  EXPECT_TRUE(std::equal(g1->begin(), g1->end(), e1.begin())) << "decode logits differ";
+
+  // Misuse is an error value: a later stage without hidden states, a bad layer range.
+  EXPECT_EQ(b->forward(one).status().code(), Code::kInvalidArgument);
+  EngineOptions bad;
+  bad.first_layer = 10;
+  bad.end_layer = 40;
+  EXPECT_EQ(Engine::create(model_, bad).status().code(), Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace inferd

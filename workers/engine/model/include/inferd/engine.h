@@ -37,6 +37,11 @@ struct EngineOptions {
   int32_t n_threads = 0;   // 0: the number of CPUs this process may run on
   int32_t n_ubatch = 512;  // most tokens in one forward pass
   int32_t pad_step = 64;   // decode attends over lengths rounded up to this; 64 or 128
+  // The layers this engine runs, [first_layer, end_layer) (end_layer 0: all). An engine whose range
+  // starts after layer 0 takes hidden states instead of embedding tokens; one whose range ends before
+  // the last layer returns hidden states instead of logits (a pipeline stage; see forward()).
+  int32_t first_layer = 0;
+  int32_t end_layer = 0;
 };
 
 // One token of a batch: which slot it belongs to, its position there, and whether its logits are wanted.
@@ -72,8 +77,14 @@ class Engine {
   // One forward pass over `batch` (1..n_ubatch tokens). For each slot, the batch's tokens must have
   // consecutive positions starting at the slot's current length (which then grows). Returns the logits
   // of the tokens marked `logits`, in batch order, n_vocab floats each, valid until the next call.
-  // Errors: kInvalidArgument (bad token id / slot / position), kOutOfRange (past the context).
-  Result<std::span<const float>> forward(std::span<const BatchToken> batch);
+  // Pipeline stages: a stage that does not start at layer 0 reads `hidden_in` (batch.size() x n_embd
+  // floats, the previous stage's output) instead of embedding the tokens; a stage that does not end at
+  // the last layer returns the hidden states of every token (batch.size() x n_embd) instead of logits.
+  // Errors: kInvalidArgument (bad token id / slot / position / hidden_in size), kOutOfRange (past the
+  // context).
+  Result<std::span<const float>> forward(std::span<const BatchToken> batch, std::span<const float> hidden_in = {});
+  bool is_first_stage() const { return options_.first_layer == 0; }
+  bool is_last_stage() const { return options_.end_layer == model_->config().n_layer; }
 
   // Appends `tokens` to `slot` in passes of at most n_ubatch tokens. Returns the logits of the last
   // token, or of every token when `all_logits`.
