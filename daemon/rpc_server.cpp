@@ -225,6 +225,7 @@ class AdminImpl final : public rpc::Admin::Server {
     spec.batch_tokens = o.getBatchTokens();
     spec.pad_step = o.getPadStep();
     spec.max_queue = o.getMaxQueue();
+    for (uint32_t b : o.getLayerSplit()) spec.layer_split.push_back(b);
     auto relay = std::make_shared<ProgressRelay>();
     kj::Promise<void> progress = kj::READY_NOW;
     if (params.hasProgress()) {
@@ -373,7 +374,12 @@ class InferenceImpl final : public rpc::Inference::Server {
       if (!batch.end) {
         return sent.then([stream, sink, context]() mutable { return pump(stream, sink, context); });
       }
-      return sent.then([context, end = std::move(*batch.end)]() mutable {
+      // The barrier: every batch has been handled by the client before generate returns.
+      auto flushed = sent.then([sink]() mutable {
+        // A sink without done() (UNIMPLEMENTED, or pycapnp's AttributeError) only loses the barrier.
+        return sink.doneRequest().send().ignoreResult().catch_([](kj::Exception&&) {});
+      });
+      return flushed.then([context, end = std::move(*batch.end)]() mutable {
         GenerateSummary s = unwrap(std::move(end));
         auto r = context.getResults().initResult();
         r.setFinishReason(to_rpc(s.reason));

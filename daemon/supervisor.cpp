@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <deque>
 #include <fstream>
 #include <optional>
@@ -11,6 +12,7 @@
 #include <thread>
 
 #include "chat_template.h"
+#include "inferd/ipc/hidden_exchange.h"
 #include "inferd/ipc/ring.h"
 #include "inferd/ipc/weights_segment.h"
 #include "inferd/model.h"
@@ -31,6 +33,9 @@ constexpr uint32_t kMaxReplays = 3;        // a request survives this many worke
 constexpr uint32_t kMaxStopStrings = 16;
 constexpr size_t kMaxStopBytes = 256;
 constexpr auto kShutdownGrace = std::chrono::seconds(5);
+// A step that takes longer than this means the worker hangs (a GPU fault, a deadlock): it is killed and
+// its requests replayed. Far above any real step (512 tokens of an 8B model on 2 cores take ~1 min).
+constexpr auto kStepTimeout = std::chrono::minutes(10);
 
 // RssAnon and RssShmem of a process, from /proc.
 std::pair<uint64_t, uint64_t> process_memory(pid_t pid) {
@@ -91,17 +96,34 @@ struct Sequence {
 
 class ModelHost {
  public:
-  ModelHost(Supervisor& sup, LoadSpec spec) : sup_(sup), spec_(std::move(spec)) {}
+  // One pipeline stage: a worker process running layers [first_layer, end_layer).
+  struct Stage {
+    uint32_t index = 0, first_layer = 0, end_layer = 0;
+    std::shared_ptr<WorkerProcess> worker;
+    WorkerReady ready_info;
+    uint64_t in_flight = 0;  // id of the step this worker was given and has not answered
+    bool ever_ready = false;
+    std::optional<Clock::time_point> crashed_at;
+    std::deque<Clock::time_point> crashes;
+    Clock::time_point started;
+    uint32_t restarts = 0;
+    double last_restart_ms = 0;
+    uint64_t steps = 0, tokens = 0;
+  };
+
+  ModelHost(Supervisor& sup, LoadSpec spec, uint64_t serial) : sup_(sup), spec_(std::move(spec)), serial_(serial) {}
   ~ModelHost() {
     if (loader_.joinable()) loader_.join();
   }
 
   const LoadSpec& spec() const { return spec_; }
+  uint64_t serial() const { return serial_; }  // unique per load, so a late result finds its own host
   ModelState state() const { return state_; }
   std::thread& loader() { return loader_; }
 
-  void attach(std::shared_ptr<const ipc::WeightsSegment> weights, std::shared_ptr<const Model> model,
-              std::unique_ptr<Tokenizer> tokenizer, double load_ms) {
+  // Lays the model out on its pipeline stages; kInvalidArgument for a bad layer split.
+  Status attach(std::shared_ptr<const ipc::WeightsSegment> weights, std::shared_ptr<const Model> model,
+                std::unique_ptr<Tokenizer> tokenizer, double load_ms) {
     weights_ = std::move(weights);
     model_ = std::move(model);
     tokenizer_ = std::move(tokenizer);
@@ -111,39 +133,35 @@ class ModelHost {
     chat_template_ = detect_chat_template(tmpl ? tmpl.value() : std::string_view());
     load_ms_ = load_ms;
     slots_.assign(spec_.parallel, 0);
+    std::vector<uint32_t> bounds = {0};
+    for (uint32_t b : spec_.layer_split) {
+      if (b <= bounds.back() || b >= static_cast<uint32_t>(c.n_layer)) {
+        return Status(Code::kInvalidArgument, "layer split must be increasing first layers inside (0, " +
+                                                  std::to_string(c.n_layer) + "), got " + std::to_string(b));
+      }
+      bounds.push_back(b);
+    }
+    bounds.push_back(static_cast<uint32_t>(c.n_layer));
+    for (size_t i = 0; i + 1 < bounds.size(); ++i) {
+      Stage st;
+      st.index = static_cast<uint32_t>(i);
+      st.first_layer = bounds[i];
+      st.end_layer = bounds[i + 1];
+      stages_.push_back(std::move(st));
+      if (i + 2 < bounds.size()) {
+        auto x = ipc::HiddenExchange::create(static_cast<uint32_t>(c.n_embd), spec_.batch_tokens);
+        if (!x) return x.status();
+        exchanges_.push_back(std::move(x).value());
+      }
+    }
+    submission_ = std::make_unique<ipc::Submission>();
+    return Status::ok();
   }
 
-  // Starts the worker; `ready` is called once, with OK when it is ready or the reason it is not.
+  // Starts the workers; `ready` is called once, with OK when all are ready or the reason they are not.
   void start(std::function<void(Status)> ready) {
     first_ready_ = std::move(ready);
-    spawn_worker();
-  }
-
-  void spawn_worker() {
-    WorkerSpec ws;
-    ws.worker_path = sup_.config().worker_path;
-    ws.backend = spec_.backend;
-    ws.model_id = spec_.id;
-    ws.weights_fd = weights_->fd();
-    ws.context_size = n_ctx_;
-    ws.slots = spec_.parallel;
-    ws.threads = spec_.threads;
-    ws.batch_tokens = spec_.batch_tokens;
-    ws.pad_step = spec_.pad_step;
-    ws.first_layer = 0;
-    ws.end_layer = static_cast<uint32_t>(model_->config().n_layer);
-    WorkerProcess::Events ev;
-    ev.on_ready = [this](const WorkerReady& r) { on_ready(r); };
-    ev.on_completion = [this] { on_completion(); };
-    ev.on_exit = [this](std::string why) { on_exit(std::move(why)); };
-    auto w = WorkerProcess::spawn(sup_.io(), ws, std::move(ev));
-    if (!w) {
-      spdlog::error("model {}: cannot start a worker: {}", spec_.id, w.status().to_string());
-      fail_backend(w.status().message());
-      return;
-    }
-    worker_ = std::move(w).value();
-    spdlog::info("model {}: worker {} started ({})", spec_.id, worker_->pid(), ws.worker_path);
+    for (Stage& st : stages_) spawn_worker(st);
   }
 
   // ---- requests -------------------------------------------------------------------------------
@@ -213,8 +231,12 @@ class ModelHost {
     return Status::ok();
   }
 
+  // Starts the next step if every stage is ready and idle.
   void schedule() {
-    if (step_ || !worker_ || !worker_->ready() || state_ == ModelState::kFailed) return;
+    if (step_ || state_ == ModelState::kFailed || shutting_down_) return;
+    for (const Stage& st : stages_) {
+      if (!st.worker || !st.worker->ready() || st.in_flight != 0) return;
+    }
     const auto now = Clock::now();
     // Cancelled sequences leave at a step boundary; their slots are free for this very step.
     for (auto it = active_.begin(); it != active_.end();) {
@@ -240,8 +262,7 @@ class ModelHost {
     }
     if (active_.empty()) return;
 
-    ipc::Submission* sub = worker_->ring().submission_slot();
-    INFERD_ASSERT(sub != nullptr);  // one step in flight, ring capacity >= 2
+    ipc::Submission* sub = submission_.get();
     Step step;
     step.id = ++next_step_id_;
     sub->id = step.id;
@@ -288,28 +309,74 @@ class ModelHost {
     if (sub->n_tokens == 0) return;
     step.submitted = now;
     step_ = std::move(step);
-    worker_->ring().publish_submission();
-    worker_->notify_submission();
+    submit_to(stages_.front());
   }
 
-  void on_completion() {
-    if (!worker_) return;
-    const ipc::RingSegment& ring = worker_->ring();
+  // Copies the current step into a stage's ring and wakes its worker; arms the hang detector.
+  void submit_to(Stage& st) {
+    const ipc::Submission& src = *submission_;
+    ipc::Submission* dst = st.worker->ring().submission_slot();
+    INFERD_ASSERT(dst != nullptr);  // one step in flight per worker, ring capacity >= 2
+    dst->id = src.id;
+    dst->n_seqs = src.n_seqs;
+    dst->n_tokens = src.n_tokens;
+    std::memcpy(dst->seqs, src.seqs, sizeof(ipc::StepSeq) * src.n_seqs);
+    std::memcpy(dst->tokens, src.tokens, sizeof(ipc::StepToken) * src.n_tokens);
+    st.in_flight = src.id;
+    st.worker->ring().publish_submission();
+    st.worker->notify_submission();
+    if (!step_timer_) step_timer_ = std::make_unique<asio::steady_timer>(sup_.io());
+    step_timer_->expires_after(kStepTimeout);
+    std::weak_ptr<WorkerProcess> weak = st.worker;
+    const uint64_t step_id = src.id;
+    step_timer_->async_wait([this, weak, step_id](std::error_code ec) {
+      auto w = weak.lock();
+      if (ec || !w || !step_ || step_->id != step_id) return;
+      spdlog::error("model {}: worker {} has not finished step {} in {} s; killing it", spec_.id, w->pid(), step_id,
+                    std::chrono::duration_cast<std::chrono::seconds>(kStepTimeout).count());
+      w->kill();
+    });
+  }
+
+  void on_completion(Stage& st) {
+    if (!st.worker) return;
+    const ipc::RingSegment& ring = st.worker->ring();
     while (const ipc::Completion* c = ring.next_completion()) {
-      if (!step_ || c->id != step_->id) {
-        worker_->kill();  // a worker that answers steps it was not given is broken
-        spdlog::error("model {}: worker answered step {} (expected {})", spec_.id, c->id, step_ ? step_->id : 0);
+      if (c->id != st.in_flight) {
+        spdlog::error("model {}: worker {} answered step {} (it was given {}); killing it", spec_.id, st.worker->pid(),
+                      c->id, st.in_flight);
+        st.worker->kill();  // a worker that answers steps it was not given is broken
         return;
       }
-      Step step = std::move(*step_);
-      step_.reset();
+      st.in_flight = 0;
+      ++st.steps;
+      if (!step_ || step_->id != c->id) {  // the step was abandoned when another stage died
+        ring.release_completion();
+        continue;
+      }
+      st.tokens += submission_->n_tokens;
       if (c->status != 0) {
         std::string why(c->error, strnlen(c->error, sizeof(c->error)));
         ring.release_completion();
-        spdlog::error("model {}: step {} failed: {}", spec_.id, step.id, why);
+        Step step = std::move(*step_);
+        step_.reset();
+        spdlog::error("model {}: step {} failed on worker {}: {}", spec_.id, step.id, st.index, why);
         for (const auto& e : step.entries) fail_sequence(e.seq, Status(Code::kFailed, "the worker failed: " + why));
         continue;
       }
+      if (st.index + 1 < stages_.size()) {  // hand the step to the next pipeline stage
+        bool bad = c->n_outputs != 0;
+        ring.release_completion();
+        if (bad) {
+          spdlog::error("model {}: pipeline stage {} sampled tokens; killing it", spec_.id, st.index);
+          st.worker->kill();
+          return;
+        }
+        submit_to(stages_[st.index + 1]);
+        continue;
+      }
+      Step step = std::move(*step_);
+      step_.reset();
       std::vector<int32_t> tokens(step.entries.size(), -1);
       bool bad = c->n_outputs > step.entries.size();
       for (uint32_t i = 0; !bad && i < c->n_outputs; ++i) {
@@ -325,7 +392,7 @@ class ModelHost {
       ring.release_completion();
       if (bad) {
         spdlog::error("model {}: worker sent a malformed completion; killing it", spec_.id);
-        worker_->kill();
+        st.worker->kill();
         return;
       }
       ++steps_;
@@ -418,53 +485,97 @@ class ModelHost {
 
   // ---- worker life ----------------------------------------------------------------------------
 
-  void on_ready(const WorkerReady& r) {
-    ready_info_ = r;
-    if (crashed_at_) {
-      last_restart_ms_ = ms_between(*crashed_at_, Clock::now());
-      crashed_at_.reset();
-      spdlog::info("model {}: worker {} back in {:.1f} ms; replaying {} requests", spec_.id, worker_->pid(),
-                   last_restart_ms_, active_.size());
+
+  void spawn_worker(Stage& st) {
+    WorkerSpec ws;
+    ws.worker_path = sup_.config().worker_path;
+    ws.backend = spec_.backend;
+    ws.model_id = spec_.id;
+    ws.weights_fd = weights_->fd();
+    ws.hidden_in_fd = st.index > 0 ? exchanges_[st.index - 1]->fd() : -1;
+    ws.hidden_out_fd = st.index + 1 < stages_.size() ? exchanges_[st.index]->fd() : -1;
+    ws.context_size = n_ctx_;
+    ws.slots = spec_.parallel;
+    ws.threads = spec_.threads;
+    ws.batch_tokens = spec_.batch_tokens;
+    ws.pad_step = spec_.pad_step;
+    ws.first_layer = st.first_layer;
+    ws.end_layer = st.end_layer;
+    const uint32_t index = st.index;
+    WorkerProcess::Events ev;
+    ev.on_ready = [this, index](const WorkerReady& r) { on_ready(stages_[index], r); };
+    ev.on_completion = [this, index] { on_completion(stages_[index]); };
+    ev.on_exit = [this, index](std::string why) { on_exit(stages_[index], std::move(why)); };
+    st.in_flight = 0;
+    auto w = WorkerProcess::spawn(sup_.io(), ws, std::move(ev));
+    if (!w) {
+      spdlog::error("model {}: cannot start worker {}: {}", spec_.id, st.index, w.status().to_string());
+      fail_backend(w.status().message());
+      return;
+    }
+    st.worker = std::move(w).value();
+    spdlog::info("model {}: worker {} (layers {}-{}) started as pid {}", spec_.id, st.index, st.first_layer,
+                 st.end_layer - 1, st.worker->pid());
+  }
+
+  bool all_ready() const {
+    return std::all_of(stages_.begin(), stages_.end(), [](const Stage& s) { return s.worker && s.worker->ready(); });
+  }
+
+  void on_ready(Stage& st, const WorkerReady& r) {
+    st.ready_info = r;
+    st.started = Clock::now();
+    st.ever_ready = true;
+    if (st.crashed_at) {
+      st.last_restart_ms = ms_between(*st.crashed_at, Clock::now());
+      st.crashed_at.reset();
+      spdlog::info("model {}: worker {} back as pid {} in {:.1f} ms; replaying {} requests", spec_.id, st.index,
+                   st.worker->pid(), st.last_restart_ms, active_.size());
     } else {
-      spdlog::info("model {}: worker {} ready ({}, KV {:.1f} MiB) in {:.1f} ms", spec_.id, worker_->pid(), r.device,
+      spdlog::info("model {}: worker {} ready ({}, KV {:.1f} MiB) in {:.1f} ms", spec_.id, st.index, r.device,
                    r.kv_bytes / 1048576.0, r.start_ms);
     }
-    worker_started_ = Clock::now();
+    if (!all_ready()) return;
     state_ = ModelState::kReady;
     if (first_ready_) std::exchange(first_ready_, nullptr)(Status::ok());
     schedule();
   }
 
-  void on_exit(std::string why) {
+  void on_exit(Stage& st, std::string why) {
     // Runs inside the WorkerProcess's handler: the old worker must outlive this call.
-    auto dead = worker_;
+    auto dead = st.worker;
     asio::post(sup_.io(), [dead] {});
-    step_.reset();
+    st.worker.reset();
+    st.in_flight = 0;
     if (shutting_down_) {
-      spdlog::info("model {}: worker {} {}", spec_.id, dead->pid(), why);
-      worker_.reset();
-      if (on_stopped_) std::exchange(on_stopped_, nullptr)();
+      spdlog::info("model {}: worker {} (pid {}) {}", spec_.id, st.index, dead->pid(), why);
+      if (on_stopped_ && std::none_of(stages_.begin(), stages_.end(), [](const Stage& s) { return s.worker != nullptr; })) {
+        std::exchange(on_stopped_, nullptr)();
+      }
       return;
     }
-    spdlog::error("model {}: worker {} {}", spec_.id, dead->pid(), why);
-    worker_.reset();
-    if (first_ready_) {  // it never became ready: the load fails
+    spdlog::error("model {}: worker {} (pid {}) {}", spec_.id, st.index, dead->pid(), why);
+    step_.reset();  // whatever step was running is abandoned; the other stages' answers to it are dropped
+    if (first_ready_ || !st.ever_ready) {  // it never became ready: the load fails
       state_ = ModelState::kFailed;
       failure_ = "worker could not start: " + why;
-      std::exchange(first_ready_, nullptr)(Status(Code::kFailed, failure_));
+      for (Stage& other : stages_) {
+        if (other.worker) other.worker->kill();
+      }
+      if (first_ready_) std::exchange(first_ready_, nullptr)(Status(Code::kFailed, failure_));
       return;
     }
     const auto now = Clock::now();
-    crashed_at_ = now;
-    crashes_.push_back(now);
+    st.crashed_at = now;
+    st.crashes.push_back(now);
     const auto window = std::chrono::duration<double>(sup_.config().restart_window_s);
-    while (!crashes_.empty() && now - crashes_.front() > window) crashes_.pop_front();
-    if (crashes_.size() > sup_.config().max_restarts) {
-      fail_backend("its worker crashed " + std::to_string(crashes_.size()) + " times in " +
+    while (!st.crashes.empty() && now - st.crashes.front() > window) st.crashes.pop_front();
+    if (st.crashes.size() > sup_.config().max_restarts) {
+      fail_backend("its worker crashed " + std::to_string(st.crashes.size()) + " times in " +
                    std::to_string(static_cast<int>(sup_.config().restart_window_s)) + " s (last: " + why + ")");
       return;
     }
-    // Every sequence the worker held is replayed from position 0 on the new worker.
+    // Every sequence is replayed from position 0 on every stage (the restarted worker's cache is empty).
     std::vector<uint64_t> give_up;
     for (auto& [id, s] : active_) {
       s->fed = 0;
@@ -475,9 +586,9 @@ class ModelHost {
                                                         " times during this request (last: " + why + "); retry"));
     }
     replays_ += active_.size();
-    ++restarts_;
+    ++st.restarts;
     state_ = ModelState::kRecovering;
-    spawn_worker();
+    spawn_worker(st);
   }
 
   void fail_backend(const std::string& why) {
@@ -488,22 +599,28 @@ class ModelHost {
     if (first_ready_) std::exchange(first_ready_, nullptr)(Status(Code::kFailed, failure_));
   }
 
-  // Fails every request, asks the worker to exit and calls `stopped` once it has (or was killed).
+  // Fails every request, asks the workers to exit and calls `stopped` once they have (or were killed).
   void shutdown(const Status& why, std::function<void()> stopped) {
     shutting_down_ = true;
     fail_all(why);
     if (first_ready_) std::exchange(first_ready_, nullptr)(why);
-    if (!worker_) {
+    if (std::none_of(stages_.begin(), stages_.end(), [](const Stage& s) { return s.worker != nullptr; })) {
       asio::post(sup_.io(), std::move(stopped));
       return;
     }
     on_stopped_ = std::move(stopped);
-    worker_->request_shutdown();
     kill_timer_ = std::make_unique<asio::steady_timer>(sup_.io(), kShutdownGrace);
-    std::weak_ptr<WorkerProcess> weak = worker_;
+    std::vector<std::weak_ptr<WorkerProcess>> weak;
+    for (Stage& st : stages_) {
+      if (!st.worker) continue;
+      st.worker->request_shutdown();
+      weak.push_back(st.worker);
+    }
     kill_timer_->async_wait([weak](std::error_code ec) {
       if (ec) return;
-      if (auto w = weak.lock()) w->kill();
+      for (auto& w : weak) {
+        if (auto p = w.lock()) p->kill();
+      }
     });
   }
 
@@ -518,48 +635,54 @@ class ModelHost {
     m.parallel = spec_.parallel;
     m.load_ms = load_ms_;
     m.chat_template = chat_template_name(chat_template_);
-    if (model_) {
-      const ModelConfig& c = model_->config();
-      m.name = c.name;
-      m.arch = c.arch;
-      m.description = model_->describe();
-      m.vocab_size = static_cast<uint32_t>(c.n_vocab);
-      m.weights_bytes = weights_->size();
-      PlacementStageInfo st;
-      st.worker = 0;
-      st.backend = spec_.backend;
-      st.first_layer = 0;
-      st.end_layer = static_cast<uint32_t>(c.n_layer);
-      st.embeddings = st.output = true;
-      m.placement.push_back(st);
-      m.placement_summary = spec_.backend + ":0 layers 0-" + std::to_string(c.n_layer - 1) + " + embeddings + output";
+    if (!model_) return m;
+    const ModelConfig& c = model_->config();
+    m.name = c.name;
+    m.arch = c.arch;
+    m.description = model_->describe();
+    m.vocab_size = static_cast<uint32_t>(c.n_vocab);
+    m.weights_bytes = weights_->size();
+    for (const Stage& st : stages_) {
+      PlacementStageInfo p;
+      p.worker = st.index;
+      p.backend = spec_.backend;
+      p.first_layer = st.first_layer;
+      p.end_layer = st.end_layer;
+      p.embeddings = st.index == 0;
+      p.output = st.index + 1 == stages_.size();
+      m.placement.push_back(p);
+      if (!m.placement_summary.empty()) m.placement_summary += " | ";
+      m.placement_summary += spec_.backend + ":" + std::to_string(st.index) + " layers " +
+                             std::to_string(st.first_layer) + "-" + std::to_string(st.end_layer - 1) +
+                             (p.embeddings ? " + embeddings" : "") + (p.output ? " + output" : "");
+
+      WorkerInfoData w;
+      w.index = st.index;
+      w.backend = spec_.backend;
+      w.restarts = st.restarts;
+      w.last_restart_ms = st.last_restart_ms;
+      w.steps = st.steps;
+      w.tokens = st.tokens;
+      w.device = st.ready_info.device;
+      if (st.worker) {
+        w.pid = static_cast<uint32_t>(st.worker->pid());
+        w.state = st.worker->ready() ? "ready" : (st.restarts ? "restarting" : "starting");
+        auto [anon, shmem] = process_memory(st.worker->pid());
+        w.rss_bytes = anon;
+        w.shared_bytes = shmem;
+        if (st.worker->ready()) w.uptime_ms = static_cast<uint64_t>(ms_between(st.started, Clock::now()));
+      } else {
+        w.state = state_ == ModelState::kFailed ? "failed" : "stopped";
+      }
+      m.workers.push_back(w);
     }
-    WorkerInfoData w;
-    w.index = 0;
-    w.backend = spec_.backend;
-    w.restarts = restarts_;
-    w.last_restart_ms = last_restart_ms_;
-    w.steps = steps_;
-    w.tokens = tokens_processed_;
-    w.device = ready_info_.device;
-    if (worker_) {
-      w.pid = static_cast<uint32_t>(worker_->pid());
-      w.state = worker_->ready() ? "ready" : (restarts_ ? "restarting" : "starting");
-      auto [anon, shmem] = process_memory(worker_->pid());
-      w.rss_bytes = anon;
-      w.shared_bytes = shmem;
-      if (worker_->ready()) w.uptime_ms = static_cast<uint64_t>(ms_between(worker_started_, Clock::now()));
-    } else {
-      w.state = state_ == ModelState::kFailed ? "failed" : (state_ == ModelState::kLoading ? "loading" : "stopped");
-    }
-    if (state_ != ModelState::kLoading) m.workers.push_back(w);
     return m;
   }
 
   ModelStatusData status() const {
     ModelStatusData st;
     st.info = info();
-    st.kv_bytes = ready_info_.kv_bytes;
+    for (const Stage& s : stages_) st.kv_bytes += s.ready_info.kv_bytes;
     for (auto& [id, s] : active_) {
       ++st.slots_used;
       st.kv_tokens_used += s->fed;
@@ -596,6 +719,7 @@ class ModelHost {
 
   Supervisor& sup_;
   LoadSpec spec_;
+  uint64_t serial_;
   ModelState state_ = ModelState::kLoading;
   std::string failure_;
   std::thread loader_;
@@ -606,17 +730,14 @@ class ModelHost {
   uint32_t n_ctx_ = 0;
   double load_ms_ = 0;
 
-  std::shared_ptr<WorkerProcess> worker_;
-  WorkerReady ready_info_;
+  std::vector<Stage> stages_;  // pipeline order; sized once in attach() (handlers index into it)
+  std::vector<std::unique_ptr<ipc::HiddenExchange>> exchanges_;  // between stage i and i + 1
+  std::unique_ptr<ipc::Submission> submission_;                  // the step in flight, as sent to each stage
   std::function<void(Status)> first_ready_;
   std::function<void()> on_stopped_;
   std::unique_ptr<asio::steady_timer> kill_timer_;
+  std::unique_ptr<asio::steady_timer> step_timer_;  // the hang detector of the step in flight
   bool shutting_down_ = false;
-  std::optional<Clock::time_point> crashed_at_;
-  std::deque<Clock::time_point> crashes_;
-  Clock::time_point worker_started_;
-  uint32_t restarts_ = 0;
-  double last_restart_ms_ = 0;
 
   std::deque<std::unique_ptr<Sequence>> queue_;
   std::map<uint64_t, std::unique_ptr<Sequence>> active_;
@@ -697,7 +818,8 @@ void Supervisor::load(LoadSpec spec, std::shared_ptr<LoadProgressSink> progress,
   if (spec.pad_step != 64 && spec.pad_step != 128) return fail(Code::kInvalidArgument, "pad step must be 64 or 128");
   if (spec.max_queue == 0) spec.max_queue = config_.max_queue;
 
-  auto host_ptr = std::make_unique<ModelHost>(*this, spec);
+  const uint64_t serial = ++load_serial_;
+  auto host_ptr = std::make_unique<ModelHost>(*this, spec, serial);
   ModelHost* host = host_ptr.get();
   models_.emplace(spec.id, std::move(host_ptr));
   spdlog::info("loading {} as {} ({} slots, context {}, {} threads)", spec.path, spec.id, spec.parallel,
@@ -706,7 +828,7 @@ void Supervisor::load(LoadSpec spec, std::shared_ptr<LoadProgressSink> progress,
   const auto t0 = Clock::now();
   std::string id = spec.id;
   // The copy into shared memory runs on its own thread; the result comes back to this io_context.
-  host->loader() = std::thread([this, spec, progress, done, t0, id]() mutable {
+  host->loader() = std::thread([this, spec, progress, done, t0, id, serial]() mutable {
     if (progress) progress->update("copying", 0, 1);
     auto weights = ipc::WeightsSegment::create(spec.path, [&](uint64_t d, uint64_t t) {
       if (progress) progress->update("copying", d, t);
@@ -720,17 +842,22 @@ void Supervisor::load(LoadSpec spec, std::shared_ptr<LoadProgressSink> progress,
     }
     auto shared = std::make_shared<std::tuple<decltype(weights), decltype(model), decltype(tokenizer)>>(
         std::move(weights), std::move(model), std::move(tokenizer));
-    asio::post(io_, [this, shared, progress, done, t0, id] {
+    asio::post(io_, [this, shared, progress, done, t0, id, serial] {
       auto& [w, m, t] = *shared;
       ModelHost* h = find(id);
-      if (!h) return done(Status(Code::kFailed, "model " + id + " was unloaded while loading"));
+      if (!h || h->serial() != serial) return done(Status(Code::kFailed, "model " + id + " was unloaded while loading"));
       Status err = !w ? w.status() : !m ? m.status() : !t ? t.status() : Status::ok();
       if (!err) {
         spdlog::error("load of {} failed: {}", id, err.to_string());
         models_.erase(id);  // joins the loader thread, which has nothing left to do
         return done(err);
       }
-      h->attach(std::move(w).value(), std::move(m).value(), std::move(t).value(), ms_between(t0, Clock::now()));
+      Status laid_out = h->attach(std::move(w).value(), std::move(m).value(), std::move(t).value(),
+                                  ms_between(t0, Clock::now()));
+      if (!laid_out) {
+        models_.erase(id);
+        return done(laid_out);
+      }
       if (progress) progress->update("starting workers", 0, 1);
       h->start([this, h, done, progress, id](Status s) {
         if (!s) {

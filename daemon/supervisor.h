@@ -32,6 +32,7 @@ struct LoadSpec {
   std::string id;
   uint32_t context_size = 0, parallel = 0, threads = 0, batch_tokens = 0, pad_step = 0, max_queue = 0;
   std::string backend;
+  std::vector<uint32_t> layer_split;  // first layer of each pipeline stage after the first
 };
 
 struct PlacementStageInfo {
@@ -142,6 +143,7 @@ class Supervisor {
   std::chrono::steady_clock::time_point started_;
   uint32_t connections_ = 0;
   uint64_t requests_total_ = 0, requests_rejected_ = 0;
+  uint64_t load_serial_ = 0;
   bool stopping_ = false;
 };
 

@@ -56,15 +56,23 @@ Result<std::shared_ptr<WorkerProcess>> WorkerProcess::spawn(asio::io_context& io
 
   // Everything the child needs is prepared before fork: between fork and exec only async-signal-safe
   // calls are allowed (this process has other threads).
-  const std::string fd_args[] = {"3", "4", "5", "6", "7"};
-  std::vector<std::string> args = {spec.worker_path, "--backend", spec.backend,
-                                   "--control-fd", fd_args[0], "--weights-fd", fd_args[1],
-                                   "--ring-fd", fd_args[2], "--submit-efd", fd_args[3],
-                                   "--complete-efd", fd_args[4]};
+  // Descriptors in the child: 3 control, 4 weights, 5 ring, 6 submit, 7 complete, then 8 hidden-in and
+  // 9 hidden-out for pipeline stages. Everything is prepared before fork: between fork and exec only
+  // async-signal-safe calls are allowed (this process has other threads).
+  std::vector<std::string> args = {spec.worker_path, "--backend", spec.backend, "--control-fd", "3", "--weights-fd", "4",
+                                   "--ring-fd", "5", "--submit-efd", "6", "--complete-efd", "7"};
+  int child_fds[7] = {theirs.get(), spec.weights_fd, w->ring_->fd(), submit.get(), complete.get(), -1, -1};
+  if (spec.hidden_in_fd >= 0) {
+    args.insert(args.end(), {"--hidden-in-fd", "8"});
+    child_fds[5] = spec.hidden_in_fd;
+  }
+  if (spec.hidden_out_fd >= 0) {
+    args.insert(args.end(), {"--hidden-out-fd", "9"});
+    child_fds[6] = spec.hidden_out_fd;
+  }
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-  const int child_fds[5] = {theirs.get(), spec.weights_fd, w->ring_->fd(), submit.get(), complete.get()};
   const pid_t parent = ::getpid();
 
   pid_t pid = ::fork();
@@ -75,15 +83,15 @@ Result<std::shared_ptr<WorkerProcess>> WorkerProcess::spawn(asio::io_context& io
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(1);
-    int tmp[5];
-    for (int i = 0; i < 5; ++i) {
-      tmp[i] = ::fcntl(child_fds[i], F_DUPFD_CLOEXEC, 64);
-      if (tmp[i] < 0) ::_exit(126);
+    int tmp[7];
+    for (int i = 0; i < 7; ++i) {
+      tmp[i] = child_fds[i] < 0 ? -1 : ::fcntl(child_fds[i], F_DUPFD_CLOEXEC, 64);
+      if (child_fds[i] >= 0 && tmp[i] < 0) ::_exit(126);
     }
-    for (int i = 0; i < 5; ++i) {
-      if (::dup2(tmp[i], 3 + i) < 0) ::_exit(126);  // dup2 clears FD_CLOEXEC on the copy
+    for (int i = 0; i < 7; ++i) {
+      if (tmp[i] >= 0 && ::dup2(tmp[i], 3 + i) < 0) ::_exit(126);  // dup2 clears FD_CLOEXEC on the copy
     }
-    ::syscall(SYS_close_range, 8u, ~0u, 0u);
+    ::syscall(SYS_close_range, 10u, ~0u, 0u);
     ::execv(argv[0], argv.data());
     ::_exit(127);
   }

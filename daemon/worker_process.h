@@ -29,7 +29,9 @@ struct WorkerSpec {
   std::string worker_path;
   std::string backend = "cpu";
   std::string model_id;
-  int weights_fd = -1;  // borrowed; the worker gets its own duplicate
+  int weights_fd = -1;     // borrowed; the worker gets its own duplicate
+  int hidden_in_fd = -1;   // pipeline stages: borrowed exchanges (ipc/hidden_exchange.h), or -1
+  int hidden_out_fd = -1;
   uint32_t context_size = 0, slots = 1, threads = 0, batch_tokens = 512, pad_step = 64;
   uint32_t first_layer = 0, end_layer = 0;
 };

@@ -136,3 +136,33 @@ TEST(Ring, AcrossProcesses) {
 
 }  // namespace
 }  // namespace inferd::ipc
+
+#include "inferd/ipc/hidden_exchange.h"
+
+namespace inferd::ipc {
+namespace {
+
+TEST(HiddenExchange, PublishThenReadThroughAnotherMapping) {
+  auto writer = std::move(HiddenExchange::create(8, 4)).value();
+  auto reader = HiddenExchange::attach(UniqueFd(::dup(writer->fd())), 8, 4);
+  ASSERT_TRUE(reader) << reader.status().to_string();
+  std::vector<float> rows(3 * 8);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<float>(i) * 0.5f;
+  EXPECT_FALSE(reader.value()->read(7, 3));  // nothing published yet
+  writer->publish(7, rows.data(), 3);
+  auto got = reader.value()->read(7, 3);
+  ASSERT_TRUE(got) << got.status().to_string();
+  EXPECT_TRUE(std::equal(rows.begin(), rows.end(), got.value()));
+  EXPECT_FALSE(reader.value()->read(8, 3));  // another step
+  EXPECT_FALSE(reader.value()->read(7, 2));  // another size
+}
+
+TEST(HiddenExchange, AttachChecksTheShape) {
+  auto x = std::move(HiddenExchange::create(8, 4)).value();
+  EXPECT_FALSE(HiddenExchange::attach(UniqueFd(::dup(x->fd())), 16, 4));
+  EXPECT_FALSE(HiddenExchange::attach(UniqueFd(::dup(x->fd())), 8, 5));
+  EXPECT_TRUE(HiddenExchange::attach(UniqueFd(::dup(x->fd())), 8, 4));
+}
+
+}  // namespace
+}  // namespace inferd::ipc

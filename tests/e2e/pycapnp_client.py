@@ -27,6 +27,9 @@ class Sink(inferd.TokenSink.Server):
         self.text += batch.text
         self.batches += 1
 
+    async def done(self, **kwargs):
+        pass  # the barrier: every send() above has run before generate returns
+
 
 class Progress(inferd.LoadProgress.Server):
     def __init__(self):

@@ -12,8 +12,9 @@ namespace {
 
 class CpuBackend final : public StepBackend {
  public:
-  CpuBackend(std::unique_ptr<Engine> engine, int32_t slots)
-      : engine_(std::move(engine)), samplers_(static_cast<size_t>(slots)) {}
+  CpuBackend(std::unique_ptr<Engine> engine, const BackendOptions& o)
+      : engine_(std::move(engine)), samplers_(static_cast<size_t>(o.slots)), hidden_in_(o.hidden_in),
+        hidden_out_(o.hidden_out) {}
 
   Status step(const ipc::Submission& sub, ipc::Completion& out) override {
     INFERD_RETURN_IF_ERROR(check_submission(sub));
@@ -27,11 +28,13 @@ class CpuBackend final : public StepBackend {
       if (first_token[s] < 0) first_token[s] = static_cast<int32_t>(i);
       last_token[s] = static_cast<int32_t>(i);
     }
+    const bool last = engine_->is_last_stage();
     for (uint32_t s = 0; s < sub.n_seqs; ++s) {
       const ipc::StepSeq& seq = sub.seqs[s];
       if (first_token[s] < 0) continue;
       if (sub.tokens[first_token[s]].pos == 0) {
         engine_->clear_slot(static_cast<int32_t>(seq.slot));
+        if (!last) continue;  // only the last stage samples
         SamplingParams p;
         p.temperature = seq.temperature;
         p.top_k = seq.top_k;
@@ -47,7 +50,7 @@ class CpuBackend final : public StepBackend {
         auto& sampler = samplers_[seq.slot];
         sampler.emplace(p, n_vocab);
         sampler->skip_draws(seq.n_sampled);
-      } else if (!samplers_[seq.slot]) {
+      } else if (last && !samplers_[seq.slot]) {
         return Status(Code::kInvalidArgument, "slot " + std::to_string(seq.slot) + " continues a sequence it never started");
       }
     }
@@ -57,11 +60,21 @@ class CpuBackend final : public StepBackend {
       bool wants = (seq.flags & ipc::kSeqWantToken) != 0 && static_cast<int32_t>(i) == last_token[t.seq];
       batch_.push_back(BatchToken{t.token, static_cast<int32_t>(seq.slot), t.pos, wants});
     }
-    auto logits = engine_->forward(batch_);
+    std::span<const float> hidden;
+    if (!engine_->is_first_stage()) {
+      auto rows = hidden_in_->read(sub.id, sub.n_tokens);
+      if (!rows) return rows.status();
+      hidden = std::span<const float>(rows.value(), size_t{sub.n_tokens} * static_cast<size_t>(engine_->model().config().n_embd));
+    }
+    auto logits = engine_->forward(batch_, hidden);
     if (!logits) return logits.status();
+    out.n_outputs = 0;
+    if (!last) {
+      hidden_out_->publish(sub.id, logits.value().data(), sub.n_tokens);
+      return Status::ok();
+    }
     for (const BatchToken& b : batch_) samplers_[static_cast<size_t>(b.slot)]->accept(b.token);
 
-    out.n_outputs = 0;
     size_t row = 0;
     for (uint32_t i = 0; i < sub.n_tokens; ++i) {
       if (!batch_[i].logits) continue;
@@ -78,8 +91,12 @@ class CpuBackend final : public StepBackend {
   }
 
   std::string device() const override {
-    return std::string("CPU (") + kernels::isa_name(kernels::best_isa()) + "), " +
-           std::to_string(engine_->options().n_threads) + " threads";
+    const EngineOptions& o = engine_->options();
+    std::string layers = engine_->is_first_stage() && engine_->is_last_stage()
+                             ? ""
+                             : ", layers " + std::to_string(o.first_layer) + "-" + std::to_string(o.end_layer - 1);
+    return std::string("CPU (") + kernels::isa_name(kernels::best_isa()) + "), " + std::to_string(o.n_threads) +
+           " threads" + layers;
   }
   uint64_t kv_bytes() const override { return engine_->stats().kv_bytes; }
   uint64_t arena_bytes() const override { return engine_->stats().arena_bytes; }
@@ -119,6 +136,8 @@ class CpuBackend final : public StepBackend {
   std::unique_ptr<Engine> engine_;
   std::vector<std::optional<Sampler>> samplers_;
   std::vector<BatchToken> batch_;
+  const ipc::HiddenExchange* hidden_in_;
+  const ipc::HiddenExchange* hidden_out_;
 };
 
 }  // namespace
@@ -130,15 +149,23 @@ Result<std::unique_ptr<StepBackend>> make_cpu_backend(std::shared_ptr<const Mode
   eo.n_threads = options.threads;
   eo.n_ubatch = options.batch_tokens;
   eo.pad_step = options.pad_step;
+  eo.first_layer = options.first_layer;
+  eo.end_layer = options.end_layer;
   if (options.slots < 1 || options.slots > static_cast<int32_t>(ipc::kMaxStepSeqs)) {
     return Status(Code::kInvalidArgument, "slots must be in [1, " + std::to_string(ipc::kMaxStepSeqs) + "]");
   }
   if (options.batch_tokens < 1 || options.batch_tokens > static_cast<int32_t>(ipc::kMaxStepTokens)) {
     return Status(Code::kInvalidArgument, "batch tokens must be in [1, " + std::to_string(ipc::kMaxStepTokens) + "]");
   }
+  const int32_t n_layer = model->config().n_layer;
+  const bool first = options.first_layer == 0;
+  const bool last = options.end_layer == 0 || options.end_layer == n_layer;
+  if (first != (options.hidden_in == nullptr) || last != (options.hidden_out == nullptr)) {
+    return Status(Code::kInvalidArgument, "a pipeline stage needs a hidden-state exchange on each inner boundary");
+  }
   auto engine = Engine::create(std::move(model), eo);
   if (!engine) return engine.status();
-  return std::unique_ptr<StepBackend>(new CpuBackend(std::move(engine).value(), options.slots));
+  return std::unique_ptr<StepBackend>(new CpuBackend(std::move(engine).value(), options));
 }
 
 }  // namespace inferd::worker

@@ -10,6 +10,8 @@
 //  * Every token of a step is added to its sequence's sampling history before that sequence samples.
 //  * Sampling of a sequence created with n_sampled = k resumes its random sequence after k draws.
 //  * A malformed submission fails the step with a message; it never crashes the worker.
+//  * A pipeline stage before the last publishes the step's hidden states and samples nothing; only
+//    the last stage samples.
 //
 // Thread safety: one thread calls step().
 #pragma once
@@ -18,6 +20,7 @@
 #include <memory>
 #include <string>
 
+#include "inferd/ipc/hidden_exchange.h"
 #include "inferd/ipc/ring.h"
 #include "inferd/model.h"
 #include "inferd/status.h"
@@ -30,6 +33,12 @@ struct BackendOptions {
   int32_t threads = 0;
   int32_t batch_tokens = 512;
   int32_t pad_step = 64;
+  // Pipeline stage: the layers this worker runs ([0, 0) = all), and the exchanges it reads hidden
+  // states from (a stage after the first) and writes them to (a stage before the last). Borrowed.
+  int32_t first_layer = 0;
+  int32_t end_layer = 0;
+  const ipc::HiddenExchange* hidden_in = nullptr;
+  const ipc::HiddenExchange* hidden_out = nullptr;
 };
 
 class StepBackend {

@@ -1,6 +1,7 @@
 // inferd-worker: one backend instance, spawned and supervised by inferd. Not meant to be run by hand.
 //
 //   inferd-worker --backend cpu --control-fd 3 --weights-fd 4 --ring-fd 5 --submit-efd 6 --complete-efd 7
+//                 [--hidden-in-fd 8] [--hidden-out-fd 9]      (pipeline stages: ipc/hidden_exchange.h)
 //
 // The supervisor passes five inherited descriptors: the control socket (schemas/worker.capnp frames),
 // the sealed weights segment, the ring segment and two eventfds (supervisor -> worker "a submission is
@@ -39,6 +40,7 @@ using Clock = std::chrono::steady_clock;
 struct Args {
   std::string backend = "cpu";
   int control_fd = -1, weights_fd = -1, ring_fd = -1, submit_efd = -1, complete_efd = -1;
+  int hidden_in_fd = -1, hidden_out_fd = -1;  // pipeline stages only
 };
 
 bool parse_args(int argc, char** argv, Args* a) {
@@ -53,6 +55,8 @@ bool parse_args(int argc, char** argv, Args* a) {
     else if (k == "--ring-fd" && num) a->ring_fd = static_cast<int>(v);
     else if (k == "--submit-efd" && num) a->submit_efd = static_cast<int>(v);
     else if (k == "--complete-efd" && num) a->complete_efd = static_cast<int>(v);
+    else if (k == "--hidden-in-fd" && num) a->hidden_in_fd = static_cast<int>(v);
+    else if (k == "--hidden-out-fd" && num) a->hidden_out_fd = static_cast<int>(v);
     else return false;
   }
   return argc % 2 == 1 && a->control_fd >= 0 && a->weights_fd >= 0 && a->ring_fd >= 0 && a->submit_efd >= 0 &&
@@ -116,6 +120,22 @@ int run(const Args& args) {
   bo.threads = static_cast<int32_t>(cfg.getThreads());
   bo.batch_tokens = static_cast<int32_t>(cfg.getBatchTokens());
   bo.pad_step = static_cast<int32_t>(cfg.getPadStep());
+  bo.first_layer = static_cast<int32_t>(cfg.getFirstLayer());
+  bo.end_layer = static_cast<int32_t>(cfg.getEndLayer());
+  const uint32_t n_embd = static_cast<uint32_t>(model.value()->config().n_embd);
+  std::unique_ptr<ipc::HiddenExchange> hidden_in, hidden_out;
+  if (args.hidden_in_fd >= 0) {
+    auto x = ipc::HiddenExchange::attach(ipc::UniqueFd(args.hidden_in_fd), n_embd, cfg.getBatchTokens());
+    if (!x) return fail(x.status());
+    hidden_in = std::move(x).value();
+  }
+  if (args.hidden_out_fd >= 0) {
+    auto x = ipc::HiddenExchange::attach(ipc::UniqueFd(args.hidden_out_fd), n_embd, cfg.getBatchTokens());
+    if (!x) return fail(x.status());
+    hidden_out = std::move(x).value();
+  }
+  bo.hidden_in = hidden_in.get();
+  bo.hidden_out = hidden_out.get();
   auto backend = make_cpu_backend(model.value(), bo);
   if (!backend) return fail(backend.status());
   StepBackend& be = *backend.value();

@@ -196,3 +196,40 @@ TEST_F(EngineTest, PipelineStagesEqualTheWholeModel) {
 
 }  // namespace
 }  // namespace inferd
+
+namespace inferd {
+namespace {
+
+// A slot reused after clear_slot() computes exactly what a fresh engine computes: nothing of the
+// previous sequence (its K/V rows are still in the cache) may leak into attention.
+TEST_F(EngineTest, ReusedSlotEqualsFreshEngine) {
+  auto used = make();
+  std::vector<int32_t> other;
+  for (int i = 0; i < 100; ++i) other.push_back(1000 + (i * 37) % 5000);
+  ASSERT_TRUE(used->eval(0, other).is_ok());
+  used->clear_slot(0);
+  auto fresh = make();
+  for (size_t n : {kPrompt.size(), size_t{1}}) {
+    std::span<const int32_t> p(kPrompt.data(), n);
+    auto a = used->eval(0, p, true);
+    ASSERT_TRUE(a.is_ok());
+    std::vector<float> va(a->begin(), a->end());
+    auto b = fresh->eval(0, p, true);
+    ASSERT_TRUE(b.is_ok());
+    EXPECT_TRUE(std::equal(va.begin(), va.end(), b->begin())) << n << " tokens";
+    used->clear_slot(0);
+    fresh->clear_slot(0);
+  }
+  // Token by token (the decode path) after the reuse as well.
+  for (size_t i = 0; i < kPrompt.size(); ++i) {
+    auto a = used->eval(0, std::span<const int32_t>(&kPrompt[i], 1));
+    ASSERT_TRUE(a.is_ok());
+    std::vector<float> va(a->begin(), a->end());
+    auto b = fresh->eval(0, std::span<const int32_t>(&kPrompt[i], 1));
+    ASSERT_TRUE(b.is_ok());
+    EXPECT_TRUE(std::equal(va.begin(), va.end(), b->begin())) << "decode position " << i;
+  }
+}
+
+}  // namespace
+}  // namespace inferd

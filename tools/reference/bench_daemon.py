@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""IPC overhead and serving throughput of inferd, measured side by side in one run.
+
+1. Decode tokens/s of the in-process engine (build/tools/inferd-bench) and of the same model through the
+   daemon (a pycapnp client streaming a greedy generation), alternately for --rounds rounds, same threads,
+   same prompt and generation lengths. Reports the medians and the ratio daemon / in-process.
+2. Through the daemon: time to first token and per-token latency (gap between consecutive tokens as the
+   client receives them) p50/p99 for one stream.
+3. Aggregate generated tokens/s with 1, 4 and 16 concurrent streams (one connection each), next to
+   llama.cpp (llama-cpp-python's library, which serves one sequence at a time: the same requests in a loop).
+
+Usage: bench_daemon.py [--model M] [--threads 2] [--gen 128] [--rounds 5] [--streams 1 4 16] [--no-llamacpp]
+Needs: build/bin/inferd, build/bin/inferd-worker, build/tools/inferd-bench, pycapnp; llama-cpp-python for (3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import capnp
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+api = capnp.load(os.path.join(ROOT, "schemas", "inferd.capnp"), imports=["/usr/include"])
+PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
+
+
+class Sink(api.TokenSink.Server):
+    def __init__(self):
+        self.arrivals = []  # (time, tokens in the batch)
+
+    async def send(self, batch, **kwargs):
+        self.arrivals.append((time.perf_counter(), len(batch.tokens)))
+
+
+async def connect(path):
+    stream = await capnp.AsyncIoStream.create_unix_connection(path)
+    client = capnp.TwoPartyClient(stream)
+    daemon = client.bootstrap().cast_as(api.Daemon)
+    await daemon.hello(api.protocolVersion, "bench_daemon")
+    return client, daemon
+
+
+async def generate(inference, n, seed, sink):
+    req = {"model": "bench", "input": {"prompt": PROMPT}, "maxTokens": n, "ignoreEog": True,
+           "sampling": {"temperature": 0.0, "seed": seed}}
+    return (await inference.generate(req, sink)).result
+
+
+def percentile(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+async def daemon_rounds(path, args, inproc_results):
+    client, daemon = await connect(path)
+    admin = (await daemon.admin()).admin
+    inference = (await daemon.inference()).inference
+    await admin.load(os.path.abspath(args.model),
+                     {"id": "bench", "threads": args.threads, "parallel": max(args.streams), "contextSize": 1024}, None)
+    await generate(inference, 8, 0, Sink())  # warm-up
+    decode, ttft, gaps = [], [], []
+    for r in range(args.rounds):
+        # In-process, then through the daemon, alternately.
+        out = subprocess.run([os.path.join(args.build, "tools", "inferd-bench"), "-m", args.model, "-p", "16",
+                              "-n", str(args.gen), "-r", "1", "-t", str(args.threads), "--json"],
+                             check=True, capture_output=True, text=True, cwd=ROOT).stdout
+        inproc_results.append(json.loads(out.strip().splitlines()[-1])["decode_tps"])
+        sink = Sink()
+        res = await generate(inference, args.gen, r, sink)
+        decode.append((res.generatedTokens - 1) * 1000.0 / res.generateMs)
+        ttft.append(res.timeToFirstTokenMs)
+        t = [a[0] for a in sink.arrivals]
+        gaps += [(b - a) * 1000.0 for a, b in zip(t, t[1:])]
+        print(f"round {r}: in-process {inproc_results[-1]:.1f} tok/s, daemon {decode[-1]:.1f} tok/s", file=sys.stderr)
+    streams = {}
+    for n in args.streams:
+        conns = [await connect(path) for _ in range(n)]
+        infs = [(await d.inference()).inference for _, d in conns]
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*[generate(inf, args.gen, i, Sink()) for i, inf in enumerate(infs)])
+        wall = time.perf_counter() - t0
+        total = sum(r.generatedTokens for r in results)
+        streams[n] = total / wall
+        print(f"{n} streams: {streams[n]:.1f} tok/s aggregate", file=sys.stderr)
+    await admin.unload("bench")
+    return decode, ttft, gaps, streams
+
+
+def llamacpp_streams(args):
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    llm = Llama(model_path=args.model, n_threads=args.threads, n_ctx=1024, verbose=False)
+    llm(PROMPT, max_tokens=8, temperature=0.0)
+    out = {}
+    for n in args.streams:
+        t0 = time.perf_counter()
+        total = 0
+        for _ in range(n):
+            # llama-cpp-python has no ignore-EOS switch: the tokens actually generated are counted.
+            r = llm.create_completion(PROMPT, max_tokens=args.gen, temperature=0.0)
+            total += r["usage"]["completion_tokens"]
+        out[n] = total / (time.perf_counter() - t0)
+        print(f"llama.cpp {n} requests in a loop: {out[n]:.1f} tok/s", file=sys.stderr)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--gen", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--streams", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--no-llamacpp", action="store_true")
+    args = ap.parse_args()
+
+    tmp = tempfile.mkdtemp(prefix="inferd-bench-")
+    path = os.path.join(tmp, "inferd.sock")
+    log = open(os.path.join(tmp, "inferd.log"), "w")
+    proc = subprocess.Popen([os.path.join(args.build, "bin", "inferd"), "--socket", path], stderr=log)
+    try:
+        for _ in range(500):
+            try:
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.connect(path)
+                break
+            except OSError:
+                time.sleep(0.01)
+        inproc = []
+        decode, ttft, gaps, streams = asyncio.run(capnp.run(daemon_rounds(path, args, inproc)))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    llama = None if args.no_llamacpp else llamacpp_streams(args)
+
+    d, i = statistics.median(decode), statistics.median(inproc)
+    print(f"\nmodel {os.path.basename(args.model)}, {args.threads} threads, {args.gen} generated tokens, "
+          f"{args.rounds} rounds alternating")
+    print(f"| decode tok/s | in-process | through the daemon | ratio |\n|---|---|---|---|\n"
+          f"| median | {i:.1f} | {d:.1f} | {d / i:.3f} |")
+    print(f"\ntime to first token (prompt {len(PROMPT)} chars): median {statistics.median(ttft):.1f} ms; "
+          f"per-token gap at the client: p50 {percentile(gaps, 50):.2f} ms, p99 {percentile(gaps, 99):.2f} ms")
+    print("\n| concurrent streams | inferd aggregate tok/s | llama.cpp (library, requests in a loop) tok/s |\n|---|---|---|")
+    for n in args.streams:
+        print(f"| {n} | {streams[n]:.1f} | {llama[n]:.1f} |" if llama else f"| {n} | {streams[n]:.1f} | n/a |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+// inferd/opencl/tensor_desc.h — tensor virtualization: logical BHWC tensors in physical GPU objects.
+//
+// ML Drift's tensor virtualization: a kernel sees a *logical* tensor of shape BHWC (batch, height,
+// width, channels) whose channels are grouped in slices of 4 (S = ceil(C / 4)); a TensorDescriptor
+// also names the *physical* object that stores it, and every storage holds one RGBA float "texel"
+// (a float4) per (b, x, y, s):
+//
+//   storage        object                          texel of (b, x, y, s)
+//   kBuffer        buffer of B*H*W*S float4        index ((s*H + y)*W + x)*B + b
+//   kImageBuffer   image1d_buffer, RGBA float      the same linear index
+//   kTexture2D     image2d of (W*B) x (H*S), RGBA  (x*B + b, y*S + s)
+//
+// Invariant (the "padding is zero" rule): the channels c >= C of the last slice hold 0.0f. upload()
+// writes them as zeros and every op writes zeros there, so reductions over slices need no masking of
+// inputs (softmax, whose padding would be exp(0) = 1, masks its own lanes explicitly).
+//
+// Only float32 texels exist so far; half-precision storage is a later step (see the report of issue 5).
+//
+// Thread safety: TensorDescriptor and the choosers are values / pure functions. A Tensor is owned and
+// used by one thread (its Runtime's); the transfer functions enqueue on the Runtime's queue and block.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "inferd/opencl/cl_runtime.h"
+#include "inferd/status.h"
+
+namespace inferd::opencl {
+
+enum class StorageType : uint8_t { kBuffer, kImageBuffer, kTexture2D };
+inline constexpr StorageType kAllStorageTypes[] = {StorageType::kBuffer, StorageType::kImageBuffer,
+                                                   StorageType::kTexture2D};
+const char* storage_name(StorageType storage);  // "buffer", "image_buffer", "texture2d"
+
+// A set of storages (what a kernel can read or write), one bit per StorageType.
+using StorageMask = uint32_t;
+constexpr StorageMask storage_bit(StorageType s) { return 1u << static_cast<unsigned>(s); }
+inline constexpr StorageMask kAnyStorage = 0x7;
+
+// A logical shape. Every extent is >= 1.
+struct Bhwc {
+  int32_t b = 1, h = 1, w = 1, c = 1;
+
+  int32_t slices() const { return (c + 3) / 4; }
+  int64_t elements() const { return int64_t{b} * h * w * c; }
+  // Dense logical index of (b, x, y, c): channels fastest, then x, y, b (the host-side order that
+  // upload() and download() use).
+  int64_t offset(int32_t bi, int32_t x, int32_t y, int32_t ci) const { return ((int64_t{bi} * h + y) * w + x) * c + ci; }
+  bool operator==(const Bhwc&) const = default;
+  std::string to_string() const;  // "1x1x7x67" (BxHxWxC)
+};
+
+class TensorDescriptor {
+ public:
+  TensorDescriptor(Bhwc shape, StorageType storage);
+
+  const Bhwc& shape() const { return shape_; }
+  StorageType storage() const { return storage_; }
+  int32_t slices() const { return shape_.slices(); }
+  int64_t texel_count() const { return int64_t{shape_.b} * shape_.h * shape_.w * slices(); }
+  size_t data_bytes() const { return static_cast<size_t>(texel_count()) * 16; }
+
+  // Linear texel index of kBuffer / kImageBuffer.
+  int64_t linear_index(int32_t b, int32_t x, int32_t y, int32_t s) const {
+    return ((int64_t{s} * shape_.h + y) * shape_.w + x) * shape_.b + b;
+  }
+  // kTexture2D: size of the image and texel coordinate of (b, x, y, s).
+  int64_t texture_width() const { return int64_t{shape_.w} * shape_.b; }
+  int64_t texture_height() const { return int64_t{shape_.h} * slices(); }
+  // Position of (b, x, y, s) in this storage's host staging order: the linear index for the linear
+  // storages, row-major (y*S + s) * width + (x*B + b) for kTexture2D.
+  int64_t staging_index(int32_t b, int32_t x, int32_t y, int32_t s) const;
+
+  // OK when this storage can hold the shape on `device`; kUnimplemented when the device lacks the
+  // storage (no images), kOutOfRange naming the limit that is exceeded otherwise.
+  Status fits(const DeviceInfo& device) const;
+  std::string to_string() const;  // "1x1x7x67 texture2d"
+
+ private:
+  Bhwc shape_;
+  StorageType storage_;
+};
+
+// ---- Choosing a storage --------------------------------------------------------------------------
+
+// The device's order of preference: on GPUs kTexture2D, kImageBuffer, kBuffer (reads through the
+// texture cache, ML Drift's default); on CPUs and other devices kBuffer first, since images are
+// emulated in software there.
+std::vector<StorageType> storage_preference(const DeviceInfo& device);
+
+struct StorageChoice {
+  StorageType storage = StorageType::kBuffer;
+  // Why each more preferred storage was passed over ("texture2d: height 37984 > CL_DEVICE_IMAGE2D_
+  // MAX_HEIGHT 16384"); empty when the first preference was taken.
+  std::vector<std::string> fallbacks;
+  std::string to_string() const;
+};
+
+// The first storage in the device's preference that the kernel supports (`kernel_supports`) and that
+// fits the device's limits for `shape`. kOutOfRange with every reason when none does.
+Result<StorageChoice> choose_storage(const DeviceInfo& device, const Bhwc& shape,
+                                     StorageMask kernel_supports = kAnyStorage);
+
+// ---- Device tensors ----------------------------------------------------------------------------
+
+struct AllocOptions {
+  // Sentinel room around the data, for tests and debugging: for the linear storages this many texels
+  // (rounded up to the device's sub-buffer alignment) before and after the data in one parent buffer;
+  // for kTexture2D this many extra columns and rows. fill_guards() / check_guards() use it.
+  int32_t guard_texels = 0;
+};
+
+// A logical tensor on the device: the cl_mem objects of one descriptor.
+class Tensor {
+ public:
+  static Result<Tensor> allocate(Runtime& rt, const TensorDescriptor& desc, const AllocOptions& options = {});
+
+  Tensor(Tensor&&) noexcept = default;
+  Tensor& operator=(Tensor&&) noexcept = default;
+
+  const TensorDescriptor& desc() const { return desc_; }
+  const Bhwc& shape() const { return desc_.shape(); }
+  StorageType storage() const { return desc_.storage(); }
+  // The object a kernel binds: the buffer, the image1d_buffer or the image2d.
+  cl_mem memory() const { return storage() == StorageType::kBuffer ? buffer_.get() : image_.get(); }
+  // The buffer behind kBuffer and kImageBuffer (nullptr for kTexture2D).
+  cl_mem buffer() const { return buffer_.get(); }
+
+  int32_t guard_texels() const { return guard_texels_; }
+  // Bytes of each guard region of a linear storage (0 without guards), and the buffer holding
+  // guard | data | guard (nullptr without guards).
+  size_t guard_bytes() const { return guard_bytes_; }
+  cl_mem guard_parent() const { return parent_.get(); }
+
+ private:
+  explicit Tensor(const TensorDescriptor& desc) : desc_(desc) {}
+
+  TensorDescriptor desc_;
+  ClMem parent_;  // guarded linear storages: guard | data | guard; buffer_ is a sub-buffer of it
+  ClMem buffer_;
+  ClMem image_;
+  int32_t guard_texels_ = 0;
+  size_t guard_bytes_ = 0;
+};
+
+// Writes a logical tensor (`data` in Bhwc::offset order, shape().elements() floats); the channels of
+// the last slice past C are written as zeros.
+Status upload(Runtime& rt, Tensor& tensor, std::span<const float> data);
+// Reads the logical tensor back (shape().elements() floats).
+Status download(Runtime& rt, const Tensor& tensor, std::span<float> data);
+// The physical texels (4 * texel_count() floats, in linear_index order for every storage), padding
+// lanes included: tests check the padding-is-zero invariant with it.
+Result<std::vector<float>> download_texels(Runtime& rt, const Tensor& tensor);
+// Sets every texel, padding lanes included, to `value` (tests fill outputs with NaN first so that a
+// texel a kernel forgets to write shows up).
+Status fill(Runtime& rt, Tensor& tensor, float value);
+
+// Writes `value` into the guard regions / checks that they still hold it bit for bit. check_guards()
+// returns kCorrupt naming the first overwritten position (an out-of-bounds write by a kernel).
+// Both are no-ops for a tensor allocated without guards.
+Status fill_guards(Runtime& rt, Tensor& tensor, float value);
+Status check_guards(Runtime& rt, const Tensor& tensor, float value);
+
+}  // namespace inferd::opencl

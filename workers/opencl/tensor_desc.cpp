@@ -1,0 +1,335 @@
+#include "inferd/opencl/tensor_desc.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <sstream>
+
+namespace inferd::opencl {
+
+const char* storage_name(StorageType storage) {
+  switch (storage) {
+    case StorageType::kBuffer: return "buffer";
+    case StorageType::kImageBuffer: return "image_buffer";
+    case StorageType::kTexture2D: return "texture2d";
+  }
+  return "?";
+}
+
+std::string Bhwc::to_string() const {
+  return std::to_string(b) + "x" + std::to_string(h) + "x" + std::to_string(w) + "x" + std::to_string(c);
+}
+
+TensorDescriptor::TensorDescriptor(Bhwc shape, StorageType storage) : shape_(shape), storage_(storage) {
+  INFERD_ASSERT(shape.b >= 1 && shape.h >= 1 && shape.w >= 1 && shape.c >= 1, "every extent of a shape is >= 1");
+}
+
+int64_t TensorDescriptor::staging_index(int32_t b, int32_t x, int32_t y, int32_t s) const {
+  if (storage_ == StorageType::kTexture2D) {
+    return (int64_t{y} * slices() + s) * texture_width() + int64_t{x} * shape_.b + b;
+  }
+  return linear_index(b, x, y, s);
+}
+
+Status TensorDescriptor::fits(const DeviceInfo& device) const {
+  const std::string name = storage_name(storage_);
+  // Kernels compute texel indices in 32-bit ints (see codegen.h).
+  if (texel_count() > INT32_MAX) {
+    return make_error(Code::kOutOfRange, "%s: %lld texels exceed 32-bit indexing", name.c_str(),
+                      static_cast<long long>(texel_count()));
+  }
+  if (storage_ == StorageType::kBuffer || storage_ == StorageType::kImageBuffer) {
+    if (data_bytes() > device.max_alloc_bytes) {
+      return make_error(Code::kOutOfRange, "%s: %zu bytes > CL_DEVICE_MAX_MEM_ALLOC_SIZE %llu", name.c_str(),
+                        data_bytes(), static_cast<unsigned long long>(device.max_alloc_bytes));
+    }
+  }
+  if (storage_ == StorageType::kBuffer) return Status::ok();
+  if (!device.image_support) return make_error(Code::kUnimplemented, "%s: the device has no images", name.c_str());
+  if (storage_ == StorageType::kImageBuffer) {
+    if (device.image_max_buffer_size == 0) {
+      return make_error(Code::kUnimplemented, "%s: the device has no image buffers (OpenCL < 1.2)", name.c_str());
+    }
+    if (static_cast<uint64_t>(texel_count()) > device.image_max_buffer_size) {
+      return make_error(Code::kOutOfRange, "%s: %lld texels > CL_DEVICE_IMAGE_MAX_BUFFER_SIZE %zu", name.c_str(),
+                        static_cast<long long>(texel_count()), device.image_max_buffer_size);
+    }
+    return Status::ok();
+  }
+  if (static_cast<uint64_t>(texture_width()) > device.image2d_max_width) {
+    return make_error(Code::kOutOfRange, "%s: width %lld > CL_DEVICE_IMAGE2D_MAX_WIDTH %zu", name.c_str(),
+                      static_cast<long long>(texture_width()), device.image2d_max_width);
+  }
+  if (static_cast<uint64_t>(texture_height()) > device.image2d_max_height) {
+    return make_error(Code::kOutOfRange, "%s: height %lld > CL_DEVICE_IMAGE2D_MAX_HEIGHT %zu", name.c_str(),
+                      static_cast<long long>(texture_height()), device.image2d_max_height);
+  }
+  return Status::ok();
+}
+
+std::string TensorDescriptor::to_string() const { return shape_.to_string() + " " + storage_name(storage_); }
+
+// ---- Choosing a storage --------------------------------------------------------------------------
+
+std::vector<StorageType> storage_preference(const DeviceInfo& device) {
+  if (device.type == DeviceType::kGpu) {
+    return {StorageType::kTexture2D, StorageType::kImageBuffer, StorageType::kBuffer};
+  }
+  return {StorageType::kBuffer, StorageType::kImageBuffer, StorageType::kTexture2D};
+}
+
+std::string StorageChoice::to_string() const {
+  std::string text = storage_name(storage);
+  for (const std::string& why : fallbacks) text += " (passed over " + why + ")";
+  return text;
+}
+
+Result<StorageChoice> choose_storage(const DeviceInfo& device, const Bhwc& shape, StorageMask kernel_supports) {
+  StorageChoice choice;
+  for (StorageType storage : storage_preference(device)) {
+    if ((kernel_supports & storage_bit(storage)) == 0) {
+      choice.fallbacks.push_back(std::string(storage_name(storage)) + ": not supported by the kernel");
+      continue;
+    }
+    Status fits = TensorDescriptor(shape, storage).fits(device);
+    if (fits) {
+      choice.storage = storage;
+      return choice;
+    }
+    choice.fallbacks.push_back(fits.message());
+  }
+  std::string reasons;
+  for (const std::string& why : choice.fallbacks) reasons += (reasons.empty() ? "" : "; ") + why;
+  return Status(Code::kOutOfRange, "no storage holds a " + shape.to_string() + " tensor: " + reasons);
+}
+
+// ---- Device tensors ----------------------------------------------------------------------------
+
+namespace {
+
+constexpr cl_image_format kRgbaFloat = {CL_RGBA, CL_FLOAT};
+
+size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
+
+// The staging order of `desc` with the logical data scattered in and zero padding.
+std::vector<float> to_staging(const TensorDescriptor& desc, std::span<const float> data) {
+  const Bhwc& s = desc.shape();
+  std::vector<float> staging(static_cast<size_t>(desc.texel_count()) * 4, 0.0f);
+  for (int32_t b = 0; b < s.b; ++b) {
+    for (int32_t y = 0; y < s.h; ++y) {
+      for (int32_t x = 0; x < s.w; ++x) {
+        const float* row = &data[static_cast<size_t>(s.offset(b, x, y, 0))];
+        for (int32_t c = 0; c < s.c; ++c) {
+          staging[static_cast<size_t>(desc.staging_index(b, x, y, c / 4) * 4 + c % 4)] = row[c];
+        }
+      }
+    }
+  }
+  return staging;
+}
+
+Status read_staging(Runtime& rt, const Tensor& tensor, std::vector<float>& staging) {
+  const TensorDescriptor& desc = tensor.desc();
+  staging.resize(static_cast<size_t>(desc.texel_count()) * 4);
+  if (desc.storage() == StorageType::kTexture2D) {
+    const size_t origin[3] = {0, 0, 0};
+    const size_t region[3] = {static_cast<size_t>(desc.texture_width()), static_cast<size_t>(desc.texture_height()), 1};
+    INFERD_CL_RETURN_IF_ERROR(clEnqueueReadImage(rt.queue(), tensor.memory(), CL_TRUE, origin, region,
+                                                 region[0] * 16, 0, staging.data(), 0, nullptr, nullptr));
+    return Status::ok();
+  }
+  return rt.read_buffer(tensor.buffer(), 0, desc.data_bytes(), staging.data());
+}
+
+Status write_staging(Runtime& rt, Tensor& tensor, const std::vector<float>& staging) {
+  const TensorDescriptor& desc = tensor.desc();
+  if (desc.storage() == StorageType::kTexture2D) {
+    const size_t origin[3] = {0, 0, 0};
+    const size_t region[3] = {static_cast<size_t>(desc.texture_width()), static_cast<size_t>(desc.texture_height()), 1};
+    INFERD_CL_RETURN_IF_ERROR(clEnqueueWriteImage(rt.queue(), tensor.memory(), CL_TRUE, origin, region,
+                                                  region[0] * 16, 0, staging.data(), 0, nullptr, nullptr));
+    return Status::ok();
+  }
+  return rt.write_buffer(tensor.buffer(), 0, desc.data_bytes(), staging.data());
+}
+
+// The guard rectangles of a guarded kTexture2D: the extra columns (over every row) and the extra
+// rows under the data columns. {x, y, width, height}.
+struct Rect {
+  size_t x, y, w, h;
+};
+std::vector<Rect> texture_guards(const Tensor& tensor) {
+  const size_t g = static_cast<size_t>(tensor.guard_texels());
+  const size_t w = static_cast<size_t>(tensor.desc().texture_width());
+  const size_t h = static_cast<size_t>(tensor.desc().texture_height());
+  return {Rect{w, 0, g, h + g}, Rect{0, h, w, g}};
+}
+
+}  // namespace
+
+Result<Tensor> Tensor::allocate(Runtime& rt, const TensorDescriptor& desc, const AllocOptions& options) {
+  INFERD_RETURN_IF_ERROR(desc.fits(rt.info()));
+  if (options.guard_texels < 0) return Status(Code::kInvalidArgument, "guard_texels < 0");
+  Tensor tensor(desc);
+  tensor.guard_texels_ = options.guard_texels;
+  cl_int err = CL_SUCCESS;
+
+  if (desc.storage() == StorageType::kTexture2D) {
+    cl_image_desc image{};
+    image.image_type = CL_MEM_OBJECT_IMAGE2D;
+    image.image_width = static_cast<size_t>(desc.texture_width()) + static_cast<size_t>(options.guard_texels);
+    image.image_height = static_cast<size_t>(desc.texture_height()) + static_cast<size_t>(options.guard_texels);
+    tensor.image_.reset(clCreateImage(rt.context(), CL_MEM_READ_WRITE, &kRgbaFloat, &image, nullptr, &err));
+    if (err != CL_SUCCESS) return cl_error(err, "clCreateImage(" + desc.to_string() + ")");
+    return tensor;
+  }
+
+  if (options.guard_texels > 0) {
+    const size_t align = std::max<size_t>(rt.info().mem_base_addr_align_bytes, 16);
+    tensor.guard_bytes_ = round_up(static_cast<size_t>(options.guard_texels) * 16, align);
+    auto parent = rt.create_buffer(desc.data_bytes() + 2 * tensor.guard_bytes_);
+    if (!parent) return parent.status();
+    tensor.parent_ = std::move(parent.value());
+    const cl_buffer_region region = {tensor.guard_bytes_, desc.data_bytes()};
+    tensor.buffer_.reset(clCreateSubBuffer(tensor.parent_.get(), CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION,
+                                           &region, &err));
+    if (err != CL_SUCCESS) return cl_error(err, "clCreateSubBuffer");
+  } else {
+    auto buffer = rt.create_buffer(desc.data_bytes());
+    if (!buffer) return buffer.status();
+    tensor.buffer_ = std::move(buffer.value());
+  }
+  if (desc.storage() == StorageType::kImageBuffer) {
+    cl_image_desc image{};
+    image.image_type = CL_MEM_OBJECT_IMAGE1D_BUFFER;
+    image.image_width = static_cast<size_t>(desc.texel_count());
+    image.buffer = tensor.buffer_.get();
+    tensor.image_.reset(clCreateImage(rt.context(), CL_MEM_READ_WRITE, &kRgbaFloat, &image, nullptr, &err));
+    if (err != CL_SUCCESS) return cl_error(err, "clCreateImage(" + desc.to_string() + ")");
+  }
+  return tensor;
+}
+
+Status upload(Runtime& rt, Tensor& tensor, std::span<const float> data) {
+  if (static_cast<int64_t>(data.size()) != tensor.shape().elements()) {
+    return make_error(Code::kInvalidArgument, "upload: %zu floats for a %s tensor", data.size(),
+                      tensor.shape().to_string().c_str());
+  }
+  return write_staging(rt, tensor, to_staging(tensor.desc(), data));
+}
+
+Status download(Runtime& rt, const Tensor& tensor, std::span<float> data) {
+  const Bhwc& s = tensor.shape();
+  if (static_cast<int64_t>(data.size()) != s.elements()) {
+    return make_error(Code::kInvalidArgument, "download: %zu floats for a %s tensor", data.size(),
+                      s.to_string().c_str());
+  }
+  std::vector<float> staging;
+  INFERD_RETURN_IF_ERROR(read_staging(rt, tensor, staging));
+  const TensorDescriptor& desc = tensor.desc();
+  for (int32_t b = 0; b < s.b; ++b) {
+    for (int32_t y = 0; y < s.h; ++y) {
+      for (int32_t x = 0; x < s.w; ++x) {
+        for (int32_t c = 0; c < s.c; ++c) {
+          data[static_cast<size_t>(s.offset(b, x, y, c))] =
+              staging[static_cast<size_t>(desc.staging_index(b, x, y, c / 4) * 4 + c % 4)];
+        }
+      }
+    }
+  }
+  return Status::ok();
+}
+
+Result<std::vector<float>> download_texels(Runtime& rt, const Tensor& tensor) {
+  std::vector<float> staging;
+  INFERD_RETURN_IF_ERROR(read_staging(rt, tensor, staging));
+  const TensorDescriptor& desc = tensor.desc();
+  if (desc.storage() != StorageType::kTexture2D) return staging;
+  const Bhwc& s = desc.shape();
+  std::vector<float> linear(staging.size());
+  for (int32_t b = 0; b < s.b; ++b) {
+    for (int32_t y = 0; y < s.h; ++y) {
+      for (int32_t x = 0; x < s.w; ++x) {
+        for (int32_t sl = 0; sl < desc.slices(); ++sl) {
+          std::memcpy(&linear[static_cast<size_t>(desc.linear_index(b, x, y, sl) * 4)],
+                      &staging[static_cast<size_t>(desc.staging_index(b, x, y, sl) * 4)], 16);
+        }
+      }
+    }
+  }
+  return linear;
+}
+
+Status fill(Runtime& rt, Tensor& tensor, float value) {
+  const TensorDescriptor& desc = tensor.desc();
+  if (desc.storage() == StorageType::kTexture2D) {
+    const float color[4] = {value, value, value, value};
+    const size_t origin[3] = {0, 0, 0};
+    const size_t region[3] = {static_cast<size_t>(desc.texture_width()), static_cast<size_t>(desc.texture_height()), 1};
+    INFERD_CL_RETURN_IF_ERROR(
+        clEnqueueFillImage(rt.queue(), tensor.memory(), color, origin, region, 0, nullptr, nullptr));
+  } else {
+    INFERD_CL_RETURN_IF_ERROR(clEnqueueFillBuffer(rt.queue(), tensor.buffer(), &value, sizeof(value), 0,
+                                                  desc.data_bytes(), 0, nullptr, nullptr));
+  }
+  return rt.finish();
+}
+
+Status fill_guards(Runtime& rt, Tensor& tensor, float value) {
+  if (tensor.guard_texels() == 0) return Status::ok();
+  if (tensor.storage() == StorageType::kTexture2D) {
+    for (const Rect& r : texture_guards(tensor)) {
+      const std::vector<float> values(r.w * r.h * 4, value);
+      const size_t origin[3] = {r.x, r.y, 0};
+      const size_t region[3] = {r.w, r.h, 1};
+      INFERD_CL_RETURN_IF_ERROR(clEnqueueWriteImage(rt.queue(), tensor.memory(), CL_TRUE, origin, region, r.w * 16, 0,
+                                                    values.data(), 0, nullptr, nullptr));
+    }
+    return Status::ok();
+  }
+  // Linear storages: the parent buffer's first and last guard_bytes().
+  INFERD_CL_RETURN_IF_ERROR(clEnqueueFillBuffer(rt.queue(), tensor.guard_parent(), &value, sizeof(value), 0,
+                                                tensor.guard_bytes(), 0, nullptr, nullptr));
+  INFERD_CL_RETURN_IF_ERROR(clEnqueueFillBuffer(rt.queue(), tensor.guard_parent(), &value, sizeof(value),
+                                                tensor.guard_bytes() + tensor.desc().data_bytes(),
+                                                tensor.guard_bytes(), 0, nullptr, nullptr));
+  return rt.finish();
+}
+
+Status check_guards(Runtime& rt, const Tensor& tensor, float value) {
+  if (tensor.guard_texels() == 0) return Status::ok();
+  uint32_t expected;
+  std::memcpy(&expected, &value, sizeof(expected));
+  auto check = [&](const std::vector<float>& got, const char* where) -> Status {
+    for (size_t i = 0; i < got.size(); ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &got[i], sizeof(bits));
+      if (bits != expected) {
+        return make_error(Code::kCorrupt, "%s: guard overwritten %s (float %zu holds %g)",
+                          tensor.desc().to_string().c_str(), where, i, static_cast<double>(got[i]));
+      }
+    }
+    return Status::ok();
+  };
+  if (tensor.storage() == StorageType::kTexture2D) {
+    const char* where[] = {"in the columns right of the data", "in the rows below the data"};
+    int i = 0;
+    for (const Rect& r : texture_guards(tensor)) {
+      std::vector<float> got(r.w * r.h * 4);
+      const size_t origin[3] = {r.x, r.y, 0};
+      const size_t region[3] = {r.w, r.h, 1};
+      INFERD_CL_RETURN_IF_ERROR(clEnqueueReadImage(rt.queue(), tensor.memory(), CL_TRUE, origin, region, r.w * 16, 0,
+                                                   got.data(), 0, nullptr, nullptr));
+      INFERD_RETURN_IF_ERROR(check(got, where[i++]));
+    }
+    return Status::ok();
+  }
+  std::vector<float> got(tensor.guard_bytes() / sizeof(float));
+  INFERD_RETURN_IF_ERROR(rt.read_buffer(tensor.guard_parent(), 0, tensor.guard_bytes(), got.data()));
+  INFERD_RETURN_IF_ERROR(check(got, "before the data"));
+  INFERD_RETURN_IF_ERROR(rt.read_buffer(tensor.guard_parent(), tensor.guard_bytes() + tensor.desc().data_bytes(),
+                                        tensor.guard_bytes(), got.data()));
+  return check(got, "after the data");
+}
+
+}  // namespace inferd::opencl
