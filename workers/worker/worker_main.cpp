@@ -24,6 +24,7 @@
 
 #include <capnp/message.h>
 #include <capnp/serialize.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include "inferd/ipc/frame.h"
@@ -217,6 +218,8 @@ int main(int argc, char** argv) {
   // (The supervisor also sets it between fork and exec and checks that it is still the parent.)
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   ::signal(SIGPIPE, SIG_IGN);
+  // Logs go to stderr, which the worker shares with the supervisor (and so with journald).
+  spdlog::set_default_logger(spdlog::stderr_color_mt("worker"));
   inferd::worker::Args args;
   if (!inferd::worker::parse_args(argc, argv, &args)) {
     std::fprintf(stderr,
