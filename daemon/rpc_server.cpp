@@ -405,8 +405,9 @@ class DaemonImpl final : public rpc::Daemon::Server {
   kj::Promise<void> hello(HelloContext context) override {
     auto p = context.getParams();
     if (p.getClientProtocol() != rpc::PROTOCOL_VERSION) {
-      return KJ_EXCEPTION(FAILED, "this daemon serves protocol version", rpc::PROTOCOL_VERSION,
-                          "; the client speaks", p.getClientProtocol());
+      return kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__,
+                           kj::str("this daemon serves protocol version ", rpc::PROTOCOL_VERSION,
+                                   "; the client speaks version ", p.getClientProtocol()));
     }
     spdlog::debug("client '{}' (pid {}) says hello", p.getClientName().cStr(), peer_.pid);
     auto r = context.getResults();
@@ -427,8 +428,9 @@ class DaemonImpl final : public rpc::Daemon::Server {
                                                     std::find(uids.begin(), uids.end(), peer_.uid) != uids.end()));
     if (!allowed) {
       spdlog::warn("admin refused to uid {} (pid {})", peer_.uid, peer_.pid);
-      return KJ_EXCEPTION(FAILED, "permission denied: admin calls are restricted (admin-uids) and this uid is not in the list",
-                          peer_.uid);
+      return kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__,
+                           kj::str("permission denied: admin calls are restricted to the daemon's admin-uids, and uid ",
+                                   peer_.uid, " is not one of them"));
     }
     context.getResults().setAdmin(kj::heap<AdminImpl>(sup_));
     return kj::READY_NOW;

@@ -40,6 +40,9 @@ class Sink(api.TokenSink.Server):
     async def send(self, batch, **kwargs):
         self.arrivals.append((time.perf_counter(), len(batch.tokens)))
 
+    async def done(self, **kwargs):
+        pass
+
 
 async def connect(path):
     stream = await capnp.AsyncIoStream.create_unix_connection(path)
@@ -65,7 +68,7 @@ async def daemon_rounds(path, args, inproc_results):
     admin = (await daemon.admin()).admin
     inference = (await daemon.inference()).inference
     await admin.load(os.path.abspath(args.model),
-                     {"id": "bench", "threads": args.threads, "parallel": max(args.streams), "contextSize": 1024}, None)
+                     {"id": "bench", "threads": args.threads, "parallel": max(args.streams), "contextSize": 1024})
     await generate(inference, 8, 0, Sink())  # warm-up
     decode, ttft, gaps = [], [], []
     for r in range(args.rounds):

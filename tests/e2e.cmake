@@ -1,0 +1,33 @@
+# End-to-end tests (tests/e2e/test_*.py): real inferd daemons and workers driven by a pycapnp client,
+# written from schemas/inferd.capnp alone. They need the inferd, inferd-worker and inferd-run targets
+# built, python3 with pycapnp (`pip install pycapnp`) and the default model; without pycapnp or the
+# model a test exits 77 and ctest reports it skipped. Label: e2e (`ctest -L e2e`). They run one at a
+# time (RESOURCE_LOCK): each keeps the CPU busy and checks process-wide state such as /dev/shm.
+find_package(Python3 COMPONENTS Interpreter)
+if(NOT Python3_Interpreter_FOUND)
+  message(STATUS "python3 not found: the e2e tests are not registered")
+elseif(TARGET inferd AND TARGET inferd-worker)
+  set(_e2e_args
+    --bin-dir ${CMAKE_BINARY_DIR}/bin
+    --model ${PROJECT_SOURCE_DIR}/models/SmolLM2-135M-Instruct.Q4_1.gguf)
+  if(TARGET inferd-run)
+    list(APPEND _e2e_args --inferd-run $<TARGET_FILE:inferd-run>)
+  endif()
+  # Seconds each file may take; measured on 2 cores: basic 7, concurrency 10, crash 24, bad_input 2.
+  set(_e2e_timeouts basic 180 concurrency 300 crash 480 bad_input 180)
+  list(LENGTH _e2e_timeouts _n)
+  math(EXPR _last "${_n} - 1")
+  foreach(_i RANGE 0 ${_last} 2)
+    math(EXPR _j "${_i} + 1")
+    list(GET _e2e_timeouts ${_i} _name)
+    list(GET _e2e_timeouts ${_j} _timeout)
+    add_test(NAME inferd_e2e_${_name}
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/e2e/test_${_name}.py ${_e2e_args})
+    set_tests_properties(inferd_e2e_${_name} PROPERTIES
+      LABELS e2e
+      TIMEOUT ${_timeout}
+      SKIP_RETURN_CODE 77
+      RESOURCE_LOCK inferd_e2e
+      ENVIRONMENT PYTHONDONTWRITEBYTECODE=1)
+  endforeach()
+endif()
