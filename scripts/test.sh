@@ -13,7 +13,15 @@ scripts/build.sh -DINFERD_WERROR=$werror
 # segment, rings), the daemon's configuration parser, stop strings and chat templates.
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DINFERD_SANITIZE=address,undefined \
       -DINFERD_WERROR=$werror >/dev/null
-# Only the binaries of sanitize-labelled tests are built here.
+# Only the binaries of sanitize-labelled tests, and the daemon, are built here.
 cmake --build build-asan -j "$(nproc)" --target inferd_gguf_test inferd_gguf_corrupt_test inferd_tokenizer_test \
-      inferd_sampling_test inferd_ipc_test inferd_daemon_support_test inferd_supervisor_test
+      inferd_sampling_test inferd_ipc_test inferd_daemon_support_test inferd_supervisor_test \
+      inferd_client_test inferd inferd-worker inferd-run
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -L sanitize)
+
+# The daemon and its workers, built with the sanitizers, under every kind of bad input a client can send
+# (bad files, bad values, garbage on the socket, disconnects): no report, no leak (LeakSanitizer makes
+# the daemon's exit status non-zero, which the test checks), and the daemon keeps serving.
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  python3 tests/e2e/test_bad_input.py --bin-dir build-asan/bin --model "$PWD/models/SmolLM2-135M-Instruct.Q4_1.gguf" \
+  --inferd-run build-asan/tools/inferd-run
