@@ -289,6 +289,8 @@ class AdminImpl final : public rpc::Admin::Server {
         models[i].setGeneratedTokens(m.generated_tokens);
         models[i].setDecodeTokensPerSecond(m.decode_tokens_per_second);
         models[i].setReplays(m.replays);
+        models[i].setStepComputeUs(m.step_compute_us);
+        models[i].setStepOverheadUs(m.step_overhead_us);
       }
     });
   }

@@ -350,6 +350,7 @@ class ModelHost {
       }
       st.in_flight = 0;
       ++st.steps;
+      step_compute_ns_ += c->compute_ns;
       if (!step_ || step_->id != c->id) {  // the step was abandoned when another stage died
         ring.release_completion();
         continue;
@@ -397,6 +398,8 @@ class ModelHost {
       }
       ++steps_;
       const auto now = Clock::now();
+      step_wall_ns_ += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now - step.submitted).count());
+      ++timed_steps_;
       uint32_t decoded = 0;
       for (size_t i = 0; i < step.entries.size(); ++i) {
         auto it = active_.find(step.entries[i].seq);
@@ -694,6 +697,11 @@ class ModelHost {
     st.prompt_tokens = prompt_tokens_;
     st.generated_tokens = generated_tokens_;
     st.replays = replays_;
+    if (timed_steps_ > 0) {
+      st.step_compute_us = step_compute_ns_ / 1e3 / static_cast<double>(timed_steps_);
+      st.step_overhead_us = (static_cast<double>(step_wall_ns_) - static_cast<double>(step_compute_ns_)) / 1e3 /
+                            static_cast<double>(timed_steps_);
+    }
     if (rate_.size() >= 2) {
       uint64_t n = 0;
       for (size_t i = 1; i < rate_.size(); ++i) n += rate_[i].second;
@@ -745,6 +753,7 @@ class ModelHost {
   std::optional<Step> step_;
   uint64_t next_seq_id_ = 0, next_step_id_ = 0;
   uint64_t steps_ = 0, tokens_processed_ = 0;
+  uint64_t step_compute_ns_ = 0, step_wall_ns_ = 0, timed_steps_ = 0;  // for the IPC overhead figure
   uint64_t requests_done_ = 0, requests_failed_ = 0, prompt_tokens_ = 0, generated_tokens_ = 0, replays_ = 0;
   std::deque<std::pair<Clock::time_point, uint32_t>> rate_;
 };

@@ -76,6 +76,7 @@ struct ModelStatusData {
   uint32_t requests_active = 0, requests_queued = 0;
   uint64_t requests_done = 0, requests_failed = 0, prompt_tokens = 0, generated_tokens = 0, replays = 0;
   double decode_tokens_per_second = 0;
+  double step_compute_us = 0, step_overhead_us = 0;
 };
 
 struct DaemonStatusData {

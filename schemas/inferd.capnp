@@ -119,6 +119,8 @@ struct ModelStatus {
   generatedTokens @9 :UInt64;
   decodeTokensPerSecond @10 :Float64;  # over the last few seconds of decoding
   replays @11 :UInt64;      # requests replayed on a restarted worker
+  stepComputeUs @12 :Float64;   # mean time of a step inside the workers (forward pass + sampling)
+  stepOverheadUs @13 :Float64;  # mean time of a step outside them: rings, wake-ups, scheduling
 }
 
 struct DaemonStatus {

@@ -184,18 +184,20 @@ Result<Tensor> Tensor::allocate(Runtime& rt, const TensorDescriptor& desc, const
     return tensor;
   }
 
-  if (options.guard_texels > 0) {
-    const size_t align = std::max<size_t>(rt.info().mem_base_addr_align_bytes, 16);
-    tensor.guard_bytes_ = round_up(static_cast<size_t>(options.guard_texels) * 16, align);
-    auto parent = rt.create_buffer(desc.data_bytes() + 2 * tensor.guard_bytes_);
+  const size_t align = std::max<size_t>(rt.info().mem_base_addr_align_bytes, 16);
+  const size_t guard = round_up(static_cast<size_t>(options.guard_texels) * 16, align);
+  if (guard > 0 && desc.storage() == StorageType::kBuffer) {
+    tensor.guard_before_bytes_ = tensor.guard_after_bytes_ = guard;
+    auto parent = rt.create_buffer(desc.data_bytes() + 2 * guard);
     if (!parent) return parent.status();
     tensor.parent_ = std::move(parent.value());
-    const cl_buffer_region region = {tensor.guard_bytes_, desc.data_bytes()};
+    const cl_buffer_region region = {guard, desc.data_bytes()};
     tensor.buffer_.reset(clCreateSubBuffer(tensor.parent_.get(), CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION,
                                            &region, &err));
     if (err != CL_SUCCESS) return cl_error(err, "clCreateSubBuffer");
   } else {
-    auto buffer = rt.create_buffer(desc.data_bytes());
+    tensor.guard_after_bytes_ = guard;  // kImageBuffer: the image covers the buffer's first data_bytes()
+    auto buffer = rt.create_buffer(desc.data_bytes() + guard);
     if (!buffer) return buffer.status();
     tensor.buffer_ = std::move(buffer.value());
   }
@@ -287,12 +289,14 @@ Status fill_guards(Runtime& rt, Tensor& tensor, float value) {
     }
     return Status::ok();
   }
-  // Linear storages: the parent buffer's first and last guard_bytes().
-  INFERD_CL_RETURN_IF_ERROR(clEnqueueFillBuffer(rt.queue(), tensor.guard_parent(), &value, sizeof(value), 0,
-                                                tensor.guard_bytes(), 0, nullptr, nullptr));
-  INFERD_CL_RETURN_IF_ERROR(clEnqueueFillBuffer(rt.queue(), tensor.guard_parent(), &value, sizeof(value),
-                                                tensor.guard_bytes() + tensor.desc().data_bytes(),
-                                                tensor.guard_bytes(), 0, nullptr, nullptr));
+  // Linear storages: the regions of guard_parent() before and after the data.
+  const size_t after = tensor.guard_before_bytes() + tensor.desc().data_bytes();
+  if (tensor.guard_before_bytes() > 0) {
+    INFERD_CL_RETURN_IF_ERROR(clEnqueueFillBuffer(rt.queue(), tensor.guard_parent(), &value, sizeof(value), 0,
+                                                  tensor.guard_before_bytes(), 0, nullptr, nullptr));
+  }
+  INFERD_CL_RETURN_IF_ERROR(clEnqueueFillBuffer(rt.queue(), tensor.guard_parent(), &value, sizeof(value), after,
+                                                tensor.guard_after_bytes(), 0, nullptr, nullptr));
   return rt.finish();
 }
 
@@ -324,11 +328,14 @@ Status check_guards(Runtime& rt, const Tensor& tensor, float value) {
     }
     return Status::ok();
   }
-  std::vector<float> got(tensor.guard_bytes() / sizeof(float));
-  INFERD_RETURN_IF_ERROR(rt.read_buffer(tensor.guard_parent(), 0, tensor.guard_bytes(), got.data()));
-  INFERD_RETURN_IF_ERROR(check(got, "before the data"));
-  INFERD_RETURN_IF_ERROR(rt.read_buffer(tensor.guard_parent(), tensor.guard_bytes() + tensor.desc().data_bytes(),
-                                        tensor.guard_bytes(), got.data()));
+  std::vector<float> got(tensor.guard_before_bytes() / sizeof(float));
+  if (!got.empty()) {
+    INFERD_RETURN_IF_ERROR(rt.read_buffer(tensor.guard_parent(), 0, tensor.guard_before_bytes(), got.data()));
+    INFERD_RETURN_IF_ERROR(check(got, "before the data"));
+  }
+  got.resize(tensor.guard_after_bytes() / sizeof(float));
+  INFERD_RETURN_IF_ERROR(rt.read_buffer(tensor.guard_parent(), tensor.guard_before_bytes() + tensor.desc().data_bytes(),
+                                        tensor.guard_after_bytes(), got.data()));
   return check(got, "after the data");
 }
 

@@ -14,7 +14,7 @@
 // writes them as zeros and every op writes zeros there, so reductions over slices need no masking of
 // inputs (softmax, whose padding would be exp(0) = 1, masks its own lanes explicitly).
 //
-// Only float32 texels exist so far; half-precision storage is a later step (see the report of issue 5).
+// Only float32 texels exist so far; half-precision storage (where cl_khr_fp16 allows) is a later step.
 //
 // Thread safety: TensorDescriptor and the choosers are values / pure functions. A Tensor is owned and
 // used by one thread (its Runtime's); the transfer functions enqueue on the Runtime's queue and block.
@@ -107,9 +107,12 @@ Result<StorageChoice> choose_storage(const DeviceInfo& device, const Bhwc& shape
 // ---- Device tensors ----------------------------------------------------------------------------
 
 struct AllocOptions {
-  // Sentinel room around the data, for tests and debugging: for the linear storages this many texels
-  // (rounded up to the device's sub-buffer alignment) before and after the data in one parent buffer;
-  // for kTexture2D this many extra columns and rows. fill_guards() / check_guards() use it.
+  // Sentinel room around the data, for tests and debugging; fill_guards() / check_guards() use it.
+  //   kBuffer       this many texels (rounded up to the device's sub-buffer alignment) before and after
+  //                 the data, in one parent buffer of which the tensor's buffer is a sub-buffer;
+  //   kImageBuffer  the same room after the data only: the image views the start of a larger buffer
+  //                 (drivers such as PoCL cannot make an image of a sub-buffer);
+  //   kTexture2D    this many extra columns and rows.
   int32_t guard_texels = 0;
 };
 
@@ -130,20 +133,21 @@ class Tensor {
   cl_mem buffer() const { return buffer_.get(); }
 
   int32_t guard_texels() const { return guard_texels_; }
-  // Bytes of each guard region of a linear storage (0 without guards), and the buffer holding
-  // guard | data | guard (nullptr without guards).
-  size_t guard_bytes() const { return guard_bytes_; }
-  cl_mem guard_parent() const { return parent_.get(); }
+  // Linear storages: the buffer holding [guard before | data | guard after], and the guards' sizes
+  // in bytes (0 without guards; the data starts at guard_before_bytes()).
+  cl_mem guard_parent() const { return parent_ ? parent_.get() : buffer_.get(); }
+  size_t guard_before_bytes() const { return guard_before_bytes_; }
+  size_t guard_after_bytes() const { return guard_after_bytes_; }
 
  private:
   explicit Tensor(const TensorDescriptor& desc) : desc_(desc) {}
 
   TensorDescriptor desc_;
-  ClMem parent_;  // guarded linear storages: guard | data | guard; buffer_ is a sub-buffer of it
-  ClMem buffer_;
+  ClMem parent_;  // guarded kBuffer: guard | data | guard; buffer_ is a sub-buffer of it
+  ClMem buffer_;  // kBuffer's data; kImageBuffer's backing buffer (data | guard when guarded)
   ClMem image_;
   int32_t guard_texels_ = 0;
-  size_t guard_bytes_ = 0;
+  size_t guard_before_bytes_ = 0, guard_after_bytes_ = 0;
 };
 
 // Writes a logical tensor (`data` in Bhwc::offset order, shape().elements() floats); the channels of

@@ -1,0 +1,224 @@
+// Tests of tensor virtualization: the physical layouts (pure), the storage chooser on synthetic
+// devices (pure), then allocation, transfers, padding and guards on a real device.
+#include "inferd/opencl/tensor_desc.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "test_device.h"
+
+namespace inferd::opencl {
+namespace {
+
+TEST(TensorDesc, SlicesAndLayouts) {
+  EXPECT_EQ((Bhwc{1, 1, 1, 1}).slices(), 1);
+  EXPECT_EQ((Bhwc{1, 1, 1, 4}).slices(), 1);
+  EXPECT_EQ((Bhwc{1, 1, 1, 5}).slices(), 2);
+  EXPECT_EQ((Bhwc{1, 1, 1, 67}).slices(), 17);
+  EXPECT_EQ((Bhwc{1, 1, 1, 576}).slices(), 144);
+
+  const TensorDescriptor buffer(Bhwc{2, 3, 5, 7}, StorageType::kBuffer);  // S = 2
+  EXPECT_EQ(buffer.texel_count(), 2 * 3 * 5 * 2);
+  EXPECT_EQ(buffer.data_bytes(), 60u * 16);
+  // ((s*H + y)*W + x)*B + b
+  EXPECT_EQ(buffer.linear_index(0, 0, 0, 0), 0);
+  EXPECT_EQ(buffer.linear_index(1, 0, 0, 0), 1);
+  EXPECT_EQ(buffer.linear_index(0, 1, 0, 0), 2);
+  EXPECT_EQ(buffer.linear_index(0, 0, 1, 0), 10);
+  EXPECT_EQ(buffer.linear_index(0, 0, 0, 1), 30);
+  EXPECT_EQ(buffer.linear_index(1, 4, 2, 1), ((1 * 3 + 2) * 5 + 4) * 2 + 1);
+  EXPECT_EQ(buffer.staging_index(1, 4, 2, 1), buffer.linear_index(1, 4, 2, 1));
+
+  // Texture: (x*B + b, y*S + s) in an image of (W*B) x (H*S), staged row-major.
+  const TensorDescriptor texture(Bhwc{2, 3, 5, 7}, StorageType::kTexture2D);
+  EXPECT_EQ(texture.texture_width(), 10);
+  EXPECT_EQ(texture.texture_height(), 6);
+  EXPECT_EQ(texture.staging_index(1, 4, 2, 1), (2 * 2 + 1) * 10 + 4 * 2 + 1);
+  EXPECT_EQ(texture.staging_index(0, 0, 0, 1), 10);
+}
+
+DeviceInfo fake_gpu() {
+  DeviceInfo d;
+  d.name = "fake gpu";
+  d.type = DeviceType::kGpu;
+  d.max_alloc_bytes = uint64_t{1} << 30;
+  d.image_support = true;
+  d.image2d_max_width = 16384;
+  d.image2d_max_height = 16384;
+  d.image_max_buffer_size = 1 << 27;
+  return d;
+}
+
+TEST(StorageChooser, GpuPrefersTexturesWithinTheirLimits) {
+  const DeviceInfo gpu = fake_gpu();
+  auto hidden = choose_storage(gpu, Bhwc{1, 1, 512, 896});
+  ASSERT_TRUE(hidden.is_ok());
+  EXPECT_EQ(hidden->storage, StorageType::kTexture2D);
+  EXPECT_TRUE(hidden->fallbacks.empty());
+
+  // Logits of a 151936-token vocabulary: 37984 slices are taller than the texture limit.
+  auto logits = choose_storage(gpu, Bhwc{1, 1, 1, 151936});
+  ASSERT_TRUE(logits.is_ok());
+  EXPECT_EQ(logits->storage, StorageType::kImageBuffer);
+  ASSERT_EQ(logits->fallbacks.size(), 1u);
+  EXPECT_EQ(logits->fallbacks[0], "texture2d: height 37984 > CL_DEVICE_IMAGE2D_MAX_HEIGHT 16384");
+  EXPECT_NE(logits->to_string().find("passed over texture2d"), std::string::npos);
+
+  // Wider than the texture and longer than an image buffer: a plain buffer.
+  DeviceInfo small_buffers = gpu;
+  small_buffers.image_max_buffer_size = 1 << 18;
+  auto huge = choose_storage(small_buffers, Bhwc{1, 1, 20000, 64});
+  ASSERT_TRUE(huge.is_ok());
+  EXPECT_EQ(huge->storage, StorageType::kBuffer);
+  ASSERT_EQ(huge->fallbacks.size(), 2u);
+  EXPECT_NE(huge->fallbacks[0].find("CL_DEVICE_IMAGE2D_MAX_WIDTH"), std::string::npos);
+  EXPECT_NE(huge->fallbacks[1].find("CL_DEVICE_IMAGE_MAX_BUFFER_SIZE"), std::string::npos);
+}
+
+TEST(StorageChooser, HonoursWhatTheKernelSupports) {
+  auto c = choose_storage(fake_gpu(), Bhwc{1, 1, 4, 64},
+                          storage_bit(StorageType::kBuffer) | storage_bit(StorageType::kImageBuffer));
+  ASSERT_TRUE(c.is_ok());
+  EXPECT_EQ(c->storage, StorageType::kImageBuffer);
+  ASSERT_EQ(c->fallbacks.size(), 1u);
+  EXPECT_EQ(c->fallbacks[0], "texture2d: not supported by the kernel");
+}
+
+TEST(StorageChooser, DevicesWithoutImagesUseBuffers) {
+  DeviceInfo gpu = fake_gpu();
+  gpu.image_support = false;
+  auto c = choose_storage(gpu, Bhwc{1, 1, 4, 64});
+  ASSERT_TRUE(c.is_ok());
+  EXPECT_EQ(c->storage, StorageType::kBuffer);
+  ASSERT_EQ(c->fallbacks.size(), 2u);
+  EXPECT_EQ(c->fallbacks[0], "texture2d: the device has no images");
+  EXPECT_EQ(TensorDescriptor(Bhwc{1, 1, 4, 64}, StorageType::kImageBuffer).fits(gpu).code(), Code::kUnimplemented);
+}
+
+TEST(StorageChooser, CpuDevicesPreferBuffers) {
+  DeviceInfo cpu = fake_gpu();
+  cpu.type = DeviceType::kCpu;
+  auto c = choose_storage(cpu, Bhwc{1, 1, 4, 64});
+  ASSERT_TRUE(c.is_ok());
+  EXPECT_EQ(c->storage, StorageType::kBuffer);
+  EXPECT_TRUE(c->fallbacks.empty());
+}
+
+TEST(StorageChooser, NothingFitsIsAnError) {
+  DeviceInfo gpu = fake_gpu();
+  gpu.max_alloc_bytes = 1024;
+  auto c = choose_storage(gpu, Bhwc{1, 1, 100000, 64});
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_EQ(c.status().code(), Code::kOutOfRange);
+  EXPECT_NE(c.status().message().find("CL_DEVICE_MAX_MEM_ALLOC_SIZE"), std::string::npos) << c.status().message();
+}
+
+// ---- On a device ----------------------------------------------------------------------------------
+
+std::vector<float> random_values(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// Every storage: the data comes back unchanged, every texel sits where the layout table says, and
+// the padding lanes are zero.
+TEST(TensorDevice, UploadDownloadRoundTripsInEveryStorage) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  const Bhwc shapes[] = {{1, 1, 1, 1}, {1, 1, 7, 3}, {2, 3, 5, 5}, {1, 2, 3, 67}, {1, 1, 2, 576}};
+  for (StorageType storage : kAllStorageTypes) {
+    for (const Bhwc& shape : shapes) {
+      SCOPED_TRACE(std::string(storage_name(storage)) + " " + shape.to_string());
+      const TensorDescriptor desc(shape, storage);
+      if (!desc.fits(rt->info())) continue;
+      auto tensor = Tensor::allocate(*rt, desc);
+      ASSERT_TRUE(tensor.is_ok()) << tensor.status().to_string();
+      const std::vector<float> data = random_values(shape.elements(), 7);
+      ASSERT_TRUE(upload(*rt, tensor.value(), data).is_ok());
+      std::vector<float> back(data.size(), -1.0f);
+      ASSERT_TRUE(download(*rt, tensor.value(), back).is_ok());
+      EXPECT_EQ(back, data);
+
+      auto texels = download_texels(*rt, tensor.value());
+      ASSERT_TRUE(texels.is_ok()) << texels.status().to_string();
+      ASSERT_EQ(texels->size(), static_cast<size_t>(desc.texel_count() * 4));
+      for (int32_t b = 0; b < shape.b; ++b) {
+        for (int32_t y = 0; y < shape.h; ++y) {
+          for (int32_t x = 0; x < shape.w; ++x) {
+            for (int32_t c = 0; c < desc.slices() * 4; ++c) {
+              const float got = (*texels)[static_cast<size_t>(desc.linear_index(b, x, y, c / 4) * 4 + c % 4)];
+              const float want = c < shape.c ? data[static_cast<size_t>(shape.offset(b, x, y, c))] : 0.0f;
+              ASSERT_EQ(got, want) << "b=" << b << " x=" << x << " y=" << y << " c=" << c;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(TensorDevice, FillSetsEveryTexel) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  for (StorageType storage : kAllStorageTypes) {
+    const TensorDescriptor desc(Bhwc{1, 2, 3, 5}, storage);
+    if (!desc.fits(rt->info())) continue;
+    auto tensor = Tensor::allocate(*rt, desc);
+    ASSERT_TRUE(tensor.is_ok()) << tensor.status().to_string();
+    ASSERT_TRUE(fill(*rt, tensor.value(), NAN).is_ok());
+    auto texels = download_texels(*rt, tensor.value());
+    ASSERT_TRUE(texels.is_ok());
+    for (float v : texels.value()) ASSERT_TRUE(std::isnan(v)) << storage_name(storage);
+  }
+}
+
+// Guards hold their sentinel until something writes past the data; check_guards() then names it.
+TEST(TensorDevice, GuardsCatchOutOfBoundsWrites) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  const float kSentinel = -12345.5f;
+  for (StorageType storage : kAllStorageTypes) {
+    SCOPED_TRACE(storage_name(storage));
+    const TensorDescriptor desc(Bhwc{1, 2, 3, 5}, storage);
+    if (!desc.fits(rt->info())) continue;
+    auto tensor = Tensor::allocate(*rt, desc, AllocOptions{4});
+    ASSERT_TRUE(tensor.is_ok()) << tensor.status().to_string();
+    Tensor& t = tensor.value();
+    ASSERT_TRUE(fill_guards(*rt, t, kSentinel).is_ok());
+    const std::vector<float> data = random_values(desc.shape().elements(), 3);
+    ASSERT_TRUE(upload(*rt, t, data).is_ok());
+    EXPECT_TRUE(check_guards(*rt, t, kSentinel).is_ok());
+    std::vector<float> back(data.size());
+    ASSERT_TRUE(download(*rt, t, back).is_ok());
+    EXPECT_EQ(back, data);
+
+    // One texel just past the data.
+    const float bad[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+    if (storage == StorageType::kTexture2D) {
+      const size_t origin[3] = {static_cast<size_t>(desc.texture_width()), 0, 0};
+      const size_t region[3] = {1, 1, 1};
+      ASSERT_EQ(clEnqueueWriteImage(rt->queue(), t.memory(), CL_TRUE, origin, region, 0, 0, bad, 0, nullptr, nullptr),
+                CL_SUCCESS);
+    } else {
+      ASSERT_TRUE(rt->write_buffer(t.guard_parent(), t.guard_before_bytes() + desc.data_bytes(), sizeof(bad), bad).is_ok());
+    }
+    const Status s = check_guards(*rt, t, kSentinel);
+    EXPECT_EQ(s.code(), Code::kCorrupt);
+    EXPECT_NE(s.message().find("guard overwritten"), std::string::npos) << s.message();
+  }
+}
+
+TEST(TensorDevice, RejectsMismatchedTransfers) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  auto tensor = Tensor::allocate(*rt, TensorDescriptor(Bhwc{1, 1, 2, 3}, StorageType::kBuffer));
+  ASSERT_TRUE(tensor.is_ok());
+  std::vector<float> wrong(5);
+  EXPECT_EQ(upload(*rt, tensor.value(), wrong).code(), Code::kInvalidArgument);
+  EXPECT_EQ(download(*rt, tensor.value(), wrong).code(), Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace inferd::opencl
