@@ -3,6 +3,7 @@
 // Threads: the main thread runs the KJ event loop with the Cap'n Proto server (rpc_server.h) and
 // handles SIGTERM/SIGINT; the supervisor thread runs the Asio io_context that owns every model and
 // worker (supervisor.h); each load copies its file on a short-lived loader thread.
+#include <sched.h>
 #include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -36,8 +37,19 @@ void setup_logging(const DaemonConfig& cfg) {
   spdlog::set_level(spdlog::level::from_str(cfg.log_level));
 }
 
+// The daemon's own threads (RPC and supervisor) are SCHED_BATCH: when they wake up (a token to stream,
+// a completion to handle) they do not preempt the workers' compute threads, which synchronise at
+// barriers many times per forward pass, so one preempted thread stalls them all. They run as soon as a
+// core is free, which on a busy machine is within a few hundred microseconds. Workers are reset to
+// SCHED_OTHER before exec (worker_process.cpp). Threads created later inherit the policy.
+void use_batch_scheduling() {
+  sched_param param{};
+  if (::sched_setscheduler(0, SCHED_BATCH, &param) != 0) spdlog::debug("SCHED_BATCH not available");
+}
+
 int run(DaemonConfig cfg) {
   setup_logging(cfg);
+  use_batch_scheduling();
   ::signal(SIGPIPE, SIG_IGN);
   // Blocked here before any thread starts, so only the KJ loop sees them (and workers unblock them).
   kj::UnixEventPort::captureSignal(SIGTERM);

@@ -1,6 +1,7 @@
 #include "worker_process.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
@@ -81,6 +82,8 @@ Result<std::shared_ptr<WorkerProcess>> WorkerProcess::spawn(asio::io_context& io
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    sched_param normal{};
+    ::sched_setscheduler(0, SCHED_OTHER, &normal);  // the supervisor's threads are SCHED_BATCH
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(1);
     int tmp[7];

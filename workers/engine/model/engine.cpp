@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <atomic>
 #include <cstring>
 #include <limits>
 #include <thread>
@@ -78,6 +79,12 @@ struct Engine::Impl {
   size_t arena_capacity = 0;
   uint8_t* arena = nullptr;  // owned, 64-byte aligned
   std::vector<float> logits;
+  // Dynamic row chunks: one counter per matmul of a pass, on its own cache line, reset before each pass.
+  struct alignas(64) ChunkCounter {
+    std::atomic<int64_t> next{0};
+  };
+  std::unique_ptr<ChunkCounter[]> chunk_counters;
+  int n_chunk_counters = 0;
   std::vector<float> hidden;          // a pipeline stage's output (m x n_embd)
   const float* hidden_in = nullptr;   // the previous stage's output, during a pass
   float* hidden_out = nullptr;
@@ -194,6 +201,8 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> mode
     }
   }
   impl->stats.kv_bytes = impl->kv->bytes();
+  impl->n_chunk_counters = 6 * (opt.end_layer - opt.first_layer) + 8;  // q k v wo gate/up down per layer + output
+  impl->chunk_counters = std::make_unique<Impl::ChunkCounter[]>(static_cast<size_t>(impl->n_chunk_counters));
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
@@ -374,9 +383,23 @@ void Engine::Impl::run_pass(std::span<const BatchToken> batch, MatmulPath path, 
       for (int64_t t = t0; t < t1; ++t) ops::rms_norm(src + t * E, w.f32(), dst + t * E, E, cfg.rms_eps);
     }
   };
+  // Rows [0, n) of one matmul, in chunks that threads claim as they go, so that a thread preempted by
+  // another process (the daemon, a client) does not hold the others up at the next barrier. Every
+  // thread makes the same sequence of calls, so call number `site` is the same matmul on all of them.
+  // Chunk boundaries are multiples of 64 rows: each row, and each SIMD group of an element-wise op over
+  // rows, is computed exactly as with a static split (the results are bit-identical).
+  int site = 0;
+  auto for_chunks = [&](int64_t n, auto&& fn) {
+    INFERD_ASSERT(site < n_chunk_counters);
+    std::atomic<int64_t>& next = chunk_counters[static_cast<size_t>(site++)].next;
+    const int64_t chunk = std::max<int64_t>(64, round_up((n + 4 * nth - 1) / (4 * nth), 64));
+    for (int64_t r0 = next.fetch_add(chunk, std::memory_order_relaxed); r0 < n;
+         r0 = next.fetch_add(chunk, std::memory_order_relaxed)) {
+      fn(r0, std::min(n, r0 + chunk));
+    }
+  };
   auto matmul = [&](const MatmulJob& j) {
-    auto [r0, r1] = split_range(j.w->rows, ith, nth);
-    matmul_rows(j, m, max_nr, r0, r1);
+    for_chunks(j.w->rows, [&](int64_t r0, int64_t r1) { matmul_rows(j, m, max_nr, r0, r1); });
   };
 
   // Embeddings, or the previous pipeline stage's hidden states.
@@ -456,17 +479,19 @@ void Engine::Impl::run_pass(std::span<const BatchToken> batch, MatmulPath path, 
     norm_rows(x, lw.ffn_norm, xn_f);
     encode(kSiteFfnIn, xn_f);
     {
-      auto [r0, r1] = split_range(F, ith, nth);
-      if (max_nr > 1 && kernels::gemm_kernel(lw.w_gate.type) && kernels::gemm_kernel(lw.w_up.type)) {
-        // Tiled GEMMs for gate and up, then SwiGLU over this thread's columns.
-        float* u = buf<float>(id_u);
-        const size_t* rb_ffn = sites[kSiteFfnIn].row_bytes;
-        matmul_rows({&lw.w_gate, act[kSiteFfnIn], rb_ffn, h, F, false, nullptr}, m, max_nr, r0, r1);
-        matmul_rows({&lw.w_up, act[kSiteFfnIn], rb_ffn, u, F, false, nullptr}, m, max_nr, r0, r1);
-        for (int64_t t = 0; t < m; ++t) kernels::swiglu(r1 - r0, h + t * F + r0, u + t * F + r0, h + t * F + r0);
-      } else {
-        gate_up_rows(lw.w_gate, lw.w_up, act[kSiteFfnIn], sites[kSiteFfnIn].row_bytes, h, m, max_nr, F, r0, r1);
-      }
+      const bool tiled = max_nr > 1 && kernels::gemm_kernel(lw.w_gate.type) && kernels::gemm_kernel(lw.w_up.type);
+      for_chunks(F, [&](int64_t r0, int64_t r1) {
+        if (tiled) {
+          // Tiled GEMMs for gate and up, then SwiGLU over this chunk's columns.
+          float* u = buf<float>(id_u);
+          const size_t* rb_ffn = sites[kSiteFfnIn].row_bytes;
+          matmul_rows({&lw.w_gate, act[kSiteFfnIn], rb_ffn, h, F, false, nullptr}, m, max_nr, r0, r1);
+          matmul_rows({&lw.w_up, act[kSiteFfnIn], rb_ffn, u, F, false, nullptr}, m, max_nr, r0, r1);
+          for (int64_t t = 0; t < m; ++t) kernels::swiglu(r1 - r0, h + t * F + r0, u + t * F + r0, h + t * F + r0);
+        } else {
+          gate_up_rows(lw.w_gate, lw.w_up, act[kSiteFfnIn], sites[kSiteFfnIn].row_bytes, h, m, max_nr, F, r0, r1);
+        }
+      });
       pool->barrier();
     }
     encode(kSiteDownIn, h);
@@ -499,9 +524,10 @@ void Engine::Impl::run_pass(std::span<const BatchToken> batch, MatmulPath path, 
     encode_rows(kSiteOutIn, xo, o0, o1, out_act);
     pool->barrier();
     const WeightView& wout = model->output();
-    auto [r0, r1] = split_range(wout.rows, ith, nth);
-    matmul_rows({&wout, out_act, sites[kSiteOutIn].row_bytes, logits.data(), cfg.n_vocab, false, nullptr}, n_out,
-                max_nr, r0, r1);
+    for_chunks(wout.rows, [&](int64_t r0, int64_t r1) {
+      matmul_rows({&wout, out_act, sites[kSiteOutIn].row_bytes, logits.data(), cfg.n_vocab, false, nullptr}, n_out,
+                  max_nr, r0, r1);
+    });
   }
 }
 
@@ -551,6 +577,7 @@ Result<std::span<const float>> Engine::forward(std::span<const BatchToken> batch
   if (!last) I.hidden.resize(hidden_floats);
   I.hidden_in = hidden_in.data();
   I.hidden_out = I.hidden.data();
+  for (int c = 0; c < I.n_chunk_counters; ++c) I.chunk_counters[static_cast<size_t>(c)].next.store(0, std::memory_order_relaxed);
   I.pool->run([&](int ith, int nth) { I.run_pass(batch, path, ith, nth); });
 
   I.slot_len = std::move(next);
