@@ -557,6 +557,10 @@ class ModelHost {
       }
       return;
     }
+    if (state_ == ModelState::kFailed) {  // a failed model's workers are not restarted
+      spdlog::info("model {}: worker {} (pid {}) {}", spec_.id, st.index, dead->pid(), why);
+      return;
+    }
     spdlog::error("model {}: worker {} (pid {}) {}", spec_.id, st.index, dead->pid(), why);
     step_.reset();  // whatever step was running is abandoned; the other stages' answers to it are dropped
     if (first_ready_ || !st.ever_ready) {  // it never became ready: the load fails
@@ -598,6 +602,9 @@ class ModelHost {
     state_ = ModelState::kFailed;
     failure_ = "backend " + spec_.backend + " failed: " + why;
     spdlog::error("model {}: {}", spec_.id, failure_);
+    for (Stage& other : stages_) {  // the other pipeline stages have nothing left to do
+      if (other.worker) other.worker->request_shutdown();
+    }
     fail_all(Status(Code::kDisconnected, "model " + spec_.id + ": " + failure_));
     if (first_ready_) std::exchange(first_ready_, nullptr)(Status(Code::kFailed, failure_));
   }

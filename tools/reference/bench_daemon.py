@@ -26,22 +26,32 @@ import sys
 import tempfile
 import time
 
-import capnp
-
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-api = capnp.load(os.path.join(ROOT, "schemas", "inferd.capnp"), imports=["/usr/include"])
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 
+# pycapnp is imported only in the daemon half: llama-cpp-python crashes in a process that loaded it.
+capnp = None
+api = None
+Sink = None
 
-class Sink(api.TokenSink.Server):
-    def __init__(self):
-        self.arrivals = []  # (time, tokens in the batch)
 
-    async def send(self, batch, **kwargs):
-        self.arrivals.append((time.perf_counter(), len(batch.tokens)))
+def load_capnp():
+    global capnp, api, Sink
+    import capnp as capnp_module
+    capnp = capnp_module
+    api = capnp.load(os.path.join(ROOT, "schemas", "inferd.capnp"), imports=["/usr/include"])
 
-    async def done(self, **kwargs):
-        pass
+    class _Sink(api.TokenSink.Server):
+        def __init__(self):
+            self.arrivals = []  # (time, tokens in the batch)
+
+        async def send(self, batch, **kwargs):
+            self.arrivals.append((time.perf_counter(), len(batch.tokens)))
+
+        async def done(self, **kwargs):
+            pass
+
+    Sink = _Sink
 
 
 async def connect(path):
@@ -99,10 +109,22 @@ async def daemon_rounds(path, args, inproc_results):
 
 
 def llamacpp_streams(args):
+    """Runs llama.cpp in a child process (llama-cpp-python and pycapnp do not share a process well:
+    the interpreter can crash at exit) and returns {streams: tok/s}."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--llamacpp-child", "--model", args.model, "--threads",
+           str(args.threads), "--gen", str(args.gen), "--streams", *map(str, args.streams)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    sys.stderr.write(r.stderr)
+    if r.returncode != 0:
+        return None
+    return {int(k): v for k, v in json.loads(r.stdout.strip().splitlines()[-1]).items()}
+
+
+def llamacpp_child(args):
     try:
         from llama_cpp import Llama
     except ImportError:
-        return None
+        sys.exit(1)
     llm = Llama(model_path=args.model, n_threads=args.threads, n_ctx=1024, verbose=False)
     llm(PROMPT, max_tokens=8, temperature=0.0)
     out = {}
@@ -115,7 +137,7 @@ def llamacpp_streams(args):
             total += r["usage"]["completion_tokens"]
         out[n] = total / (time.perf_counter() - t0)
         print(f"llama.cpp {n} requests in a loop: {out[n]:.1f} tok/s", file=sys.stderr)
-    return out
+    print(json.dumps(out))
 
 
 def main():
@@ -127,8 +149,13 @@ def main():
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--no-llamacpp", action="store_true")
+    ap.add_argument("--llamacpp-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.llamacpp_child:
+        llamacpp_child(args)
+        return 0
 
+    load_capnp()
     tmp = tempfile.mkdtemp(prefix="inferd-bench-")
     path = os.path.join(tmp, "inferd.sock")
     log = open(os.path.join(tmp, "inferd.log"), "w")
