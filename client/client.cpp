@@ -168,6 +168,8 @@ ModelStatus from_rpc(rpc::ModelStatus::Reader r) {
   s.generated_tokens = r.getGeneratedTokens();
   s.decode_tokens_per_second = r.getDecodeTokensPerSecond();
   s.replays = r.getReplays();
+  s.step_compute_us = r.getStepComputeUs();
+  s.step_overhead_us = r.getStepOverheadUs();
   return s;
 }
 

@@ -371,7 +371,9 @@ Json to_json(const DaemonStatus& s) {
                       {"prompt_tokens", m.prompt_tokens},
                       {"generated_tokens", m.generated_tokens},
                       {"decode_tokens_per_second", m.decode_tokens_per_second},
-                      {"replays", m.replays}});
+                      {"replays", m.replays},
+                      {"step_compute_us", m.step_compute_us},
+                      {"step_overhead_us", m.step_overhead_us}});
   }
   return Json{{"version", s.version},
               {"protocol_version", s.protocol_version},
@@ -632,6 +634,10 @@ int cmd_status(const Context& ctx) {
                            " replays"});
     t.add({"tokens", std::to_string(ms.prompt_tokens) + " prompt, " + std::to_string(ms.generated_tokens) +
                          " generated, " + format_double(ms.decode_tokens_per_second, 1) + " tok/s decode"});
+    if (ms.step_compute_us > 0) {
+      t.add({"steps", format_double(ms.step_compute_us / 1000.0, 2) + " ms in the workers, " +
+                          format_double(ms.step_overhead_us, 0) + " us outside (rings, wake-ups, scheduling)"});
+    }
     body = t.render("  ");
     std::fputs(body.substr(body.find('\n') + 1).c_str(), stdout);
     std::printf("  workers\n");

@@ -122,6 +122,8 @@ struct ModelStatus {
   uint64_t generated_tokens = 0;
   double decode_tokens_per_second = 0;
   uint64_t replays = 0;
+  double step_compute_us = 0;   // mean time of a step inside the workers
+  double step_overhead_us = 0;  // mean time of a step outside them (rings, wake-ups, scheduling)
 };
 
 struct DaemonStatus {
