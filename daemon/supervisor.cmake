@@ -8,6 +8,9 @@ target_link_libraries(inferd_supervisor PUBLIC
   CapnProto::capnp-rpc CapnProto::kj-async spdlog::spdlog Threads::Threads)
 target_compile_definitions(inferd_supervisor PUBLIC INFERD_VERSION="${PROJECT_VERSION}" ASIO_NO_DEPRECATED)
 inferd_target_defaults(inferd_supervisor)
+if(TARGET inferd_opencl)  # the workers can run "opencl" / "opencl:N"
+  target_compile_definitions(inferd_supervisor PRIVATE INFERD_HAVE_OPENCL=1)
+endif()
 # GCC 12 reports the storage of kj::Maybe<T> inside KJ's promise plumbing as maybe-uninitialized once
 # optimised (a false positive: it is only read after being set); a pragma cannot reach it.
 set_source_files_properties(rpc_server.cpp PROPERTIES COMPILE_OPTIONS -Wno-maybe-uninitialized)

@@ -812,10 +812,21 @@ void Supervisor::load(LoadSpec spec, std::shared_ptr<LoadProgressSink> progress,
   }
   if (models_.count(spec.id)) return fail(Code::kInvalidArgument, "a model with id '" + spec.id + "' is already loaded");
   if (spec.backend.empty()) spec.backend = "cpu";
-  if (spec.backend == "cuda" || spec.backend == "opencl") {
+  // "opencl" or "opencl:N" (device N): the worker checks N against the devices it finds.
+  const bool opencl = spec.backend == "opencl" ||
+                      (spec.backend.rfind("opencl:", 0) == 0 && spec.backend.size() > 7 &&
+                       spec.backend.find_first_not_of("0123456789", 7) == std::string::npos);
+#ifdef INFERD_HAVE_OPENCL
+  const bool opencl_built = true;
+#else
+  const bool opencl_built = false;
+#endif
+  if (spec.backend == "cuda" || (opencl && !opencl_built)) {
     return fail(Code::kUnimplemented, "backend '" + spec.backend + "' is not available in this build of inferd");
   }
-  if (spec.backend != "cpu") return fail(Code::kInvalidArgument, "unknown backend '" + spec.backend + "' (cpu, cuda, opencl)");
+  if (spec.backend != "cpu" && !opencl) {
+    return fail(Code::kInvalidArgument, "unknown backend '" + spec.backend + "' (cpu, cuda, opencl, opencl:N)");
+  }
   if (spec.parallel == 0) spec.parallel = config_.default_parallel;
   if (spec.parallel > ipc::kMaxStepSeqs) {
     return fail(Code::kInvalidArgument, "parallel must be in [1, " + std::to_string(ipc::kMaxStepSeqs) + "]");

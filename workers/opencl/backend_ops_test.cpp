@@ -356,6 +356,335 @@ class MatmulCase final : public OpCase {
   std::vector<unsigned char> weights_;
 };
 
+// Random weights of `type` in ggml's row layout, and their exact float values.
+struct RandomWeights {
+  std::vector<unsigned char> bytes;
+  std::vector<float> values;
+};
+
+RandomWeights random_weights(DType type, int64_t rows, int64_t k, uint32_t seed) {
+  const std::vector<float> w = random_values(rows * k, seed);
+  const size_t row_bytes = dtype_row_bytes(type, k);
+  RandomWeights out;
+  out.bytes.resize(static_cast<size_t>(rows) * row_bytes);
+  out.values.resize(static_cast<size_t>(rows * k));
+  const kernels::TypeKernels* tk = kernels::type_kernels(type, kernels::Isa::kScalar);
+  INFERD_ASSERT(tk != nullptr);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = &w[static_cast<size_t>(r * k)];
+    void* dst = &out.bytes[static_cast<size_t>(r) * row_bytes];
+    if (type == DType::kF32) {
+      std::memcpy(dst, src, row_bytes);
+    } else if (type == DType::kF16) {
+      kernels::fp32_to_fp16_row(src, static_cast<fp16_t*>(dst), k);
+    } else {
+      kernels::quantize_row_ref(type, src, dst, k);
+    }
+    tk->to_float(dst, &out.values[static_cast<size_t>(r * k)], k);
+  }
+  return out;
+}
+
+// The embedding lookup reads the matmul layout: every row of every type comes back exactly.
+class GetRowsCase final : public OpCase {
+ public:
+  GetRowsCase(DType type, int64_t rows, int64_t k, std::vector<int32_t> ids, uint32_t seed)
+      : type_(type), rows_(rows), k_(k), ids_(std::move(ids)), w_(random_weights(type, rows, k, seed)) {}
+  std::string op() const override { return "get_rows"; }
+  std::string params() const override {
+    return "rows=" + std::to_string(rows_) + ",k=" + std::to_string(k_) + ",ids=" + std::to_string(ids_.size());
+  }
+  std::string type() const override { return dtype_name(type_); }
+  double max_nmse() const override { return 1e-12; }  // q * d + m may be one fused multiply-add or two
+  Status run(Ops& ops, Harness& h, std::vector<float>* out) override {
+    auto w = MatmulWeights::upload(h.runtime(), type_, rows_, k_, w_.bytes.data());
+    if (!w) return w.status();
+    auto ids = h.runtime().create_buffer(ids_.size() * sizeof(int32_t), CL_MEM_READ_ONLY, ids_.data());
+    if (!ids) return ids.status();
+    ASSIGN_OR_RETURN(d, h.output(Bhwc{1, 1, static_cast<int32_t>(ids_.size()), static_cast<int32_t>(k_)}));
+    INFERD_RETURN_IF_ERROR(ops.get_rows(w.value(), ids->get(), *d));
+    return h.finish(*d, out);
+  }
+  std::vector<float> reference() const override {
+    std::vector<float> r;
+    for (int32_t id : ids_) {
+      r.insert(r.end(), w_.values.begin() + id * k_, w_.values.begin() + (id + 1) * k_);
+    }
+    return r;
+  }
+
+ private:
+  DType type_;
+  int64_t rows_, k_;
+  std::vector<int32_t> ids_;
+  RandomWeights w_;
+};
+
+class GatherCase final : public OpCase {
+ public:
+  GatherCase(int32_t tokens, int32_t channels, std::vector<int32_t> rows, uint32_t seed)
+      : shape_{1, 1, tokens, channels}, rows_(std::move(rows)), x_(random_values(shape_.elements(), seed)) {}
+  std::string op() const override { return "gather"; }
+  std::string params() const override { return shape_.to_string() + ",rows=" + std::to_string(rows_.size()); }
+  double max_nmse() const override { return 0.0; }
+  Status run(Ops& ops, Harness& h, std::vector<float>* out) override {
+    ASSIGN_OR_RETURN(x, h.input(shape_, x_));
+    auto rows = h.runtime().create_buffer(rows_.size() * sizeof(int32_t), CL_MEM_READ_ONLY, rows_.data());
+    if (!rows) return rows.status();
+    ASSIGN_OR_RETURN(d, h.output(Bhwc{1, 1, static_cast<int32_t>(rows_.size()), shape_.c}));
+    INFERD_RETURN_IF_ERROR(ops.gather(*x, rows->get(), *d));
+    return h.finish(*d, out);
+  }
+  std::vector<float> reference() const override {
+    std::vector<float> r;
+    for (int32_t t : rows_) r.insert(r.end(), x_.begin() + t * shape_.c, x_.begin() + (t + 1) * shape_.c);
+    return r;
+  }
+
+ private:
+  Bhwc shape_;
+  std::vector<int32_t> rows_;
+  std::vector<float> x_;
+};
+
+class SwigluHalvesCase final : public OpCase {
+ public:
+  SwigluHalvesCase(int32_t tokens, int32_t channels, uint32_t seed)
+      : tokens_(tokens), channels_(channels), x_(random_values(int64_t{tokens} * 2 * channels, seed, -4.0f, 4.0f)) {}
+  std::string op() const override { return "swiglu_halves"; }
+  std::string params() const override { return "tokens=" + std::to_string(tokens_) + ",c=" + std::to_string(channels_); }
+  Status run(Ops& ops, Harness& h, std::vector<float>* out) override {
+    ASSIGN_OR_RETURN(x, h.input(Bhwc{1, 1, tokens_, 2 * channels_}, x_));
+    ASSIGN_OR_RETURN(d, h.output(Bhwc{1, 1, tokens_, channels_}));
+    INFERD_RETURN_IF_ERROR(ops.swiglu_halves(*x, *d));
+    return h.finish(*d, out);
+  }
+  std::vector<float> reference() const override {
+    std::vector<float> r;
+    for (int32_t t = 0; t < tokens_; ++t) {
+      for (int32_t c = 0; c < channels_; ++c) {
+        const double g = x_[static_cast<size_t>(t * 2 * channels_ + c)];
+        const double u = x_[static_cast<size_t>(t * 2 * channels_ + channels_ + c)];
+        r.push_back(static_cast<float>(g / (1.0 + std::exp(-g)) * u));
+      }
+    }
+    return r;
+  }
+
+ private:
+  int32_t tokens_, channels_;
+  std::vector<float> x_;
+};
+
+// quantize_q8 then matmul (with Q4_1's block-sum corrections) against the CPU kernels' own integer
+// dot products of activations they quantized themselves: equal up to float summation order.
+class MatmulQ8Case final : public OpCase {
+ public:
+  MatmulQ8Case(DType type, int64_t rows, int64_t k, int32_t tokens, MatmulVariant variant, uint32_t seed)
+      : type_(type), rows_(rows), k_(k), tokens_(tokens), variant_(variant), w_(random_weights(type, rows, k, seed)),
+        x_(random_values(int64_t{tokens} * k, seed + 1, -3.0f, 3.0f)) {}
+  std::string op() const override { return std::string("matmul_q8_") + matmul_variant_name(variant_); }
+  std::string params() const override {
+    return "rows=" + std::to_string(rows_) + ",k=" + std::to_string(k_) + ",tokens=" + std::to_string(tokens_);
+  }
+  std::string type() const override { return dtype_name(type_); }
+  double max_nmse() const override { return 1e-10; }
+  Status run(Ops& ops, Harness& h, std::vector<float>* out) override {
+    auto w = MatmulWeights::upload(h.runtime(), type_, rows_, k_, w_.bytes.data());
+    if (!w) return w.status();
+    const Bhwc xs{1, 1, tokens_, static_cast<int32_t>(k_)};
+    ASSIGN_OR_RETURN(x, h.input(xs, x_));
+    ASSIGN_OR_RETURN(xq, h.output(xs));
+    auto sums = h.runtime().create_buffer(static_cast<size_t>(tokens_ * k_ / 32) * sizeof(float));
+    if (!sums) return sums.status();
+    ASSIGN_OR_RETURN(y, h.output(Bhwc{1, 1, tokens_, static_cast<int32_t>(rows_)}));
+    INFERD_RETURN_IF_ERROR(ops.quantize_q8(*x, *xq, sums->get()));
+    INFERD_RETURN_IF_ERROR(ops.matmul(w.value(), *xq, *y, variant_, sums->get()));
+    return h.finish(*y, out);
+  }
+  std::vector<float> reference() const override {
+    const kernels::TypeKernels* tk = kernels::type_kernels(type_, kernels::Isa::kScalar);
+    const size_t act_bytes = dtype_row_bytes(tk->act_type, k_);
+    std::vector<unsigned char> act(act_bytes);
+    std::vector<float> y(static_cast<size_t>(tokens_ * rows_));
+    const size_t row_bytes = dtype_row_bytes(type_, k_);
+    for (int32_t t = 0; t < tokens_; ++t) {
+      tk->quantize_act(&x_[static_cast<size_t>(t * k_)], act.data(), k_);
+      for (int64_t r = 0; r < rows_; ++r) {
+        tk->dot(k_, &w_.bytes[static_cast<size_t>(r) * row_bytes], act.data(), act_bytes, 1,
+                &y[static_cast<size_t>(t * rows_ + r)]);
+      }
+    }
+    return y;
+  }
+
+ private:
+  DType type_;
+  int64_t rows_, k_;
+  int32_t tokens_;
+  MatmulVariant variant_;
+  RandomWeights w_;
+  std::vector<float> x_;
+};
+
+// rope_kv and attention together, against the CPU engine's rope_head and a double-precision
+// attention over the same half-rounded Q, K and V. A first pass writes `history` positions of slot
+// 1; the tested pass has `tokens` more tokens of slot 1 and the first token of slot 0, so the output
+// covers the cache written by an earlier pass, slot indexing, GQA, the causal mask within a pass and
+// the KV length padded to a multiple of 64. Q|K|V come from one fused tensor or from three.
+class AttentionCase final : public OpCase {
+ public:
+  AttentionCase(RopeMode mode, int32_t head_dim, int32_t history, int32_t tokens, bool fused, bool bias, uint32_t seed)
+      : fused_(fused), history_(history), tokens_(tokens), bias_(bias) {
+    g_.n_head = 4;
+    g_.n_head_kv = 2;
+    g_.head_dim = head_dim;
+    g_.n_slots = 2;
+    g_.n_ctx = history + tokens + 3;
+    g_.rope_base = 10000.0f;
+    g_.rope_mode = mode;
+    const int32_t qkv = g_.n_embd() + 2 * g_.n_embd_kv();
+    for (int32_t t = 0; t < history; ++t) hist_.push_back({1, t});
+    for (int32_t t = 0; t < tokens; ++t) pass_.push_back({1, history + t});
+    pass_.push_back({0, 0});
+    hist_x_ = random_values(int64_t{history} * qkv, seed, -2.0f, 2.0f);
+    pass_x_ = random_values(static_cast<int64_t>(pass_.size()) * qkv, seed + 1, -2.0f, 2.0f);
+    if (bias) bias_values_ = random_values(qkv, seed + 2, -0.5f, 0.5f);
+  }
+  std::string op() const override { return "rope_kv+attention"; }
+  std::string params() const override {
+    return std::string(g_.rope_mode == RopeMode::kNeox ? "neox" : "normal") + ",d=" + std::to_string(g_.head_dim) +
+           ",kv=" + std::to_string(history_) + "+" + std::to_string(tokens_) + (fused_ ? ",fused" : "") +
+           (bias_ ? ",bias" : "");
+  }
+  double max_nmse() const override { return 1e-6; }
+
+  Status run(Ops& ops, Harness& h, std::vector<float>* out) override {
+    Runtime& rt = h.runtime();
+    auto cache = rt.create_buffer(g_.layer_cache_bytes());
+    if (!cache) return cache.status();
+    auto q_half = rt.create_buffer(std::max(hist_.size(), pass_.size()) * static_cast<size_t>(g_.n_embd()) * 2);
+    if (!q_half) return q_half.status();
+    ClMem bias;
+    if (bias_) {
+      auto b = rt.create_buffer(bias_values_.size() * sizeof(float), CL_MEM_READ_ONLY, bias_values_.data());
+      if (!b) return b.status();
+      bias = std::move(b).value();
+    }
+    const std::vector<float>* xs[2] = {&hist_x_, &pass_x_};
+    const std::vector<Token>* passes[2] = {&hist_, &pass_};
+    Tensor* last_out = nullptr;
+    for (int p = 0; p < 2; ++p) {
+      const std::vector<Token>& toks = *passes[p];
+      const int32_t n = static_cast<int32_t>(toks.size());
+      std::vector<int32_t> pos, slots;
+      int32_t max_len = 0;
+      for (const Token& t : toks) {
+        pos.push_back(t.pos);
+        slots.push_back(t.slot);
+        max_len = std::max(max_len, t.pos + 1);
+      }
+      auto pos_buf = rt.create_buffer(pos.size() * sizeof(int32_t), CL_MEM_READ_ONLY, pos.data());
+      auto slot_buf = rt.create_buffer(slots.size() * sizeof(int32_t), CL_MEM_READ_ONLY, slots.data());
+      if (!pos_buf || !slot_buf) return !pos_buf ? pos_buf.status() : slot_buf.status();
+      const TokenPlacement placement{pos_buf->get(), slot_buf->get()};
+      TensorSlice q, k, v;
+      const int32_t e = g_.n_embd(), ekv = g_.n_embd_kv();
+      if (fused_) {
+        ASSIGN_OR_RETURN(qkv, h.input(Bhwc{1, 1, n, e + 2 * ekv}, *xs[p]));
+        q = {qkv, 0};
+        k = {qkv, e / 4};
+        v = {qkv, (e + ekv) / 4};
+      } else {
+        std::vector<float> parts[3];
+        for (int32_t t = 0; t < n; ++t) {
+          const float* row = &(*xs[p])[static_cast<size_t>(t * (e + 2 * ekv))];
+          parts[0].insert(parts[0].end(), row, row + e);
+          parts[1].insert(parts[1].end(), row + e, row + e + ekv);
+          parts[2].insert(parts[2].end(), row + e + ekv, row + e + 2 * ekv);
+        }
+        ASSIGN_OR_RETURN(tq, h.input(Bhwc{1, 1, n, e}, parts[0]));
+        ASSIGN_OR_RETURN(tk, h.input(Bhwc{1, 1, n, ekv}, parts[1]));
+        ASSIGN_OR_RETURN(tv, h.input(Bhwc{1, 1, n, ekv}, parts[2]));
+        q = {tq, 0};
+        k = {tk, 0};
+        v = {tv, 0};
+      }
+      INFERD_RETURN_IF_ERROR(ops.rope_kv(g_, q, k, v, bias.get(), placement, q_half->get(), cache->get()));
+      ASSIGN_OR_RETURN(o, h.output(Bhwc{1, 1, n, e}));
+      const int32_t kv_pad = (max_len + 63) / 64 * 64;
+      INFERD_RETURN_IF_ERROR(ops.attention(g_, q_half->get(), placement, kv_pad,
+                                           1.0f / std::sqrt(static_cast<float>(g_.head_dim)), cache->get(), *o));
+      INFERD_RETURN_IF_ERROR(rt.finish());  // the per-pass buffers die at the end of this iteration
+      last_out = o;
+    }
+    return h.finish(*last_out, out);
+  }
+
+  std::vector<float> reference() const override {
+    const int32_t e = g_.n_embd(), ekv = g_.n_embd_kv(), hd = g_.head_dim, qkv = e + 2 * ekv;
+    const RopeStyle style = g_.rope_mode == RopeMode::kNeox ? RopeStyle::kNeox : RopeStyle::kNormal;
+    // cache[slot][pos] = (K row, V row) of ekv floats each, half-rounded.
+    std::vector<std::vector<std::vector<float>>> kc(2, std::vector<std::vector<float>>(static_cast<size_t>(g_.n_ctx))),
+        vc = kc;
+    std::vector<float> out;
+    const std::vector<float>* xs[2] = {&hist_x_, &pass_x_};
+    const std::vector<Token>* passes[2] = {&hist_, &pass_};
+    for (int p = 0; p < 2; ++p) {
+      const std::vector<Token>& toks = *passes[p];
+      std::vector<std::vector<float>> qs;
+      for (size_t t = 0; t < toks.size(); ++t) {
+        std::vector<float> row(xs[p]->begin() + static_cast<std::ptrdiff_t>(t * qkv),
+                               xs[p]->begin() + static_cast<std::ptrdiff_t>((t + 1) * qkv));
+        if (bias_) {
+          for (int32_t i = 0; i < qkv; ++i) row[static_cast<size_t>(i)] += bias_values_[static_cast<size_t>(i)];
+        }
+        for (int32_t hh = 0; hh < g_.n_head; ++hh) ops::rope_head(&row[static_cast<size_t>(hh * hd)], hd, toks[t].pos, g_.rope_base, style);
+        for (int32_t hh = 0; hh < g_.n_head_kv; ++hh) ops::rope_head(&row[static_cast<size_t>(e + hh * hd)], hd, toks[t].pos, g_.rope_base, style);
+        for (float& f : row) f = ops::round_fp16(f);
+        qs.emplace_back(row.begin(), row.begin() + e);
+        kc[static_cast<size_t>(toks[t].slot)][static_cast<size_t>(toks[t].pos)].assign(row.begin() + e, row.begin() + e + ekv);
+        vc[static_cast<size_t>(toks[t].slot)][static_cast<size_t>(toks[t].pos)].assign(row.begin() + e + ekv, row.end());
+      }
+      if (p == 0) continue;
+      for (size_t t = 0; t < toks.size(); ++t) {
+        const auto& ks = kc[static_cast<size_t>(toks[t].slot)];
+        const auto& vs = vc[static_cast<size_t>(toks[t].slot)];
+        for (int32_t hh = 0; hh < g_.n_head; ++hh) {
+          const int32_t kvh = hh / (g_.n_head / g_.n_head_kv);
+          std::vector<double> s(static_cast<size_t>(toks[t].pos + 1));
+          double mx = -INFINITY;
+          for (int32_t j = 0; j <= toks[t].pos; ++j) {
+            double d = 0.0;
+            for (int32_t i = 0; i < hd; ++i) d += double{qs[t][static_cast<size_t>(hh * hd + i)]} * ks[static_cast<size_t>(j)][static_cast<size_t>(kvh * hd + i)];
+            s[static_cast<size_t>(j)] = d / std::sqrt(static_cast<double>(hd));
+            mx = std::max(mx, s[static_cast<size_t>(j)]);
+          }
+          double sum = 0.0;
+          for (double& x : s) sum += (x = std::exp(x - mx));
+          for (int32_t i = 0; i < hd; ++i) {
+            double acc = 0.0;
+            for (int32_t j = 0; j <= toks[t].pos; ++j) acc += s[static_cast<size_t>(j)] * vs[static_cast<size_t>(j)][static_cast<size_t>(kvh * hd + i)];
+            out.push_back(static_cast<float>(acc / sum));
+          }
+        }
+      }
+    }
+    return out;
+  }
+
+ private:
+  struct Token {
+    int32_t slot, pos;
+  };
+  AttentionGeometry g_;
+  bool fused_;
+  int32_t history_, tokens_;
+  bool bias_;
+  std::vector<Token> hist_, pass_;
+  std::vector<float> hist_x_, pass_x_, bias_values_;
+};
+
 // ---- The driver ----------------------------------------------------------------------------------
 
 using Cases = std::vector<std::unique_ptr<OpCase>>;
@@ -513,6 +842,50 @@ TEST(BackendOps, MatmulQ4_0) {
 TEST(BackendOps, MatmulQ4_1) {
   INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
   run_cases(*rt, matmul_cases(DType::kQ4_1));
+}
+
+TEST(BackendOps, GetRows) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  Cases cases;
+  uint32_t seed = 600;
+  for (DType type : {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
+    const bool blocks = type != DType::kF32 && type != DType::kF16;
+    cases.push_back(std::make_unique<GetRowsCase>(type, 7, blocks ? 64 : 5, std::vector<int32_t>{6, 0, 3, 3, 5}, seed++));
+    cases.push_back(std::make_unique<GetRowsCase>(type, 13, blocks ? 96 : 67, std::vector<int32_t>{12}, seed++));
+  }
+  run_cases(*rt, cases);
+}
+
+TEST(BackendOps, GatherAndSwigluHalves) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  Cases cases;
+  cases.push_back(std::make_unique<GatherCase>(7, 67, std::vector<int32_t>{6, 0, 3}, 700));
+  cases.push_back(std::make_unique<GatherCase>(1, 5, std::vector<int32_t>{0}, 701));
+  cases.push_back(std::make_unique<SwigluHalvesCase>(1, 4, 702));
+  cases.push_back(std::make_unique<SwigluHalvesCase>(5, 68, 703));
+  run_cases(*rt, cases);
+}
+
+TEST(BackendOps, MatmulQ8Activations) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  Cases cases;
+  uint32_t seed = 800;
+  for (DType type : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
+    cases.push_back(std::make_unique<MatmulQ8Case>(type, 67, 96, 1, MatmulVariant::kDecode, seed++));
+    cases.push_back(std::make_unique<MatmulQ8Case>(type, 67, 576, 3, MatmulVariant::kDecode, seed++));
+    cases.push_back(std::make_unique<MatmulQ8Case>(type, 64, 576, 6, MatmulVariant::kPrefill, seed++));
+  }
+  run_cases(*rt, cases);
+}
+
+TEST(BackendOps, RopeKvAndAttention) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  Cases cases;
+  cases.push_back(std::make_unique<AttentionCase>(RopeMode::kNormal, 8, 3, 2, /*fused=*/true, /*bias=*/false, 900));
+  cases.push_back(std::make_unique<AttentionCase>(RopeMode::kNormal, 64, 70, 5, /*fused=*/false, /*bias=*/false, 901));
+  cases.push_back(std::make_unique<AttentionCase>(RopeMode::kNeox, 8, 1, 4, /*fused=*/false, /*bias=*/true, 902));
+  cases.push_back(std::make_unique<AttentionCase>(RopeMode::kNeox, 64, 61, 6, /*fused=*/true, /*bias=*/true, 903));
+  run_cases(*rt, cases);
 }
 
 // Each tensor's storage is independent: one kernel reads a buffer and a texture and writes an image

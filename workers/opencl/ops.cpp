@@ -294,8 +294,16 @@ KernelTemplate matmul_template(DType type, MatmulVariant variant, StorageType x,
   k.name = variant == MatmulVariant::kDecode ? "matmul_decode" : "matmul_prefill";
   k.tensors = {{"x", x, Access::kRead}, {"y", y, Access::kWrite}};
   k.params = {std::string("__global const ") + weight_pointer_type(type) + "* wq", "__global const float4* ws",
-              "__global const float4* wm"};
+              "__global const float4* wm", "__global const float* q8_sums"};
   k.helpers = std::string(kMatmulHelpers) + weight_loader(type);
+  // Q4_1 with Q8-rounded activations: at each block's first slice, the block's minimum times the
+  // activation's block-sum correction (quantize_q8). q8_sums is null otherwise.
+  const bool q4_1 = type == DType::kQ4_1;
+  auto correction = [&](const std::string& acc, const std::string& token) {
+    return q4_1 ? "    if (q8_sums != 0 && si % 8 == 0) " + acc + " += wm[so * (n_si / 8) + si / 8] * q8_sums[" + token +
+                      " * (n_si / 8) + si / 8];\n"
+                : std::string();
+  };
   if (variant == MatmulVariant::kDecode) {
     // Launched as (lanes * S_O, T) with work-groups (lanes, 1): a group per (output slice, token).
     k.params.push_back("__local float4* scratch");
@@ -309,7 +317,7 @@ KernelTemplate matmul_template(DType type, MatmulVariant variant, StorageType x,
   for (int si = lid; si < n_si; si += lsz) {
     w_load(wq, ws, wm, so, si, n_si, r);
     acc += inferd_dot4(r, $x.Read(t, 0, si));
-  }
+)" + correction("acc", "t") + R"(  }
   scratch[lid] = acc;
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int off = lsz / 2; off > 0; off >>= 1) {
@@ -334,7 +342,7 @@ KernelTemplate matmul_template(DType type, MatmulVariant variant, StorageType x,
     a1 += inferd_dot4(r, $x.Read(t1, 0, si));
     a2 += inferd_dot4(r, $x.Read(t2, 0, si));
     a3 += inferd_dot4(r, $x.Read(t3, 0, si));
-  }
+)" + correction("a0", "t0") + correction("a1", "t1") + correction("a2", "t2") + correction("a3", "t3") + R"(  }
   $y.Write(a0, t0, 0, so);
   if (t0 + 1 < n_t) $y.Write(a1, t0 + 1, 0, so);
   if (t0 + 2 < n_t) $y.Write(a2, t0 + 2, 0, so);
@@ -344,11 +352,258 @@ KernelTemplate matmul_template(DType type, MatmulVariant variant, StorageType x,
   return k;
 }
 
+// ---- The forward pass's own kernels ----
+
+KernelTemplate get_rows_template(DType type, StorageType dst) {
+  KernelTemplate k;
+  k.name = "get_rows";
+  k.tensors = {{"dst", dst, Access::kWrite}};
+  k.params = {"__global const int* rows", std::string("__global const ") + weight_pointer_type(type) + "* wq",
+              "__global const float4* ws", "__global const float4* wm"};
+  k.helpers = std::string(kMatmulHelpers) + weight_loader(type);
+  // Launched as (T, S): w_load() dequantizes the 4 rows of the row's output slice; one is kept.
+  k.body = R"(  const int t = get_global_id(0);
+  const int si = get_global_id(1);
+  const int row = rows[t];
+  float4 r[4];
+  w_load(wq, ws, wm, row / 4, si, $dst.Slices(), r);
+  $dst.Write(r[row % 4], t, 0, si);
+)";
+  return k;
+}
+
+KernelTemplate gather_template(StorageType src, StorageType dst) {
+  KernelTemplate k;
+  k.name = "gather";
+  k.tensors = {{"src", src, Access::kRead}, {"dst", dst, Access::kWrite}};
+  k.params = {"__global const int* rows"};
+  k.body = R"(  const int o = get_global_id(0);
+  const int s = get_global_id(1);
+  $dst.Write($src.Read(rows[o], 0, s), o, 0, s);
+)";
+  return k;
+}
+
+KernelTemplate quantize_q8_template(StorageType src, StorageType dst) {
+  KernelTemplate k;
+  k.name = "quantize_q8";
+  k.tensors = {{"x", src, Access::kRead}, {"dst", dst, Access::kWrite}};
+  k.params = {"__global float* sums"};
+  // Rounding through half without cl_khr_fp16: store and load through a ushort.
+  k.helpers = R"(inline float inferd_round_half(float v) {
+  ushort h;
+  vstore_half(v, 0, (half*)&h);
+  return vload_half(0, (const half*)&h);
+}
+)";
+  // Launched as (T, K / 32): a work-item per block of 8 slices.
+  k.body = R"(  const int t = get_global_id(0);
+  const int s0 = get_global_id(1) * 8;
+  float4 v[8];
+  float amax = 0.0f;
+  for (int j = 0; j < 8; ++j) {
+    v[j] = $x.Read(t, 0, s0 + j);
+    const float4 a = fabs(v[j]);
+    amax = fmax(amax, fmax(fmax(a.x, a.y), fmax(a.z, a.w)));
+  }
+  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+  const float d = amax / 127.0f;
+  const float d_half = inferd_round_half(d);
+  float4 qsum = (float4)(0.0f);
+  for (int j = 0; j < 8; ++j) {
+    const float4 q = rint(v[j] * id);
+    qsum += q;
+    $dst.Write(q * d_half, t, 0, s0 + j);
+  }
+  if (sums != 0) {
+    const float sum_q = (qsum.x + qsum.y) + (qsum.z + qsum.w);  // an integer, exact
+    sums[t * ($x.Channels() / 32) + get_global_id(1)] = inferd_round_half(d * sum_q) - d_half * sum_q;
+  }
+)";
+  return k;
+}
+
+KernelTemplate swiglu_halves_template(StorageType src, StorageType dst) {
+  KernelTemplate k;
+  k.name = "swiglu_halves";
+  k.tensors = {{"gu", src, Access::kRead}, {"dst", dst, Access::kWrite}};
+  k.helpers = "inline float4 inferd_silu(float4 g) { return g / (1.0f + exp(-g)); }\n";
+  k.body = R"(  const int t = get_global_id(0);
+  const int s = get_global_id(1);
+  const float4 g = $gu.Read(t, 0, s);
+  const float4 u = $gu.Read(t, 0, s + $dst.Slices());
+  $dst.Write(inferd_silu(g) * u, t, 0, s);
+)";
+  return k;
+}
+
+// One work-item per (token, head, unit): a unit is one slice (two rotated pairs) of a head for
+// llama's rope, one slice of each half for NeoX's. Q heads come first, then KV heads, whose work-items
+// also copy V. Angles as Ops::rope (ggml's recurrence).
+KernelTemplate rope_kv_template(RopeMode mode, StorageType q, StorageType k_storage, StorageType v) {
+  KernelTemplate k;
+  k.name = mode == RopeMode::kNormal ? "rope_kv_normal" : "rope_kv_neox";
+  k.tensors = {{"q", q, Access::kRead}, {"k", k_storage, Access::kRead}, {"v", v, Access::kRead}};
+  k.params = {"int q_slice", "int k_slice", "int v_slice", "__global const float* bias",
+              "__global const int* pos", "__global const int* slot", "int n_head", "int n_head_kv",
+              "int head_dim", "int n_ctx", "float theta_scale", "__global half* q_out", "__global half* cache"};
+  k.helpers = R"(// The bias of channels [c, c + 4) of Q|K|V, or 0.
+inline float4 inferd_bias(__global const float* bias, int c) {
+  return bias != 0 ? vload4(0, bias + c) : (float4)(0.0f);
+}
+)";
+  std::string body = R"(  const int t = get_global_id(0);
+  const int hh = get_global_id(1);
+  const int s = get_global_id(2);
+  const int hd4 = head_dim / 4;
+  const int n_embd = n_head * head_dim, n_embd_kv = n_head_kv * head_dim;
+  const bool is_q = hh < n_head;
+  const int head = is_q ? hh : hh - n_head;
+  __global half* kv_row = cache + ((((size_t)slot[t] * 2) * n_head_kv + head) * n_ctx + pos[t]) * head_dim;
+  __global half* v_row = kv_row + (size_t)n_head_kv * n_ctx * head_dim;
+  __global half* q_row = q_out + ((size_t)t * n_head + head) * head_dim;
+  float theta = (float)pos[t];
+)";
+  if (mode == RopeMode::kNormal) {
+    body += R"(  for (int i = 0; i < 2 * s; ++i) theta *= theta_scale;
+  const float theta1 = theta * theta_scale;
+  float c0, c1;
+  const float s0 = sincos(theta, &c0);
+  const float s1 = sincos(theta1, &c1);
+  float4 x;
+  if (is_q) {
+    x = $q.Read(t, 0, q_slice + head * hd4 + s) + inferd_bias(bias, head * head_dim + 4 * s);
+  } else {
+    x = $k.Read(t, 0, k_slice + head * hd4 + s) + inferd_bias(bias, n_embd + head * head_dim + 4 * s);
+    const float4 vx = $v.Read(t, 0, v_slice + head * hd4 + s) + inferd_bias(bias, n_embd + n_embd_kv + head * head_dim + 4 * s);
+    vstore_half4(vx, s, v_row);
+  }
+  float4 o;
+  o.x = fma(x.x, c0, -(x.y * s0));
+  o.y = fma(x.x, s0, x.y * c0);
+  o.z = fma(x.z, c1, -(x.w * s1));
+  o.w = fma(x.z, s1, x.w * c1);
+  vstore_half4(o, s, is_q ? q_row : kv_row);
+)";
+  } else {
+    body += R"(  const int half_s = head_dim / 8;
+  for (int i = 0; i < 4 * s; ++i) theta *= theta_scale;
+  float4 th;
+  th.x = theta;
+  th.y = th.x * theta_scale;
+  th.z = th.y * theta_scale;
+  th.w = th.z * theta_scale;
+  float4 c;
+  const float4 sn = sincos(th, &c);
+  float4 lo, hi;
+  if (is_q) {
+    lo = $q.Read(t, 0, q_slice + head * hd4 + s) + inferd_bias(bias, head * head_dim + 4 * s);
+    hi = $q.Read(t, 0, q_slice + head * hd4 + s + half_s) + inferd_bias(bias, head * head_dim + 4 * (s + half_s));
+  } else {
+    const int kb = n_embd + head * head_dim, vb = n_embd + n_embd_kv + head * head_dim;
+    lo = $k.Read(t, 0, k_slice + head * hd4 + s) + inferd_bias(bias, kb + 4 * s);
+    hi = $k.Read(t, 0, k_slice + head * hd4 + s + half_s) + inferd_bias(bias, kb + 4 * (s + half_s));
+    vstore_half4($v.Read(t, 0, v_slice + head * hd4 + s) + inferd_bias(bias, vb + 4 * s), s, v_row);
+    vstore_half4($v.Read(t, 0, v_slice + head * hd4 + s + half_s) + inferd_bias(bias, vb + 4 * (s + half_s)),
+                 s + half_s, v_row);
+  }
+  __global half* out = is_q ? q_row : kv_row;
+  vstore_half4(fma(lo, c, -(hi * sn)), s, out);
+  vstore_half4(fma(lo, sn, hi * c), s + half_s, out);
+)";
+  }
+  k.body = body;
+  return k;
+}
+
+// Launched as (lanes * n_head, T) in work-groups of (lanes, 1); lane j takes positions j, j + lanes,
+// ... with an online softmax (running maximum m, sum l, and the weighted sum of V rows), then the
+// lanes' states are rescaled to the group's maximum and summed in local memory. One pass over K and
+// V. Probabilities stay float: llama.cpp rounds them to half before KQV, which needs the row's sum
+// first (a second pass over K); tried, it did not change the agreement with the CPU engine measurably
+// (whose 8-bit activations dominate the difference; cl_engine_test.cpp).
+KernelTemplate attention_template(int32_t head_dim, StorageType out) {
+  KernelTemplate k;
+  k.name = "attention";
+  k.tensors = {{"out", out, Access::kWrite}};
+  k.params = {"__global const half* q", "__global const half* cache", "__global const int* pos",
+              "__global const int* slot", "int n_head", "int n_head_kv", "int n_ctx", "int kv_pad", "float scale",
+              "__local float* lane_sum", "__local float4* lane_acc"};
+  k.helpers = "#define HD4 " + std::to_string(head_dim / 4) + "  // slices per head\n";
+  k.body = R"(  const int lid = get_local_id(0);
+  const int lsz = get_local_size(0);
+  const int h = get_group_id(0);
+  const int t = get_global_id(1);
+  const int end = min(kv_pad, pos[t] + 1);  // positions past the token's own are masked
+  const int g = h / (n_head / n_head_kv);
+  const size_t hd = HD4 * 4;
+  __global const half* kc = cache + (((size_t)slot[t] * 2 * n_head_kv + g) * n_ctx) * hd;
+  __global const half* vc = kc + (size_t)n_head_kv * n_ctx * hd;
+  __global const half* qp = q + ((size_t)t * n_head + h) * hd;
+  float4 qv[HD4], acc[HD4];
+  for (int i = 0; i < HD4; ++i) {
+    qv[i] = vload_half4(i, qp);
+    acc[i] = (float4)(0.0f);
+  }
+  float m = -INFINITY, l = 0.0f;
+  for (int p = lid; p < end; p += lsz) {
+    __global const half* kr = kc + (size_t)p * hd;
+    float sc = 0.0f;
+    for (int i = 0; i < HD4; ++i) sc += dot(qv[i], vload_half4(i, kr));
+    sc *= scale;
+    const float m_new = fmax(m, sc);
+    const float corr = exp(m - m_new);  // 0 on the lane's first position (m = -inf)
+    const float e = exp(sc - m_new);
+    l = l * corr + e;
+    __global const half* vr = vc + (size_t)p * hd;
+    for (int i = 0; i < HD4; ++i) acc[i] = acc[i] * corr + e * vload_half4(i, vr);
+    m = m_new;
+  }
+  lane_sum[lid] = m;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  float mx = -INFINITY;
+  for (int j = 0; j < lsz; ++j) mx = fmax(mx, lane_sum[j]);
+  const float f = m == -INFINITY ? 0.0f : exp(m - mx);  // a lane without positions adds nothing
+  barrier(CLK_LOCAL_MEM_FENCE);  // every lane has read the maxima
+  lane_sum[lid] = l * f;
+  for (int i = 0; i < HD4; ++i) lane_acc[lid * HD4 + i] = acc[i] * f;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  float total = 0.0f;
+  for (int j = 0; j < lsz; ++j) total += lane_sum[j];
+  const float inv = 1.0f / total;  // > 0: position 0 is never masked
+  for (int i = lid; i < HD4; i += lsz) {
+    float4 o = (float4)(0.0f);
+    for (int j = 0; j < lsz; ++j) o += lane_acc[j * HD4 + i];
+    $out.Write(o * inv, t, 0, h * HD4 + i);
+  }
+)";
+  return k;
+}
+
 size_t floor_pow2(size_t v) {
   size_t p = 1;
   while (p * 2 <= v) p *= 2;
   return p;
 }
+
+// Bytes of a buffer (kInvalidArgument for nullptr), for checking the caller's buffers' sizes.
+Result<size_t> buffer_bytes(cl_mem mem, const char* what) {
+  if (mem == nullptr) return make_error(Code::kInvalidArgument, "%s: no buffer", what);
+  size_t bytes = 0;
+  INFERD_CL_RETURN_IF_ERROR(clGetMemObjectInfo(mem, CL_MEM_SIZE, sizeof(bytes), &bytes, nullptr));
+  return bytes;
+}
+
+Status require_bytes(cl_mem mem, size_t needed, const char* what) {
+  auto bytes = buffer_bytes(mem, what);
+  if (!bytes) return bytes.status();
+  if (bytes.value() < needed) {
+    return make_error(Code::kInvalidArgument, "%s: a buffer of %zu bytes, %zu needed", what, bytes.value(), needed);
+  }
+  return Status::ok();
+}
+
+bool is_token_rows(const Bhwc& s) { return s.b == 1 && s.h == 1; }
 
 Status require_same_shape(const char* op, const Tensor& a, const Tensor& b) {
   if (a.shape() == b.shape()) return Status::ok();
@@ -475,6 +730,22 @@ Result<MatmulWeights> MatmulWeights::upload(Runtime& rt, DType type, int64_t row
     INFERD_RETURN_IF_ERROR(upload_vector(q4, w.values_));
   }
   return w;
+}
+
+Status AttentionGeometry::check() const {
+  if (n_head < 1 || n_head_kv < 1 || head_dim < 1 || n_slots < 1 || n_ctx < 1) {
+    return make_error(Code::kInvalidArgument, "attention: heads %d/%d, head_dim %d, %d slots of %d positions", n_head,
+                      n_head_kv, head_dim, n_slots, n_ctx);
+  }
+  if (n_head % n_head_kv != 0) {
+    return make_error(Code::kUnimplemented, "attention: %d query heads do not group over %d KV heads", n_head, n_head_kv);
+  }
+  const int32_t multiple = rope_mode == RopeMode::kNeox ? 8 : 4;
+  if (head_dim % multiple != 0 || head_dim > 256) {
+    return make_error(Code::kUnimplemented, "attention: head_dim %d is not a multiple of %d up to 256 (%s rope)",
+                      head_dim, multiple, rope_mode == RopeMode::kNeox ? "NeoX" : "llama");
+  }
+  return Status::ok();
 }
 
 const char* matmul_variant_name(MatmulVariant variant) {
@@ -620,7 +891,7 @@ Status Ops::softmax(const Tensor& x, const Tensor& mask, float scale, Tensor& ds
   return launch(*k.value(), 2, global, local);
 }
 
-Status Ops::matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVariant variant) {
+Status Ops::matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVariant variant, cl_mem q8_sums) {
   const Bhwc& xs = x.shape();
   const Bhwc& ys = y.shape();
   if (xs.b != 1 || xs.h != 1 || xs.c != w.k() || !(ys == Bhwc{1, 1, xs.w, static_cast<int32_t>(w.rows())})) {
@@ -633,8 +904,13 @@ Status Ops::matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVar
                       storage_key({&x, &y}),
                   [&] { return matmul_template(w.type(), variant, x.storage(), y.storage()); });
   if (!k) return k.status();
+  if (w.type() != DType::kQ4_1) q8_sums = nullptr;
+  if (q8_sums != nullptr) {
+    INFERD_RETURN_IF_ERROR(require_bytes(q8_sums, static_cast<size_t>(xs.w) * static_cast<size_t>(w.k() / 32) * sizeof(float),
+                                         "matmul q8_sums"));
+  }
   KernelArgs args(k.value()->kernel.get());
-  args.tensor(x).tensor(y).buffer(w.values()).buffer(w.scales()).buffer(w.mins());
+  args.tensor(x).tensor(y).buffer(w.values()).buffer(w.scales()).buffer(w.mins()).buffer(q8_sums);
   if (variant == MatmulVariant::kDecode) {
     const size_t lanes = group_size(*k.value());
     args.local(lanes * 16);
@@ -646,6 +922,157 @@ Status Ops::matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVar
   INFERD_RETURN_IF_ERROR(args.status());
   const size_t global[2] = {static_cast<size_t>(w.out_slices()), static_cast<size_t>((xs.w + 3) / 4)};
   return launch(*k.value(), 2, global, nullptr);
+}
+
+
+Status Ops::get_rows(const MatmulWeights& w, cl_mem rows, Tensor& dst) {
+  const Bhwc& d = dst.shape();
+  if (!is_token_rows(d) || d.c != w.k()) {
+    return make_error(Code::kInvalidArgument, "get_rows: weights %lld x %lld, dst %s", static_cast<long long>(w.rows()),
+                      static_cast<long long>(w.k()), d.to_string().c_str());
+  }
+  INFERD_RETURN_IF_ERROR(require_bytes(rows, static_cast<size_t>(d.w) * sizeof(cl_int), "get_rows rows"));
+  auto k = kernel(std::string("get_rows_") + dtype_name(w.type()) + storage_key({&dst}),
+                  [&] { return get_rows_template(w.type(), dst.storage()); });
+  if (!k) return k.status();
+  KernelArgs args(k.value()->kernel.get());
+  args.tensor(dst).buffer(rows).buffer(w.values()).buffer(w.scales()).buffer(w.mins());
+  INFERD_RETURN_IF_ERROR(args.status());
+  const size_t global[2] = {static_cast<size_t>(d.w), static_cast<size_t>(d.slices())};
+  return launch(*k.value(), 2, global, nullptr);
+}
+
+Status Ops::gather(const Tensor& src, cl_mem rows, Tensor& dst) {
+  const Bhwc& s = src.shape();
+  const Bhwc& d = dst.shape();
+  if (!is_token_rows(s) || !is_token_rows(d) || s.c != d.c || d.w > s.w) {
+    return make_error(Code::kInvalidArgument, "gather: src %s, dst %s", s.to_string().c_str(), d.to_string().c_str());
+  }
+  INFERD_RETURN_IF_ERROR(require_bytes(rows, static_cast<size_t>(d.w) * sizeof(cl_int), "gather rows"));
+  auto k = kernel("gather" + storage_key({&src, &dst}), [&] { return gather_template(src.storage(), dst.storage()); });
+  if (!k) return k.status();
+  KernelArgs args(k.value()->kernel.get());
+  args.tensor(src).tensor(dst).buffer(rows);
+  INFERD_RETURN_IF_ERROR(args.status());
+  const size_t global[2] = {static_cast<size_t>(d.w), static_cast<size_t>(d.slices())};
+  return launch(*k.value(), 2, global, nullptr);
+}
+
+Status Ops::quantize_q8(const Tensor& x, Tensor& dst, cl_mem q8_sums) {
+  const Bhwc& s = x.shape();
+  if (!is_token_rows(s) || !(dst.shape() == s) || s.c % 32 != 0) {
+    return make_error(Code::kInvalidArgument, "quantize_q8: x %s, dst %s (channels must be a multiple of 32)",
+                      s.to_string().c_str(), dst.shape().to_string().c_str());
+  }
+  if (&x == &dst) return Status(Code::kInvalidArgument, "quantize_q8: in place is not supported");
+  if (q8_sums != nullptr) {
+    INFERD_RETURN_IF_ERROR(
+        require_bytes(q8_sums, static_cast<size_t>(s.w) * static_cast<size_t>(s.c / 32) * sizeof(float), "quantize_q8 sums"));
+  }
+  auto k = kernel("quantize_q8" + storage_key({&x, &dst}), [&] { return quantize_q8_template(x.storage(), dst.storage()); });
+  if (!k) return k.status();
+  KernelArgs args(k.value()->kernel.get());
+  args.tensor(x).tensor(dst).buffer(q8_sums);
+  INFERD_RETURN_IF_ERROR(args.status());
+  const size_t global[2] = {static_cast<size_t>(s.w), static_cast<size_t>(s.c / 32)};
+  return launch(*k.value(), 2, global, nullptr);
+}
+
+Status Ops::swiglu_halves(const Tensor& gate_up, Tensor& dst) {
+  const Bhwc& s = gate_up.shape();
+  const Bhwc& d = dst.shape();
+  if (!is_token_rows(s) || !is_token_rows(d) || d.c % 4 != 0 || s.c != 2 * d.c || s.w != d.w) {
+    return make_error(Code::kInvalidArgument, "swiglu_halves: gate_up %s, dst %s", s.to_string().c_str(),
+                      d.to_string().c_str());
+  }
+  auto k = kernel("swiglu_halves" + storage_key({&gate_up, &dst}),
+                  [&] { return swiglu_halves_template(gate_up.storage(), dst.storage()); });
+  if (!k) return k.status();
+  KernelArgs args(k.value()->kernel.get());
+  args.tensor(gate_up).tensor(dst);
+  INFERD_RETURN_IF_ERROR(args.status());
+  const size_t global[2] = {static_cast<size_t>(d.w), static_cast<size_t>(d.slices())};
+  return launch(*k.value(), 2, global, nullptr);
+}
+
+Status Ops::rope_kv(const AttentionGeometry& g, TensorSlice q, TensorSlice k, TensorSlice v, cl_mem bias,
+                    const TokenPlacement& tokens, cl_mem q_out, cl_mem cache) {
+  INFERD_RETURN_IF_ERROR(g.check());
+  if (q.tensor == nullptr || k.tensor == nullptr || v.tensor == nullptr) {
+    return Status(Code::kInvalidArgument, "rope_kv: missing Q, K or V");
+  }
+  const int32_t t_count = q.tensor->shape().w;
+  const int32_t hd4 = g.head_dim / 4;
+  const struct {
+    TensorSlice slice;
+    int32_t slices;
+    const char* name;
+  } parts[] = {{q, g.n_head * hd4, "Q"}, {k, g.n_head_kv * hd4, "K"}, {v, g.n_head_kv * hd4, "V"}};
+  for (const auto& p : parts) {
+    const Bhwc& s = p.slice.tensor->shape();
+    if (!is_token_rows(s) || s.w != t_count || p.slice.first_slice < 0 || s.c % 4 != 0 ||
+        p.slice.first_slice + p.slices > s.slices()) {
+      return make_error(Code::kInvalidArgument, "rope_kv: %s is %s from slice %d, %d slices of %d tokens needed",
+                        p.name, s.to_string().c_str(), p.slice.first_slice, p.slices, t_count);
+    }
+  }
+  const size_t t = static_cast<size_t>(t_count);
+  INFERD_RETURN_IF_ERROR(require_bytes(tokens.positions, t * sizeof(cl_int), "rope_kv positions"));
+  INFERD_RETURN_IF_ERROR(require_bytes(tokens.slots, t * sizeof(cl_int), "rope_kv slots"));
+  INFERD_RETURN_IF_ERROR(require_bytes(q_out, t * static_cast<size_t>(g.n_embd()) * 2, "rope_kv q_out"));
+  INFERD_RETURN_IF_ERROR(require_bytes(cache, g.layer_cache_bytes(), "rope_kv cache"));
+  if (bias != nullptr) {
+    INFERD_RETURN_IF_ERROR(
+        require_bytes(bias, static_cast<size_t>(g.n_embd() + 2 * g.n_embd_kv()) * sizeof(float), "rope_kv bias"));
+  }
+  const bool normal = g.rope_mode == RopeMode::kNormal;
+  auto kn = kernel(std::string(normal ? "rope_kv_normal" : "rope_kv_neox") + storage_key({q.tensor, k.tensor, v.tensor}),
+                   [&] { return rope_kv_template(g.rope_mode, q.tensor->storage(), k.tensor->storage(), v.tensor->storage()); });
+  if (!kn) return kn.status();
+  // As the CPU reference (ops.cpp rope_head): the float overload of pow.
+  const float theta_scale = std::pow(g.rope_base, -2.0f / static_cast<float>(g.head_dim));
+  KernelArgs args(kn.value()->kernel.get());
+  args.tensor(*q.tensor).tensor(*k.tensor).tensor(*v.tensor);
+  args.value(cl_int{q.first_slice}).value(cl_int{k.first_slice}).value(cl_int{v.first_slice}).buffer(bias);
+  args.buffer(tokens.positions).buffer(tokens.slots);
+  args.value(cl_int{g.n_head}).value(cl_int{g.n_head_kv}).value(cl_int{g.head_dim}).value(cl_int{g.n_ctx});
+  args.value(theta_scale).buffer(q_out).buffer(cache);
+  INFERD_RETURN_IF_ERROR(args.status());
+  const size_t units = static_cast<size_t>(normal ? g.head_dim / 4 : g.head_dim / 8);
+  const size_t global[3] = {t, static_cast<size_t>(g.n_head + g.n_head_kv), units};
+  return launch(*kn.value(), 3, global, nullptr);
+}
+
+Status Ops::attention(const AttentionGeometry& g, cl_mem q, const TokenPlacement& tokens, int32_t kv_pad, float scale,
+                      cl_mem cache, Tensor& out) {
+  INFERD_RETURN_IF_ERROR(g.check());
+  const Bhwc& o = out.shape();
+  if (!is_token_rows(o) || o.c != g.n_embd()) {
+    return make_error(Code::kInvalidArgument, "attention: out %s for %d heads of %d", o.to_string().c_str(), g.n_head,
+                      g.head_dim);
+  }
+  if (kv_pad < 1) return make_error(Code::kInvalidArgument, "attention: kv_pad %d", kv_pad);
+  const size_t t = static_cast<size_t>(o.w);
+  INFERD_RETURN_IF_ERROR(require_bytes(tokens.positions, t * sizeof(cl_int), "attention positions"));
+  INFERD_RETURN_IF_ERROR(require_bytes(tokens.slots, t * sizeof(cl_int), "attention slots"));
+  INFERD_RETURN_IF_ERROR(require_bytes(q, t * static_cast<size_t>(g.n_embd()) * 2, "attention q"));
+  INFERD_RETURN_IF_ERROR(require_bytes(cache, g.layer_cache_bytes(), "attention cache"));
+  auto k = kernel("attention_hd" + std::to_string(g.head_dim) + storage_key({&out}),
+                  [&] { return attention_template(g.head_dim, out.storage()); });
+  if (!k) return k.status();
+  // Lanes within the kernel's limit and half the local memory: each keeps a float and a head.
+  const size_t per_lane = sizeof(float) + static_cast<size_t>(g.head_dim) * sizeof(float);
+  const uint64_t local = rt_.info().local_mem_bytes;
+  size_t lanes = group_size(*k.value());
+  while (lanes > 1 && local > 0 && lanes * per_lane > local / 2) lanes /= 2;
+  KernelArgs args(k.value()->kernel.get());
+  args.tensor(out).buffer(q).buffer(cache).buffer(tokens.positions).buffer(tokens.slots);
+  args.value(cl_int{g.n_head}).value(cl_int{g.n_head_kv}).value(cl_int{g.n_ctx}).value(cl_int{kv_pad}).value(scale);
+  args.local(lanes * sizeof(float)).local(lanes * static_cast<size_t>(g.head_dim) * sizeof(float));
+  INFERD_RETURN_IF_ERROR(args.status());
+  const size_t global[2] = {lanes * static_cast<size_t>(g.n_head), t};
+  const size_t local_size[2] = {lanes, 1};
+  return launch(*k.value(), 2, global, local_size);
 }
 
 }  // namespace inferd::opencl

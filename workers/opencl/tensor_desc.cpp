@@ -212,6 +212,25 @@ Result<Tensor> Tensor::allocate(Runtime& rt, const TensorDescriptor& desc, const
   return tensor;
 }
 
+Result<Tensor> Tensor::view(const Bhwc& shape) const {
+  const Bhwc& s = desc_.shape();
+  if (shape.b != s.b || shape.h != s.h || shape.c != s.c || shape.w < 1 || shape.w > s.w) {
+    return make_error(Code::kInvalidArgument, "a %s view of a %s tensor", shape.to_string().c_str(),
+                      desc_.to_string().c_str());
+  }
+  auto share = [](const ClMem& mem) {
+    if (!mem) return ClMem();
+    const cl_int err = clRetainMemObject(mem.get());
+    INFERD_ASSERT(err == CL_SUCCESS, "clRetainMemObject of a live object failed");
+    return ClMem(mem.get());
+  };
+  Tensor view(TensorDescriptor(shape, storage()));
+  view.parent_ = share(parent_);
+  view.buffer_ = share(buffer_);
+  view.image_ = share(image_);
+  return view;
+}
+
 Status upload(Runtime& rt, Tensor& tensor, std::span<const float> data) {
   if (static_cast<int64_t>(data.size()) != tensor.shape().elements()) {
     return make_error(Code::kInvalidArgument, "upload: %zu floats for a %s tensor", data.size(),

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <random>
 
 #include "test_device.h"
@@ -218,6 +219,42 @@ TEST(TensorDevice, RejectsMismatchedTransfers) {
   std::vector<float> wrong(5);
   EXPECT_EQ(upload(*rt, tensor.value(), wrong).code(), Code::kInvalidArgument);
   EXPECT_EQ(download(*rt, tensor.value(), wrong).code(), Code::kInvalidArgument);
+}
+
+// A view of fewer tokens reads and writes the parent's memory in its own layout, in every storage;
+// the parent outlives nothing it shares (the view keeps the objects alive); bad shapes are errors.
+TEST(TensorDevice, ViewsOfFewerTokensShareTheMemory) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  for (StorageType storage : kAllStorageTypes) {
+    const TensorDescriptor desc(Bhwc{1, 1, 8, 7}, storage);
+    if (!desc.fits(rt->info())) continue;
+    std::optional<Tensor> view;
+    {
+      auto parent = Tensor::allocate(*rt, desc);
+      ASSERT_TRUE(parent.is_ok()) << parent.status().to_string();
+      auto v = parent->view(Bhwc{1, 1, 3, 7});
+      ASSERT_TRUE(v.is_ok()) << v.status().to_string();
+      view.emplace(std::move(v).value());
+      EXPECT_EQ(view->storage(), storage);
+      EXPECT_EQ(view->shape(), (Bhwc{1, 1, 3, 7}));
+      EXPECT_EQ(parent->view(Bhwc{1, 1, 9, 7}).status().code(), Code::kInvalidArgument);  // wider
+      EXPECT_EQ(parent->view(Bhwc{1, 1, 3, 8}).status().code(), Code::kInvalidArgument);  // other channels
+      EXPECT_EQ(parent->view(Bhwc{1, 2, 3, 7}).status().code(), Code::kInvalidArgument);  // other height
+      // The parent sees what is written through the view: its first texel is the view's first.
+      ASSERT_TRUE(fill(*rt, parent.value(), 0.0f).is_ok());
+      const std::vector<float> data = random_values(21, 9);
+      ASSERT_TRUE(upload(*rt, *view, data).is_ok());
+      auto texels = download_texels(*rt, parent.value());
+      ASSERT_TRUE(texels.is_ok());
+      EXPECT_EQ((*texels)[0], data[0]) << storage_name(storage);
+    }
+    // The parent is gone; the view still works.
+    const std::vector<float> data = random_values(21, 10);
+    ASSERT_TRUE(upload(*rt, *view, data).is_ok());
+    std::vector<float> back(data.size());
+    ASSERT_TRUE(download(*rt, *view, back).is_ok());
+    EXPECT_EQ(back, data) << storage_name(storage);
+  }
 }
 
 }  // namespace

@@ -39,6 +39,9 @@ struct BackendOptions {
   int32_t end_layer = 0;
   const ipc::HiddenExchange* hidden_in = nullptr;
   const ipc::HiddenExchange* hidden_out = nullptr;
+  // GPU backends: which device, as "--backend opencl:N" names it ("" = the backend's default; for
+  // OpenCL a decimal index into every platform's devices, opencl::select_device()).
+  std::string device;
 };
 
 class StepBackend {
@@ -51,5 +54,8 @@ class StepBackend {
 };
 
 Result<std::unique_ptr<StepBackend>> make_cpu_backend(std::shared_ptr<const Model> model, const BackendOptions& options);
+// The OpenCL backend (opencl_backend.cpp; built when INFERD_HAVE_OPENCL): whole models only.
+Result<std::unique_ptr<StepBackend>> make_opencl_backend(std::shared_ptr<const Model> model,
+                                                         const BackendOptions& options);
 
 }  // namespace inferd::worker

@@ -108,7 +108,21 @@ int run(const Args& args) {
     (void)send_failed(ctl, s.to_string());
     return 1;
   };
-  if (args.backend != "cpu") return fail(Status(Code::kUnimplemented, "backend '" + args.backend + "' is not built into this worker"));
+  // "cpu", or "opencl" / "opencl:N" (device N) where this worker is built with OpenCL.
+  std::string device;
+  const bool opencl = args.backend == "opencl" || args.backend.rfind("opencl:", 0) == 0;
+  if (opencl) {
+#ifdef INFERD_HAVE_OPENCL
+    device = args.backend.size() > 6 ? args.backend.substr(7) : "";
+    if (args.backend.size() > 6 && (device.empty() || device.find_first_not_of("0123456789") != std::string::npos)) {
+      return fail(Status(Code::kInvalidArgument, "backend '" + args.backend + "': expected opencl:N, N a device index"));
+    }
+#else
+    return fail(Status(Code::kUnimplemented, "backend '" + args.backend + "' is not built into this worker"));
+#endif
+  } else if (args.backend != "cpu") {
+    return fail(Status(Code::kUnimplemented, "backend '" + args.backend + "' is not built into this worker"));
+  }
   auto weights = ipc::WeightsSegment::attach(ipc::UniqueFd(args.weights_fd));
   if (!weights) return fail(weights.status());
   auto model = Model::load(weights.value()->gguf());
@@ -137,7 +151,12 @@ int run(const Args& args) {
   }
   bo.hidden_in = hidden_in.get();
   bo.hidden_out = hidden_out.get();
+  bo.device = device;
+#ifdef INFERD_HAVE_OPENCL
+  auto backend = opencl ? make_opencl_backend(model.value(), bo) : make_cpu_backend(model.value(), bo);
+#else
   auto backend = make_cpu_backend(model.value(), bo);
+#endif
   if (!backend) return fail(backend.status());
   StepBackend& be = *backend.value();
   {

@@ -99,6 +99,41 @@ MatmulVariant choose_matmul_variant(int32_t tokens);
 
 enum class RopeMode { kNormal, kNeox };  // llama: adjacent pairs; NeoX (qwen2): halves
 
+// The attention of one model, and its KV cache. The cache of one layer is one buffer of IEEE halves
+// (llama.cpp's default F16 cache), slot-major like the CPU engine's KvCache:
+//   [slot][k|v][kv_head][position][head_dim]
+// rope_kv() writes a pass's new K/V rows in place at their (slot, position); attention() reads them.
+struct AttentionGeometry {
+  int32_t n_head = 0, n_head_kv = 0, head_dim = 0;
+  int32_t n_slots = 0, n_ctx = 0;  // the cache's slots and positions per slot
+  float rope_base = 10000.0f;
+  RopeMode rope_mode = RopeMode::kNormal;
+
+  int32_t n_embd() const { return n_head * head_dim; }
+  int32_t n_embd_kv() const { return n_head_kv * head_dim; }
+  size_t layer_cache_bytes() const {
+    return size_t{2} * static_cast<size_t>(n_slots) * static_cast<size_t>(n_ctx) * static_cast<size_t>(n_embd_kv()) * 2;
+  }
+  // kUnimplemented for head sizes the kernels do not handle (head_dim a multiple of 4, of 8 for NeoX,
+  // at most 256; n_head a multiple of n_head_kv), kInvalidArgument for non-positive extents.
+  Status check() const;
+};
+
+// Where the tokens of a pass go: int32 buffers of at least T entries (T the pass's tokens), each
+// position in [0, n_ctx) and each slot in [0, n_slots). The kernels trust them: the engine validates
+// every batch on the host first.
+struct TokenPlacement {
+  cl_mem positions = nullptr;
+  cl_mem slots = nullptr;
+};
+
+// One projection inside a tensor: channels [4 * first_slice, 4 * first_slice + width) of a 1x1xTxC
+// tensor, so that Q, K and V may come from one fused matmul (one tensor, three offsets) or three.
+struct TensorSlice {
+  const Tensor* tensor = nullptr;
+  int32_t first_slice = 0;
+};
+
 class Ops {
  public:
   explicit Ops(Runtime& rt);  // `rt` outlives this object
@@ -118,8 +153,45 @@ class Ops {
   // dst = softmax over c of (x * scale + mask); mask is B' x H' x W x C with B' and H' either 1
   // (broadcast) or equal to x's. A row masked entirely (-inf) becomes zeros.
   Status softmax(const Tensor& x, const Tensor& mask, float scale, Tensor& dst);
-  // y = W x (see the header comment); x is 1x1xTxK, y 1x1xTxR.
-  Status matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVariant variant = MatmulVariant::kAuto);
+  // y = W x (see the header comment); x is 1x1xTxK, y 1x1xTxR. `q8_sums`, for Q4_1 weights only: the
+  // block-sum corrections quantize_q8() wrote for x (ignored for other types, whose products need none).
+  Status matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVariant variant = MatmulVariant::kAuto,
+                cl_mem q8_sums = nullptr);
+
+  // ---- The forward pass's own ops (ClEngine) ----
+  //
+  // dst[t] = row rows[t] of the weights, dequantized: the embedding lookup, reading the same converted
+  // weights as the tied output projection. dst is 1x1xTxK with K = w.k(); `rows` an int32 buffer of
+  // >= T row indices in [0, w.rows()) (validated by the caller).
+  Status get_rows(const MatmulWeights& w, cl_mem rows, Tensor& dst);
+  // dst[o] = src[rows[o]] for the N tokens of dst (1x1xNxC, src 1x1xTxC, rows in [0, T)): the tokens
+  // whose logits are wanted.
+  Status gather(const Tensor& src, cl_mem rows, Tensor& dst);
+  // dst = x with each block of 32 channels rounded as ggml quantizes activations to Q8_0 / Q8_1 for
+  // quantized matmuls (llama.cpp's CPU and CUDA backends): d = amax / 127 stored as half,
+  // q = rint(x * 127 / amax), dst = q * d. x and dst are 1x1xTxK with K a multiple of 32. The matmul
+  // of dst then computes what the CPU engine's integer dot products compute, up to summation order —
+  // except for Q4_1, whose min term uses the block sum s = d * sum(q) that Q8_1 stores rounded to half
+  // on its own: with `q8_sums` (>= T * K / 32 floats) this writes, per token and block, the difference
+  // half(d * sum(q)) - half(d) * sum(q), which matmul() adds back, times the block's minimum.
+  Status quantize_q8(const Tensor& x, Tensor& dst, cl_mem q8_sums = nullptr);
+  // dst = silu(gate_up[..., :C]) * gate_up[..., C:], C = dst's channels (a multiple of 4): SwiGLU
+  // after one matmul of the concatenated gate and up weights.
+  Status swiglu_halves(const Tensor& gate_up, Tensor& dst);
+  // RoPE of the pass's Q and K (positions of `tokens`), adding the optional `bias` (Q|K|V, n_embd +
+  // 2 * n_embd_kv floats: qwen2) first. Q goes to `q_out` as halves, [T][n_head][head_dim] (rounded
+  // as llama.cpp rounds attention operands); K and V rows go into the layer's `cache` at their slot
+  // and position. T is q's width; q, k and v hold n_embd, n_embd_kv and n_embd_kv channels from their
+  // first slices.
+  Status rope_kv(const AttentionGeometry& g, TensorSlice q, TensorSlice k, TensorSlice v, cl_mem bias,
+                 const TokenPlacement& tokens, cl_mem q_out, cl_mem cache);
+  // Causal attention of T tokens (out: 1x1xTxn_embd) over their slots' cache rows: the KV length is
+  // padded to `kv_pad` (a multiple of the engine's pad step, >= every token's position + 1) and the
+  // positions past a token's own are masked. One work-group per (token, head), its lanes splitting the
+  // positions in an online softmax; launch shapes do not depend on the KV length. Probabilities stay
+  // float (llama.cpp rounds them to half; see the kernel).
+  Status attention(const AttentionGeometry& g, cl_mem q, const TokenPlacement& tokens, int32_t kv_pad, float scale,
+                   cl_mem cache, Tensor& out);
 
   // Lanes of a row-reduction work-group (rms_norm, softmax, decode matmul): a power of two picked
   // from the device (64 on GPUs, 16 elsewhere, within its limits).

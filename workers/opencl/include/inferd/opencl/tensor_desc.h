@@ -124,6 +124,15 @@ class Tensor {
   Tensor(Tensor&&) noexcept = default;
   Tensor& operator=(Tensor&&) noexcept = default;
 
+  // A tensor of `shape` over this one's memory, which it shares (the cl_mem objects are reference-
+  // counted): a forward pass of T tokens runs on views of activations allocated once for the most
+  // tokens, and since kernels receive the extents as arguments no kernel is rebuilt for a new T.
+  // `shape` must have this tensor's batch, height and channels and at most its width; every texel of
+  // the view then lies inside the storage (linear storages: fewer texels; kTexture2D: a narrower
+  // rectangle). The view has no guards; its contents are those of the memory in the view's own
+  // layout (meaningful only once a kernel has written them). kInvalidArgument otherwise.
+  Result<Tensor> view(const Bhwc& shape) const;
+
   const TensorDescriptor& desc() const { return desc_; }
   const Bhwc& shape() const { return desc_.shape(); }
   StorageType storage() const { return desc_.storage(); }

@@ -1,0 +1,579 @@
+#include "inferd/opencl/cl_engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "inferd/kernels/cpu.h"
+
+namespace inferd::opencl {
+
+namespace {
+
+int32_t round_up(int32_t v, int32_t step) { return (v + step - 1) / step * step; }
+
+std::string mib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
+// The GGUF name of a layer's tensor, for messages.
+std::string tensor_name(int layer, const char* what) { return "blk." + std::to_string(layer) + "." + what + ".weight"; }
+
+Result<std::unique_ptr<MatmulWeights>> upload_matrix(Runtime& rt, const std::string& name, DType type, int64_t rows,
+                                                     int64_t cols, const void* data) {
+  if (!MatmulWeights::supports(type)) {
+    return make_error(Code::kUnimplemented, "tensor %s has type %s, which the OpenCL backend cannot read yet",
+                      name.c_str(), dtype_name(type));
+  }
+  auto w = MatmulWeights::upload(rt, type, rows, cols, data);
+  if (!w) return w.status().with_context(name);
+  return std::make_unique<MatmulWeights>(std::move(w).value());
+}
+
+Result<std::unique_ptr<MatmulWeights>> upload_view(Runtime& rt, const std::string& name, const WeightView& w) {
+  return upload_matrix(rt, name, w.type, w.rows, w.cols, w.data);
+}
+
+// Several matrices of one type and width stacked into one (their rows one after the other), as one
+// matmul computes them all.
+Result<std::unique_ptr<MatmulWeights>> upload_stacked(Runtime& rt, const std::string& name,
+                                                      std::initializer_list<const WeightView*> parts) {
+  const WeightView& first = **parts.begin();
+  int64_t rows = 0;
+  for (const WeightView* p : parts) rows += p->rows;
+  std::vector<uint8_t> host(static_cast<size_t>(rows) * first.row_bytes);
+  size_t at = 0;
+  for (const WeightView* p : parts) {
+    INFERD_ASSERT(p->type == first.type && p->cols == first.cols && p->row_bytes == first.row_bytes);
+    const size_t bytes = static_cast<size_t>(p->rows) * p->row_bytes;
+    std::memcpy(host.data() + at, p->data, bytes);
+    at += bytes;
+  }
+  return upload_matrix(rt, name, first.type, rows, first.cols, host.data());
+}
+
+// Whether the CPU engine quantizes the activations of a matmul with weights of `type` (to Q8_0 or
+// Q8_1, which round alike; Ops::quantize_q8).
+bool quantizes_activations(DType type) {
+  const kernels::TypeKernels* tk = kernels::type_kernels(type);
+  return tk != nullptr && (tk->act_type == DType::kQ8_0 || tk->act_type == DType::kQ8_1);
+}
+
+// The input of one or more matmuls: x, or its Q8 rounding for weights whose CPU kernels quantize
+// activations, computed once on first need.
+class MatmulInput {
+ public:
+  // `rounded` and `sums` (Ops::quantize_q8's outputs) are null for float activations.
+  MatmulInput(Ops& ops, const Tensor& x, Tensor* rounded, cl_mem sums)
+      : ops_(ops), x_(x), rounded_(rounded), sums_(sums) {}
+
+  Status matmul(const MatmulWeights& w, Tensor& y) {
+    if (rounded_ == nullptr || !quantizes_activations(w.type())) return ops_.matmul(w, x_, y);
+    if (!done_) {
+      INFERD_RETURN_IF_ERROR(ops_.quantize_q8(x_, *rounded_, sums_));
+      done_ = true;
+    }
+    return ops_.matmul(w, *rounded_, y, MatmulVariant::kAuto, sums_);
+  }
+
+ private:
+  Ops& ops_;
+  const Tensor& x_;
+  Tensor* rounded_;
+  cl_mem sums_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+struct ClEngine::Layer {
+  std::optional<Tensor> attn_norm, ffn_norm;
+  // Q|K|V as one matmul (qkv) when their types agree, else three; gate|up likewise.
+  std::unique_ptr<MatmulWeights> qkv, wq, wk, wv, wo;
+  std::unique_ptr<MatmulWeights> gate_up, gate, up, down;
+  ClMem bias;   // Q|K|V biases (qwen2), else null
+  ClMem cache;  // this layer's KV cache (ops.h AttentionGeometry)
+};
+
+// Activation tensors for n_ubatch tokens (a pass uses views of its first T tokens) and the per-pass
+// buffers. Only the tensors of the chosen matmul grouping exist.
+struct ClEngine::Activations {
+  std::optional<Tensor> x[2];  // the residual stream, ping-ponged (images cannot be read and written by one kernel)
+  std::optional<Tensor> xn, qkv, q, k, v, attn, proj, gate_up, gate, up, h;
+  std::optional<Tensor> gathered, gathered_norm;  // the rows whose logits are wanted
+  std::optional<Tensor> rounded_e, rounded_f;      // Q8-rounded matmul inputs of n_embd and n_ff channels
+  std::optional<Tensor> logits;                    // grows on demand (ensure_logits)
+  int32_t logits_capacity = 0;
+  ClMem ids, pos, slots, rows;  // int32 per token: token id, position, slot; rows for the gather
+  ClMem q_half;                 // [n_ubatch][n_embd] halves, rope_kv -> attention
+  ClMem q8_sums;                // [n_ubatch][max(n_embd, n_ff) / 32] Q4_1 corrections (Ops::quantize_q8)
+  size_t bytes = 0;
+};
+
+namespace {
+
+// A view of the first `width` tokens of `t` (none when `t` is not allocated).
+Status token_view(const std::optional<Tensor>& t, int32_t width, std::optional<Tensor>& out) {
+  out.reset();
+  if (!t) return Status::ok();
+  auto v = t->view(Bhwc{1, 1, width, t->shape().c});
+  if (!v) return v.status();
+  out.emplace(std::move(v).value());
+  return Status::ok();
+}
+
+}  // namespace
+
+// The activations of one pass: views of the first T tokens of ClEngine::Activations.
+struct ClEngine::PassViews {
+  std::optional<Tensor> x0, x1, xn, qkv, q, k, v, attn, proj, gate_up, gate, up, h, rounded_e, rounded_f;
+
+  Status bind(const Activations& a, int32_t t) {
+    const std::pair<const std::optional<Tensor>*, std::optional<Tensor>*> pairs[] = {
+        {&a.x[0], &x0},       {&a.x[1], &x1},   {&a.xn, &xn},     {&a.qkv, &qkv},
+        {&a.q, &q},           {&a.k, &k},       {&a.v, &v},       {&a.attn, &attn},
+        {&a.proj, &proj},     {&a.gate_up, &gate_up}, {&a.gate, &gate}, {&a.up, &up},
+        {&a.h, &h},           {&a.rounded_e, &rounded_e}, {&a.rounded_f, &rounded_f}};
+    for (const auto& [from, to] : pairs) INFERD_RETURN_IF_ERROR(token_view(*from, t, *to));
+    return Status::ok();
+  }
+};
+
+ClEngine::~ClEngine() = default;
+
+Result<std::unique_ptr<ClEngine>> ClEngine::create(std::shared_ptr<const Model> model, std::unique_ptr<Runtime> runtime,
+                                                   const ClEngineOptions& options) {
+  INFERD_ASSERT(model != nullptr && runtime != nullptr);
+  const ModelConfig& cfg = model->config();
+  ClEngineOptions opt = options;
+  if (opt.n_ctx == 0) opt.n_ctx = std::min(cfg.n_ctx_train > 0 ? cfg.n_ctx_train : 4096, 4096);
+  if (opt.n_ctx < 1 || opt.n_ctx > (1 << 20)) {
+    return make_error(Code::kInvalidArgument, "n_ctx must be in [1, 1048576], got %d", opt.n_ctx);
+  }
+  if (opt.n_slots < 1 || opt.n_slots > 1024) {
+    return make_error(Code::kInvalidArgument, "n_slots must be in [1, 1024], got %d", opt.n_slots);
+  }
+  if (opt.n_ubatch < 1 || opt.n_ubatch > 8192) {
+    return make_error(Code::kInvalidArgument, "n_ubatch must be in [1, 8192], got %d", opt.n_ubatch);
+  }
+  if (opt.pad_step != 64 && opt.pad_step != 128) {
+    return make_error(Code::kInvalidArgument, "pad_step must be 64 or 128, got %d", opt.pad_step);
+  }
+  if (cfg.n_rot != cfg.head_dim) {
+    return make_error(Code::kUnimplemented, "partial rotary embeddings (n_rot %d of head_dim %d)", cfg.n_rot,
+                      cfg.head_dim);
+  }
+
+  std::unique_ptr<ClEngine> e(new ClEngine());
+  e->model_ = std::move(model);
+  e->rt_ = std::move(runtime);
+  e->ops_ = std::make_unique<Ops>(*e->rt_);
+  e->options_ = opt;
+  AttentionGeometry& g = e->geometry_;
+  g.n_head = cfg.n_head;
+  g.n_head_kv = cfg.n_head_kv;
+  g.head_dim = cfg.head_dim;
+  g.n_slots = opt.n_slots;
+  g.n_ctx = opt.n_ctx;
+  g.rope_base = cfg.rope_base;
+  g.rope_mode = cfg.rope_style == RopeStyle::kNeox ? RopeMode::kNeox : RopeMode::kNormal;
+  INFERD_RETURN_IF_ERROR(g.check());
+  if (g.layer_cache_bytes() > e->rt_->info().max_alloc_bytes) {
+    return make_error(Code::kOutOfRange,
+                      "a layer's KV cache (%s for %d slots of %d tokens) exceeds the device's largest buffer (%s)",
+                      mib(g.layer_cache_bytes()).c_str(), opt.n_slots, opt.n_ctx,
+                      mib(e->rt_->info().max_alloc_bytes).c_str());
+  }
+
+  // Storages: every activation in one (the widest decides), the logits on their own.
+  const DeviceInfo& info = e->rt_->info();
+  const int32_t widest = std::max({cfg.n_embd + 2 * cfg.n_embd_kv(), 2 * cfg.n_ff, cfg.n_embd});
+  const Bhwc widest_shape{1, 1, opt.n_ubatch, widest};
+  if (opt.activation_storage) {
+    Status fits = TensorDescriptor(widest_shape, *opt.activation_storage).fits(info);
+    if (!fits) return fits.with_context("forced activation storage");
+    e->act_storage_ = *opt.activation_storage;
+    e->storage_notes_ = " (forced)";
+  } else {
+    auto choice = choose_storage(info, widest_shape);
+    if (!choice) return choice.status();
+    e->act_storage_ = choice->storage;
+    if (!choice->fallbacks.empty()) e->storage_notes_ = " (passed over " + choice->fallbacks.front() + ")";
+  }
+  auto logits_choice = choose_storage(info, Bhwc{1, 1, opt.n_ubatch, cfg.n_vocab});
+  if (!logits_choice) return logits_choice.status().with_context("logits");
+  e->logits_storage_ = logits_choice->storage;
+
+  INFERD_RETURN_IF_ERROR(e->upload_weights());
+  INFERD_RETURN_IF_ERROR(e->allocate_activations());
+  e->slot_len_.assign(static_cast<size_t>(opt.n_slots), 0);
+  INFERD_RETURN_IF_ERROR(e->rt_->finish());
+  return e;
+}
+
+Status ClEngine::upload_weights() {
+  Runtime& rt = *rt_;
+  const Model& m = *model_;
+  const ModelConfig& cfg = m.config();
+  auto norm = [&](const WeightView& w, const char* name) -> Result<Tensor> {
+    auto t = Tensor::allocate(rt, TensorDescriptor(Bhwc{1, 1, 1, static_cast<int32_t>(w.cols)}, act_storage_));
+    if (!t) return t.status().with_context(name);
+    INFERD_RETURN_IF_ERROR(upload(rt, t.value(), std::span<const float>(w.f32(), static_cast<size_t>(w.cols))));
+    stats_.weight_bytes += t->desc().data_bytes();
+    return t;
+  };
+  auto count = [&](const std::unique_ptr<MatmulWeights>& w) {
+    if (w) stats_.weight_bytes += w->device_bytes();
+  };
+
+  auto embd = upload_view(rt, "token_embd.weight", m.token_embd());
+  if (!embd) return embd.status();
+  embedding_ = std::move(embd).value();
+  count(embedding_);
+  if (!cfg.tied_output) {
+    auto out = upload_view(rt, "output.weight", m.output());
+    if (!out) return out.status();
+    output_ = std::move(out).value();
+    count(output_);
+  }
+  auto onorm = norm(m.output_norm(), "output_norm.weight");
+  if (!onorm) return onorm.status();
+  output_norm_ = std::make_unique<Tensor>(std::move(onorm).value());
+
+  layers_.resize(static_cast<size_t>(cfg.n_layer));
+  for (int l = 0; l < cfg.n_layer; ++l) {
+    const LayerWeights& lw = m.layer(l);
+    Layer& L = layers_[static_cast<size_t>(l)];
+    auto an = norm(lw.attn_norm, "attn_norm");
+    if (!an) return an.status();
+    L.attn_norm.emplace(std::move(an).value());
+    auto fn = norm(lw.ffn_norm, "ffn_norm");
+    if (!fn) return fn.status();
+    L.ffn_norm.emplace(std::move(fn).value());
+
+    auto assign = [&](std::unique_ptr<MatmulWeights>& dst, Result<std::unique_ptr<MatmulWeights>> r) -> Status {
+      if (!r) return r.status();
+      dst = std::move(r).value();
+      count(dst);
+      return Status::ok();
+    };
+    if (lw.wq.type == lw.wk.type && lw.wq.type == lw.wv.type) {
+      INFERD_RETURN_IF_ERROR(assign(L.qkv, upload_stacked(rt, tensor_name(l, "attn_q|k|v"), {&lw.wq, &lw.wk, &lw.wv})));
+    } else {
+      INFERD_RETURN_IF_ERROR(assign(L.wq, upload_view(rt, tensor_name(l, "attn_q"), lw.wq)));
+      INFERD_RETURN_IF_ERROR(assign(L.wk, upload_view(rt, tensor_name(l, "attn_k"), lw.wk)));
+      INFERD_RETURN_IF_ERROR(assign(L.wv, upload_view(rt, tensor_name(l, "attn_v"), lw.wv)));
+    }
+    INFERD_RETURN_IF_ERROR(assign(L.wo, upload_view(rt, tensor_name(l, "attn_output"), lw.wo)));
+    if (lw.w_gate.type == lw.w_up.type && cfg.n_ff % 4 == 0) {
+      INFERD_RETURN_IF_ERROR(
+          assign(L.gate_up, upload_stacked(rt, tensor_name(l, "ffn_gate|up"), {&lw.w_gate, &lw.w_up})));
+    } else {
+      INFERD_RETURN_IF_ERROR(assign(L.gate, upload_view(rt, tensor_name(l, "ffn_gate"), lw.w_gate)));
+      INFERD_RETURN_IF_ERROR(assign(L.up, upload_view(rt, tensor_name(l, "ffn_up"), lw.w_up)));
+    }
+    INFERD_RETURN_IF_ERROR(assign(L.down, upload_view(rt, tensor_name(l, "ffn_down"), lw.w_down)));
+
+    if (lw.bq.present() || lw.bk.present() || lw.bv.present()) {
+      const int64_t e = cfg.n_embd, ekv = cfg.n_embd_kv();
+      std::vector<float> bias(static_cast<size_t>(e + 2 * ekv), 0.0f);
+      if (lw.bq.present()) std::memcpy(bias.data(), lw.bq.f32(), static_cast<size_t>(e) * sizeof(float));
+      if (lw.bk.present()) std::memcpy(bias.data() + e, lw.bk.f32(), static_cast<size_t>(ekv) * sizeof(float));
+      if (lw.bv.present()) std::memcpy(bias.data() + e + ekv, lw.bv.f32(), static_cast<size_t>(ekv) * sizeof(float));
+      auto b = rt.create_buffer(bias.size() * sizeof(float), CL_MEM_READ_ONLY, bias.data());
+      if (!b) return b.status();
+      L.bias = std::move(b).value();
+      stats_.weight_bytes += bias.size() * sizeof(float);
+    }
+    auto cache = rt.create_buffer(geometry_.layer_cache_bytes());
+    if (!cache) return cache.status().with_context("KV cache of layer " + std::to_string(l));
+    L.cache = std::move(cache).value();
+    stats_.kv_bytes += geometry_.layer_cache_bytes();
+  }
+  return Status::ok();
+}
+
+Status ClEngine::allocate_activations() {
+  const ModelConfig& cfg = model_->config();
+  act_ = std::make_unique<Activations>();
+  Activations& a = *act_;
+  const int32_t n = options_.n_ubatch;
+  auto tensor = [&](std::optional<Tensor>& t, int32_t channels) -> Status {
+    auto r = Tensor::allocate(*rt_, TensorDescriptor(Bhwc{1, 1, n, channels}, act_storage_));
+    if (!r) return r.status();
+    a.bytes += r->desc().data_bytes();
+    t.emplace(std::move(r).value());
+    return Status::ok();
+  };
+  const int32_t e = cfg.n_embd, ekv = cfg.n_embd_kv(), f = cfg.n_ff;
+  INFERD_RETURN_IF_ERROR(tensor(a.x[0], e));
+  INFERD_RETURN_IF_ERROR(tensor(a.x[1], e));
+  INFERD_RETURN_IF_ERROR(tensor(a.xn, e));
+  INFERD_RETURN_IF_ERROR(tensor(a.attn, e));
+  INFERD_RETURN_IF_ERROR(tensor(a.proj, e));
+  INFERD_RETURN_IF_ERROR(tensor(a.h, f));
+  INFERD_RETURN_IF_ERROR(tensor(a.gathered, e));
+  INFERD_RETURN_IF_ERROR(tensor(a.gathered_norm, e));
+  // Each layer may group its matmuls differently (types can vary by layer): tensors for every grouping used.
+  bool fused_qkv = false, split_qkv = false, fused_ffn = false, split_ffn = false;
+  for (const Layer& L : layers_) {
+    (L.qkv ? fused_qkv : split_qkv) = true;
+    (L.gate_up ? fused_ffn : split_ffn) = true;
+  }
+  if (fused_qkv) INFERD_RETURN_IF_ERROR(tensor(a.qkv, e + 2 * ekv));
+  if (split_qkv) {
+    INFERD_RETURN_IF_ERROR(tensor(a.q, e));
+    INFERD_RETURN_IF_ERROR(tensor(a.k, ekv));
+    INFERD_RETURN_IF_ERROR(tensor(a.v, ekv));
+  }
+  if (options_.quantize_activations) {
+    INFERD_RETURN_IF_ERROR(tensor(a.rounded_e, e));
+    INFERD_RETURN_IF_ERROR(tensor(a.rounded_f, f));
+  }
+  if (fused_ffn) INFERD_RETURN_IF_ERROR(tensor(a.gate_up, 2 * f));
+  if (split_ffn) {
+    INFERD_RETURN_IF_ERROR(tensor(a.gate, f));
+    INFERD_RETURN_IF_ERROR(tensor(a.up, f));
+  }
+  auto ints = [&](ClMem& mem) -> Status {
+    auto r = rt_->create_buffer(static_cast<size_t>(n) * sizeof(cl_int), CL_MEM_READ_ONLY);
+    if (!r) return r.status();
+    mem = std::move(r).value();
+    a.bytes += static_cast<size_t>(n) * sizeof(cl_int);
+    return Status::ok();
+  };
+  INFERD_RETURN_IF_ERROR(ints(a.ids));
+  INFERD_RETURN_IF_ERROR(ints(a.pos));
+  INFERD_RETURN_IF_ERROR(ints(a.slots));
+  INFERD_RETURN_IF_ERROR(ints(a.rows));
+  if (options_.quantize_activations) {
+    const size_t sums_bytes = static_cast<size_t>(n) * static_cast<size_t>(std::max(e, f) / 32) * sizeof(float);
+    auto sums = rt_->create_buffer(sums_bytes);
+    if (!sums) return sums.status();
+    a.q8_sums = std::move(sums).value();
+    a.bytes += sums_bytes;
+  }
+  const size_t q_bytes = static_cast<size_t>(n) * static_cast<size_t>(e) * 2;
+  auto q = rt_->create_buffer(q_bytes);
+  if (!q) return q.status();
+  a.q_half = std::move(q).value();
+  a.bytes += q_bytes;
+  stats_.activation_bytes = a.bytes;
+  return Status::ok();
+}
+
+Status ClEngine::ensure_logits(int32_t n_out) {
+  Activations& a = *act_;
+  if (n_out <= a.logits_capacity) return Status::ok();
+  int32_t capacity = 1;
+  while (capacity < n_out) capacity *= 2;
+  capacity = std::min(capacity, options_.n_ubatch);
+  a.logits.reset();
+  if (a.logits_capacity > 0) {
+    a.bytes -= TensorDescriptor(Bhwc{1, 1, a.logits_capacity, n_vocab()}, logits_storage_).data_bytes();
+  }
+  a.logits_capacity = 0;
+  auto t = Tensor::allocate(*rt_, TensorDescriptor(Bhwc{1, 1, capacity, n_vocab()}, logits_storage_));
+  if (!t) return t.status().with_context("logits");
+  a.bytes += t->desc().data_bytes();
+  a.logits.emplace(std::move(t).value());
+  a.logits_capacity = capacity;
+  stats_.activation_bytes = a.bytes;
+  return Status::ok();
+}
+
+Result<std::span<const float>> ClEngine::forward(std::span<const BatchToken> batch) {
+  const ModelConfig& cfg = model_->config();
+  if (batch.empty() || static_cast<int64_t>(batch.size()) > options_.n_ubatch) {
+    return make_error(Code::kInvalidArgument, "a batch must hold 1 to %d tokens, got %zu", options_.n_ubatch,
+                      batch.size());
+  }
+  // Validate everything before touching the device (the kernels trust slots and positions).
+  std::vector<int32_t> next = slot_len_;
+  int32_t n_out = 0, max_len = 0;
+  for (const BatchToken& bt : batch) {
+    if (bt.token < 0 || bt.token >= cfg.n_vocab) {
+      return make_error(Code::kInvalidArgument, "token id %d is out of range [0, %d)", bt.token, cfg.n_vocab);
+    }
+    if (bt.slot < 0 || bt.slot >= options_.n_slots) {
+      return make_error(Code::kInvalidArgument, "slot %d is out of range [0, %d)", bt.slot, options_.n_slots);
+    }
+    if (bt.pos >= options_.n_ctx) {
+      return make_error(Code::kOutOfRange, "position %d is past the context size %d of slot %d", bt.pos,
+                        options_.n_ctx, bt.slot);
+    }
+    if (bt.pos != next[static_cast<size_t>(bt.slot)]) {
+      return make_error(Code::kInvalidArgument, "slot %d: token at position %d, but the sequence continues at %d",
+                        bt.slot, bt.pos, next[static_cast<size_t>(bt.slot)]);
+    }
+    next[static_cast<size_t>(bt.slot)] = bt.pos + 1;
+    max_len = std::max(max_len, bt.pos + 1);
+    n_out += bt.logits ? 1 : 0;
+  }
+  const int32_t kv_pad = round_up(max_len, options_.pad_step);
+  INFERD_RETURN_IF_ERROR(run_pass(batch, kv_pad, n_out));
+  slot_len_ = std::move(next);
+  stats_.forward_calls++;
+  stats_.tokens += static_cast<int64_t>(batch.size());
+  (choose_matmul_variant(static_cast<int32_t>(batch.size())) == MatmulVariant::kDecode ? stats_.decode_passes
+                                                                                       : stats_.prefill_passes)++;
+  stats_.kernels = ops_->kernel_count();
+  return std::span<const float>(logits_);
+}
+
+Status ClEngine::run_pass(std::span<const BatchToken> batch, int32_t kv_pad, int32_t n_out) {
+  const ModelConfig& cfg = model_->config();
+  Activations& a = *act_;
+  Ops& ops = *ops_;
+  Runtime& rt = *rt_;
+  const int32_t t_count = static_cast<int32_t>(batch.size());
+  const size_t ints = batch.size() * sizeof(cl_int);
+
+  host_ids_.clear();
+  host_pos_.clear();
+  host_slots_.clear();
+  host_rows_.clear();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    host_ids_.push_back(batch[i].token);
+    host_pos_.push_back(batch[i].pos);
+    host_slots_.push_back(batch[i].slot);
+    if (batch[i].logits) host_rows_.push_back(static_cast<int32_t>(i));
+  }
+  // Blocking writes: the host vectors are reused by the next pass.
+  INFERD_RETURN_IF_ERROR(rt.write_buffer(a.ids.get(), 0, ints, host_ids_.data()));
+  INFERD_RETURN_IF_ERROR(rt.write_buffer(a.pos.get(), 0, ints, host_pos_.data()));
+  INFERD_RETURN_IF_ERROR(rt.write_buffer(a.slots.get(), 0, ints, host_slots_.data()));
+  if (n_out > 0 && n_out < t_count) {
+    INFERD_RETURN_IF_ERROR(rt.write_buffer(a.rows.get(), 0, static_cast<size_t>(n_out) * sizeof(cl_int), host_rows_.data()));
+  }
+
+  PassViews p;
+  INFERD_RETURN_IF_ERROR(p.bind(a, t_count));
+  const TokenPlacement tokens{a.pos.get(), a.slots.get()};
+  const float eps = cfg.rms_eps;
+  const float kq_scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
+  const int32_t e4 = cfg.n_embd / 4, ekv4 = cfg.n_embd_kv() / 4;
+
+  INFERD_RETURN_IF_ERROR(ops.get_rows(*embedding_, a.ids.get(), *p.x0));
+  Tensor* cur = &*p.x0;
+  Tensor* other = &*p.x1;
+  Tensor* rounded_e = p.rounded_e ? &*p.rounded_e : nullptr;
+  Tensor* rounded_f = p.rounded_f ? &*p.rounded_f : nullptr;
+  const cl_mem sums = a.q8_sums.get();
+  for (int l = 0; l < cfg.n_layer; ++l) {
+    const Layer& L = layers_[static_cast<size_t>(l)];
+    auto in_layer = [l](const Status& s) { return s.with_context("layer " + std::to_string(l)); };
+    // Attention block.
+    INFERD_RETURN_IF_ERROR(ops.rms_norm(*cur, *L.attn_norm, eps, *p.xn));
+    MatmulInput attn_in(ops, *p.xn, rounded_e, sums);
+    TensorSlice qs, ks, vs;
+    if (L.qkv) {
+      INFERD_RETURN_IF_ERROR(in_layer(attn_in.matmul(*L.qkv, *p.qkv)));
+      qs = {&*p.qkv, 0};
+      ks = {&*p.qkv, e4};
+      vs = {&*p.qkv, e4 + ekv4};
+    } else {
+      INFERD_RETURN_IF_ERROR(in_layer(attn_in.matmul(*L.wq, *p.q)));
+      INFERD_RETURN_IF_ERROR(in_layer(attn_in.matmul(*L.wk, *p.k)));
+      INFERD_RETURN_IF_ERROR(in_layer(attn_in.matmul(*L.wv, *p.v)));
+      qs = {&*p.q, 0};
+      ks = {&*p.k, 0};
+      vs = {&*p.v, 0};
+    }
+    INFERD_RETURN_IF_ERROR(
+        in_layer(ops.rope_kv(geometry_, qs, ks, vs, L.bias.get(), tokens, a.q_half.get(), L.cache.get())));
+    INFERD_RETURN_IF_ERROR(
+        in_layer(ops.attention(geometry_, a.q_half.get(), tokens, kv_pad, kq_scale, L.cache.get(), *p.attn)));
+    INFERD_RETURN_IF_ERROR(in_layer(MatmulInput(ops, *p.attn, rounded_e, sums).matmul(*L.wo, *p.proj)));
+    INFERD_RETURN_IF_ERROR(ops.add(*cur, *p.proj, *other));
+    std::swap(cur, other);
+    // FFN block.
+    INFERD_RETURN_IF_ERROR(ops.rms_norm(*cur, *L.ffn_norm, eps, *p.xn));
+    MatmulInput ffn_in(ops, *p.xn, rounded_e, sums);
+    if (L.gate_up) {
+      INFERD_RETURN_IF_ERROR(in_layer(ffn_in.matmul(*L.gate_up, *p.gate_up)));
+      INFERD_RETURN_IF_ERROR(ops.swiglu_halves(*p.gate_up, *p.h));
+    } else {
+      INFERD_RETURN_IF_ERROR(in_layer(ffn_in.matmul(*L.gate, *p.gate)));
+      INFERD_RETURN_IF_ERROR(in_layer(ffn_in.matmul(*L.up, *p.up)));
+      INFERD_RETURN_IF_ERROR(ops.swiglu(*p.gate, *p.up, *p.h));
+    }
+    INFERD_RETURN_IF_ERROR(in_layer(MatmulInput(ops, *p.h, rounded_f, sums).matmul(*L.down, *p.proj)));
+    INFERD_RETURN_IF_ERROR(ops.add(*cur, *p.proj, *other));
+    std::swap(cur, other);
+  }
+
+  logits_.resize(static_cast<size_t>(n_out) * static_cast<size_t>(cfg.n_vocab));
+  if (n_out == 0) return rt.finish();
+  // Output: the wanted rows only, normalised and projected; the logits come back to the host.
+  std::optional<Tensor> gathered, gathered_norm, rounded, logits;
+  INFERD_RETURN_IF_ERROR(token_view(a.gathered, n_out, gathered));
+  INFERD_RETURN_IF_ERROR(token_view(a.gathered_norm, n_out, gathered_norm));
+  INFERD_RETURN_IF_ERROR(token_view(a.rounded_e, n_out, rounded));
+  const Tensor* rows = cur;
+  if (n_out < t_count) {
+    INFERD_RETURN_IF_ERROR(ops.gather(*cur, a.rows.get(), *gathered));
+    rows = &*gathered;
+  }
+  INFERD_RETURN_IF_ERROR(ops.rms_norm(*rows, *output_norm_, eps, *gathered_norm));
+  INFERD_RETURN_IF_ERROR(ensure_logits(n_out));
+  INFERD_RETURN_IF_ERROR(token_view(a.logits, n_out, logits));
+  MatmulInput out_in(ops, *gathered_norm, rounded ? &*rounded : nullptr, a.q8_sums.get());
+  INFERD_RETURN_IF_ERROR(out_in.matmul(output_ ? *output_ : *embedding_, *logits).with_context("output"));
+  return download(rt, *logits, logits_);
+}
+
+Result<std::span<const float>> ClEngine::eval(int32_t slot, std::span<const int32_t> tokens, bool all_logits) {
+  if (slot < 0 || slot >= options_.n_slots) {
+    return make_error(Code::kInvalidArgument, "slot %d is out of range [0, %d)", slot, options_.n_slots);
+  }
+  if (tokens.empty()) return make_error(Code::kInvalidArgument, "nothing to evaluate: no tokens");
+  const int64_t start = slot_len_[static_cast<size_t>(slot)];
+  if (start + static_cast<int64_t>(tokens.size()) > options_.n_ctx) {
+    return make_error(Code::kOutOfRange, "%lld tokens after %lld already in slot %d exceed the context size %d",
+                      static_cast<long long>(tokens.size()), static_cast<long long>(start), slot, options_.n_ctx);
+  }
+  const size_t nv = static_cast<size_t>(n_vocab());
+  if (all_logits) all_logits_.resize(tokens.size() * nv);
+  std::vector<BatchToken> batch;
+  std::span<const float> last;
+  for (size_t i0 = 0; i0 < tokens.size(); i0 += static_cast<size_t>(options_.n_ubatch)) {
+    const size_t i1 = std::min(tokens.size(), i0 + static_cast<size_t>(options_.n_ubatch));
+    batch.clear();
+    for (size_t i = i0; i < i1; ++i) {
+      batch.push_back(BatchToken{tokens[i], slot, static_cast<int32_t>(start + static_cast<int64_t>(i)),
+                                 all_logits || i + 1 == tokens.size()});
+    }
+    auto r = forward(batch);
+    if (!r) return r.status();
+    if (all_logits) std::copy(r->begin(), r->end(), all_logits_.begin() + static_cast<std::ptrdiff_t>(i0 * nv));
+    last = r.value();
+  }
+  if (all_logits) return std::span<const float>(all_logits_);
+  return last;
+}
+
+void ClEngine::clear_slot(int32_t slot) { truncate_slot(slot, 0); }
+
+void ClEngine::truncate_slot(int32_t slot, int32_t length) {
+  INFERD_ASSERT(slot >= 0 && slot < options_.n_slots);
+  INFERD_ASSERT(length >= 0 && length <= slot_len_[static_cast<size_t>(slot)]);
+  slot_len_[static_cast<size_t>(slot)] = length;
+}
+
+int32_t ClEngine::slot_length(int32_t slot) const {
+  INFERD_ASSERT(slot >= 0 && slot < options_.n_slots);
+  return slot_len_[static_cast<size_t>(slot)];
+}
+
+std::string ClEngine::describe() const {
+  const DeviceInfo& d = rt_->info();
+  return "OpenCL: " + d.name + " (" + d.vendor + ", driver " + d.driver_version + "), storage: weights=buffer activations=" +
+         storage_name(act_storage_) + storage_notes_ + " logits=" + storage_name(logits_storage_) +
+         " kv=buffer(f16), matmul inputs " + (options_.quantize_activations ? "q8" : "f32") + ", weights " +
+         mib(stats_.weight_bytes);
+}
+
+}  // namespace inferd::opencl

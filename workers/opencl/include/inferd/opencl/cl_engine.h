@@ -1,0 +1,145 @@
+// inferd/opencl/cl_engine.h — the forward pass of a llama-family model on an OpenCL device (issue 5).
+//
+// ClEngine is the OpenCL counterpart of inferd::Engine for whole models, with the same contract for
+// forward(): batches of tokens of several slots, consecutive positions per slot, the logits of the
+// tokens marked `logits` returned in batch order. Sampling stays on the host (the logits rows wanted
+// are downloaded, nothing else).
+//
+// What lives on the device, and how (ML Drift's tensor virtualization, ops.h):
+//  * Weights are converted once, at create(), from the model's WeightViews (which point into the
+//    shared weights segment) into the layouts the kernels read (MatmulWeights). Q|K|V and gate|up are
+//    concatenated into one matmul each where their types agree. The embedding table is one
+//    MatmulWeights that serves both the lookup (Ops::get_rows) and a tied output projection.
+//  * Activations are logical 1x1xTxC tensors (a token per x) in one storage picked per device
+//    (choose_storage, or forced by ClEngineOptions::activation_storage), allocated once for n_ubatch
+//    tokens; a pass of T tokens runs on views of their first T tokens (Tensor::view), so no kernel is
+//    ever rebuilt for a new batch size. The logits have their own storage choice (a vocabulary is
+//    often too tall for a 2D image) and grow on demand.
+//  * The KV cache is one half-precision buffer per layer, [slot][k|v][kv_head][position][head_dim],
+//    allocated for every slot and the whole context at create(); each pass's K/V rows are written in
+//    place at their (slot, position) by Ops::rope_kv.
+//  * Attention runs over the KV length rounded up to pad_step with the padding masked (Ops::attention).
+//  * Stage-aware matmuls: the decode (GEMV) kernels for passes of fewer than 4 tokens, the prefill
+//    kernels otherwise (choose_matmul_variant).
+//
+// Numerics: as llama.cpp, Q, K and V are rounded to half (the cache is half); activations and
+// attention probabilities stay float (the CPU engine rounds them to 8-bit blocks before quantized matmuls; optional here).
+// The logits are within float summation order of exact arithmetic; against the CPU engine they
+// differ by its quantization noise, so the tests measure teacher-forced top-1 agreement.
+//
+// Errors: a tensor type the kernels cannot read (K-quants, ...) is kUnimplemented naming the tensor
+// and the type; a device too small is kOutOfRange; batches are validated exactly as Engine::forward
+// validates them (kInvalidArgument, kOutOfRange) before anything reaches the device.
+//
+// Thread safety: a ClEngine (and its Runtime) is used by one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "inferd/engine.h"
+#include "inferd/model.h"
+#include "inferd/opencl/cl_runtime.h"
+#include "inferd/opencl/ops.h"
+#include "inferd/opencl/tensor_desc.h"
+#include "inferd/status.h"
+
+namespace inferd::opencl {
+
+struct ClEngineOptions {
+  int32_t n_ctx = 0;       // tokens per slot; 0: min(the model's training context, 4096)
+  int32_t n_slots = 1;
+  int32_t n_ubatch = 512;  // most tokens in one pass
+  int32_t pad_step = 64;   // 64 or 128
+  // The storage of the activations; unset: the device's first choice that fits (choose_storage).
+  std::optional<StorageType> activation_storage;
+  // Round the input of every matmul with quantized weights as ggml quantizes activations (Q8_0 /
+  // Q8_1 blocks, Ops::quantize_q8), as the CPU engine and llama.cpp's CPU and CUDA backends do. Off
+  // (the default): float activations, within float summation order of exact arithmetic. The rounding
+  // does not bring the logits closer to the CPU engine's (see cl_engine_test.cpp): it is there for
+  // integer-dot-product kernels.
+  bool quantize_activations = false;
+};
+
+struct ClEngineStats {
+  int64_t forward_calls = 0;
+  int64_t tokens = 0;
+  int64_t decode_passes = 0;   // passes that ran the decode (GEMV) matmul kernels
+  int64_t prefill_passes = 0;  // passes that ran the prefill matmul kernels
+  size_t weight_bytes = 0;     // device memory of the converted weights
+  size_t kv_bytes = 0;
+  size_t activation_bytes = 0;  // activation tensors and per-pass buffers, logits included
+  size_t kernels = 0;           // distinct kernels built
+};
+
+class ClEngine {
+ public:
+  // Uploads the model to `runtime`'s device. The engine keeps `model` alive: the weights stay in the
+  // shared segment the WeightViews point into; the device holds converted copies.
+  static Result<std::unique_ptr<ClEngine>> create(std::shared_ptr<const Model> model, std::unique_ptr<Runtime> runtime,
+                                                  const ClEngineOptions& options);
+  ~ClEngine();
+  ClEngine(const ClEngine&) = delete;
+  ClEngine& operator=(const ClEngine&) = delete;
+
+  // One forward pass over `batch` (1..n_ubatch tokens); see Engine::forward. The span is valid until
+  // the next call.
+  Result<std::span<const float>> forward(std::span<const BatchToken> batch);
+  // Appends `tokens` to `slot` in passes of at most n_ubatch tokens; the logits of the last token, or
+  // of every token when `all_logits`.
+  Result<std::span<const float>> eval(int32_t slot, std::span<const int32_t> tokens, bool all_logits = false);
+
+  void clear_slot(int32_t slot);
+  void truncate_slot(int32_t slot, int32_t length);  // length <= the slot's length
+  int32_t slot_length(int32_t slot) const;
+
+  const Model& model() const { return *model_; }
+  int32_t n_vocab() const { return model_->config().n_vocab; }
+  const ClEngineOptions& options() const { return options_; }
+  const ClEngineStats& stats() const { return stats_; }
+  Runtime& runtime() { return *rt_; }
+  const DeviceInfo& device_info() const { return rt_->info(); }
+  StorageType activation_storage() const { return act_storage_; }
+  // "OpenCL: <device> (<vendor>, driver <version>), storage: weights=buffer activations=buffer
+  // logits=buffer kv=buffer(f16), matmul inputs f32, weights 106.4 MiB": the worker's device as the
+  // daemon shows it.
+  std::string describe() const;
+
+ private:
+  struct Layer;
+  struct Activations;
+  struct PassViews;
+  ClEngine() = default;
+
+  Status upload_weights();
+  Status allocate_activations();
+  Status ensure_logits(int32_t n_out);
+  Status run_pass(std::span<const BatchToken> batch, int32_t kv_pad, int32_t n_out);
+
+  std::shared_ptr<const Model> model_;
+  std::unique_ptr<Runtime> rt_;
+  std::unique_ptr<Ops> ops_;
+  ClEngineOptions options_;
+  AttentionGeometry geometry_;
+  StorageType act_storage_ = StorageType::kBuffer;
+  StorageType logits_storage_ = StorageType::kBuffer;
+  std::string storage_notes_;  // why a preferred storage was passed over, for describe()
+
+  std::unique_ptr<MatmulWeights> embedding_;
+  std::unique_ptr<MatmulWeights> output_;  // null when the output projection is tied to the embedding
+  std::unique_ptr<Tensor> output_norm_;
+  std::vector<Layer> layers_;
+  std::unique_ptr<Activations> act_;
+
+  std::vector<int32_t> slot_len_;
+  std::vector<int32_t> host_ids_, host_pos_, host_slots_, host_rows_;
+  std::vector<float> logits_;
+  std::vector<float> all_logits_;
+  ClEngineStats stats_;
+};
+
+}  // namespace inferd::opencl

@@ -1,0 +1,139 @@
+// inferd-opencl-bench: prefill and decode speed of the OpenCL engine, with inferd-bench's protocol
+// (tools/inferd-bench.cpp) so that the two are comparable:
+//   prefill: a fresh sequence evaluates a P-token prompt in one pass (tokens/s);
+//   decode:  then N tokens are evaluated one per pass (tokens/s), the way generation runs.
+// Token ids are pseudo-random with a fixed seed (the same generator as inferd-bench). One warm-up
+// round first builds every kernel (or loads it from the program cache), then the median of R rounds.
+//
+//   inferd-opencl-bench MODEL.gguf [-p 128] [-n 64] [-r 3] [--device SEL] [--storage S] [--q8]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "inferd/opencl/cl_engine.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace inferd;
+using namespace inferd::opencl;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+std::vector<int32_t> random_tokens(int32_t n, int32_t n_vocab, uint32_t seed) {
+  std::vector<int32_t> out(static_cast<size_t>(n));
+  uint32_t s = seed;
+  for (int32_t& t : out) {
+    s = s * 1664525u + 1013904223u;
+    t = static_cast<int32_t>((s >> 8) % static_cast<uint32_t>(n_vocab));
+  }
+  return out;
+}
+
+int usage() {
+  std::fprintf(stderr,
+               "usage: inferd-opencl-bench MODEL.gguf [-p PROMPT_TOKENS] [-n GEN_TOKENS] [-r REPETITIONS]\n"
+               "                           [--device SELECTOR] [--storage buffer|image_buffer|texture2d] [--q8]\n");
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_path, device;
+  int32_t n_prompt = 128, n_gen = 64, reps = 3;
+  ClEngineOptions eo;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
+    const char* v = nullptr;
+    if (a == "-p" && (v = next())) {
+      n_prompt = std::atoi(v);
+    } else if (a == "-n" && (v = next())) {
+      n_gen = std::atoi(v);
+    } else if (a == "-r" && (v = next())) {
+      reps = std::atoi(v);
+    } else if (a == "--device" && (v = next())) {
+      device = v;
+    } else if (a == "--storage" && (v = next())) {
+      bool found = false;
+      for (StorageType s : kAllStorageTypes) {
+        if (std::strcmp(v, storage_name(s)) == 0) {
+          eo.activation_storage = s;
+          found = true;
+        }
+      }
+      if (!found) return usage();
+    } else if (a == "--q8") {
+      eo.quantize_activations = true;
+    } else if (a[0] != '-' && model_path.empty()) {
+      model_path = a;
+    } else {
+      return usage();
+    }
+  }
+  if (model_path.empty() || n_prompt < 1 || n_gen < 1 || reps < 1) return usage();
+
+  auto model = Model::open(model_path);
+  if (!model) {
+    std::fprintf(stderr, "%s\n", model.status().to_string().c_str());
+    return 1;
+  }
+  RuntimeOptions ro;
+  ro.cache_dir = default_cache_dir();
+  auto rt = Runtime::create_default(ro, device);
+  if (!rt) {
+    std::fprintf(stderr, "%s\n", rt.status().to_string().c_str());
+    return 1;
+  }
+  eo.n_ctx = n_prompt + n_gen;
+  eo.n_ubatch = std::max(n_prompt, 1);
+  const auto t_load = Clock::now();
+  auto engine = ClEngine::create(model.value(), std::move(rt).value(), eo);
+  if (!engine) {
+    std::fprintf(stderr, "%s\n", engine.status().to_string().c_str());
+    return 1;
+  }
+  ClEngine& e = *engine.value();
+  std::printf("model:   %s\ndevice:  %s\nupload:  %.2f s\n", model.value()->describe().c_str(), e.describe().c_str(),
+              std::chrono::duration<double>(Clock::now() - t_load).count());
+
+  const std::vector<int32_t> prompt = random_tokens(n_prompt, e.n_vocab(), 42);
+  std::vector<double> prefill, decode;
+  for (int r = 0; r <= reps; ++r) {  // round 0 warms up (kernel builds)
+    e.clear_slot(0);
+    const auto t0 = Clock::now();
+    auto p = e.eval(0, prompt);
+    if (!p) {
+      std::fprintf(stderr, "prefill: %s\n", p.status().to_string().c_str());
+      return 1;
+    }
+    const auto t1 = Clock::now();
+    int32_t token = static_cast<int32_t>(std::max_element(p->begin(), p->end()) - p->begin());
+    for (int32_t i = 0; i < n_gen; ++i) {
+      auto d = e.eval(0, std::span<const int32_t>(&token, 1));
+      if (!d) {
+        std::fprintf(stderr, "decode: %s\n", d.status().to_string().c_str());
+        return 1;
+      }
+      token = static_cast<int32_t>(std::max_element(d->begin(), d->end()) - d->begin());
+    }
+    const auto t2 = Clock::now();
+    if (r == 0) continue;
+    prefill.push_back(n_prompt / std::chrono::duration<double>(t1 - t0).count());
+    decode.push_back(n_gen / std::chrono::duration<double>(t2 - t1).count());
+  }
+  const ProgramCacheStats& cs = e.runtime().cache_stats();
+  std::printf("kernels: %zu (programs: %d compiled, %d from the disk cache)\n", e.stats().kernels, cs.compiled,
+              cs.disk_hits);
+  std::printf("prefill: %d tokens  %8.2f tok/s (median of %d)\n", n_prompt, median(prefill), reps);
+  std::printf("decode:  %d tokens  %8.2f tok/s (median of %d)\n", n_gen, median(decode), reps);
+  return 0;
+}
