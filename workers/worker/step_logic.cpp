@@ -1,0 +1,102 @@
+#include "step_logic.h"
+
+#include <string>
+
+namespace inferd::worker {
+
+StepLogic::StepLogic(Limits limits, bool samples)
+    : limits_(limits), samples_(samples), samplers_(static_cast<size_t>(limits.n_slots)) {}
+
+Status StepLogic::check(const ipc::Submission& sub, const Slots& slots) const {
+  auto bad = [](const std::string& what) { return Status(Code::kInvalidArgument, "bad submission: " + what); };
+  if (sub.n_seqs == 0 || sub.n_seqs > ipc::kMaxStepSeqs) return bad(std::to_string(sub.n_seqs) + " sequences");
+  if (sub.n_tokens == 0 || sub.n_tokens > ipc::kMaxStepTokens || static_cast<int32_t>(sub.n_tokens) > limits_.n_ubatch) {
+    return bad(std::to_string(sub.n_tokens) + " tokens (at most " + std::to_string(limits_.n_ubatch) + ")");
+  }
+  std::vector<bool> slot_used(static_cast<size_t>(limits_.n_slots), false);
+  for (uint32_t s = 0; s < sub.n_seqs; ++s) {
+    const uint32_t slot = sub.seqs[s].slot;
+    if (slot >= static_cast<uint32_t>(limits_.n_slots)) return bad("slot " + std::to_string(slot));
+    if (slot_used[slot]) return bad("slot " + std::to_string(slot) + " appears twice");
+    slot_used[slot] = true;
+  }
+  std::vector<int32_t> next_pos(sub.n_seqs, -1);
+  for (uint32_t i = 0; i < sub.n_tokens; ++i) {
+    const ipc::StepToken& t = sub.tokens[i];
+    if (t.seq >= sub.n_seqs) return bad("token " + std::to_string(i) + " names sequence " + std::to_string(t.seq));
+    if (t.token < 0 || t.token >= limits_.n_vocab) return bad("token id " + std::to_string(t.token));
+    const int32_t slot = static_cast<int32_t>(sub.seqs[t.seq].slot);
+    const int32_t expect = next_pos[t.seq] >= 0 ? next_pos[t.seq] : (t.pos == 0 ? 0 : slots.length(slot));
+    if (t.pos != expect) {
+      return bad("slot " + std::to_string(slot) + ": position " + std::to_string(t.pos) + ", expected " +
+                 std::to_string(expect));
+    }
+    if (t.pos >= limits_.n_ctx) return Status(Code::kOutOfRange, "slot " + std::to_string(slot) + " is full");
+    next_pos[t.seq] = t.pos + 1;
+  }
+  return Status::ok();
+}
+
+Status StepLogic::begin(const ipc::Submission& sub, const Slots& slots) {
+  INFERD_RETURN_IF_ERROR(check(sub, slots));
+  std::vector<int32_t> first_token(sub.n_seqs, -1), last_token(sub.n_seqs, -1);
+  for (uint32_t i = 0; i < sub.n_tokens; ++i) {
+    const uint32_t s = sub.tokens[i].seq;
+    if (first_token[s] < 0) first_token[s] = static_cast<int32_t>(i);
+    last_token[s] = static_cast<int32_t>(i);
+  }
+  // Sequences starting afresh get a clean slot and a new sampler, resumed at the request's draw.
+  for (uint32_t s = 0; s < sub.n_seqs; ++s) {
+    const ipc::StepSeq& seq = sub.seqs[s];
+    if (first_token[s] < 0) continue;
+    if (sub.tokens[first_token[s]].pos == 0) {
+      slots.clear(static_cast<int32_t>(seq.slot));
+      if (!samples_) continue;
+      SamplingParams p;
+      p.temperature = seq.temperature;
+      p.top_k = seq.top_k;
+      p.top_p = seq.top_p;
+      p.min_p = seq.min_p;
+      p.repeat_penalty = seq.repeat_penalty;
+      p.repeat_last_n = seq.repeat_last_n;
+      p.frequency_penalty = seq.frequency_penalty;
+      p.presence_penalty = seq.presence_penalty;
+      p.seed = seq.seed;
+      Status valid = validate(p);
+      if (!valid) return valid.with_context("sequence in slot " + std::to_string(seq.slot));
+      auto& sampler = samplers_[seq.slot];
+      sampler.emplace(p, limits_.n_vocab);
+      sampler->skip_draws(seq.n_sampled);
+    } else if (samples_ && !samplers_[seq.slot]) {
+      return Status(Code::kInvalidArgument, "slot " + std::to_string(seq.slot) + " continues a sequence it never started");
+    }
+  }
+  batch_.clear();
+  for (uint32_t i = 0; i < sub.n_tokens; ++i) {
+    const ipc::StepToken& t = sub.tokens[i];
+    const ipc::StepSeq& seq = sub.seqs[t.seq];
+    const bool wants = (seq.flags & ipc::kSeqWantToken) != 0 && static_cast<int32_t>(i) == last_token[t.seq];
+    batch_.push_back(BatchToken{t.token, static_cast<int32_t>(seq.slot), t.pos, wants});
+  }
+  return Status::ok();
+}
+
+void StepLogic::sample(const ipc::Submission& sub, std::span<const float> logits, ipc::Completion& out) {
+  INFERD_ASSERT(samples_);
+  for (const BatchToken& b : batch_) samplers_[static_cast<size_t>(b.slot)]->accept(b.token);
+  const size_t n_vocab = static_cast<size_t>(limits_.n_vocab);
+  out.n_outputs = 0;
+  size_t row = 0;
+  for (uint32_t i = 0; i < sub.n_tokens; ++i) {
+    if (!batch_[i].logits) continue;
+    INFERD_ASSERT((row + 1) * n_vocab <= logits.size());
+    const uint32_t s = sub.tokens[i].seq;
+    ipc::StepOutput& o = out.outputs[out.n_outputs++];
+    o = {};
+    o.seq = s;
+    o.token = samplers_[sub.seqs[s].slot]->sample(logits.subspan(row * n_vocab, n_vocab));
+    ++row;
+  }
+}
+
+}  // namespace inferd::worker

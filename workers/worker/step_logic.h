@@ -1,0 +1,58 @@
+// step_logic.h — what every StepBackend does around its forward pass, written once: validating a
+// submission, starting sequences afresh at position 0 (a clean KV slot and a new sampler resumed at
+// the request's draw), building the engine batch, and sampling the rows that asked for a token.
+// A backend supplies only the forward pass (CPU engine, OpenCL engine, ...), so the contract the
+// supervisor relies on (step_backend.h) cannot drift between backends.
+//
+// Thread safety: one thread, the backend's.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "inferd/engine.h"
+#include "inferd/ipc/ring.h"
+#include "inferd/sampler.h"
+#include "inferd/status.h"
+
+namespace inferd::worker {
+
+class StepLogic {
+ public:
+  struct Limits {
+    int32_t n_slots = 1;
+    int32_t n_ubatch = 1;
+    int32_t n_ctx = 1;
+    int32_t n_vocab = 1;
+  };
+  // The engine's view of its KV slots.
+  struct Slots {
+    std::function<int32_t(int32_t slot)> length;
+    std::function<void(int32_t slot)> clear;
+  };
+
+  // `samples`: false for a pipeline stage before the last (it keeps no samplers).
+  StepLogic(Limits limits, bool samples);
+
+  // Validates `sub` (a malformed one is an error naming what is wrong, never a crash), clears the slots
+  // of sequences that start at position 0, creates their samplers, and builds batch().
+  Status begin(const ipc::Submission& sub, const Slots& slots);
+  std::span<const BatchToken> batch() const { return batch_; }
+
+  // Adds every token of the batch to its sequence's sampling history, then samples one token per
+  // row marked `logits` (`logits` holds those rows in batch order, n_vocab floats each) into `out`.
+  void sample(const ipc::Submission& sub, std::span<const float> logits, ipc::Completion& out);
+
+ private:
+  Status check(const ipc::Submission& sub, const Slots& slots) const;
+
+  Limits limits_;
+  bool samples_;
+  std::vector<std::optional<Sampler>> samplers_;  // per KV slot
+  std::vector<BatchToken> batch_;
+};
+
+}  // namespace inferd::worker

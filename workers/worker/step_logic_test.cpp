@@ -1,0 +1,146 @@
+#include "step_logic.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+
+namespace inferd::worker {
+namespace {
+
+constexpr int32_t kVocab = 8;
+
+struct FakeSlots {
+  std::vector<int32_t> length = std::vector<int32_t>(4, 0);
+  std::vector<int> cleared;
+  StepLogic::Slots slots() {
+    return {[this](int32_t s) { return length[static_cast<size_t>(s)]; },
+            [this](int32_t s) {
+              cleared.push_back(s);
+              length[static_cast<size_t>(s)] = 0;
+            }};
+  }
+};
+
+// A submission of one sequence in `slot` with tokens at positions [pos, pos + n).
+std::unique_ptr<ipc::Submission> one_seq(uint32_t slot, int32_t pos, uint32_t n, float temperature = 0.0f) {
+  auto sub = std::make_unique<ipc::Submission>();
+  sub->id = 1;
+  sub->n_seqs = 1;
+  sub->seqs[0] = {};
+  sub->seqs[0].slot = slot;
+  sub->seqs[0].flags = ipc::kSeqWantToken;
+  sub->seqs[0].seed = 42;
+  sub->seqs[0].temperature = temperature;
+  sub->seqs[0].top_k = 40;
+  sub->seqs[0].top_p = 1.0f;
+  sub->seqs[0].min_p = 0.0f;
+  sub->seqs[0].repeat_penalty = 1.0f;
+  sub->seqs[0].repeat_last_n = 64;
+  sub->n_tokens = n;
+  for (uint32_t i = 0; i < n; ++i) sub->tokens[i] = {static_cast<int32_t>(i % kVocab), pos + static_cast<int32_t>(i), 0};
+  return sub;
+}
+
+StepLogic make() { return StepLogic({4, 16, 32, kVocab}, true); }
+
+TEST(StepLogic, BuildsTheBatchAndSamplesTheLastTokenOfEachSequence) {
+  StepLogic logic = make();
+  FakeSlots fs;
+  auto sub = one_seq(2, 0, 3);
+  ASSERT_TRUE(logic.begin(*sub, fs.slots()).is_ok());
+  EXPECT_EQ(fs.cleared, std::vector<int>{2});  // position 0: the slot starts afresh
+  ASSERT_EQ(logic.batch().size(), 3u);
+  EXPECT_FALSE(logic.batch()[0].logits);
+  EXPECT_TRUE(logic.batch()[2].logits);
+  EXPECT_EQ(logic.batch()[1].slot, 2);
+  std::vector<float> logits(kVocab, 0.0f);
+  logits[5] = 3.0f;
+  ipc::Completion out{};
+  logic.sample(*sub, logits, out);
+  ASSERT_EQ(out.n_outputs, 1u);
+  EXPECT_EQ(out.outputs[0].seq, 0u);
+  EXPECT_EQ(out.outputs[0].token, 5);  // greedy
+}
+
+TEST(StepLogic, MalformedSubmissionsAreErrorsNotCrashes) {
+  struct Case {
+    const char* what;
+    void (*damage)(ipc::Submission&);
+    Code code;
+  };
+  const Case cases[] = {
+      {"no sequences", [](ipc::Submission& s) { s.n_seqs = 0; }, Code::kInvalidArgument},
+      {"too many sequences", [](ipc::Submission& s) { s.n_seqs = ipc::kMaxStepSeqs + 1; }, Code::kInvalidArgument},
+      {"no tokens", [](ipc::Submission& s) { s.n_tokens = 0; }, Code::kInvalidArgument},
+      {"more tokens than a pass", [](ipc::Submission& s) { s.n_tokens = 17; }, Code::kInvalidArgument},
+      {"slot out of range", [](ipc::Submission& s) { s.seqs[0].slot = 4; }, Code::kInvalidArgument},
+      {"token names a missing sequence", [](ipc::Submission& s) { s.tokens[1].seq = 3; }, Code::kInvalidArgument},
+      {"token id out of the vocabulary", [](ipc::Submission& s) { s.tokens[0].token = kVocab; }, Code::kInvalidArgument},
+      {"negative token id", [](ipc::Submission& s) { s.tokens[0].token = -1; }, Code::kInvalidArgument},
+      {"positions not consecutive", [](ipc::Submission& s) { s.tokens[2].pos = 7; }, Code::kInvalidArgument},
+      {"continues past the slot's length", [](ipc::Submission& s) { for (uint32_t i = 0; i < s.n_tokens; ++i) s.tokens[i].pos += 5; },
+       Code::kInvalidArgument},
+      {"invalid sampling", [](ipc::Submission& s) { s.seqs[0].temperature = std::nanf(""); }, Code::kInvalidArgument},
+  };
+  for (const Case& c : cases) {
+    StepLogic logic = make();
+    FakeSlots fs;
+    auto sub = one_seq(1, 0, 3);
+    c.damage(*sub);
+    Status st = logic.begin(*sub, fs.slots());
+    EXPECT_EQ(st.code(), c.code) << c.what << ": " << st.to_string();
+  }
+  // A slot used twice in one step.
+  StepLogic logic = make();
+  FakeSlots fs;
+  auto sub = one_seq(1, 0, 2);
+  sub->n_seqs = 2;
+  sub->seqs[1] = sub->seqs[0];
+  sub->tokens[1].seq = 1;
+  EXPECT_EQ(logic.begin(*sub, fs.slots()).code(), Code::kInvalidArgument);
+}
+
+TEST(StepLogic, ContextEndAndUnstartedSlots) {
+  StepLogic logic = make();
+  FakeSlots fs;
+  fs.length[0] = 31;
+  auto full = one_seq(0, 31, 2);  // positions 31 and 32 in a 32-token context
+  EXPECT_EQ(logic.begin(*full, fs.slots()).code(), Code::kOutOfRange);
+  fs.length[3] = 4;
+  auto cont = one_seq(3, 4, 1);  // continuing a slot whose sequence this worker never started
+  EXPECT_EQ(logic.begin(*cont, fs.slots()).code(), Code::kInvalidArgument);
+}
+
+// A sequence restarted with n_sampled = k draws what the uninterrupted sampler drew at draw k.
+TEST(StepLogic, ReplayedSequenceResumesItsRandomDraws) {
+  std::vector<float> logits(kVocab);
+  for (int i = 0; i < kVocab; ++i) logits[static_cast<size_t>(i)] = 0.1f * static_cast<float>(i);
+  FakeSlots fs;
+  StepLogic a = make();
+  auto first = one_seq(0, 0, 1, 0.9f);
+  ASSERT_TRUE(a.begin(*first, fs.slots()).is_ok());
+  std::vector<int32_t> drawn;
+  for (int k = 0; k < 6; ++k) {
+    auto sub = one_seq(0, k, 1, 0.9f);
+    sub->tokens[0].token = 3;
+    fs.length[0] = k;
+    ASSERT_TRUE(a.begin(*sub, fs.slots()).is_ok());
+    ipc::Completion out{};
+    a.sample(*sub, logits, out);
+    drawn.push_back(out.outputs[0].token);
+  }
+  // Replay: the same 4 tokens from position 0 in one step, sampler skipped by 3 draws.
+  StepLogic b = make();
+  FakeSlots fb;
+  auto replay = one_seq(0, 0, 4, 0.9f);
+  for (uint32_t i = 0; i < 4; ++i) replay->tokens[i].token = 3;
+  replay->seqs[0].n_sampled = 3;
+  ASSERT_TRUE(b.begin(*replay, fb.slots()).is_ok());
+  ipc::Completion out{};
+  b.sample(*replay, logits, out);
+  EXPECT_EQ(out.outputs[0].token, drawn[3]);
+}
+
+}  // namespace
+}  // namespace inferd::worker
