@@ -60,7 +60,7 @@ constexpr KeyInfo kKeys[] = {
     {"admin-uids", Key::kAdminUids, "UID,...",
      "only these peer uids may use Admin (default: any peer that can open\n"
      "                         the socket)"},
-    {"load", Key::kLoad, "PATH [id=ID] [ctx=N] [parallel=N] [threads=N] [backend=cpu|cuda|opencl]",
+    {"load", Key::kLoad, "PATH [id=ID] [ctx=N] [parallel=N] [threads=N] [backend=cpu|cuda[:N]|opencl[:N]]",
      "\n                         load a model at start; repeatable (quote a PATH with spaces: \"...\")"},
 };
 
@@ -211,11 +211,17 @@ Result<ModelToLoad> parse_load(std::string_view spec, const Origin& origin) {
         (index == 1 ? model.context_size : index == 2 ? model.parallel : model.threads) = *n;
         break;
       }
-      default:
-        if (std::find(std::begin(kBackends), std::end(kBackends), value) == std::end(kBackends)) {
-          return invalid("unknown backend " + quote(value) + " (expected cpu, cuda or opencl)");
+      default: {
+        // "opencl:N" / "cuda:N" pick device N of that backend.
+        std::string_view family = value.substr(0, value.find(':'));
+        bool device_ok = family.size() == value.size() ||
+                         (family != "cpu" && value.size() > family.size() + 1 &&
+                          value.find_first_not_of("0123456789", family.size() + 1) == std::string_view::npos);
+        if (!device_ok || std::find(std::begin(kBackends), std::end(kBackends), family) == std::end(kBackends)) {
+          return invalid("unknown backend " + quote(value) + " (expected cpu, cuda, cuda:N, opencl or opencl:N)");
         }
         model.backend = value;
+      }
     }
   }
   if (model.id.empty()) model.id = default_model_id(model.path);

@@ -130,7 +130,7 @@ TEST_F(ConfigTest, ReadsEveryKeyFromFile) {
                                  "admin-uids = 0, 1000 ,1001\n"
                                  "load = /models/llama-3.gguf\n"
                                  "load = /models/qwen.gguf id=qwen ctx=4096 parallel=2 threads=6 backend=cuda\n"
-                                 "load = \"/models/with space/m.gguf\" backend=opencl\n");
+                                 "load = \"/models/with space/m.gguf\" backend=opencl:1\n");
   Result<DaemonConfig> r = parse({"--config", path});
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
   const DaemonConfig& c = *r;
@@ -160,7 +160,7 @@ TEST_F(ConfigTest, ReadsEveryKeyFromFile) {
   EXPECT_EQ(c.load[1].backend, "cuda");
   EXPECT_EQ(c.load[2].path, "/models/with space/m.gguf");
   EXPECT_EQ(c.load[2].id, "m");
-  EXPECT_EQ(c.load[2].backend, "opencl");
+  EXPECT_EQ(c.load[2].backend, "opencl:1");
 }
 
 // The example installed to /etc/inferd/inferd.conf parses, and so do its commented-out load lines.
@@ -326,7 +326,9 @@ TEST_F(ConfigTest, FileErrorsNameFileLineAndProblem) {
       {"load = /m/a.gguf flash=1", "load: unknown load option 'flash'"},
       {"load = /m/a.gguf id=x id=y", "load option 'id' given twice"},
       {"load = /m/a.gguf id=", "load option 'id' has no value"},
-      {"load = /m/a.gguf backend=vulkan", "unknown backend 'vulkan' (expected cpu, cuda or opencl)"},
+      {"load = /m/a.gguf backend=vulkan", "unknown backend 'vulkan' (expected cpu, cuda, cuda:N, opencl or opencl:N)"},
+      {"load = /m/a.gguf backend=opencl:x", "unknown backend 'opencl:x'"},
+      {"load = /m/a.gguf backend=cpu:1", "unknown backend 'cpu:1'"},
       {"load = /home/me/my model.gguf", "unexpected 'model.gguf' after the model path"},
       {"load = \"/m/a.gguf", "unterminated quote"},
       {"load = \"/m/a.gguf\"id=x", "expected a space after the quoted path"},
