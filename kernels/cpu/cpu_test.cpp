@@ -810,3 +810,41 @@ TEST(VectorHelpers, MatchScalarOnEveryIsa) {
 
 }  // namespace
 }  // namespace inferd::kernels
+
+namespace inferd::kernels {
+namespace {
+
+// The decode shape's four-row kernel gives exactly the bits of `dot` with nr = 1, row by row, on every
+// ISA that has one (the engine relies on this for bit-identical results on both paths).
+TEST(Dot, FourWeightRowsEqualDotBitForBit) {
+  std::mt19937 rng(23);
+  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ5_0, DType::kQ4_1, DType::kQ5_1}) {
+    for (int64_t k : {32, 96, 576, 2048}) {
+      const size_t row_bytes = dtype_row_bytes(t, k) + 64;  // rows not back to back
+      std::vector<uint8_t> w(row_bytes * 4);
+      for (int r = 0; r < 4; ++r) {
+        const std::vector<uint8_t> row = random_weights(rng, t, k);
+        std::copy(row.begin(), row.end(), w.begin() + static_cast<std::ptrdiff_t>(r * row_bytes));
+      }
+      const TypeKernels* ref = type_kernels(t, Isa::kScalar);
+      std::vector<uint8_t> act(dtype_row_bytes(ref->act_type, k));
+      const std::vector<float> x = random_floats(rng, k, 3.0f);
+      ref->quantize_act(x.data(), act.data(), k);
+      for (Isa isa : kAllIsas) {
+        if (!isa_available(isa)) continue;
+        const TypeKernels* tk = type_kernels(t, isa);
+        if (tk->dot_w4 == nullptr) continue;
+        float four[4], one[4];
+        tk->dot_w4(k, w.data(), row_bytes, act.data(), four);
+        for (int r = 0; r < 4; ++r) tk->dot(k, w.data() + r * row_bytes, act.data(), act.size(), 1, &one[r]);
+        for (int r = 0; r < 4; ++r) {
+          EXPECT_EQ(std::memcmp(&four[r], &one[r], sizeof(float)), 0)
+              << dtype_name(t) << " " << isa_name(isa) << " k " << k << " row " << r << ": " << four[r] << " vs " << one[r];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace inferd::kernels

@@ -291,6 +291,27 @@ void matmul_rows(const MatmulJob& j, int64_t m, int max_nr, int64_t r0, int64_t 
   const uint8_t* act = j.act[a];
   const size_t stride = j.act_row_bytes[a];
   const int64_t k = j.w->cols;
+  auto store = [&](int64_t t, int64_t r, float v) {
+    float* o = j.out + t * j.out_stride + r;
+    *o = j.accumulate ? *o + v : v + (j.bias ? j.bias[r] : 0.0f);
+  };
+  // Decode: four weight rows at a time (four independent accumulation chains; same bits as `dot`).
+  if (max_nr == 1 && tk->dot_w4 != nullptr) {
+    float y4[4];
+    for (int64_t t = 0; t < m; ++t) {
+      const uint8_t* at = act + static_cast<size_t>(t) * stride;
+      int64_t r = r0;
+      for (; r + 4 <= r1; r += 4) {
+        tk->dot_w4(k, j.w->row(r), j.w->row_bytes, at, y4);
+        for (int i = 0; i < 4; ++i) store(t, r + i, y4[i]);
+      }
+      for (; r < r1; ++r) {
+        tk->dot(k, j.w->row(r), at, stride, 1, y4);
+        store(t, r, y4[0]);
+      }
+    }
+    return;
+  }
   const int64_t rb = max_nr == 1 ? r1 - r0
                                  : std::max<int64_t>(1, static_cast<int64_t>((32 * 1024) / std::max<size_t>(j.w->row_bytes, 1)));
   float y[kernels::kMaxDotRows];
@@ -321,6 +342,25 @@ void gate_up_rows(const WeightView& wg, const WeightView& wu, uint8_t* const* ac
   const int64_t rb = max_nr == 1 ? r1 - r0
                                  : std::max<int64_t>(1, static_cast<int64_t>((32 * 1024) / (wg.row_bytes + wu.row_bytes)));
   float g[kernels::kMaxDotRows], u[kernels::kMaxDotRows];
+  // Decode: four rows of gate and of up at a time (same bits as `dot`, see TypeKernels::dot_w4).
+  if (max_nr == 1 && tg->dot_w4 != nullptr && tu->dot_w4 != nullptr) {
+    for (int64_t t = 0; t < m; ++t) {
+      const uint8_t* ag_t = act[ag] + static_cast<size_t>(t) * act_row_bytes[ag];
+      const uint8_t* au_t = act[au] + static_cast<size_t>(t) * act_row_bytes[au];
+      int64_t r = r0;
+      for (; r + 4 <= r1; r += 4) {
+        tg->dot_w4(k, wg.row(r), wg.row_bytes, ag_t, g);
+        tu->dot_w4(k, wu.row(r), wu.row_bytes, au_t, u);
+        for (int i = 0; i < 4; ++i) h[t * n_ff + r + i] = ops::silu(g[i]) * u[i];
+      }
+      for (; r < r1; ++r) {
+        tg->dot(k, wg.row(r), ag_t, act_row_bytes[ag], 1, g);
+        tu->dot(k, wu.row(r), au_t, act_row_bytes[au], 1, u);
+        h[t * n_ff + r] = ops::silu(g[0]) * u[0];
+      }
+    }
+    return;
+  }
   for (int64_t rb0 = r0; rb0 < r1; rb0 += rb) {
     const int64_t rb1 = std::min(r1, rb0 + rb);
     for (int64_t t0 = 0; t0 < m; t0 += max_nr) {

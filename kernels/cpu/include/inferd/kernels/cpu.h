@@ -43,6 +43,10 @@ struct TypeKernels {
   // out[r] = dot(w_row, act_row r) for r < nr (1..kMaxDotRows); k elements; activation rows are
   // `act_stride` bytes apart. Reads each weight block once for all nr rows.
   void (*dot)(int64_t k, const void* w_row, const void* act, size_t act_stride, int nr, float* out);
+  // The decode shape: out[r] = dot(weight row r, act) for 4 consecutive weight rows (`w_row_bytes`
+  // apart) and one activation row. Four independent accumulation chains instead of one; each row's
+  // operations are exactly `dot`'s (nr = 1), so the results are bit-identical. nullptr: use `dot`.
+  void (*dot_w4)(int64_t k, const void* w_rows, size_t w_row_bytes, const void* act, float* out) = nullptr;
 };
 
 // Kernels for weight type `type` on `isa`; nullptr when the type has no kernels.
