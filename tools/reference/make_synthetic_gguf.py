@@ -73,6 +73,7 @@ class Preset:
     output_type: QT
     layer_types: list = field(default_factory=list)  # per matrix kind, or a callable(layer, k)
     file_type: int = 2  # LLAMA_FTYPE_MOSTLY_Q4_0
+    arch: str = "llama"  # "qwen2": Q/K/V biases, NeoX RoPE (llama.cpp picks it by architecture), qwen2 pre-tokenizer
 
 
 kMatrixKinds = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
@@ -87,11 +88,20 @@ def _mixed(layer: int, k: int) -> QT:
     return kMixedCycle[(layer + k) % len(kMixedCycle)]
 
 
+def _uniform_q8_0(layer: int, k: int) -> QT:
+    return QT.Q8_0
+
+
 PRESETS = {
     "tinyllama-q4_0": Preset("tinyllama-q4_0", 2048, 22, 32, 4, 5632, 32000, 10000.0, 1e-5, 2048,
                              QT.Q4_0, QT.Q6_K, _uniform_q4_0),
     "mixed-small": Preset("mixed-small", 256, 6, 4, 2, 1024, 49152, 10000.0, 1e-5, 2048,
                           QT.Q8_0, QT.Q6_K, _mixed, file_type=7),  # "mostly Q8_0" is the closest ftype label
+    # Qwen2 layout at a small size, all Q8_0 (a type llama.cpp does not repack on x86, so its vec_dot order
+    # is the reference): exercises the Q/K/V biases, NeoX RoPE, the tied output projection and the qwen2
+    # pre-tokenizer.
+    "qwen2-small": Preset("qwen2-small", 256, 6, 4, 2, 1024, 49152, 1000000.0, 1e-6, 2048,
+                          QT.Q8_0, QT.Q8_0, _uniform_q8_0, file_type=7, arch="qwen2"),
     "llama3-8b-q4_0": Preset("llama3-8b-q4_0", 4096, 32, 32, 8, 14336, 128256, 500000.0, 1e-5, 8192,
                              QT.Q4_0, QT.Q6_K, _uniform_q4_0),
 }
@@ -219,9 +229,12 @@ def tensor_plan(p: Preset):
     """[(name, qtype, rows, cols, std)] in file order; cols is the fan-in (ne0)."""
     head_dim = p.n_embd // p.n_head
     kv = head_dim * p.n_head_kv
-    plan = [("token_embd.weight", p.token_embd_type, p.n_vocab, p.n_embd, 1.0),
-            ("output_norm.weight", QT.F32, 1, p.n_embd, None),
-            ("output.weight", p.output_type, p.n_vocab, p.n_embd, kLogitScale / np.sqrt(p.n_embd))]
+    # A tied table is also the output projection: scaled like one, so the logits have a sane spread.
+    embd_std = kLogitScale / np.sqrt(p.n_embd) if p.arch == "qwen2" else 1.0
+    plan = [("token_embd.weight", p.token_embd_type, p.n_vocab, p.n_embd, embd_std),
+            ("output_norm.weight", QT.F32, 1, p.n_embd, None)]
+    if p.arch != "qwen2":  # qwen2-small ties the output projection to token_embd, as Qwen2-0.5B does
+        plan.append(("output.weight", p.output_type, p.n_vocab, p.n_embd, kLogitScale / np.sqrt(p.n_embd)))
     shapes = {"attn_q": (p.n_embd, p.n_embd), "attn_k": (kv, p.n_embd), "attn_v": (kv, p.n_embd),
               "attn_output": (p.n_embd, p.n_embd), "ffn_gate": (p.n_ff, p.n_embd),
               "ffn_up": (p.n_ff, p.n_embd), "ffn_down": (p.n_embd, p.n_ff)}
@@ -230,6 +243,8 @@ def tensor_plan(p: Preset):
         for k, kind in enumerate(kMatrixKinds):
             rows, cols = shapes[kind]
             plan.append((f"blk.{layer}.{kind}.weight", p.layer_types(layer, k), rows, cols, 1.0 / np.sqrt(cols)))
+            if p.arch == "qwen2" and kind in ("attn_q", "attn_k", "attn_v"):
+                plan.append((f"blk.{layer}.{kind}.bias", QT.F32, 1, rows, 0.1))
             if kind == "attn_output":
                 plan.append((f"blk.{layer}.ffn_norm.weight", QT.F32, 1, p.n_embd, None))
     return plan
@@ -246,7 +261,9 @@ def padded_tokenizer(n_vocab: int) -> common.Tokenizer:
 def write_model(p: Preset, out_path: str, seed: int, verbose: bool = True) -> None:
     rng = np.random.Generator(np.random.PCG64(seed))
     tok = padded_tokenizer(p.n_vocab)
-    w = gguf.GGUFWriter(out_path, "llama")
+    if p.arch == "qwen2":
+        tok.pre = "qwen2"
+    w = gguf.GGUFWriter(out_path, p.arch)
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name(f"inferd synthetic {p.name} seed {seed}")
     w.add_context_length(p.n_ctx)
@@ -290,7 +307,9 @@ def write_model(p: Preset, out_path: str, seed: int, verbose: bool = True) -> No
     w.write_ti_data_to_file()
     # Tensor data is streamed in plan order, so even the 8B preset needs only one tensor in memory at a time.
     for name, qtype, rows, cols, std in plan:
-        if qtype == QT.F32:
+        if qtype == QT.F32 and name.endswith(".bias"):
+            data = (std * rng.standard_normal(cols)).astype(np.float32)
+        elif qtype == QT.F32:
             data = (1.0 + 0.1 * rng.standard_normal(cols)).astype(np.float32)
         else:
             data = make_weight(rng, qtype, rows, cols, std)
