@@ -6,6 +6,7 @@
 // handler writes to), so the daemon frees the slot and what was generated so far is kept.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -677,6 +678,15 @@ GenerateResult stream_generation(Client& client, const GenerateRequest& req, boo
   });
 }
 
+// The stats line goes to stderr; when stdout is a terminal or the same file as stderr (2>&1), the text
+// is ended with a newline first so the two do not run together. Otherwise stdout keeps exactly the text.
+bool ends_line_for_stats() {
+  if (::isatty(STDOUT_FILENO) == 1) return true;
+  struct stat out {}, err {};
+  return ::fstat(STDOUT_FILENO, &out) == 0 && ::fstat(STDERR_FILENO, &err) == 0 && out.st_dev == err.st_dev &&
+         out.st_ino == err.st_ino;
+}
+
 // `received` counts the tokens that reached the client (all the daemon reports for a cancelled run).
 std::string stats_line(const GenerateResult& r, size_t received) {
   if (r.finish_reason == FinishReason::kCancelled) {
@@ -729,7 +739,7 @@ int cmd_generate(const Context& ctx) {
     }
     print_json(Json{{"model", req.model}, {"text", text}, {"tokens", tokens}, {"result", result}});
   } else {
-    if (::isatty(STDOUT_FILENO) == 1 && (text.empty() || text.back() != '\n')) std::fputs("\n", stdout);
+    if (ends_line_for_stats() && (text.empty() || text.back() != '\n')) std::fputs("\n", stdout);
     std::fflush(stdout);
     if (!a.has("--quiet")) std::fprintf(stderr, "%s\n", stats_line(r, tokens.size()).c_str());
   }
