@@ -92,7 +92,6 @@ class GenerationStream {
     std::lock_guard<std::mutex> lock(mu_);
     Batch out = std::move(pending_);
     pending_ = Batch{};
-    if (out.end) ended_ = true;
     return out;
   }
   void cancel() { cancelled_.store(true, std::memory_order_release); }
@@ -102,7 +101,6 @@ class GenerationStream {
 
   std::mutex mu_;
   Batch pending_;
-  bool ended_ = false;
   kj::Own<kj::CrossThreadPromiseFulfiller<void>> waiter_;
   std::atomic<bool> cancelled_{false};
 };

@@ -515,7 +515,7 @@ Result<int> listen_unix(const std::string& path) {
     ::chmod(dir.c_str(), 0750);
   }
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Status(Code::kFailed, std::string("socket: ") + std::strerror(errno));
+  if (fd < 0) return errno_error("socket");
   // A socket file left by a crashed daemon: remove it, unless a daemon still answers on it.
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
@@ -536,13 +536,13 @@ Result<int> listen_unix(const std::string& path) {
   int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   ::umask(old);
   if (rc != 0) {
-    Status s(Code::kFailed, "cannot bind " + path + ": " + std::strerror(errno));
+    Status s = errno_error("cannot bind " + path);
     ::close(fd);
     return s;
   }
   ::chmod(path.c_str(), 0660);
   if (::listen(fd, 128) != 0) {
-    Status s(Code::kFailed, "cannot listen on " + path + ": " + std::strerror(errno));
+    Status s = errno_error("cannot listen on " + path);
     ::close(fd);
     return s;
   }

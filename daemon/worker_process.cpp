@@ -23,8 +23,6 @@
 namespace inferd::daemon {
 namespace {
 
-Status errno_status(const std::string& what) { return Status(Code::kFailed, what + ": " + std::strerror(errno)); }
-
 int pidfd_open(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
 
 std::string describe_exit(int status) {
@@ -49,11 +47,11 @@ Result<std::shared_ptr<WorkerProcess>> WorkerProcess::spawn(asio::io_context& io
   w->ring_ = std::move(ring).value();
 
   int sv[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return errno_status("socketpair");
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return errno_error("socketpair");
   ipc::UniqueFd ours(sv[0]), theirs(sv[1]);
   ipc::UniqueFd submit(::eventfd(0, EFD_CLOEXEC));
   ipc::UniqueFd complete(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!submit || !complete) return errno_status("eventfd");
+  if (!submit || !complete) return errno_error("eventfd");
 
   // Everything the child needs is prepared before fork: between fork and exec only async-signal-safe
   // calls are allowed (this process has other threads).
@@ -77,7 +75,7 @@ Result<std::shared_ptr<WorkerProcess>> WorkerProcess::spawn(asio::io_context& io
   const pid_t parent = ::getpid();
 
   pid_t pid = ::fork();
-  if (pid < 0) return errno_status("fork");
+  if (pid < 0) return errno_error("fork");
   if (pid == 0) {
     sigset_t none;
     sigemptyset(&none);
@@ -99,10 +97,9 @@ Result<std::shared_ptr<WorkerProcess>> WorkerProcess::spawn(asio::io_context& io
     ::_exit(127);
   }
   w->pid_ = pid;
-  w->started_ = std::chrono::steady_clock::now();
   int pidfd = pidfd_open(pid);
   if (pidfd < 0) {
-    Status s = errno_status("pidfd_open");
+    Status s = errno_error("pidfd_open");
     ::kill(pid, SIGKILL);
     ::waitpid(pid, nullptr, 0);
     return s;

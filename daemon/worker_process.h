@@ -66,7 +66,6 @@ class WorkerProcess : public std::enable_shared_from_this<WorkerProcess> {
   void request_shutdown();
   // SIGKILL; on_exit follows.
   void kill();
-  std::chrono::steady_clock::time_point started() const { return started_; }
 
  private:
   WorkerProcess(asio::io_context& io, WorkerSpec spec, Events events);
@@ -87,7 +86,6 @@ class WorkerProcess : public std::enable_shared_from_this<WorkerProcess> {
   bool exited_ = false;
   bool reaped_ = false;
   std::string failure_;  // the worker's Failed message, if it sent one
-  std::chrono::steady_clock::time_point started_;
   std::unique_ptr<ipc::RingSegment> ring_;
   ipc::UniqueFd submit_efd_;
   asio::local::stream_protocol::socket control_;

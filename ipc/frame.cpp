@@ -27,7 +27,7 @@ Status write_frame(int fd, capnp::MessageBuilder& message) {
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EPIPE || errno == ECONNRESET) return Status(Code::kDisconnected, "control channel closed");
-      return Status(Code::kFailed, std::string("control channel write: ") + std::strerror(errno));
+      return errno_error("control channel write");
     }
     done += static_cast<size_t>(n);
   }
@@ -64,12 +64,12 @@ Result<kj::Array<capnp::word>> read_frame(int fd) {
   uint32_t length = 0;
   ssize_t r = read_full(fd, &length, 4);
   if (r == 0) return Status(Code::kDisconnected, "control channel closed");
-  if (r < 0) return Status(Code::kFailed, std::string("control channel read: ") + std::strerror(errno));
+  if (r < 0) return errno_error("control channel read");
   if (r != 4) return Status(Code::kCorrupt, "control channel closed inside a frame header");
   INFERD_RETURN_IF_ERROR(check_frame_length(length));
   auto words = kj::heapArray<capnp::word>(length / sizeof(capnp::word));
   r = read_full(fd, words.begin(), length);
-  if (r < 0) return Status(Code::kFailed, std::string("control channel read: ") + std::strerror(errno));
+  if (r < 0) return errno_error("control channel read");
   if (static_cast<uint32_t>(r) != length) return Status(Code::kCorrupt, "control channel closed inside a frame");
   return words;
 }

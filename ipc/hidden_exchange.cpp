@@ -14,8 +14,6 @@ namespace {
 
 constexpr size_t kDataOffset = 4096;
 
-Status errno_status(const std::string& what) { return Status(Code::kFailed, what + ": " + std::strerror(errno)); }
-
 }  // namespace
 
 HiddenExchange::~HiddenExchange() {
@@ -26,10 +24,10 @@ Result<std::unique_ptr<HiddenExchange>> HiddenExchange::create(uint32_t n_embd, 
   INFERD_ASSERT(n_embd > 0 && max_tokens > 0);
   const size_t size = kDataOffset + size_t{n_embd} * max_tokens * sizeof(float);
   UniqueFd fd(::memfd_create("inferd-hidden", MFD_CLOEXEC));
-  if (!fd) return errno_status("memfd_create");
-  if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) return errno_status("sizing the hidden-state exchange");
+  if (!fd) return errno_error("memfd_create");
+  if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) return errno_error("sizing the hidden-state exchange");
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (p == MAP_FAILED) return errno_status("mmap of the hidden-state exchange");
+  if (p == MAP_FAILED) return errno_error("mmap of the hidden-state exchange");
   std::unique_ptr<HiddenExchange> x(new HiddenExchange());
   x->fd_ = std::move(fd);
   x->base_ = static_cast<uint8_t*>(p);
@@ -47,11 +45,11 @@ Result<std::unique_ptr<HiddenExchange>> HiddenExchange::create(uint32_t n_embd, 
 
 Result<std::unique_ptr<HiddenExchange>> HiddenExchange::attach(UniqueFd fd, uint32_t n_embd, uint32_t max_tokens) {
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return errno_status("hidden-state exchange: fstat");
+  if (::fstat(fd.get(), &st) != 0) return errno_error("hidden-state exchange: fstat");
   const size_t size = static_cast<size_t>(st.st_size);
   if (size < kDataOffset) return Status(Code::kCorrupt, "hidden-state exchange smaller than its header");
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (p == MAP_FAILED) return errno_status("hidden-state exchange: mmap");
+  if (p == MAP_FAILED) return errno_error("hidden-state exchange: mmap");
   std::unique_ptr<HiddenExchange> x(new HiddenExchange());
   x->fd_ = std::move(fd);
   x->base_ = static_cast<uint8_t*>(p);

@@ -13,8 +13,6 @@ namespace {
 
 size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-Status errno_status(const std::string& what) { return Status(Code::kFailed, what + ": " + std::strerror(errno)); }
-
 template <typename T>
 T* entry(uint8_t* base, uint64_t offset, uint64_t index, uint32_t capacity) {
   return reinterpret_cast<T*>(base + offset + (index % capacity) * sizeof(T));
@@ -32,10 +30,10 @@ Result<std::unique_ptr<RingSegment>> RingSegment::create(uint32_t sub_capacity, 
   const size_t comp_offset = align_up(sub_offset + size_t{sub_capacity} * sizeof(Submission), 4096);
   const size_t size = align_up(comp_offset + size_t{comp_capacity} * sizeof(Completion), 4096);
   UniqueFd fd(::memfd_create("inferd-ring", MFD_CLOEXEC));
-  if (!fd) return errno_status("memfd_create");
-  if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) return errno_status("sizing the ring segment");
+  if (!fd) return errno_error("memfd_create");
+  if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) return errno_error("sizing the ring segment");
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (p == MAP_FAILED) return errno_status("mmap of the ring segment");
+  if (p == MAP_FAILED) return errno_error("mmap of the ring segment");
   std::unique_ptr<RingSegment> ring(new RingSegment());
   ring->fd_ = std::move(fd);
   ring->base_ = static_cast<uint8_t*>(p);
@@ -59,11 +57,11 @@ Result<std::unique_ptr<RingSegment>> RingSegment::create(uint32_t sub_capacity, 
 
 Result<std::unique_ptr<RingSegment>> RingSegment::attach(UniqueFd fd) {
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return errno_status("ring segment: fstat");
+  if (::fstat(fd.get(), &st) != 0) return errno_error("ring segment: fstat");
   const size_t size = static_cast<size_t>(st.st_size);
   if (size < sizeof(RingHeader)) return Status(Code::kCorrupt, "ring segment smaller than its header");
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (p == MAP_FAILED) return errno_status("ring segment: mmap");
+  if (p == MAP_FAILED) return errno_error("ring segment: mmap");
   std::unique_ptr<RingSegment> ring(new RingSegment());
   ring->fd_ = std::move(fd);
   ring->base_ = static_cast<uint8_t*>(p);

@@ -17,10 +17,6 @@ constexpr size_t kCopyChunk = size_t{64} << 20;
 
 size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-Status errno_status(const std::string& what) {
-  return Status(Code::kFailed, what + ": " + std::strerror(errno));
-}
-
 void copy_cstr(char* dst, size_t cap, std::string_view src) {
   size_t n = std::min(cap - 1, src.size());
   std::memcpy(dst, src.data(), n);
@@ -63,9 +59,9 @@ Result<std::shared_ptr<const WeightsSegment>> WeightsSegment::create(const std::
   const gguf::GgufFile& src = *parsed.value();
 
   UniqueFd file(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!file) return errno_status(path + ": cannot open");
+  if (!file) return errno_error(path + ": cannot open");
   struct stat before {};
-  if (::fstat(file.get(), &before) != 0) return errno_status(path + ": cannot stat");
+  if (::fstat(file.get(), &before) != 0) return errno_error(path + ": cannot stat");
   if (static_cast<uint64_t>(before.st_size) != src.file_size()) {
     return Status(Code::kFailed, path + ": the file changed while loading");
   }
@@ -81,16 +77,16 @@ Result<std::shared_ptr<const WeightsSegment>> WeightsSegment::create(const std::
 
   std::string memfd_name = "inferd-weights";
   UniqueFd fd(::memfd_create(memfd_name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (!fd) return errno_status("memfd_create");
+  if (!fd) return errno_error("memfd_create");
   if (::ftruncate(fd.get(), static_cast<off_t>(segment_bytes)) != 0) {
-    return errno_status("cannot size the weights segment to " + std::to_string(segment_bytes) + " bytes");
+    return errno_error("cannot size the weights segment to " + std::to_string(segment_bytes) + " bytes");
   }
 
   // 3. Header and table through a temporary writable mapping of the first pages.
   {
     const size_t head_bytes = align_up(table_offset + table_bytes, 4096);
     void* p = ::mmap(nullptr, head_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-    if (p == MAP_FAILED) return errno_status("mmap of the weights segment header");
+    if (p == MAP_FAILED) return errno_error("mmap of the weights segment header");
     auto* h = static_cast<WeightsHeader*>(p);
     std::memcpy(h->magic, kWeightsMagic, sizeof(kWeightsMagic));
     h->version = kWeightsVersion;
@@ -129,23 +125,23 @@ Result<std::shared_ptr<const WeightsSegment>> WeightsSegment::create(const std::
   uint64_t done = 0;
   while (done < gguf_bytes) {
     off_t in_off = static_cast<off_t>(done);
-    if (::lseek(fd.get(), static_cast<off_t>(gguf_offset + done), SEEK_SET) < 0) return errno_status("lseek");
+    if (::lseek(fd.get(), static_cast<off_t>(gguf_offset + done), SEEK_SET) < 0) return errno_error("lseek");
     size_t want = std::min(kCopyChunk, gguf_bytes - done);
     ssize_t n = ::sendfile(fd.get(), file.get(), &in_off, want);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return errno_status(path + ": copying into the weights segment");
+      return errno_error(path + ": copying into the weights segment");
     }
     if (n == 0) return Status(Code::kFailed, path + ": the file shrank while loading");
     done += static_cast<uint64_t>(n);
     if (progress) progress(done, gguf_bytes);
   }
   struct stat after {};
-  if (::fstat(file.get(), &after) != 0) return errno_status(path + ": cannot stat");
+  if (::fstat(file.get(), &after) != 0) return errno_error(path + ": cannot stat");
   if (!same_identity(before, after)) return Status(Code::kFailed, path + ": the file changed while loading");
 
   // 5. Seal: from here on nobody can write or resize it, and every mapping is read-only.
-  if (::fcntl(fd.get(), F_ADD_SEALS, kSeals) != 0) return errno_status("sealing the weights segment");
+  if (::fcntl(fd.get(), F_ADD_SEALS, kSeals) != 0) return errno_error("sealing the weights segment");
   auto seg = attach(std::move(fd));
   if (!seg) return seg.status().with_context(path + ": the copy in shared memory does not validate");
   return seg;
@@ -153,19 +149,19 @@ Result<std::shared_ptr<const WeightsSegment>> WeightsSegment::create(const std::
 
 Result<std::shared_ptr<const WeightsSegment>> WeightsSegment::attach(UniqueFd fd) {
   int seals = ::fcntl(fd.get(), F_GET_SEALS);
-  if (seals < 0) return errno_status("weights segment: F_GET_SEALS");
+  if (seals < 0) return errno_error("weights segment: F_GET_SEALS");
   if ((static_cast<unsigned>(seals) & (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW)) !=
       (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW)) {
     return Status(Code::kCorrupt, "weights segment is not sealed against writes and resizing");
   }
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return errno_status("weights segment: fstat");
+  if (::fstat(fd.get(), &st) != 0) return errno_error("weights segment: fstat");
   const size_t size = static_cast<size_t>(st.st_size);
   if (size < kWeightsHeaderBytes) {
     return Status(Code::kCorrupt, "weights segment is " + std::to_string(size) + " bytes, smaller than its header");
   }
   void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd.get(), 0);
-  if (p == MAP_FAILED) return errno_status("weights segment: mmap");
+  if (p == MAP_FAILED) return errno_error("weights segment: mmap");
   auto mapping = std::make_shared<Mapping>();
   mapping->base = static_cast<const uint8_t*>(p);
   mapping->size = size;

@@ -1,5 +1,8 @@
 #include "inferd/status.h"
 
+#include <cerrno>
+#include <cstring>
+
 namespace inferd {
 
 const char* code_name(Code code) {
@@ -40,6 +43,11 @@ void assert_fail(const char* expr, const char* file, int line, const char* msg) 
   std::fprintf(stderr, "inferd: assertion failed: %s at %s:%d %s\n", expr, file, line, msg);
   std::fflush(stderr);
   std::abort();
+}
+
+Status errno_error(const std::string& what) {
+  const int err = errno;
+  return Status(Code::kFailed, what + ": " + std::strerror(err));
 }
 
 }  // namespace inferd

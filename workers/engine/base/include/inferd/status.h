@@ -69,6 +69,10 @@ Status make_error(Code code, const char* fmt, Args... args) {
   return Status(code, buf);
 }
 
+// kFailed with "what: <strerror(errno)>", for a system call that just failed. Read errno before any
+// other call can change it (this function reads it first).
+Status errno_error(const std::string& what);
+
 // Result<T>: either a T or a non-OK Status.
 template <typename T>
 class [[nodiscard]] Result {
