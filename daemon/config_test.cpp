@@ -1,4 +1,5 @@
 #include "config.h"
+#include "scoped_env_test_util.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -14,25 +15,7 @@
 namespace inferd::daemon {
 namespace {
 
-// Sets (or, with nullopt, unsets) an environment variable and restores the old value on scope exit.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, std::optional<std::string> value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value) ::setenv(name, value->c_str(), 1);
-    else ::unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (old_) ::setenv(name_, old_->c_str(), 1);
-    else ::unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using testing::ScopedEnv;
 
 class ConfigTest : public ::testing::Test {
  protected:

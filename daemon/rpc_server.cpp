@@ -203,6 +203,15 @@ kj::Promise<void> relay_progress(std::shared_ptr<ProgressRelay> relay, rpc::Load
   });
 }
 
+// Admin.list and Inference.list: the same answer on both capabilities.
+template <typename Context>
+kj::Promise<void> list_models(Supervisor& sup, Context context) {
+  return on_supervisor<std::vector<ModelInfoData>>(sup, [&sup] { return sup.list(); })
+      .then([context](std::vector<ModelInfoData> models) mutable {
+        fill_list(context.getResults().initModels(static_cast<unsigned>(models.size())), models);
+      });
+}
+
 struct Peer {
   uint32_t pid = 0, uid = 0, gid = 0;
   bool known = false;
@@ -253,13 +262,7 @@ class AdminImpl final : public rpc::Admin::Server {
     });
   }
 
-  kj::Promise<void> list(ListContext context) override {
-    Supervisor& sup = sup_;
-    return on_supervisor<std::vector<ModelInfoData>>(sup_, [&sup] { return sup.list(); })
-        .then([context](std::vector<ModelInfoData> models) mutable {
-          fill_list(context.getResults().initModels(static_cast<unsigned>(models.size())), models);
-        });
-  }
+  kj::Promise<void> list(ListContext context) override { return list_models(sup_, context); }
 
   kj::Promise<void> status(StatusContext context) override {
     Supervisor& sup = sup_;
@@ -303,13 +306,7 @@ class InferenceImpl final : public rpc::Inference::Server {
  public:
   explicit InferenceImpl(Supervisor& sup) : sup_(sup) {}
 
-  kj::Promise<void> list(ListContext context) override {
-    Supervisor& sup = sup_;
-    return on_supervisor<std::vector<ModelInfoData>>(sup_, [&sup] { return sup.list(); })
-        .then([context](std::vector<ModelInfoData> models) mutable {
-          fill_list(context.getResults().initModels(static_cast<unsigned>(models.size())), models);
-        });
-  }
+  kj::Promise<void> list(ListContext context) override { return list_models(sup_, context); }
 
   kj::Promise<void> tokenize(TokenizeContext context) override {
     auto p = context.getParams();

@@ -1,4 +1,5 @@
 #include "sd_notify.h"
+#include "scoped_env_test_util.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -18,25 +19,7 @@
 namespace inferd::daemon::systemd {
 namespace {
 
-// Sets (or, with nullopt, unsets) an environment variable and restores the old value on scope exit.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, std::optional<std::string> value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value) ::setenv(name, value->c_str(), 1);
-    else ::unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (old_) ::setenv(name_, old_->c_str(), 1);
-    else ::unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using inferd::daemon::testing::ScopedEnv;
 
 // A receiving notify socket bound at a path or an abstract name ("@..."), as systemd's.
 class Receiver {

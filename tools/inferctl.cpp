@@ -156,8 +156,9 @@ double percentile(std::vector<double> v, double p) {
   return v[rank - 1];
 }
 
-// "1,4,16" -> {1, 4, 16}.
-std::vector<uint32_t> parse_stream_counts(const std::string& s) {
+// "a,b,c" -> unsigned numbers in [1, max]; `increasing` also requires each to exceed the previous.
+// Anything else throws UsageError(`what` ... `s`).
+std::vector<uint32_t> parse_u32_list(const std::string& s, unsigned long max, bool increasing, const std::string& what) {
   std::vector<uint32_t> out;
   std::stringstream in(s);
   std::string item;
@@ -165,32 +166,24 @@ std::vector<uint32_t> parse_stream_counts(const std::string& s) {
     char* end = nullptr;
     errno = 0;
     const unsigned long v = std::strtoul(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || errno != 0 || v == 0 || v > 1024 || item[0] == '-') {
-      throw UsageError("--streams expects a comma-separated list of counts in [1, 1024], got '" + s + "'");
+    if (item.empty() || item[0] == '-' || *end != '\0' || errno != 0 || v == 0 || v > max ||
+        (increasing && !out.empty() && v <= out.back())) {
+      throw UsageError(what + ", got '" + s + "'");
     }
     out.push_back(static_cast<uint32_t>(v));
   }
-  if (out.empty()) throw UsageError("--streams expects at least one count");
+  if (out.empty()) throw UsageError(what + ", got nothing");
   return out;
+}
+
+// "1,4,16" -> {1, 4, 16}.
+std::vector<uint32_t> parse_stream_counts(const std::string& s) {
+  return parse_u32_list(s, 1024, false, "--streams expects a comma-separated list of counts in [1, 1024]");
 }
 
 // "15" or "10,20" -> {15} / {10, 20}: strictly increasing layer indices.
 std::vector<uint32_t> parse_layer_split(const std::string& s) {
-  std::vector<uint32_t> out;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    char* end = nullptr;
-    errno = 0;
-    const unsigned long v = std::strtoul(item.c_str(), &end, 10);
-    if (item.empty() || item[0] == '-' || *end != '\0' || errno != 0 || v == 0 || v > UINT32_MAX ||
-        (!out.empty() && v <= out.back())) {
-      throw UsageError("--layer-split expects increasing layer numbers separated by commas, got '" + s + "'");
-    }
-    out.push_back(static_cast<uint32_t>(v));
-  }
-  if (out.empty()) throw UsageError("--layer-split expects at least one layer number");
-  return out;
+  return parse_u32_list(s, UINT32_MAX, true, "--layer-split expects increasing layer numbers separated by commas");
 }
 
 // ------------------------------------------------------------------------------------------------
