@@ -15,6 +15,7 @@
 #include "inferd/ipc/hidden_exchange.h"
 #include "inferd/ipc/ring.h"
 #include "inferd/ipc/weights_segment.h"
+#include "inferd/engine.h"
 #include "inferd/model.h"
 #include "inferd/tokenizer.h"
 #include "text_output.h"
@@ -128,7 +129,7 @@ class ModelHost {
     model_ = std::move(model);
     tokenizer_ = std::move(tokenizer);
     const ModelConfig& c = model_->config();
-    n_ctx_ = spec_.context_size ? spec_.context_size : static_cast<uint32_t>(std::min(c.n_ctx_train, 4096));
+    n_ctx_ = spec_.context_size ? spec_.context_size : static_cast<uint32_t>(default_context(c));
     auto tmpl = weights_->gguf()->get_string("tokenizer.chat_template");
     chat_template_ = detect_chat_template(tmpl ? tmpl.value() : std::string_view());
     load_ms_ = load_ms;

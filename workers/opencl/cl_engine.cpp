@@ -148,19 +148,8 @@ Result<std::unique_ptr<ClEngine>> ClEngine::create(std::shared_ptr<const Model> 
   INFERD_ASSERT(model != nullptr && runtime != nullptr);
   const ModelConfig& cfg = model->config();
   ClEngineOptions opt = options;
-  if (opt.n_ctx == 0) opt.n_ctx = std::min(cfg.n_ctx_train > 0 ? cfg.n_ctx_train : 4096, 4096);
-  if (opt.n_ctx < 1 || opt.n_ctx > (1 << 20)) {
-    return make_error(Code::kInvalidArgument, "n_ctx must be in [1, 1048576], got %d", opt.n_ctx);
-  }
-  if (opt.n_slots < 1 || opt.n_slots > 1024) {
-    return make_error(Code::kInvalidArgument, "n_slots must be in [1, 1024], got %d", opt.n_slots);
-  }
-  if (opt.n_ubatch < 1 || opt.n_ubatch > 8192) {
-    return make_error(Code::kInvalidArgument, "n_ubatch must be in [1, 8192], got %d", opt.n_ubatch);
-  }
-  if (opt.pad_step != 64 && opt.pad_step != 128) {
-    return make_error(Code::kInvalidArgument, "pad_step must be 64 or 128, got %d", opt.pad_step);
-  }
+  if (opt.n_ctx == 0) opt.n_ctx = default_context(cfg);
+  INFERD_RETURN_IF_ERROR(check_engine_shape(opt.n_ctx, opt.n_slots, opt.n_ubatch, opt.pad_step));
   if (cfg.n_rot != cfg.head_dim) {
     return make_error(Code::kUnimplemented, "partial rotary embeddings (n_rot %d of head_dim %d)", cfg.n_rot,
                       cfg.head_dim);

@@ -125,31 +125,40 @@ Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {
 }
 Engine::~Engine() = default;
 
+int32_t default_context(const ModelConfig& config) {
+  return std::min(config.n_ctx_train > 0 ? config.n_ctx_train : 4096, 4096);
+}
+
+Status check_engine_shape(int32_t n_ctx, int32_t n_slots, int32_t n_ubatch, int32_t pad_step) {
+  if (n_ctx < 1 || n_ctx > (1 << 20)) {
+    return make_error(Code::kInvalidArgument, "n_ctx must be in [1, 1048576], got %d", n_ctx);
+  }
+  if (n_slots < 1 || n_slots > 1024) {
+    return make_error(Code::kInvalidArgument, "n_slots must be in [1, 1024], got %d", n_slots);
+  }
+  if (n_ubatch < 1 || n_ubatch > 8192) {
+    return make_error(Code::kInvalidArgument, "n_ubatch must be in [1, 8192], got %d", n_ubatch);
+  }
+  if (pad_step != 64 && pad_step != 128) {
+    return make_error(Code::kInvalidArgument, "pad_step must be 64 or 128, got %d", pad_step);
+  }
+  return Status::ok();
+}
+
 Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> model, const EngineOptions& options) {
   auto impl = std::make_unique<Impl>();
   const ModelConfig& cfg = model->config();
   EngineOptions opt = options;
-  if (opt.n_ctx == 0) opt.n_ctx = std::min(cfg.n_ctx_train > 0 ? cfg.n_ctx_train : 4096, 4096);
+  if (opt.n_ctx == 0) opt.n_ctx = default_context(cfg);
   if (opt.n_threads == 0) {
     cpu_set_t set;
     opt.n_threads = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
                                                                   : static_cast<int>(std::thread::hardware_concurrency());
     opt.n_threads = std::max(opt.n_threads, 1);
   }
-  if (opt.n_ctx < 1 || opt.n_ctx > (1 << 20)) {
-    return make_error(Code::kInvalidArgument, "n_ctx must be in [1, 1048576], got %d", opt.n_ctx);
-  }
-  if (opt.n_slots < 1 || opt.n_slots > 1024) {
-    return make_error(Code::kInvalidArgument, "n_slots must be in [1, 1024], got %d", opt.n_slots);
-  }
+  INFERD_RETURN_IF_ERROR(check_engine_shape(opt.n_ctx, opt.n_slots, opt.n_ubatch, opt.pad_step));
   if (opt.n_threads < 1 || opt.n_threads > 512) {
     return make_error(Code::kInvalidArgument, "n_threads must be in [1, 512], got %d", opt.n_threads);
-  }
-  if (opt.n_ubatch < 1 || opt.n_ubatch > 8192) {
-    return make_error(Code::kInvalidArgument, "n_ubatch must be in [1, 8192], got %d", opt.n_ubatch);
-  }
-  if (opt.pad_step != 64 && opt.pad_step != 128) {
-    return make_error(Code::kInvalidArgument, "pad_step must be 64 or 128, got %d", opt.pad_step);
   }
   if (opt.end_layer == 0) opt.end_layer = cfg.n_layer;
   if (opt.first_layer < 0 || opt.first_layer >= opt.end_layer || opt.end_layer > cfg.n_layer) {
