@@ -1,5 +1,7 @@
 #include "config.h"
 
+#include "inferd/ipc/backend_name.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -213,11 +215,9 @@ Result<ModelToLoad> parse_load(std::string_view spec, const Origin& origin) {
       }
       default: {
         // "opencl:N" / "cuda:N" pick device N of that backend.
-        std::string_view family = value.substr(0, value.find(':'));
-        bool device_ok = family.size() == value.size() ||
-                         (family != "cpu" && value.size() > family.size() + 1 &&
-                          value.find_first_not_of("0123456789", family.size() + 1) == std::string_view::npos);
-        if (!device_ok || std::find(std::begin(kBackends), std::end(kBackends), family) == std::end(kBackends)) {
+        const auto backend = ipc::parse_backend_name(value);
+        if (!backend ||
+            std::find(std::begin(kBackends), std::end(kBackends), backend->family) == std::end(kBackends)) {
           return invalid("unknown backend " + quote(value) + " (expected cpu, cuda, cuda:N, opencl or opencl:N)");
         }
         model.backend = value;

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "chat_template.h"
+#include "inferd/ipc/backend_name.h"
 #include "inferd/ipc/hidden_exchange.h"
 #include "inferd/ipc/ring.h"
 #include "inferd/ipc/weights_segment.h"
@@ -814,15 +815,14 @@ void Supervisor::load(LoadSpec spec, std::shared_ptr<LoadProgressSink> progress,
   if (models_.count(spec.id)) return fail(Code::kInvalidArgument, "a model with id '" + spec.id + "' is already loaded");
   if (spec.backend.empty()) spec.backend = "cpu";
   // "opencl" or "opencl:N" (device N): the worker checks N against the devices it finds.
-  const bool opencl = spec.backend == "opencl" ||
-                      (spec.backend.rfind("opencl:", 0) == 0 && spec.backend.size() > 7 &&
-                       spec.backend.find_first_not_of("0123456789", 7) == std::string::npos);
+  const auto backend = ipc::parse_backend_name(spec.backend);
+  const bool opencl = backend && backend->family == "opencl";
 #ifdef INFERD_HAVE_OPENCL
   const bool opencl_built = true;
 #else
   const bool opencl_built = false;
 #endif
-  if (spec.backend == "cuda" || (opencl && !opencl_built)) {
+  if ((backend && backend->family == "cuda") || (opencl && !opencl_built)) {
     return fail(Code::kUnimplemented, "backend '" + spec.backend + "' is not available in this build of inferd");
   }
   if (spec.backend != "cpu" && !opencl) {

@@ -27,6 +27,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "inferd/ipc/backend_name.h"
 #include "inferd/ipc/frame.h"
 #include "inferd/ipc/ring.h"
 #include "inferd/ipc/weights_segment.h"
@@ -109,12 +110,12 @@ int run(const Args& args) {
     return 1;
   };
   // "cpu", or "opencl" / "opencl:N" (device N) where this worker is built with OpenCL.
-  std::string device;
-  const bool opencl = args.backend == "opencl" || args.backend.rfind("opencl:", 0) == 0;
+  const auto name = ipc::parse_backend_name(args.backend);
+  const std::string device = name ? name->device : "";
+  const bool opencl = args.backend.rfind("opencl", 0) == 0;
   if (opencl) {
 #ifdef INFERD_HAVE_OPENCL
-    device = args.backend.size() > 6 ? args.backend.substr(7) : "";
-    if (args.backend.size() > 6 && (device.empty() || device.find_first_not_of("0123456789") != std::string::npos)) {
+    if (!name || name->family != "opencl") {
       return fail(Status(Code::kInvalidArgument, "backend '" + args.backend + "': expected opencl:N, N a device index"));
     }
 #else
