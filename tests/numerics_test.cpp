@@ -87,13 +87,18 @@ Agreement compare_with_reference(const std::string& ref_name) {
   return a;
 }
 
-// min_agreement: 0.99 where our arithmetic is bit-identical to llama.cpp's (SmolLM2: every op). For
-// Q4_0, Q4_K and Q6_K matrices llama.cpp runs *repacked* (row-interleaved) GEMM kernels whose float
-// summation order differs from its own vec_dot, which ours follows; on these random-weight models
-// that reorder alone moves ~4-6% of the top-1 choices (llama.cpp's flash-attention on vs off moves
-// 3.7% on SmolLM2). Those models are held to the level measured today until the repack order is
-// matched too (issue 2 note).
-void expect_agreement(const std::string& ref_name, double min_agreement) {
+// Two kinds of reference (tools/reference/gen_numerics_refs.py --kernels):
+//  - "vec_dot": llama.cpp with weight repacking and its tiled K-quant GEMM turned off, so every matmul
+//    runs ggml's per-row vec_dot kernels. Our kernels reproduce those bit for bit, so the logits are
+//    identical: agreement 100%, and max_logit_err only measures the JSON's 6-digit rounding.
+//  - "default": llama.cpp as it runs out of the box. On x86 it repacks Q4_0/Q4_K weights into
+//    row-interleaved GEMM kernels and runs Q6_K (and Q4_K when not repacked) batches of 8+ rows through a
+//    tiled GEMM; those sum in other float orders, which on these random-weight models moves 4-6% of the
+//    top-1 choices. llama.cpp's default and vec_dot configurations agree with each other at 96.0%
+//    (mixed-small) and 94.2% (TinyLlama) on these files; we are held to that level against the default
+//    and to 99% against vec_dot.
+// max_logit_err: the largest |top-1 logit - llama.cpp's|, < 0 to skip the check.
+void expect_agreement(const std::string& ref_name, double min_agreement, double max_logit_err = -1.0) {
   const Agreement a = compare_with_reference(ref_name);
   if (a.positions == 0) return;
   const double agree = static_cast<double>(a.top1_equal) / static_cast<double>(a.positions);
@@ -106,16 +111,25 @@ void expect_agreement(const std::string& ref_name, double min_agreement) {
   EXPECT_GE(a.scored, 2000);
   EXPECT_GE(agree, min_agreement);
   EXPECT_LT(std::fabs(ppl / ref_ppl - 1.0), 0.01);
+  if (max_logit_err >= 0.0) {
+    EXPECT_LE(a.max_logit_err, max_logit_err);
+  }
 }
+
+// The logits are stored with 6 significant digits; the top-1 logits of these models are below 100.
+constexpr double kRoundingOnly = 1e-3;
 
 TEST(Numerics, SmolLM2MatchesLlamaCpp) {
   const std::string model = std::string(INFERD_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
   if (!std::filesystem::exists(model)) GTEST_SKIP() << "default model missing: run scripts/setup.sh";
-  expect_agreement("smollm2-135m-q4_1.json", 0.99);
+  expect_agreement("smollm2-135m-q4_1.json", 0.99, kRoundingOnly);
 }
 
 // Q4_0, Q8_0, Q4_K and Q6_K weights in one synthetic model (tests/data/models/mixed-small.gguf).
-TEST(Numerics, MixedQuantTypesMatchLlamaCpp) { expect_agreement("mixed-small.json", 0.955); }
+TEST(Numerics, MixedQuantTypesMatchLlamaCpp) { expect_agreement("mixed-small.json", 0.95); }
+TEST(Numerics, MixedQuantTypesMatchLlamaCppVecDot) {
+  expect_agreement("mixed-small.vec_dot.json", 0.99, kRoundingOnly);
+}
 
 // The 1.1B synthetic model is generated (not committed): models/tinyllama-q4_0-synthetic.gguf.
 TEST(Numerics, TinyLlamaQ4_0MatchesLlamaCpp) {
@@ -123,7 +137,8 @@ TEST(Numerics, TinyLlamaQ4_0MatchesLlamaCpp) {
   if (!std::filesystem::exists(model)) {
     GTEST_SKIP() << "generate it with: python3 tools/reference/make_synthetic_gguf.py --preset tinyllama-q4_0";
   }
-  expect_agreement("tinyllama-q4_0-synthetic.json", 0.94);
+  expect_agreement("tinyllama-q4_0-synthetic.json", 0.935);
+  expect_agreement("tinyllama-q4_0-synthetic.vec_dot.json", 0.99, kRoundingOnly);
 }
 
 }  // namespace
@@ -136,7 +151,7 @@ namespace {
 // small all-Q8_0 synthetic model (tests/data/models/qwen2-small.gguf, committed). Q8_0 is not repacked
 // by llama.cpp on x86, so its vec_dot order is the reference and our arithmetic is bit-identical.
 TEST(Numerics, Qwen2MatchesLlamaCpp) {
-  expect_agreement("qwen2-small.json", 0.99);
+  expect_agreement("qwen2-small.json", 0.99, kRoundingOnly);
   // The token ids llama.cpp scored are the ones our qwen2 pre-tokenizer produces for the same text.
   std::ifstream in(std::string(INFERD_TEST_DATA_DIR) + "/numerics/qwen2-small.json");
   const nlohmann::json ref = nlohmann::json::parse(in);

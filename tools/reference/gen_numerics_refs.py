@@ -8,7 +8,8 @@ Protocol (also stored in the JSON's "protocol" field):
   2. Split the ids into consecutive chunks of `ctx` tokens (the last chunk may be shorter; a chunk of one token is
      dropped). No BOS is inserted at chunk starts.
   3. Evaluate each chunk from an empty KV cache in one batch (n_ctx = n_batch = ctx, logits for every position,
-     n_threads = 2, flash attention off, F16 KV cache, llama.cpp's CPU weight repacking on as by default),
+     n_threads = 2, flash attention off, F16 KV cache; --kernels default leaves llama.cpp's CPU matmul choices as
+     they are out of the box, --kernels vec_dot turns weight repacking and the tiled K-quant GEMM off),
      positions 0..len-1.
   4. For each position i of a chunk record: top-1 token id, the top-1 and top-2 logits, and, for every position
      but the chunk's last, the natural-log probability of the actual next token (log-softmax of the logits).
@@ -39,7 +40,7 @@ PROTOCOL = (
     "tokenize with llama.cpp (add_special=true: BOS only if the model's add_bos_token says so; parse_special=false); "
     "split ids into consecutive chunks of ctx tokens (last may be shorter; 1-token chunks dropped); evaluate each "
     "chunk from an empty KV cache in one batch with logits for all positions (n_ctx=n_batch=ctx, n_threads=2, "
-    "flash attention off, F16 KV cache); per "
+    "flash attention off, F16 KV cache; matmul kernels as named in llama_cpp_settings.kernels); per "
     "position store top-1 id, top-1 and top-2 logits, and log-softmax probability of the actual next token (all but "
     "the chunk's last position); perplexity = exp(mean NLL over all scored positions)"
 )
@@ -62,11 +63,32 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--kernels", choices=["default", "vec_dot"], default="default",
+                    help="default: llama.cpp's CPU backend as configured out of the box (weight repacking for "
+                         "Q4_0/Q4_K, the tiled K-quant GEMM for batches of 8+ rows); vec_dot: both off "
+                         "(use_extra_bufts = false, GGML_CPU_TILED_MM=0), so every matmul runs ggml's "
+                         "per-row vec_dot kernels")
     ap.add_argument("--generation-command", default=None,
                     help="for synthetic models: the command that regenerates the model, stored in the JSON")
     args = ap.parse_args()
 
+    if args.kernels == "vec_dot":
+        # Read by ggml-cpu on its first tiled-eligible matmul (tiled/tiled.cpp), so set before loading.
+        os.environ["GGML_CPU_TILED_MM"] = "0"
+
     import llama_cpp
+    import llama_cpp.llama_cpp as llama_cpp_c
+
+    if args.kernels == "vec_dot":
+        # Llama() takes no switch for llama_model_params.use_extra_bufts, so wrap the default-params function it calls.
+        default_params = llama_cpp_c.llama_model_default_params
+
+        def params_without_repack():
+            p = default_params()
+            p.use_extra_bufts = False
+            return p
+
+        llama_cpp_c.llama_model_default_params = params_without_repack
 
     llm = llama_cpp.Llama(model_path=args.model, n_ctx=args.ctx, n_batch=args.ctx, n_ubatch=args.ctx,
                           logits_all=True, n_threads=args.threads, n_threads_batch=args.threads,
@@ -116,6 +138,7 @@ def main() -> int:
         "llama_cpp_version": common.llama_cpp_version(),
         "llama_cpp_settings": {"n_ctx": args.ctx, "n_batch": args.ctx, "n_threads": args.threads,
                                "flash_attn": False, "type_k": "f16", "type_v": "f16",
+                               "kernels": args.kernels,
                                "system_info": llama_cpp.llama_print_system_info().decode().strip()},
         "model": {
             "path": os.path.relpath(os.path.abspath(args.model), common.REPO_ROOT),

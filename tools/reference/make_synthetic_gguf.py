@@ -14,6 +14,9 @@ Presets
                    L rotate through Q4_0, Q8_0, Q4_K, Q6_K: matrix k (attn_q, attn_k, attn_v, attn_output,
                    ffn_gate, ffn_up, ffn_down) of layer L has type [Q4_0, Q8_0, Q4_K, Q6_K][(L + k) % 4], so every
                    matrix kind meets every type and every layer mixes all four. ~27 MB. `--print-types` lists it.
+  q4_0-small, q4_k-small, q6_k-small
+                   mixed-small's shapes with every layer matrix of one type, token_embd and output Q8_0: isolates
+                   one type's kernels when a mixed model disagrees with a reference.
   llama3-8b-q4_0   Llama-3-8B shapes (n_embd 4096, 32 layers, 32 / 8 heads, ffn 14336, rope base 500000, vocab
                    padded from SmolLM2's 49152 tokens to 128256 with unused tokens), all Q4_0, output Q6_K. ~4.6 GB.
 
@@ -102,6 +105,11 @@ PRESETS = {
     # pre-tokenizer.
     "qwen2-small": Preset("qwen2-small", 256, 6, 4, 2, 1024, 49152, 1000000.0, 1e-6, 2048,
                           QT.Q8_0, QT.Q8_0, _uniform_q8_0, file_type=7, arch="qwen2"),
+    # One quantized type in every matrix (token_embd and output Q8_0, which llama.cpp does not repack on x86):
+    # isolates one type's kernels when a mixed model disagrees with llama.cpp.
+    **{f"{qt.name.lower()}-small": Preset(f"{qt.name.lower()}-small", 256, 6, 4, 2, 1024, 49152, 10000.0, 1e-5, 2048,
+                                          QT.Q8_0, QT.Q8_0, (lambda qt: lambda layer, k: qt)(qt), file_type=7)
+       for qt in (QT.Q4_0, QT.Q4_K, QT.Q6_K)},
     "llama3-8b-q4_0": Preset("llama3-8b-q4_0", 4096, 32, 32, 8, 14336, 128256, 500000.0, 1e-5, 8192,
                              QT.Q4_0, QT.Q6_K, _uniform_q4_0),
 }
