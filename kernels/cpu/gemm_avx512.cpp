@@ -48,6 +48,8 @@ static_assert(sizeof(PairBlock) == 192);
 // Weight rows per tile and activation pairs per tile (the register tile is kRows x kPairs zmm).
 constexpr int kRows = 4;
 constexpr int kPairs = 4;
+// Prefetch distance along the weight rows (see x86_kernels.inc).
+constexpr int kPrefetchBytes = 4096;
 
 struct Scratch {
   std::vector<PairBlock> pairs;  // [pair][block]
@@ -170,6 +172,9 @@ void tile(const TileIo& io) {
     __m512 dw[R];
     for (int r = 0; r < R; ++r) {
       const WBlock& blk = rows[r][b];
+      // The first activation tile over a chunk streams its weights from memory (later ones find
+      // them in L2): ask for them ahead, as the decode GEMV does.
+      _mm_prefetch(reinterpret_cast<const char*>(&blk) + kPrefetchBytes, _MM_HINT_T0);
       if constexpr (kType == DType::kQ8_0) {
         wq[r] = _mm512_xor_si512(
             _mm512_maskz_broadcast_i64x4(0xFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs))), sign_bit);
