@@ -818,8 +818,10 @@ namespace {
 // ISA that has one (the engine relies on this for bit-identical results on both paths).
 TEST(Dot, FourWeightRowsEqualDotBitForBit) {
   std::mt19937 rng(23);
-  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ5_0, DType::kQ4_1, DType::kQ5_1}) {
-    for (int64_t k : {32, 96, 576, 2048}) {
+  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ5_0, DType::kQ4_1, DType::kQ5_1, DType::kQ4_K, DType::kQ5_K,
+                  DType::kQ6_K}) {
+    const bool k_quant = dtype_info(t)->block_size == 256;
+    for (int64_t k : k_quant ? std::vector<int64_t>{256, 768, 2048} : std::vector<int64_t>{32, 96, 576, 2048}) {
       const size_t row_bytes = dtype_row_bytes(t, k) + 64;  // rows not back to back
       std::vector<uint8_t> w(row_bytes * 4);
       for (int r = 0; r < 4; ++r) {

@@ -9,6 +9,8 @@ Presets
                    F32 -- the types llama.cpp's Q4_0 quantization produces. Vocabulary: SmolLM2's gpt2/smollm BPE
                    vocabulary truncated to 32000 tokens (merges kept only when both parts and the result are among
                    them). ~640 MB.
+  tinyllama-q4_k_m TinyLlama-1.1B shapes in a simplified Q4_K_M mix: attn_v and ffn_down Q6_K, the other
+                   matrices and token_embd Q4_K, output Q6_K. ~680 MB.
   mixed-small      n_embd 256, 6 layers, 4 heads / 2 kv heads (head_dim 64), ffn 1024, rope base 10000, context
                    2048, full SmolLM2 vocabulary (49152). token_embd Q8_0, output Q6_K, the seven matrices of layer
                    L rotate through Q4_0, Q8_0, Q4_K, Q6_K: matrix k (attn_q, attn_k, attn_v, attn_output,
@@ -91,6 +93,11 @@ def _mixed(layer: int, k: int) -> QT:
     return kMixedCycle[(layer + k) % len(kMixedCycle)]
 
 
+def _q4_k_m(layer: int, k: int) -> QT:
+    # llama.cpp's Q4_K_M recipe, simplified: attn_v and ffn_down (k = 2, 6) get Q6_K, the rest Q4_K.
+    return QT.Q6_K if k in (2, 6) else QT.Q4_K
+
+
 def _uniform_q8_0(layer: int, k: int) -> QT:
     return QT.Q8_0
 
@@ -98,6 +105,8 @@ def _uniform_q8_0(layer: int, k: int) -> QT:
 PRESETS = {
     "tinyllama-q4_0": Preset("tinyllama-q4_0", 2048, 22, 32, 4, 5632, 32000, 10000.0, 1e-5, 2048,
                              QT.Q4_0, QT.Q6_K, _uniform_q4_0),
+    "tinyllama-q4_k_m": Preset("tinyllama-q4_k_m", 2048, 22, 32, 4, 5632, 32000, 10000.0, 1e-5, 2048,
+                               QT.Q4_K, QT.Q6_K, _q4_k_m, file_type=15),  # LLAMA_FTYPE_MOSTLY_Q4_K_M
     "mixed-small": Preset("mixed-small", 256, 6, 4, 2, 1024, 49152, 10000.0, 1e-5, 2048,
                           QT.Q8_0, QT.Q6_K, _mixed, file_type=7),  # "mostly Q8_0" is the closest ftype label
     # Qwen2 layout at a small size, all Q8_0 (a type llama.cpp does not repack on x86, so its vec_dot order
