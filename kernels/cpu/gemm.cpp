@@ -109,6 +109,10 @@ void gemm(const GemmArgs& g) {
 }  // namespace gemm_scalar
 
 GemmFn gemm_kernel(DType type, Isa isa) {
+  if (type == DType::kQ4_K || type == DType::kQ6_K) {
+    // No scalar reference of their own: the AVX-512 kernel is checked against the dot kernels.
+    return isa == Isa::kAvx512 && isa_available(Isa::kAvx512) ? gemm_avx512_k::kernel(type) : nullptr;
+  }
   if (type != DType::kQ4_0 && type != DType::kQ4_1 && type != DType::kQ8_0) return nullptr;
   if (isa == Isa::kAvx512 && isa_available(Isa::kAvx512)) return gemm_avx512::kernel(type);
   if (isa == Isa::kScalar) return &gemm_scalar::gemm;

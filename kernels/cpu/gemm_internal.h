@@ -19,4 +19,9 @@ namespace gemm_avx512 {
 GemmFn kernel(DType type);
 }  // namespace gemm_avx512
 
+namespace gemm_avx512_k {
+// Q4_K and Q6_K; nullptr for other types.
+GemmFn kernel(DType type);
+}  // namespace gemm_avx512_k
+
 }  // namespace inferd::kernels

@@ -119,6 +119,7 @@ std::vector<float> run(GemmFn fn, const Problem& p, int64_t r0, int64_t r1, bool
 
 TEST(Gemm, KernelAvailability) {
   EXPECT_EQ(gemm_kernel(DType::kQ4_K, Isa::kScalar), nullptr);
+  EXPECT_EQ(gemm_kernel(DType::kQ5_K, Isa::kAvx512), nullptr);
   EXPECT_EQ(gemm_kernel(DType::kF32, best_isa()), nullptr);
   for (DType t : kGemmTypes) EXPECT_NE(gemm_kernel(t, Isa::kScalar), nullptr) << dtype_name(t);
   if (isa_available(Isa::kAvx512)) {
@@ -168,6 +169,83 @@ TEST(Gemm, BitIdenticalToContractAndCloseToScalarDot) {
                 ASSERT_NEAR(got, dot[t * rows + c], 1e-5 * p.bound[t] + 1e-6);
               }
             }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Random Q4_K / Q6_K rows: random codes and scales, finite fp16 block scales.
+Problem make_k_problem(std::mt19937& rng, DType type, int64_t k, int64_t rows, int64_t m) {
+  Problem p{type, k, rows, m, dtype_row_bytes(type, k) + 6, 0, {}, {}, {}, {}};
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(0.001f, 0.05f);
+  p.w.resize(p.w_row_bytes * rows);
+  for (auto& b : p.w) b = static_cast<uint8_t>(byte(rng));
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* row = p.w.data() + r * p.w_row_bytes;
+    for (int64_t b = 0; b < k / kQK_K; ++b) {
+      if (type == DType::kQ4_K) {
+        auto* blk = reinterpret_cast<BlockQ4_K*>(row) + b;
+        blk->d = fp32_to_fp16(scale(rng));
+        blk->dmin = fp32_to_fp16(scale(rng));
+      } else {
+        reinterpret_cast<BlockQ6_K*>(row)[b].d = fp32_to_fp16(scale(rng));
+      }
+    }
+  }
+  const TypeKernels* ref = type_kernels(type, Isa::kScalar);
+  p.act_stride = dtype_row_bytes(ref->act_type, k) + 12;
+  p.act.resize(p.act_stride * m);
+  for (int64_t t = 0; t < m; ++t) {
+    const std::vector<float> x = random_floats(rng, k, t % 3 == 2 ? 10.0f : 1.0f);
+    ref->quantize_act(x.data(), p.act.data() + t * p.act_stride, k);
+  }
+  p.bias = random_floats(rng, rows, 1.0f);
+  return p;
+}
+
+// The K-quant GEMMs have no contract emulation of their own: they must equal the x86 dot kernels
+// (which equal ggml's vec_dot) bit for bit.
+TEST(Gemm, KQuantsBitIdenticalToDot) {
+  if (!isa_available(Isa::kAvx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
+  std::mt19937 rng(33);
+  for (DType type : {DType::kQ4_K, DType::kQ6_K}) {
+    const GemmFn fn = gemm_kernel(type, Isa::kAvx512);
+    ASSERT_NE(fn, nullptr) << dtype_name(type);
+    const TypeKernels* dot = type_kernels(type, Isa::kAvx512);
+    for (int64_t k : {256, 768, 2048}) {
+      for (int64_t m : {1, 2, 3, 5, 8, 9, 13, 64}) {
+        const int64_t rows = 23;
+        const Problem p = make_k_problem(rng, type, k, rows, m);
+        const int64_t ranges[][2] = {{0, rows}, {1, 10}, {5, 6}, {7, rows}};
+        for (const auto& range : ranges) {
+          const int64_t r0 = range[0], r1 = range[1];
+          const std::vector<float> out = run(fn, p, r0, r1, false, false);
+          for (int64_t t = 0; t < m; ++t) {
+            for (int64_t c = 0; c < rows + 3; ++c) {
+              const float got = out[t * (rows + 3) + c];
+              SCOPED_TRACE(testing::Message() << dtype_name(type) << " k " << k << " m " << m << " rows [" << r0
+                                              << "," << r1 << ") t " << t << " r " << c);
+              if (c < r0 || c >= r1) {
+                ASSERT_EQ(got, kSentinel) << "write outside the row range";
+                continue;
+              }
+              float want;
+              dot->dot(k, p.w.data() + c * p.w_row_bytes, p.act.data() + t * p.act_stride, p.act_stride, 1, &want);
+              ASSERT_EQ(std::memcmp(&got, &want, sizeof(float)), 0) << got << " vs dot " << want;
+            }
+          }
+        }
+        const std::vector<float> plain = run(fn, p, 0, rows, false, false);
+        const std::vector<float> biased = run(fn, p, 0, rows, false, true);
+        const std::vector<float> added = run(fn, p, 0, rows, true, false);
+        for (int64_t t = 0; t < m; ++t) {
+          for (int64_t r = 0; r < rows; ++r) {
+            const size_t i = t * (rows + 3) + r;
+            ASSERT_EQ(biased[i], plain[i] + p.bias[r]);
+            ASSERT_EQ(added[i], kSentinel + plain[i]);
           }
         }
       }

@@ -1,0 +1,326 @@
+// AVX-512 VNNI GEMM for Q4_K and Q6_K weights (see inferd/kernels/gemm.h for the contract).
+//
+// Numerics: every output is bit-identical to this library's x86 `dot` kernels for the type (and so to
+// ggml's AVX2 vec_dot): per 256-element super-block, 8 int32 lanes where lane j holds the exact sum,
+// over the block's 32-byte chunks, of scale(chunk, j) * (the products of bytes 4j..4j+3); one fused
+// multiply-add per lane with d_w * d_a; Q4_K's min term in 4 float lanes of its own; ggml's
+// reductions. Only the integer work is reorganised, and integers are exact in any order.
+//
+// Layout of the work, as in gemm_avx512.cpp: the activation rows are packed once per call in pairs
+// (KPairBlock: both rows' 32-byte half-chunks side by side in one zmm, their scales and block sums), a
+// weight half-chunk is decoded once per tile into one zmm holding it twice, and one vpdpbusd gives the
+// 4-byte lane sums of two activation rows (lanes 0..7 row t, 8..15 row t + 1). The per-chunk scale is
+// applied with vpdpwssd: a lane sum fits in int16 (|sum| <= 4 * 63 * 127), so reading each int32 lane
+// as the int16 pair (sum, sign) and multiplying by the pair (scale, 0) adds scale * sum exactly.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "gemm_internal.h"
+#include "inferd/status.h"
+#include "isa_tables.h"
+
+namespace inferd::kernels::gemm_avx512_k {
+namespace {
+
+struct alignas(64) KPairBlock {
+  int8_t q[8][64];        // half-chunk h: bytes 32h..32h+31 of activation row t, then of row t + 1
+  float d[16];            // d_a of row t (lanes 0..7) and row t + 1 (8..15)
+  int16_t bsums[32];      // Q6_K: the 16 block sums of row t, then those of row t + 1
+  int16_t pair_sums[16];  // Q4_K: bsum_2j + bsum_2j+1 (32-element sub-block sums) of row t, then row t + 1
+  float d4[8];            // Q4_K: d_a of row t (lanes 0..3) and row t + 1 (4..7)
+};
+static_assert(sizeof(KPairBlock) == 704);
+
+// Weight rows per tile and activation pairs per tile (2 x 6 measured best of 4x2, 2x4, 2x6, 1x8, 1x12 on the 1.1B Q4_K_M model).
+constexpr int kRows = 2;
+constexpr int kPairs = 6;
+// Prefetch distance along the weight rows (see gemm_avx512.cpp).
+constexpr int kPrefetchBytes = 4096;
+
+std::vector<KPairBlock>& scratch() {
+  thread_local std::vector<KPairBlock> s;
+  return s;
+}
+
+void pack_pairs(const GemmArgs& g, int64_t nb, int64_t npairs, KPairBlock* out) {
+  for (int64_t p = 0; p < npairs; ++p) {
+    const int64_t t0 = 2 * p;
+    const int64_t t1 = std::min(t0 + 1, g.m - 1);  // an odd last row is paired with itself
+    const auto* a0 = reinterpret_cast<const BlockQ8_K*>(g.act + static_cast<size_t>(t0) * g.act_stride);
+    const auto* a1 = reinterpret_cast<const BlockQ8_K*>(g.act + static_cast<size_t>(t1) * g.act_stride);
+    KPairBlock* dst = out + p * nb;
+    for (int64_t b = 0; b < nb; ++b) {
+      KPairBlock& k = dst[b];
+      for (int h = 0; h < 8; ++h) {
+        std::memcpy(k.q[h], a0[b].qs + 32 * h, 32);
+        std::memcpy(k.q[h] + 32, a1[b].qs + 32 * h, 32);
+      }
+      for (int j = 0; j < 8; ++j) {
+        k.d[j] = a0[b].d;
+        k.d[8 + j] = a1[b].d;
+      }
+      for (int j = 0; j < 4; ++j) {
+        k.d4[j] = a0[b].d;
+        k.d4[4 + j] = a1[b].d;
+      }
+      std::memcpy(k.bsums, a0[b].bsums, sizeof(a0[b].bsums));
+      std::memcpy(k.bsums + 16, a1[b].bsums, sizeof(a1[b].bsums));
+      for (int j = 0; j < 8; ++j) {
+        // int16 wrap-around as _mm_hadd_epi16 (never reached: |bsum| <= 16 * 127).
+        k.pair_sums[j] = static_cast<int16_t>(a0[b].bsums[2 * j] + a0[b].bsums[2 * j + 1]);
+        k.pair_sums[8 + j] = static_cast<int16_t>(a1[b].bsums[2 * j] + a1[b].bsums[2 * j + 1]);
+      }
+    }
+  }
+}
+
+inline float h2f(fp16_t h) { return _cvtsh_ss(h); }
+
+// ggml's reduction of 8 lanes: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
+inline float reduce8(__m256 v) {
+  __m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+  r = _mm_add_ss(r, _mm_movehdup_ps(r));
+  return _mm_cvtss_f32(r);
+}
+
+// ggml's reduction of Q4_K's 4 min lanes: (m0 + m2) + (m1 + m3).
+inline float reduce4(__m128 m) {
+  m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_add_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+// 32 bytes placed in both 256-bit halves of a zmm.
+inline __m512i twice(__m256i v) { return _mm512_inserti64x4(_mm512_castsi256_si512(v), v, 1); }
+
+inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// The 8 six-bit scales (bytes 0..7) and mins (bytes 8..15) of a Q4_K block (as ggml unpacks them).
+inline void unpack_k4_scales(const uint8_t* packed, uint8_t out[16]) {
+  constexpr uint32_t kMask1 = 0x3f3f3f3f, kMask2 = 0x0f0f0f0f, kMask3 = 0x03030303;
+  uint32_t u[3], o[4];
+  std::memcpy(u, packed, sizeof(u));
+  o[0] = u[0] & kMask1;
+  o[1] = (u[2] & kMask2) | (((u[0] >> 6) & kMask3) << 4);
+  o[2] = u[1] & kMask1;
+  o[3] = ((u[2] >> 4) & kMask2) | (((u[1] >> 6) & kMask3) << 4);
+  std::memcpy(out, o, 16);
+}
+
+struct TileIo {
+  const uint8_t* w;
+  size_t w_row_bytes;
+  const KPairBlock* pairs;  // [pair][block], nb blocks per pair
+  int64_t nb;
+  float (*res)[2 * kPairs];  // [row][activation row]
+};
+
+template <int R, int P>
+void tile_q4_k(const TileIo& io) {
+  const int64_t nb = io.nb;
+  const BlockQ4_K* rows[R];
+  for (int r = 0; r < R; ++r) {
+    rows[r] = reinterpret_cast<const BlockQ4_K*>(io.w + static_cast<size_t>(r) * io.w_row_bytes);
+  }
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m512 acc[R][P];
+  __m256 acc_m[R][P];
+  for (int r = 0; r < R; ++r) {
+    for (int p = 0; p < P; ++p) {
+      acc[r][p] = _mm512_setzero_ps();
+      acc_m[r][p] = _mm256_setzero_ps();
+    }
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int r = 0; r < R; ++r) {
+      const BlockQ4_K& blk = rows[r][b];
+      const char* ahead = reinterpret_cast<const char*>(&blk) + kPrefetchBytes;
+      _mm_prefetch(ahead, _MM_HINT_T0);
+      _mm_prefetch(ahead + 64, _MM_HINT_T0);
+      _mm_prefetch(ahead + 128, _MM_HINT_T0);
+      alignas(16) uint8_t sm[16];
+      unpack_k4_scales(blk.scales, sm);
+      __m512i wq[8];
+      for (int c = 0; c < 4; ++c) {
+        const __m512i x = twice(load32(blk.qs + 32 * c));
+        wq[2 * c] = _mm512_and_si512(x, nibble);
+        wq[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(x, 4), nibble);
+      }
+      // mins[0..7] for row t and again for row t + 1, as int16.
+      const __m128i mins8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm + 8));
+      const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(mins8, mins8));
+      const __m512 d = _mm512_set1_ps(h2f(blk.d));
+      const __m256 dmin = _mm256_set1_ps(h2f(blk.dmin));
+      for (int p = 0; p < P; ++p) {
+        const KPairBlock& pb = io.pairs[p * nb + b];
+        __m512i sumi = _mm512_setzero_si512();
+        for (int h = 0; h < 8; ++h) {
+          const __m512i dp = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[h], _mm512_load_si512(pb.q[h]));
+          sumi = _mm512_dpwssd_epi32(sumi, dp, _mm512_set1_epi32(sm[h]));
+        }
+        const __m512 da = _mm512_load_ps(pb.d);
+        acc[r][p] = _mm512_fmadd_ps(_mm512_mul_ps(da, d), _mm512_cvtepi32_ps(sumi), acc[r][p]);
+        const __m256i prod = _mm256_madd_epi16(mins16, _mm256_load_si256(reinterpret_cast<const __m256i*>(pb.pair_sums)));
+        const __m256 neg_dmin = _mm256_xor_ps(_mm256_mul_ps(_mm256_load_ps(pb.d4), dmin), sign);
+        acc_m[r][p] = _mm256_fmadd_ps(neg_dmin, _mm256_cvtepi32_ps(prod), acc_m[r][p]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int p = 0; p < P; ++p) {
+      io.res[r][2 * p] = reduce8(_mm512_castps512_ps256(acc[r][p])) + reduce4(_mm256_castps256_ps128(acc_m[r][p]));
+      io.res[r][2 * p + 1] =
+          reduce8(_mm512_extractf32x8_ps(acc[r][p], 1)) + reduce4(_mm256_extractf128_ps(acc_m[r][p], 1));
+    }
+  }
+}
+
+template <int R, int P>
+void tile_q6_k(const TileIo& io) {
+  const int64_t nb = io.nb;
+  const BlockQ6_K* rows[R];
+  for (int r = 0; r < R; ++r) {
+    rows[r] = reinterpret_cast<const BlockQ6_K*>(io.w + static_cast<size_t>(r) * io.w_row_bytes);
+  }
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  const __m256i two_bits = _mm256_set1_epi8(0x30);
+  __m512 acc[R][P];
+  for (int r = 0; r < R; ++r) {
+    for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int r = 0; r < R; ++r) {
+      const BlockQ6_K& blk = rows[r][b];
+      const char* ahead = reinterpret_cast<const char*>(&blk) + kPrefetchBytes;
+      for (int off = 0; off < 256; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+      // Quants +32 (0..63) of chunk c = 4 * half + t, as in the dot kernel.
+      __m512i wq[8];
+      for (int half = 0; half < 2; ++half) {
+        const __m256i l0 = load32(blk.ql + 64 * half);
+        const __m256i l1 = load32(blk.ql + 64 * half + 32);
+        const __m256i hb = load32(blk.qh + 32 * half);
+        wq[4 * half + 0] = twice(
+            _mm256_or_si256(_mm256_and_si256(l0, nibble), _mm256_and_si256(_mm256_slli_epi16(hb, 4), two_bits)));
+        wq[4 * half + 1] = twice(
+            _mm256_or_si256(_mm256_and_si256(l1, nibble), _mm256_and_si256(_mm256_slli_epi16(hb, 2), two_bits)));
+        wq[4 * half + 2] = twice(
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), nibble), _mm256_and_si256(hb, two_bits)));
+        wq[4 * half + 3] = twice(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), nibble),
+                                                 _mm256_and_si256(_mm256_srli_epi16(hb, 2), two_bits)));
+      }
+      // Chunk c's scales as (scale, 0) int16 pairs: lanes 0..3 group 2c, lanes 4..7 group 2c + 1, twice.
+      __m512i scale_pairs[8];
+      for (int c = 0; c < 8; ++c) {
+        const int32_t s0 = static_cast<uint16_t>(static_cast<int16_t>(blk.scales[2 * c]));
+        const int32_t s1 = static_cast<uint16_t>(static_cast<int16_t>(blk.scales[2 * c + 1]));
+        const __m512i lo = _mm512_set1_epi32(s0), hi = _mm512_set1_epi32(s1);
+        scale_pairs[c] = _mm512_mask_blend_epi32(0xF0F0, lo, hi);
+      }
+      // The 16 scales as int16, for row t and again for row t + 1.
+      const __m256i sc16 =
+          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.scales)));
+      const __m512i sc16x2 = _mm512_inserti64x4(_mm512_castsi256_si512(sc16), sc16, 1);
+      const __m512 d = _mm512_set1_ps(h2f(blk.d));
+      for (int p = 0; p < P; ++p) {
+        const KPairBlock& pb = io.pairs[p * nb + b];
+        __m512i sumi = _mm512_setzero_si512();
+        for (int c = 0; c < 8; ++c) {
+          const __m512i dp = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[c], _mm512_load_si512(pb.q[c]));
+          sumi = _mm512_dpwssd_epi32(sumi, dp, scale_pairs[c]);
+        }
+        const __m512i offset = _mm512_slli_epi32(_mm512_madd_epi16(sc16x2, _mm512_load_si512(pb.bsums)), 5);
+        const __m512i total = _mm512_sub_epi32(sumi, offset);
+        acc[r][p] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_load_ps(pb.d)), _mm512_cvtepi32_ps(total), acc[r][p]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int p = 0; p < P; ++p) {
+      io.res[r][2 * p] = reduce8(_mm512_castps512_ps256(acc[r][p]));
+      io.res[r][2 * p + 1] = reduce8(_mm512_extractf32x8_ps(acc[r][p], 1));
+    }
+  }
+}
+
+using TileFn = void (*)(const TileIo&);
+
+template <DType kType, int R, int P>
+constexpr TileFn tile_fn() {
+  if constexpr (kType == DType::kQ4_K) {
+    return &tile_q4_k<R, P>;
+  } else {
+    return &tile_q6_k<R, P>;
+  }
+}
+template <DType kType, int R, int... Ps>
+constexpr std::array<TileFn, sizeof...(Ps)> tiles_for_rows(std::integer_sequence<int, Ps...>) {
+  return {tile_fn<kType, R, Ps + 1>()...};
+}
+template <DType kType, int... Rs>
+constexpr std::array<std::array<TileFn, kPairs>, kRows> make_tiles(std::integer_sequence<int, Rs...>) {
+  return {tiles_for_rows<kType, Rs + 1>(std::make_integer_sequence<int, kPairs>())...};
+}
+
+template <DType kType>
+void gemm(const GemmArgs& g) {
+  INFERD_ASSERT(g.k % kQK_K == 0, "k must be a multiple of 256");
+  if (g.m <= 0 || g.r1 <= g.r0) return;
+  static constexpr auto kTiles = make_tiles<kType>(std::make_integer_sequence<int, kRows>());
+  const int64_t nb = g.k / kQK_K;
+  const int64_t npairs = (g.m + 1) / 2;
+  std::vector<KPairBlock>& pairs = scratch();
+  if (pairs.size() < static_cast<size_t>(npairs * nb)) pairs.resize(static_cast<size_t>(npairs * nb));
+  pack_pairs(g, nb, npairs, pairs.data());
+  // Rows are walked in chunks whose weights stay in L2 while every activation tile passes over them.
+  constexpr size_t kChunkBytes = 256 * 1024;
+  const int64_t chunk_rows =
+      std::max<int64_t>(kRows, static_cast<int64_t>(kChunkBytes / g.w_row_bytes) / kRows * kRows);
+  alignas(64) float res[kRows][2 * kPairs];
+  for (int64_t rc = g.r0; rc < g.r1; rc += chunk_rows) {
+    const int64_t rc_end = std::min(g.r1, rc + chunk_rows);
+    for (int64_t p0 = 0; p0 < npairs; p0 += kPairs) {
+      const int np = static_cast<int>(std::min<int64_t>(kPairs, npairs - p0));
+      const int64_t t_end = std::min(g.m, 2 * (p0 + np));
+      for (int64_t r = rc; r < rc_end; r += kRows) {
+        const int nr = static_cast<int>(std::min<int64_t>(kRows, rc_end - r));
+        const TileIo io{g.w + static_cast<size_t>(r) * g.w_row_bytes, g.w_row_bytes, pairs.data() + p0 * nb, nb, res};
+        kTiles[nr - 1][np - 1](io);
+        for (int i = 0; i < nr; ++i) {
+          for (int64_t t = 2 * p0; t < t_end; ++t) {
+            const float v = res[i][t - 2 * p0];
+            float& o = g.out[t * g.out_stride + r + i];
+            if (g.accumulate) {
+              o += v;
+            } else {
+              o = g.bias != nullptr ? v + g.bias[r + i] : v;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+GemmFn kernel(DType type) {
+  switch (type) {
+    case DType::kQ4_K:
+      return &gemm<DType::kQ4_K>;
+    case DType::kQ6_K:
+      return &gemm<DType::kQ6_K>;
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace inferd::kernels::gemm_avx512_k
