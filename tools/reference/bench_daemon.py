@@ -2,8 +2,10 @@
 """IPC overhead and serving throughput of inferd, measured side by side in one run.
 
 1. Decode tokens/s of the in-process engine (build/tools/inferd-bench) and of the same model through the
-   daemon (a pycapnp client streaming a greedy generation), alternately for --rounds rounds, same threads,
-   same prompt and generation lengths. Reports the medians and the ratio daemon / in-process.
+   daemon, alternately for --rounds rounds, same threads, same prompt and generation lengths, with two
+   clients: `inferctl generate` (C++, libinferd-client) and a pycapnp client. Both rates come from the
+   daemon's own first-to-last-token time; the clients differ in the CPU they take from the two compute
+   threads while tokens stream. Reports the medians and the ratios daemon / in-process.
 2. Through the daemon: time to first token and per-token latency (gap between consecutive tokens as the
    client receives them) p50/p99 for one stream.
 3. Aggregate generated tokens/s with 1, 4 and 16 concurrent streams (one connection each), next to
@@ -73,7 +75,7 @@ def percentile(xs, p):
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
-async def daemon_rounds(path, args, inproc_results):
+async def daemon_rounds(path, args, inproc_results, decode_cpp):
     client, daemon = await connect(path)
     admin = (await daemon.admin()).admin
     inference = (await daemon.inference()).inference
@@ -87,13 +89,19 @@ async def daemon_rounds(path, args, inproc_results):
                               "-n", str(args.gen), "-r", "1", "-t", str(args.threads), "--json"],
                              check=True, capture_output=True, text=True, cwd=ROOT).stdout
         inproc_results.append(json.loads(out.strip().splitlines()[-1])["decode_tps"])
+        cpp = json.loads(subprocess.run(
+            [os.path.join(args.build, "bin", "inferctl"), "--socket", path, "--json", "generate", "-m", "bench",
+             "-n", str(args.gen), "--temp", "0", "--seed", str(r), "--ignore-eog", "-q", "-p", PROMPT],
+            check=True, capture_output=True, text=True).stdout)["result"]
+        decode_cpp.append((cpp["generated_tokens"] - 1) * 1000.0 / cpp["generate_ms"])
         sink = Sink()
         res = await generate(inference, args.gen, r, sink)
         decode.append((res.generatedTokens - 1) * 1000.0 / res.generateMs)
         ttft.append(res.timeToFirstTokenMs)
         t = [a[0] for a in sink.arrivals]
         gaps += [(b - a) * 1000.0 for a, b in zip(t, t[1:])]
-        print(f"round {r}: in-process {inproc_results[-1]:.1f} tok/s, daemon {decode[-1]:.1f} tok/s", file=sys.stderr)
+        print(f"round {r}: in-process {inproc_results[-1]:.1f} tok/s, daemon with the C++ client "
+              f"{decode_cpp[-1]:.1f} tok/s, with pycapnp {decode[-1]:.1f} tok/s", file=sys.stderr)
     streams = {}
     for n in args.streams:
         conns = [await connect(path) for _ in range(n)]
@@ -168,18 +176,19 @@ def main():
                 break
             except OSError:
                 time.sleep(0.01)
-        inproc = []
-        decode, ttft, gaps, streams = asyncio.run(capnp.run(daemon_rounds(path, args, inproc)))
+        inproc, decode_cpp = [], []
+        decode, ttft, gaps, streams = asyncio.run(capnp.run(daemon_rounds(path, args, inproc, decode_cpp)))
     finally:
         proc.terminate()
         proc.wait(timeout=30)
     llama = None if args.no_llamacpp else llamacpp_streams(args)
 
-    d, i = statistics.median(decode), statistics.median(inproc)
+    d, c, i = statistics.median(decode), statistics.median(decode_cpp), statistics.median(inproc)
     print(f"\nmodel {os.path.basename(args.model)}, {args.threads} threads, {args.gen} generated tokens, "
           f"{args.rounds} rounds alternating")
-    print(f"| decode tok/s | in-process | through the daemon | ratio |\n|---|---|---|---|\n"
-          f"| median | {i:.1f} | {d:.1f} | {d / i:.3f} |")
+    print(f"| decode tok/s (median) | in-process | daemon, C++ client | ratio | daemon, pycapnp client | ratio |\n"
+          f"|---|---|---|---|---|---|\n"
+          f"| {os.path.basename(args.model)} | {i:.1f} | {c:.1f} | {c / i:.3f} | {d:.1f} | {d / i:.3f} |")
     print(f"\ntime to first token (prompt {len(PROMPT)} chars): median {statistics.median(ttft):.1f} ms; "
           f"per-token gap at the client: p50 {percentile(gaps, 50):.2f} ms, p99 {percentile(gaps, 99):.2f} ms")
     print("\n| concurrent streams | inferd aggregate tok/s | llama.cpp (library, requests in a loop) tok/s |\n|---|---|---|")
