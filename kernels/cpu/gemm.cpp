@@ -109,7 +109,7 @@ void gemm(const GemmArgs& g) {
 }  // namespace gemm_scalar
 
 GemmFn gemm_kernel(DType type, Isa isa) {
-  if (type == DType::kQ4_K || type == DType::kQ6_K) {
+  if (type == DType::kQ4_K || type == DType::kQ5_K || type == DType::kQ6_K) {
     // No scalar reference of their own: the AVX-512 kernel is checked against the dot kernels.
     return isa == Isa::kAvx512 && isa_available(Isa::kAvx512) ? gemm_avx512_k::kernel(type) : nullptr;
   }

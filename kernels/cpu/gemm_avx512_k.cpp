@@ -1,4 +1,4 @@
-// AVX-512 VNNI GEMM for Q4_K and Q6_K weights (see inferd/kernels/gemm.h for the contract).
+// AVX-512 VNNI GEMM for Q4_K, Q5_K and Q6_K weights (see inferd/kernels/gemm.h for the contract).
 //
 // Numerics: every output is bit-identical to this library's x86 `dot` kernels for the type (and so to
 // ggml's AVX2 vec_dot): per 256-element super-block, 8 int32 lanes where lane j holds the exact sum,
@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <array>
+#include <type_traits>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -123,26 +124,31 @@ struct TileIo {
   float (*res)[2 * kPairs];  // [row][activation row]
 };
 
-template <int R, int P>
-void tile_q4_k(const TileIo& io) {
+// Q4_K (kHigh = false) and Q5_K (kHigh = true, fifth bits from qh; its min term is one scalar per
+// activation row, as in dot_k_min, kept here in lanes 0 and 1 of summs).
+template <bool kHigh, int R, int P>
+void tile_k_min(const TileIo& io) {
+  using Block = std::conditional_t<kHigh, BlockQ5_K, BlockQ4_K>;
   const int64_t nb = io.nb;
-  const BlockQ4_K* rows[R];
+  const Block* rows[R];
   for (int r = 0; r < R; ++r) {
-    rows[r] = reinterpret_cast<const BlockQ4_K*>(io.w + static_cast<size_t>(r) * io.w_row_bytes);
+    rows[r] = reinterpret_cast<const Block*>(io.w + static_cast<size_t>(r) * io.w_row_bytes);
   }
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m512 acc[R][P];
   __m256 acc_m[R][P];
+  [[maybe_unused]] __m128 summs[R][P];
   for (int r = 0; r < R; ++r) {
     for (int p = 0; p < P; ++p) {
       acc[r][p] = _mm512_setzero_ps();
       acc_m[r][p] = _mm256_setzero_ps();
+      if constexpr (kHigh) summs[r][p] = _mm_setzero_ps();
     }
   }
   for (int64_t b = 0; b < nb; ++b) {
     for (int r = 0; r < R; ++r) {
-      const BlockQ4_K& blk = rows[r][b];
+      const Block& blk = rows[r][b];
       const char* ahead = reinterpret_cast<const char*>(&blk) + kPrefetchBytes;
       _mm_prefetch(ahead, _MM_HINT_T0);
       _mm_prefetch(ahead + 64, _MM_HINT_T0);
@@ -150,10 +156,20 @@ void tile_q4_k(const TileIo& io) {
       alignas(16) uint8_t sm[16];
       unpack_k4_scales(blk.scales, sm);
       __m512i wq[8];
+      [[maybe_unused]] __m512i hbits;
+      if constexpr (kHigh) hbits = twice(load32(blk.qh));
       for (int c = 0; c < 4; ++c) {
         const __m512i x = twice(load32(blk.qs + 32 * c));
         wq[2 * c] = _mm512_and_si512(x, nibble);
         wq[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(x, 4), nibble);
+        if constexpr (kHigh) {
+          // Bit 2c of qh[l] is the fifth bit of low-nibble element l, bit 2c + 1 that of the high one.
+          const __m512i one = _mm512_set1_epi8(1);
+          wq[2 * c] = _mm512_or_si512(wq[2 * c], _mm512_slli_epi16(_mm512_and_si512(hbits, one), 4));
+          hbits = _mm512_srli_epi16(hbits, 1);
+          wq[2 * c + 1] = _mm512_or_si512(wq[2 * c + 1], _mm512_slli_epi16(_mm512_and_si512(hbits, one), 4));
+          hbits = _mm512_srli_epi16(hbits, 1);
+        }
       }
       // mins[0..7] for row t and again for row t + 1, as int16.
       const __m128i mins8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm + 8));
@@ -171,15 +187,33 @@ void tile_q4_k(const TileIo& io) {
         acc[r][p] = _mm512_fmadd_ps(_mm512_mul_ps(da, d), _mm512_cvtepi32_ps(sumi), acc[r][p]);
         const __m256i prod = _mm256_madd_epi16(mins16, _mm256_load_si256(reinterpret_cast<const __m256i*>(pb.pair_sums)));
         const __m256 neg_dmin = _mm256_xor_ps(_mm256_mul_ps(_mm256_load_ps(pb.d4), dmin), sign);
-        acc_m[r][p] = _mm256_fmadd_ps(neg_dmin, _mm256_cvtepi32_ps(prod), acc_m[r][p]);
+        if constexpr (kHigh) {
+          // Each row's 4 lanes summed as integers (lane 0: row t, lane 4: row t + 1), then one fma each.
+          __m256i t = _mm256_hadd_epi32(prod, prod);
+          t = _mm256_hadd_epi32(t, t);
+          const __m128i both = _mm_unpacklo_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+          const __m128 nd = _mm_shuffle_ps(_mm256_castps256_ps128(neg_dmin), _mm256_extractf128_ps(neg_dmin, 1),
+                                           _MM_SHUFFLE(0, 0, 0, 0));  // lanes: row t, row t, row t+1, row t+1
+          const __m128 nd2 = _mm_shuffle_ps(nd, nd, _MM_SHUFFLE(2, 2, 2, 0));
+          summs[r][p] = _mm_fmadd_ps(nd2, _mm_cvtepi32_ps(both), summs[r][p]);
+        } else {
+          acc_m[r][p] = _mm256_fmadd_ps(neg_dmin, _mm256_cvtepi32_ps(prod), acc_m[r][p]);
+        }
       }
     }
   }
   for (int r = 0; r < R; ++r) {
     for (int p = 0; p < P; ++p) {
-      io.res[r][2 * p] = reduce8(_mm512_castps512_ps256(acc[r][p])) + reduce4(_mm256_castps256_ps128(acc_m[r][p]));
-      io.res[r][2 * p + 1] =
-          reduce8(_mm512_extractf32x8_ps(acc[r][p], 1)) + reduce4(_mm256_extractf128_ps(acc_m[r][p], 1));
+      if constexpr (kHigh) {
+        alignas(16) float sm2[4];
+        _mm_store_ps(sm2, summs[r][p]);
+        io.res[r][2 * p] = reduce8(_mm512_castps512_ps256(acc[r][p])) + sm2[0];
+        io.res[r][2 * p + 1] = reduce8(_mm512_extractf32x8_ps(acc[r][p], 1)) + sm2[1];
+      } else {
+        io.res[r][2 * p] = reduce8(_mm512_castps512_ps256(acc[r][p])) + reduce4(_mm256_castps256_ps128(acc_m[r][p]));
+        io.res[r][2 * p + 1] =
+            reduce8(_mm512_extractf32x8_ps(acc[r][p], 1)) + reduce4(_mm256_extractf128_ps(acc_m[r][p], 1));
+      }
     }
   }
 }
@@ -256,7 +290,9 @@ using TileFn = void (*)(const TileIo&);
 template <DType kType, int R, int P>
 constexpr TileFn tile_fn() {
   if constexpr (kType == DType::kQ4_K) {
-    return &tile_q4_k<R, P>;
+    return &tile_k_min<false, R, P>;
+  } else if constexpr (kType == DType::kQ5_K) {
+    return &tile_k_min<true, R, P>;
   } else {
     return &tile_q6_k<R, P>;
   }
@@ -316,6 +352,8 @@ GemmFn kernel(DType type) {
   switch (type) {
     case DType::kQ4_K:
       return &gemm<DType::kQ4_K>;
+    case DType::kQ5_K:
+      return &gemm<DType::kQ5_K>;
     case DType::kQ6_K:
       return &gemm<DType::kQ6_K>;
     default:

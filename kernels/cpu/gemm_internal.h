@@ -20,7 +20,7 @@ GemmFn kernel(DType type);
 }  // namespace gemm_avx512
 
 namespace gemm_avx512_k {
-// Q4_K and Q6_K; nullptr for other types.
+// Q4_K, Q5_K and Q6_K; nullptr for other types.
 GemmFn kernel(DType type);
 }  // namespace gemm_avx512_k
 

@@ -119,7 +119,7 @@ std::vector<float> run(GemmFn fn, const Problem& p, int64_t r0, int64_t r1, bool
 
 TEST(Gemm, KernelAvailability) {
   EXPECT_EQ(gemm_kernel(DType::kQ4_K, Isa::kScalar), nullptr);
-  EXPECT_EQ(gemm_kernel(DType::kQ5_K, Isa::kAvx512), nullptr);
+  EXPECT_EQ(gemm_kernel(DType::kQ2_K, Isa::kAvx512), nullptr);
   EXPECT_EQ(gemm_kernel(DType::kF32, best_isa()), nullptr);
   for (DType t : kGemmTypes) EXPECT_NE(gemm_kernel(t, Isa::kScalar), nullptr) << dtype_name(t);
   if (isa_available(Isa::kAvx512)) {
@@ -186,7 +186,11 @@ Problem make_k_problem(std::mt19937& rng, DType type, int64_t k, int64_t rows, i
   for (int64_t r = 0; r < rows; ++r) {
     uint8_t* row = p.w.data() + r * p.w_row_bytes;
     for (int64_t b = 0; b < k / kQK_K; ++b) {
-      if (type == DType::kQ4_K) {
+      if (type == DType::kQ5_K) {
+        auto* blk = reinterpret_cast<BlockQ5_K*>(row) + b;
+        blk->d = fp32_to_fp16(scale(rng));
+        blk->dmin = fp32_to_fp16(scale(rng));
+      } else if (type == DType::kQ4_K) {
         auto* blk = reinterpret_cast<BlockQ4_K*>(row) + b;
         blk->d = fp32_to_fp16(scale(rng));
         blk->dmin = fp32_to_fp16(scale(rng));
@@ -211,7 +215,7 @@ Problem make_k_problem(std::mt19937& rng, DType type, int64_t k, int64_t rows, i
 TEST(Gemm, KQuantsBitIdenticalToDot) {
   if (!isa_available(Isa::kAvx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
   std::mt19937 rng(33);
-  for (DType type : {DType::kQ4_K, DType::kQ6_K}) {
+  for (DType type : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     const GemmFn fn = gemm_kernel(type, Isa::kAvx512);
     ASSERT_NE(fn, nullptr) << dtype_name(type);
     const TypeKernels* dot = type_kernels(type, Isa::kAvx512);

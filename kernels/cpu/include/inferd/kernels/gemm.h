@@ -1,4 +1,4 @@
-// inferd/kernels/gemm.h — prefill matrix multiplication for Q4_0, Q4_1, Q8_0, Q4_K and Q6_K weights.
+// inferd/kernels/gemm.h — prefill matrix multiplication for Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K weights.
 //
 // One call computes a block of y[t][r] = dot(W[r], X[t]) for a row range of a quantized weight
 // matrix and m activation rows, reading the mapped weights in place (no repacking). It replaces
@@ -9,7 +9,7 @@
 // block, 8 float lanes accumulate acc_i = fma(d_w * d_a, float(int_i), acc_i), where int_i is the
 // exact integer dot of elements 4i..4i+3; the lanes reduce as s = ((a0+a4) + (a2+a6)) +
 // ((a1+a5) + (a3+a7)); Q4_1 adds summs = fma(m_w, s_a, summs) (accumulated block by block) last.
-// Q4_K and Q6_K (AVX-512 only) follow their dot kernels the same way per 256-element super-block
+// Q4_K, Q5_K and Q6_K (AVX-512 only) follow their dot kernels the same way per 256-element super-block
 // (gemm_avx512_k.cpp): the results equal TypeKernels::dot bit for bit.
 // Only the integer work is reorganised (tiles of rows x activation rows, VNNI u8 x s8 products).
 //
