@@ -1,0 +1,174 @@
+// ggml-kernel-diff: inferd's CPU kernels against llama.cpp's own, bit for bit, on the same blocks.
+//
+// Loads libggml-base.so and libggml-cpu.so from a directory (llama-cpp-python's `llama_cpp/lib`, found by
+// tools/reference/common.py or given with --lib) with dlopen, so the build does not depend on llama.cpp,
+// and for each weight type compares on random data:
+//   1. activation quantization: ggml's from_float of the vec_dot type against TypeKernels::quantize_act
+//      (byte equality);
+//   2. one dot product: ggml's vec_dot against TypeKernels::dot (float bit equality);
+//   3. a matmul through ggml's graph (ggml_mul_mat, the path llama.cpp takes for weights in plain CPU
+//      buffers) against quantize_act + dot, for 1..64 activation rows: this is where ggml's other
+//      kernels (llamafile's tinyBLAS, the tiled K-quant GEMM from 8 rows on) show up.
+// Weights are quantized with ggml's own ggml_quantize_chunk. Exit status 0 when everything in (1) and
+// (2) is equal; (3) is reported, since ggml itself is not consistent across batch sizes there.
+//
+// Usage: ggml-kernel-diff --lib DIR [--threads N]
+#include <dlfcn.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "inferd/kernels/cpu.h"
+#include "inferd/kernels/dtype.h"
+
+namespace {
+
+using inferd::DType;
+namespace k = inferd::kernels;
+
+// The parts of ggml's C API used here (ggml.h / ggml-cpu.h of llama.cpp; stable for years).
+struct GgmlInitParams {
+  size_t mem_size;
+  void* mem_buffer;
+  bool no_alloc;
+};
+struct GgmlTraitsCpu {
+  void (*from_float)(const float*, void*, int64_t);
+  void (*vec_dot)(int, float*, size_t, const void*, size_t, const void*, size_t, int);
+  int vec_dot_type;
+  int64_t nrows;
+};
+
+struct Ggml {
+  void* (*init)(GgmlInitParams);
+  void (*free)(void*);
+  void* (*new_tensor_2d)(void*, int, int64_t, int64_t);
+  void* (*mul_mat)(void*, void*, void*);
+  void* (*new_graph)(void*);
+  void (*build_forward_expand)(void*, void*);
+  void* (*get_data)(void*);
+  size_t (*quantize_chunk)(int, const float*, void*, int64_t, int64_t, int64_t, const float*);
+  size_t (*row_size)(int, int64_t);
+  int (*graph_compute_with_ctx)(void*, void*, int);
+  void (*cpu_init)();
+  const GgmlTraitsCpu* (*traits_cpu)(int);
+};
+
+template <typename F>
+bool bind(void* lib, const char* name, F& fn) {
+  fn = reinterpret_cast<F>(dlsym(lib, name));
+  if (fn == nullptr) std::fprintf(stderr, "ggml-kernel-diff: %s not found: %s\n", name, dlerror());
+  return fn != nullptr;
+}
+
+bool load(const std::string& dir, Ggml& g) {
+  void* base = dlopen((dir + "/libggml-base.so").c_str(), RTLD_NOW | RTLD_GLOBAL);
+  void* cpu = base ? dlopen((dir + "/libggml-cpu.so").c_str(), RTLD_NOW | RTLD_GLOBAL) : nullptr;
+  if (cpu == nullptr) {
+    std::fprintf(stderr, "ggml-kernel-diff: cannot load ggml from %s: %s\n", dir.c_str(), dlerror());
+    return false;
+  }
+  return bind(base, "ggml_init", g.init) && bind(base, "ggml_free", g.free) &&
+         bind(base, "ggml_new_tensor_2d", g.new_tensor_2d) && bind(base, "ggml_mul_mat", g.mul_mat) &&
+         bind(base, "ggml_new_graph", g.new_graph) && bind(base, "ggml_build_forward_expand", g.build_forward_expand) &&
+         bind(base, "ggml_get_data", g.get_data) && bind(base, "ggml_quantize_chunk", g.quantize_chunk) &&
+         bind(base, "ggml_row_size", g.row_size) && bind(cpu, "ggml_graph_compute_with_ctx", g.graph_compute_with_ctx) &&
+         bind(cpu, "ggml_cpu_init", g.cpu_init) && bind(cpu, "ggml_get_type_traits_cpu", g.traits_cpu);
+}
+
+struct TypeCase {
+  DType type;
+  int ggml_type;  // ggml_type enum value (equal to the GGUF type id)
+};
+constexpr TypeCase kTypes[] = {{DType::kQ4_0, 2}, {DType::kQ4_1, 3}, {DType::kQ5_0, 6}, {DType::kQ5_1, 7},
+                               {DType::kQ8_0, 8}, {DType::kQ4_K, 12}, {DType::kQ5_K, 13}, {DType::kQ6_K, 14}};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string lib;
+  int threads = 2;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--lib" && i + 1 < argc) {
+      lib = argv[++i];
+    } else if (a == "--threads" && i + 1 < argc) {
+      threads = std::atoi(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: ggml-kernel-diff --lib DIR [--threads N]\n");
+      return 2;
+    }
+  }
+  Ggml g{};
+  if (lib.empty() || !load(lib, g)) return 2;
+  g.cpu_init();
+  std::printf("inferd kernels: %s\n", k::isa_name(k::best_isa()));
+  std::printf("| type | act. quantization equal | vec_dot equal | ggml_mul_mat equal, rows 1 / 3 / 7 / 8 / 64 |\n");
+  std::printf("|---|---|---|---|\n");
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  bool all_equal = true;
+  for (const TypeCase& tc : kTypes) {
+    const k::TypeKernels* tk = k::type_kernels(tc.type);
+    const GgmlTraitsCpu* wt = g.traits_cpu(tc.ggml_type);
+    const GgmlTraitsCpu* at = g.traits_cpu(wt->vec_dot_type);
+    constexpr int64_t kK = 1024;
+    constexpr int kTrials = 200;
+    int quant_equal = 0, dot_equal = 0;
+    std::vector<float> wf(kK), xf(kK);
+    std::vector<uint8_t> w(g.row_size(tc.ggml_type, kK)), a_ggml(g.row_size(wt->vec_dot_type, kK)), a_ours(a_ggml.size());
+    for (int trial = 0; trial < kTrials; ++trial) {
+      for (float& v : wf) v = normal(rng);
+      for (float& v : xf) v = normal(rng) * static_cast<float>(1 + trial % 3);
+      g.quantize_chunk(tc.ggml_type, wf.data(), w.data(), 0, 1, kK, nullptr);
+      at->from_float(xf.data(), a_ggml.data(), kK);
+      tk->quantize_act(xf.data(), a_ours.data(), kK);
+      quant_equal += std::memcmp(a_ggml.data(), a_ours.data(), a_ggml.size()) == 0;
+      float s_ggml = 0.0f, s_ours = 0.0f;
+      wt->vec_dot(static_cast<int>(kK), &s_ggml, 0, w.data(), 0, a_ggml.data(), 0, 1);
+      tk->dot(kK, w.data(), a_ggml.data(), a_ggml.size(), 1, &s_ours);
+      dot_equal += std::memcmp(&s_ggml, &s_ours, sizeof(float)) == 0;
+    }
+    all_equal = all_equal && quant_equal == kTrials && dot_equal == kTrials;
+
+    std::string mm;
+    for (int m : {1, 3, 7, 8, 64}) {
+      constexpr int64_t kRows = 256;
+      void* ctx = g.init(GgmlInitParams{64u << 20, nullptr, false});
+      void* W = g.new_tensor_2d(ctx, tc.ggml_type, kK, kRows);
+      void* X = g.new_tensor_2d(ctx, 0 /* F32 */, kK, m);
+      std::vector<float> wm(static_cast<size_t>(kK * kRows)), xm(static_cast<size_t>(kK * m));
+      for (float& v : wm) v = normal(rng);
+      for (float& v : xm) v = normal(rng);
+      g.quantize_chunk(tc.ggml_type, wm.data(), g.get_data(W), 0, kRows, kK, nullptr);
+      std::memcpy(g.get_data(X), xm.data(), xm.size() * sizeof(float));
+      void* Y = g.mul_mat(ctx, W, X);
+      void* graph = g.new_graph(ctx);
+      g.build_forward_expand(graph, Y);
+      g.graph_compute_with_ctx(ctx, graph, threads);
+      const auto* y = static_cast<const float*>(g.get_data(Y));
+      const size_t w_row = g.row_size(tc.ggml_type, kK);
+      int equal = 0;
+      for (int t = 0; t < m; ++t) {
+        tk->quantize_act(xm.data() + t * kK, a_ours.data(), kK);
+        for (int64_t r = 0; r < kRows; ++r) {
+          float o;
+          tk->dot(kK, static_cast<const uint8_t*>(g.get_data(W)) + r * w_row, a_ours.data(), a_ours.size(), 1, &o);
+          equal += std::memcmp(&o, &y[t * kRows + r], sizeof(float)) == 0;
+        }
+      }
+      char cell[48];
+      std::snprintf(cell, sizeof(cell), "%s%.1f%%", mm.empty() ? "" : " / ", 100.0 * equal / (m * kRows));
+      mm += cell;
+      g.free(ctx);
+    }
+    std::printf("| %s | %d/%d | %d/%d | %s |\n", inferd::dtype_name(tc.type), quant_equal, kTrials, dot_equal, kTrials,
+                mm.c_str());
+  }
+  return all_equal ? 0 : 1;
+}
