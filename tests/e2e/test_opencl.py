@@ -8,14 +8,17 @@ through the API, and a bad device index refused without harm.
 Exits 77 (skipped) without an OpenCL device (probed through the ICD loader, as the worker finds them)
 or when the worker was built without OpenCL.
 
-What "equal to the CPU backend" can mean: the OpenCL engine keeps activations in float while the CPU
-engine rounds them to 8 bits before its matmuls, so their logits differ by that rounding noise and
-greedy runs part at the first near-tie; after that the two texts continue from different contexts
-and comparing positions means nothing. The precise measure is teacher-forced: at every position of
-the CPU backend's greedy run, the OpenCL backend is given the same context and must pick the same
-next token. workers/opencl/cl_engine_test.cpp measures it over 320 positions (about 96%; the CPU
-engine's own scalar and AVX-512 kernels agree at 97.8%); here it is checked through the daemon over
-32 positions against a bound of 90%.
+What "equal to the CPU backend" means: by default the OpenCL engine runs its exact numerics, which
+reproduce the CPU engine's float operations in its order (8-bit activation blocks, integer dot
+products combined in the CPU kernels' lane order, ggml's expf, ...), so its logits are the CPU
+backend's bit for bit: greedy runs are the same text, and teacher-forced (at every position of the
+CPU backend's greedy run the OpenCL backend is given the same context and must pick the same next
+token) it agrees everywhere. workers/opencl/cl_engine_test.cpp measures 320/320 positions with a
+largest logit difference of 0; here it is checked through the daemon over 32 positions against a
+floor of 99% and the greedy texts must be equal. A device without cl_khr_fp64 runs the float
+numerics instead (the worker's device string says "numerics float"), whose logits differ from the
+CPU backend's by its 8-bit rounding noise: greedy runs part at the first near-tie, and the floor is
+90% (they reach about 96%).
 """
 import ctypes
 import ctypes.util
@@ -102,8 +105,9 @@ class OpenClTest(harness.DaemonTestCase):
             self.assertEqual([w.backend for w in m.info.workers], ["opencl"])
             device = m.info.workers[0].device
             print(f"\n[opencl] worker device: {device}", file=sys.stderr)
-            for fragment in ("OpenCL: ", "driver ", "activations=", "logits=", "kv="):
+            for fragment in ("OpenCL: ", "driver ", "activations=", "logits=", "kv=", "numerics "):
                 self.assertIn(fragment, device, f"the worker's device string lacks {fragment!r}: {device!r}")
+            exact = "numerics exact" in device
             self.assertGreater(m.kvBytes, 0, "kvBytes is 0")
             self.assertEqual(harness.process_name(m.info.workers[0].pid), "inferd-worker")
 
@@ -128,10 +132,14 @@ class OpenClTest(harness.DaemonTestCase):
                                                   ignoreEog=True))
                 self.assertCompleted(out, f"teacher-forced position {i}")
                 agree += out.tokens == [cpu.tokens[i]]
-            print(f"[opencl] teacher-forced top-1 agreement through the daemon: {agree}/{N_TOKENS}", file=sys.stderr)
-            self.assertGreaterEqual(agree, int(0.9 * N_TOKENS),
-                                    "the OpenCL backend's next token differs from the CPU backend's at more than "
-                                    "10% of the positions of the CPU's greedy run")
+            print(f"[opencl] teacher-forced top-1 agreement through the daemon: {agree}/{N_TOKENS} "
+                  f"({'exact' if exact else 'float'} numerics)", file=sys.stderr)
+            floor = 0.99 if exact else 0.9
+            self.assertGreaterEqual(agree, int(floor * N_TOKENS),
+                                    f"the OpenCL backend's next token differs from the CPU backend's at more than "
+                                    f"{100 * (1 - floor):.0f}% of the positions of the CPU's greedy run")
+            if exact:
+                self.assertIsNone(first, "with exact numerics the greedy runs must be the same text")
             if first is not None:
                 # Up to the first divergence the runs had the same context: the tokens were equal there
                 # by definition; the divergence itself must be one of the teacher-forced disagreements.

@@ -8,9 +8,13 @@
 // An op that a storage or shape cannot do returns kUnimplemented and is reported "unsupported".
 // Each run prints one line "[backend-ops] op params storage type RESULT" (the table in issue 5).
 //
-// References: elementwise and row ops in double; rope is the CPU engine's own ops::rope_head; the
-// matmul dequantizes the weights with inferd_kernels_cpu (scalar) and sums in double, so its bound
-// covers float summation order only, not quantization error.
+// References: for the float ops, elementwise and row ops in double; rope is the CPU engine's own
+// ops::rope_head; the matmul dequantizes the weights with inferd_kernels_cpu (scalar) and sums in
+// double, so its bound covers float summation order only, not quantization error. For the exact ops
+// (ops.h), the CPU engine's own code — kernels::type_kernels(type, isa)->quantize_act and ->dot,
+// ops::rms_norm, kernels::silu, ops::rope_head and ops::attention_head — and every output must be
+// the same float ("bit-exact"). The x86 matmul cases run against the AVX2 and the AVX-512 kernels
+// each (one CpuOrder for both); a host without them reports those cases unsupported.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,6 +28,7 @@
 #include "inferd/kernels/cpu.h"
 #include "inferd/kernels/quantize.h"
 #include "inferd/opencl/ops.h"
+#include "inferd/kv_cache.h"
 #include "ops.h"  // the CPU engine's row operations (private to inferd_engine; see CMakeLists.txt)
 #include "test_device.h"
 
@@ -116,6 +121,9 @@ class OpCase {
   virtual std::string params() const = 0;
   virtual std::string type() const { return "f32"; }
   virtual double max_nmse() const { return 1e-7; }
+  // An exact op (ops.h): every output must equal the reference's float (the reference being the CPU
+  // engine's own code), not merely be close.
+  virtual bool bit_exact() const { return false; }
   // Runs the op on the device with every tensor in h's storage; `out` receives the output.
   virtual Status run(Ops& ops, Harness& h, std::vector<float>* out) = 0;
   virtual std::vector<float> reference() const = 0;
@@ -123,7 +131,7 @@ class OpCase {
 
 // ---- Cases ---------------------------------------------------------------------------------------
 
-enum class Binary { kAdd, kMul, kSwiglu };
+enum class Binary { kAdd, kMul, kSwiglu, kSwigluExact };
 
 class BinaryCase final : public OpCase {
  public:
@@ -131,23 +139,38 @@ class BinaryCase final : public OpCase {
       : kind_(kind), shape_(shape), a_(random_values(shape.elements(), seed, -4.0f, 4.0f)),
         b_(random_values(shape.elements(), seed + 1)) {}
   std::string op() const override {
-    return kind_ == Binary::kAdd ? "add" : kind_ == Binary::kMul ? "mul" : "swiglu";
+    switch (kind_) {
+      case Binary::kAdd: return "add";
+      case Binary::kMul: return "mul";
+      case Binary::kSwiglu: return "swiglu";
+      case Binary::kSwigluExact: return "swiglu_exact";
+    }
+    return "?";
   }
   std::string params() const override { return shape_.to_string(); }
+  bool bit_exact() const override { return kind_ != Binary::kSwiglu; }
   Status run(Ops& ops, Harness& h, std::vector<float>* out) override {
     ASSIGN_OR_RETURN(a, h.input(shape_, a_));
     ASSIGN_OR_RETURN(b, h.input(shape_, b_));
     ASSIGN_OR_RETURN(d, h.output(shape_));
-    Status s = kind_ == Binary::kAdd ? ops.add(*a, *b, *d) : kind_ == Binary::kMul ? ops.mul(*a, *b, *d)
-                                                                                    : ops.swiglu(*a, *b, *d);
-    INFERD_RETURN_IF_ERROR(s);
+    switch (kind_) {
+      case Binary::kAdd: INFERD_RETURN_IF_ERROR(ops.add(*a, *b, *d)); break;
+      case Binary::kMul: INFERD_RETURN_IF_ERROR(ops.mul(*a, *b, *d)); break;
+      case Binary::kSwiglu: INFERD_RETURN_IF_ERROR(ops.swiglu(*a, *b, *d)); break;
+      case Binary::kSwigluExact: INFERD_RETURN_IF_ERROR(ops.swiglu_exact(*a, *b, *d)); break;
+    }
     return h.finish(*d, out);
   }
   std::vector<float> reference() const override {
     std::vector<float> r(a_.size());
     for (size_t i = 0; i < r.size(); ++i) {
       const double a = a_[i], b = b_[i];
-      r[i] = static_cast<float>(kind_ == Binary::kAdd ? a + b : kind_ == Binary::kMul ? a * b : a / (1.0 + std::exp(-a)) * b);
+      switch (kind_) {
+        case Binary::kAdd: r[i] = a_[i] + b_[i]; break;
+        case Binary::kMul: r[i] = a_[i] * b_[i]; break;
+        case Binary::kSwiglu: r[i] = static_cast<float>(a / (1.0 + std::exp(-a)) * b); break;
+        case Binary::kSwigluExact: r[i] = kernels::silu(a_[i]) * b_[i]; break;
+      }
     }
     return r;
   }
@@ -160,19 +183,28 @@ class BinaryCase final : public OpCase {
 
 class RmsNormCase final : public OpCase {
  public:
-  RmsNormCase(Bhwc shape, uint32_t seed)
-      : shape_(shape), x_(random_values(shape.elements(), seed)), w_(random_values(shape.c, seed + 1, 0.5f, 1.5f)) {}
-  std::string op() const override { return "rms_norm"; }
+  RmsNormCase(Bhwc shape, uint32_t seed, bool exact = false)
+      : shape_(shape), exact_(exact), x_(random_values(shape.elements(), seed)),
+        w_(random_values(shape.c, seed + 1, 0.5f, 1.5f)) {}
+  std::string op() const override { return exact_ ? "rms_norm_exact" : "rms_norm"; }
   std::string params() const override { return shape_.to_string(); }
+  bool bit_exact() const override { return exact_; }
   Status run(Ops& ops, Harness& h, std::vector<float>* out) override {
     ASSIGN_OR_RETURN(x, h.input(shape_, x_));
     ASSIGN_OR_RETURN(w, h.input(Bhwc{1, 1, 1, shape_.c}, w_));
     ASSIGN_OR_RETURN(d, h.output(shape_));
-    INFERD_RETURN_IF_ERROR(ops.rms_norm(*x, *w, kEps, *d));
+    INFERD_RETURN_IF_ERROR(exact_ ? ops.rms_norm_exact(*x, *w, kEps, *d) : ops.rms_norm(*x, *w, kEps, *d));
     return h.finish(*d, out);
   }
   std::vector<float> reference() const override {
     std::vector<float> r(x_.size());
+    if (exact_) {
+      for (size_t row = 0; row < x_.size() / static_cast<size_t>(shape_.c); ++row) {
+        const size_t at = row * static_cast<size_t>(shape_.c);
+        ops::rms_norm(&x_[at], w_.data(), &r[at], shape_.c, kEps);
+      }
+      return r;
+    }
     for (size_t row = 0; row < x_.size() / static_cast<size_t>(shape_.c); ++row) {
       const float* x = &x_[row * static_cast<size_t>(shape_.c)];
       double sum = 0.0;
@@ -188,6 +220,7 @@ class RmsNormCase final : public OpCase {
  private:
   static constexpr float kEps = 1e-5f;
   Bhwc shape_;
+  bool exact_;
   std::vector<float> x_, w_;
 };
 
@@ -395,7 +428,7 @@ class GetRowsCase final : public OpCase {
     return "rows=" + std::to_string(rows_) + ",k=" + std::to_string(k_) + ",ids=" + std::to_string(ids_.size());
   }
   std::string type() const override { return dtype_name(type_); }
-  double max_nmse() const override { return 1e-12; }  // q * d + m may be one fused multiply-add or two
+  bool bit_exact() const override { return true; }  // q * d, then + m: FP_CONTRACT OFF (codegen.h)
   Status run(Ops& ops, Harness& h, std::vector<float>* out) override {
     auto w = MatmulWeights::upload(h.runtime(), type_, rows_, k_, w_.bytes.data());
     if (!w) return w.status();
@@ -449,23 +482,25 @@ class GatherCase final : public OpCase {
 
 class SwigluHalvesCase final : public OpCase {
  public:
-  SwigluHalvesCase(int32_t tokens, int32_t channels, uint32_t seed)
-      : tokens_(tokens), channels_(channels), x_(random_values(int64_t{tokens} * 2 * channels, seed, -4.0f, 4.0f)) {}
-  std::string op() const override { return "swiglu_halves"; }
+  SwigluHalvesCase(int32_t tokens, int32_t channels, uint32_t seed, bool exact = false)
+      : tokens_(tokens), channels_(channels), exact_(exact),
+        x_(random_values(int64_t{tokens} * 2 * channels, seed, -12.0f, 12.0f)) {}
+  std::string op() const override { return exact_ ? "swiglu_halves_exact" : "swiglu_halves"; }
   std::string params() const override { return "tokens=" + std::to_string(tokens_) + ",c=" + std::to_string(channels_); }
+  bool bit_exact() const override { return exact_; }
   Status run(Ops& ops, Harness& h, std::vector<float>* out) override {
     ASSIGN_OR_RETURN(x, h.input(Bhwc{1, 1, tokens_, 2 * channels_}, x_));
     ASSIGN_OR_RETURN(d, h.output(Bhwc{1, 1, tokens_, channels_}));
-    INFERD_RETURN_IF_ERROR(ops.swiglu_halves(*x, *d));
+    INFERD_RETURN_IF_ERROR(exact_ ? ops.swiglu_halves_exact(*x, *d) : ops.swiglu_halves(*x, *d));
     return h.finish(*d, out);
   }
   std::vector<float> reference() const override {
     std::vector<float> r;
     for (int32_t t = 0; t < tokens_; ++t) {
       for (int32_t c = 0; c < channels_; ++c) {
-        const double g = x_[static_cast<size_t>(t * 2 * channels_ + c)];
-        const double u = x_[static_cast<size_t>(t * 2 * channels_ + channels_ + c)];
-        r.push_back(static_cast<float>(g / (1.0 + std::exp(-g)) * u));
+        const float g = x_[static_cast<size_t>(t * 2 * channels_ + c)];
+        const float u = x_[static_cast<size_t>(t * 2 * channels_ + channels_ + c)];
+        r.push_back(exact_ ? kernels::silu(g) * u : static_cast<float>(g / (1.0 + std::exp(-double{g})) * u));
       }
     }
     return r;
@@ -473,45 +508,127 @@ class SwigluHalvesCase final : public OpCase {
 
  private:
   int32_t tokens_, channels_;
+  bool exact_;
   std::vector<float> x_;
 };
 
-// quantize_q8 then matmul (with Q4_1's block-sum corrections) against the CPU kernels' own integer
-// dot products of activations they quantized themselves: equal up to float summation order.
-class MatmulQ8Case final : public OpCase {
+// The CPU's own activation encoding of x for weights of `type` (quantize_act: Q8_0 / Q8_1 blocks, a
+// float copy for float weights), row by row.
+std::vector<unsigned char> cpu_activations(DType type, const std::vector<float>& x, int32_t tokens, int64_t k) {
+  const kernels::TypeKernels* tk = kernels::type_kernels(type, kernels::Isa::kScalar);
+  const size_t row_bytes = dtype_row_bytes(tk->act_type, k);
+  std::vector<unsigned char> act(static_cast<size_t>(tokens) * row_bytes);
+  for (int32_t t = 0; t < tokens; ++t) {
+    tk->quantize_act(&x[static_cast<size_t>(t * k)], &act[static_cast<size_t>(t) * row_bytes], k);
+  }
+  return act;
+}
+
+// quantize_q8 against kernels/cpu/scalar.cpp's quantize_q8_1 (whose quants and d are Q8_0's): the
+// quants (the output) and each block's d and s (checked in run()) byte for byte. Blocks of zeros, a
+// block whose amax is negative and values rounding half-way are included.
+class QuantizeQ8Case final : public OpCase {
  public:
-  MatmulQ8Case(DType type, int64_t rows, int64_t k, int32_t tokens, MatmulVariant variant, uint32_t seed)
-      : type_(type), rows_(rows), k_(k), tokens_(tokens), variant_(variant), w_(random_weights(type, rows, k, seed)),
-        x_(random_values(int64_t{tokens} * k, seed + 1, -3.0f, 3.0f)) {}
-  std::string op() const override { return std::string("matmul_q8_") + matmul_variant_name(variant_); }
+  QuantizeQ8Case(int32_t tokens, int64_t k, uint32_t seed)
+      : tokens_(tokens), k_(k), x_(random_values(int64_t{tokens} * k, seed, -3.0f, 3.0f)) {
+    for (int j = 0; j < 32 && k >= 96; ++j) {
+      x_[static_cast<size_t>(32 + j)] = 0.0f;  // token 0, block 1: zeros
+      // Block 2: amax 127 at a negative value, so x * id = x exactly, and halves to round to even.
+      x_[static_cast<size_t>(64 + j)] = j == 5 ? -127.0f : static_cast<float>(j % 7 - 3) + 0.5f;
+    }
+  }
+  std::string op() const override { return "quantize_q8"; }
+  std::string params() const override { return "tokens=" + std::to_string(tokens_) + ",k=" + std::to_string(k_); }
+  bool bit_exact() const override { return true; }
+  Status run(Ops& ops, Harness& h, std::vector<float>* out) override {
+    const Bhwc xs{1, 1, tokens_, static_cast<int32_t>(k_)};
+    ASSIGN_OR_RETURN(x, h.input(xs, x_));
+    ASSIGN_OR_RETURN(q, h.output(xs));
+    const size_t n_blocks = static_cast<size_t>(tokens_ * k_ / 32);
+    auto scales = h.runtime().create_buffer(n_blocks * 2 * sizeof(float));
+    if (!scales) return scales.status();
+    INFERD_RETURN_IF_ERROR(ops.quantize_q8(*x, *q, scales->get()));
+    std::vector<float> ds(n_blocks * 2);
+    INFERD_RETURN_IF_ERROR(h.runtime().read_buffer(scales->get(), 0, ds.size() * sizeof(float), ds.data()));
+    const std::vector<unsigned char> act = cpu_activations(DType::kQ4_1, x_, tokens_, k_);
+    const auto* blocks = reinterpret_cast<const BlockQ8_1*>(act.data());
+    for (size_t b = 0; b < n_blocks; ++b) {
+      const float d = kernels::fp16_to_fp32(blocks[b].d), sum = kernels::fp16_to_fp32(blocks[b].s);
+      if (ds[2 * b] != d || ds[2 * b + 1] != sum) {
+        return make_error(Code::kCorrupt, "block %zu: (d, s) = (%.9g, %.9g), the CPU's (%.9g, %.9g)", b,
+                          static_cast<double>(ds[2 * b]), static_cast<double>(ds[2 * b + 1]), static_cast<double>(d),
+                          static_cast<double>(sum));
+      }
+    }
+    return h.finish(*q, out);
+  }
+  std::vector<float> reference() const override {
+    const std::vector<unsigned char> act = cpu_activations(DType::kQ4_1, x_, tokens_, k_);
+    const auto* blocks = reinterpret_cast<const BlockQ8_1*>(act.data());
+    std::vector<float> q;
+    for (size_t b = 0; b < static_cast<size_t>(tokens_ * k_ / 32); ++b) {
+      for (int8_t v : blocks[b].qs) q.push_back(v);
+    }
+    return q;
+  }
+
+ private:
+  int32_t tokens_;
+  int64_t k_;
+  std::vector<float> x_;
+};
+
+// matmul_exact (after quantize_q8 for block weights) against the CPU engine's dot kernel of `isa`
+// for the same weights and activations it encoded itself: the same floats. The x86 kernels (AVX2,
+// AVX-512) are matched by CpuOrder::kX86, the scalar ones by kScalar.
+class MatmulExactCase final : public OpCase {
+ public:
+  MatmulExactCase(DType type, int64_t rows, int64_t k, int32_t tokens, MatmulVariant variant, kernels::Isa isa,
+                  uint32_t seed)
+      : type_(type), rows_(rows), k_(k), tokens_(tokens), variant_(variant), isa_(isa),
+        w_(random_weights(type, rows, k, seed)), x_(random_values(int64_t{tokens} * k, seed + 1, -3.0f, 3.0f)) {}
+  std::string op() const override { return std::string("matmul_exact_") + matmul_variant_name(variant_); }
   std::string params() const override {
-    return "rows=" + std::to_string(rows_) + ",k=" + std::to_string(k_) + ",tokens=" + std::to_string(tokens_);
+    return "rows=" + std::to_string(rows_) + ",k=" + std::to_string(k_) + ",tokens=" + std::to_string(tokens_) +
+           ",cpu=" + kernels::isa_name(isa_);
   }
   std::string type() const override { return dtype_name(type_); }
-  double max_nmse() const override { return 1e-10; }
+  bool bit_exact() const override { return true; }
   Status run(Ops& ops, Harness& h, std::vector<float>* out) override {
+    if (!kernels::isa_available(isa_)) {
+      return make_error(Code::kUnimplemented, "this CPU cannot run the %s kernels to compare with", kernels::isa_name(isa_));
+    }
+    if (isa_ == kernels::Isa::kAvx2 && type_ == DType::kF32 && k_ % 8 >= 4) {
+      // GCC vectorizes the AVX2 build's scalar tail of dot_float<float> (4 products, then sequential
+      // adds; the rest fused): its last k % 8 products round differently from the AVX-512 build's.
+      return Status(Code::kUnimplemented, "the CPU's AVX2 F32 tail of >= 4 elements is not the x86 order");
+    }
     auto w = MatmulWeights::upload(h.runtime(), type_, rows_, k_, w_.bytes.data());
     if (!w) return w.status();
     const Bhwc xs{1, 1, tokens_, static_cast<int32_t>(k_)};
     ASSIGN_OR_RETURN(x, h.input(xs, x_));
-    ASSIGN_OR_RETURN(xq, h.output(xs));
-    auto sums = h.runtime().create_buffer(static_cast<size_t>(tokens_ * k_ / 32) * sizeof(float));
-    if (!sums) return sums.status();
     ASSIGN_OR_RETURN(y, h.output(Bhwc{1, 1, tokens_, static_cast<int32_t>(rows_)}));
-    INFERD_RETURN_IF_ERROR(ops.quantize_q8(*x, *xq, sums->get()));
-    INFERD_RETURN_IF_ERROR(ops.matmul(w.value(), *xq, *y, variant_, sums->get()));
+    const CpuOrder order = isa_ == kernels::Isa::kScalar ? CpuOrder::kScalar : CpuOrder::kX86;
+    if (type_ == DType::kF32 || type_ == DType::kF16) {
+      INFERD_RETURN_IF_ERROR(ops.matmul_exact(w.value(), *x, nullptr, *y, order, variant_));
+    } else {
+      ASSIGN_OR_RETURN(q, h.output(xs));
+      auto scales = h.runtime().create_buffer(static_cast<size_t>(tokens_ * k_ / 32) * 2 * sizeof(float));
+      if (!scales) return scales.status();
+      INFERD_RETURN_IF_ERROR(ops.quantize_q8(*x, *q, scales->get()));
+      INFERD_RETURN_IF_ERROR(ops.matmul_exact(w.value(), *q, scales->get(), *y, order, variant_));
+    }
     return h.finish(*y, out);
   }
   std::vector<float> reference() const override {
-    const kernels::TypeKernels* tk = kernels::type_kernels(type_, kernels::Isa::kScalar);
-    const size_t act_bytes = dtype_row_bytes(tk->act_type, k_);
-    std::vector<unsigned char> act(act_bytes);
-    std::vector<float> y(static_cast<size_t>(tokens_ * rows_));
+    const kernels::TypeKernels* tk = kernels::type_kernels(type_, isa_);
+    const std::vector<unsigned char> act = cpu_activations(type_, x_, tokens_, k_);
+    const size_t act_bytes = act.size() / static_cast<size_t>(tokens_);
     const size_t row_bytes = dtype_row_bytes(type_, k_);
+    std::vector<float> y(static_cast<size_t>(tokens_ * rows_));
     for (int32_t t = 0; t < tokens_; ++t) {
-      tk->quantize_act(&x_[static_cast<size_t>(t * k_)], act.data(), k_);
       for (int64_t r = 0; r < rows_; ++r) {
-        tk->dot(k_, &w_.bytes[static_cast<size_t>(r) * row_bytes], act.data(), act_bytes, 1,
+        tk->dot(k_, &w_.bytes[static_cast<size_t>(r) * row_bytes], &act[static_cast<size_t>(t) * act_bytes], act_bytes, 1,
                 &y[static_cast<size_t>(t * rows_ + r)]);
       }
     }
@@ -523,6 +640,7 @@ class MatmulQ8Case final : public OpCase {
   int64_t rows_, k_;
   int32_t tokens_;
   MatmulVariant variant_;
+  kernels::Isa isa_;
   RandomWeights w_;
   std::vector<float> x_;
 };
@@ -532,10 +650,15 @@ class MatmulQ8Case final : public OpCase {
 // 1; the tested pass has `tokens` more tokens of slot 1 and the first token of slot 0, so the output
 // covers the cache written by an earlier pass, slot indexing, GQA, the causal mask within a pass and
 // the KV length padded to a multiple of 64. Q|K|V come from one fused tensor or from three.
+//
+// Exact: rope_kv and attention_exact against the CPU engine's own steps (engine.cpp run_pass: bias,
+// ops::rope_head, Q rounded to half, K and V into an fp16 cache, ops::attention_head), bit for bit.
+// The scores scratch holds 2 tokens, so the passes of more run in several launches.
 class AttentionCase final : public OpCase {
  public:
-  AttentionCase(RopeMode mode, int32_t head_dim, int32_t history, int32_t tokens, bool fused, bool bias, uint32_t seed)
-      : fused_(fused), history_(history), tokens_(tokens), bias_(bias) {
+  AttentionCase(RopeMode mode, int32_t head_dim, int32_t history, int32_t tokens, bool fused, bool bias, uint32_t seed,
+                bool exact = false)
+      : fused_(fused), history_(history), tokens_(tokens), bias_(bias), exact_(exact) {
     g_.n_head = 4;
     g_.n_head_kv = 2;
     g_.head_dim = head_dim;
@@ -551,7 +674,8 @@ class AttentionCase final : public OpCase {
     pass_x_ = random_values(static_cast<int64_t>(pass_.size()) * qkv, seed + 1, -2.0f, 2.0f);
     if (bias) bias_values_ = random_values(qkv, seed + 2, -0.5f, 0.5f);
   }
-  std::string op() const override { return "rope_kv+attention"; }
+  std::string op() const override { return exact_ ? "rope_kv+attn_exact" : "rope_kv+attention"; }
+  bool bit_exact() const override { return exact_; }
   std::string params() const override {
     return std::string(g_.rope_mode == RopeMode::kNeox ? "neox" : "normal") + ",d=" + std::to_string(g_.head_dim) +
            ",kv=" + std::to_string(history_) + "+" + std::to_string(tokens_) + (fused_ ? ",fused" : "") +
@@ -586,8 +710,11 @@ class AttentionCase final : public OpCase {
       }
       auto pos_buf = rt.create_buffer(pos.size() * sizeof(int32_t), CL_MEM_READ_ONLY, pos.data());
       auto slot_buf = rt.create_buffer(slots.size() * sizeof(int32_t), CL_MEM_READ_ONLY, slots.data());
+      std::vector<float> trig = rope_table(pos, g_.head_dim, g_.rope_base);
+      auto rope_buf = rt.create_buffer(trig.size() * sizeof(float), CL_MEM_READ_ONLY, trig.data());
       if (!pos_buf || !slot_buf) return !pos_buf ? pos_buf.status() : slot_buf.status();
-      const TokenPlacement placement{pos_buf->get(), slot_buf->get()};
+      if (!rope_buf) return rope_buf.status();
+      const TokenPlacement placement{pos_buf->get(), slot_buf->get(), rope_buf->get()};
       TensorSlice q, k, v;
       const int32_t e = g_.n_embd(), ekv = g_.n_embd_kv();
       if (fused_) {
@@ -613,8 +740,16 @@ class AttentionCase final : public OpCase {
       INFERD_RETURN_IF_ERROR(ops.rope_kv(g_, q, k, v, bias.get(), placement, q_half->get(), cache->get()));
       ASSIGN_OR_RETURN(o, h.output(Bhwc{1, 1, n, e}));
       const int32_t kv_pad = (max_len + 63) / 64 * 64;
-      INFERD_RETURN_IF_ERROR(ops.attention(g_, q_half->get(), placement, kv_pad,
-                                           1.0f / std::sqrt(static_cast<float>(g_.head_dim)), cache->get(), *o));
+      const float scale = 1.0f / std::sqrt(static_cast<float>(g_.head_dim));
+      if (exact_) {
+        auto scores = rt.create_buffer(Ops::attention_scratch_bytes(g_, 2, kv_pad));
+        if (!scores) return scores.status();
+        INFERD_RETURN_IF_ERROR(ops.attention_exact(g_, q_half->get(), placement, kv_pad, scale, cache->get(),
+                                                   scores->get(), host_cpu_order(), *o));
+        INFERD_RETURN_IF_ERROR(rt.finish());  // the scratch dies at the end of this block
+      } else {
+        INFERD_RETURN_IF_ERROR(ops.attention(g_, q_half->get(), placement, kv_pad, scale, cache->get(), *o));
+      }
       INFERD_RETURN_IF_ERROR(rt.finish());  // the per-pass buffers die at the end of this iteration
       last_out = o;
     }
@@ -622,6 +757,7 @@ class AttentionCase final : public OpCase {
   }
 
   std::vector<float> reference() const override {
+    if (exact_) return cpu_engine_reference();
     const int32_t e = g_.n_embd(), ekv = g_.n_embd_kv(), hd = g_.head_dim, qkv = e + 2 * ekv;
     const RopeStyle style = g_.rope_mode == RopeMode::kNeox ? RopeStyle::kNeox : RopeStyle::kNormal;
     // cache[slot][pos] = (K row, V row) of ekv floats each, half-rounded.
@@ -677,10 +813,58 @@ class AttentionCase final : public OpCase {
   struct Token {
     int32_t slot, pos;
   };
+  std::vector<float> cpu_engine_reference() const {
+    const int32_t e = g_.n_embd(), ekv = g_.n_embd_kv(), hd = g_.head_dim, qkv = e + 2 * ekv;
+    const RopeStyle style = g_.rope_mode == RopeMode::kNeox ? RopeStyle::kNeox : RopeStyle::kNormal;
+    const size_t per_head = static_cast<size_t>(g_.n_ctx) * static_cast<size_t>(hd);
+    std::vector<fp16_t> kc(size_t{2} * static_cast<size_t>(g_.n_head_kv) * per_head),
+        vc(kc.size());
+    auto view = [&](std::vector<fp16_t>& c, int32_t slot, int32_t head) {
+      return KvCache::View{&c[static_cast<size_t>(slot * g_.n_head_kv + head) * per_head], hd};
+    };
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    std::vector<float> out, scores(static_cast<size_t>(g_.n_ctx)), head_out(static_cast<size_t>(hd));
+    const std::vector<float>* xs[2] = {&hist_x_, &pass_x_};
+    const std::vector<Token>* passes[2] = {&hist_, &pass_};
+    for (int p = 0; p < 2; ++p) {
+      const std::vector<Token>& toks = *passes[p];
+      std::vector<std::vector<float>> qs;
+      for (size_t t = 0; t < toks.size(); ++t) {
+        std::vector<float> row(xs[p]->begin() + static_cast<std::ptrdiff_t>(t * qkv),
+                               xs[p]->begin() + static_cast<std::ptrdiff_t>((t + 1) * qkv));
+        if (bias_) {
+          for (int32_t i = 0; i < qkv; ++i) row[static_cast<size_t>(i)] += bias_values_[static_cast<size_t>(i)];
+        }
+        for (int32_t hh = 0; hh < g_.n_head; ++hh) {
+          float* qh = &row[static_cast<size_t>(hh * hd)];
+          ops::rope_head(qh, hd, toks[t].pos, g_.rope_base, style);
+          for (int32_t i = 0; i < hd; ++i) qh[i] = ops::round_fp16(qh[i]);
+        }
+        for (int32_t hh = 0; hh < g_.n_head_kv; ++hh) {
+          float* kh = &row[static_cast<size_t>(e + hh * hd)];
+          ops::rope_head(kh, hd, toks[t].pos, g_.rope_base, style);
+          kernels::fp32_to_fp16_row(kh, view(kc, toks[t].slot, hh).row(toks[t].pos), hd);
+          kernels::fp32_to_fp16_row(&row[static_cast<size_t>(e + ekv + hh * hd)], view(vc, toks[t].slot, hh).row(toks[t].pos), hd);
+        }
+        qs.emplace_back(row.begin(), row.begin() + e);
+      }
+      if (p == 0) continue;
+      for (size_t t = 0; t < toks.size(); ++t) {
+        for (int32_t hh = 0; hh < g_.n_head; ++hh) {
+          const int32_t kvh = hh / (g_.n_head / g_.n_head_kv);
+          ops::attention_head(&qs[t][static_cast<size_t>(hh * hd)], view(kc, toks[t].slot, kvh), view(vc, toks[t].slot, kvh),
+                              hd, toks[t].pos + 1, scale, scores.data(), head_out.data());
+          out.insert(out.end(), head_out.begin(), head_out.end());
+        }
+      }
+    }
+    return out;
+  }
+
   AttentionGeometry g_;
   bool fused_;
   int32_t history_, tokens_;
-  bool bias_;
+  bool bias_, exact_;
   std::vector<Token> hist_, pass_;
   std::vector<float> hist_x_, pass_x_, bias_values_;
 };
@@ -722,6 +906,18 @@ void run_cases(Runtime& rt, const Cases& cases) {
         char buf[64];
         std::snprintf(buf, sizeof(buf), "nmse=%.2e", nmse);
         if (bad.empty() && !(nmse <= c->max_nmse())) bad = std::string(buf) + " > " + std::to_string(c->max_nmse());
+        int differ = 0;
+        for (size_t i = 0; c->bit_exact() && i < std::min(got.size(), ref.size()); ++i) {
+          if (got[i] == ref[i] || (std::isnan(got[i]) && std::isnan(ref[i]))) continue;
+          if (differ++ == 0 && bad.empty()) {
+            char first[128];
+            std::snprintf(first, sizeof(first), "output %zu is %.9g, the CPU's %.9g", i, static_cast<double>(got[i]),
+                          static_cast<double>(ref[i]));
+            bad = first;
+          }
+        }
+        if (differ > 0) bad += " (" + std::to_string(differ) + " of " + std::to_string(ref.size()) + " differ)";
+        if (bad.empty() && c->bit_exact()) std::snprintf(buf, sizeof(buf), "bit-exact");
         if (bad.empty()) {
           verdict = std::string("OK ") + buf;
           ++passed;
@@ -866,14 +1062,47 @@ TEST(BackendOps, GatherAndSwigluHalves) {
   run_cases(*rt, cases);
 }
 
-TEST(BackendOps, MatmulQ8Activations) {
+// The exact ops against the CPU engine's own code, bit for bit (ops.h's exact numerics).
+TEST(BackendOps, ExactRowOps) {
   INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  if (!Ops(*rt).exact_supported()) GTEST_SKIP() << rt->info().name << " has no cl_khr_fp64 for the exact ops";
   Cases cases;
-  uint32_t seed = 800;
-  for (DType type : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
-    cases.push_back(std::make_unique<MatmulQ8Case>(type, 67, 96, 1, MatmulVariant::kDecode, seed++));
-    cases.push_back(std::make_unique<MatmulQ8Case>(type, 67, 576, 3, MatmulVariant::kDecode, seed++));
-    cases.push_back(std::make_unique<MatmulQ8Case>(type, 64, 576, 6, MatmulVariant::kPrefill, seed++));
+  uint32_t seed = 1000;
+  for (const Bhwc& s : {Bhwc{1, 1, 1, 1}, Bhwc{1, 2, 7, 67}, Bhwc{1, 1, 5, 576}, Bhwc{1, 1, 2, 1536}}) {
+    cases.push_back(std::make_unique<RmsNormCase>(s, seed++, /*exact=*/true));
+  }
+  for (const Bhwc& s : kElementwiseShapes) cases.push_back(std::make_unique<BinaryCase>(Binary::kSwigluExact, s, seed++));
+  cases.push_back(std::make_unique<SwigluHalvesCase>(1, 4, seed++, /*exact=*/true));
+  cases.push_back(std::make_unique<SwigluHalvesCase>(5, 1536, seed++, /*exact=*/true));
+  cases.push_back(std::make_unique<QuantizeQ8Case>(1, 96, seed++));
+  cases.push_back(std::make_unique<QuantizeQ8Case>(7, 1536, seed++));
+  run_cases(*rt, cases);
+}
+
+// matmul_exact equals the CPU's dot kernel of every ISA this host runs for Q4_1, Q8_0 and Q4_0 (k not
+// a multiple of 256) and F32 / F16 (k with a tail of k % 8 elements), decode and prefill, partial
+// tiles of tokens included.
+TEST(BackendOps, MatmulExactEqualsTheCpuKernels) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  if (!Ops(*rt).exact_supported()) GTEST_SKIP() << rt->info().name << " has no cl_khr_fp64 for the exact ops";
+  struct Dims {
+    int64_t rows, k;
+  };
+  const std::pair<int32_t, MatmulVariant> runs[] = {
+      {1, MatmulVariant::kDecode}, {3, MatmulVariant::kDecode}, {5, MatmulVariant::kPrefill}, {8, MatmulVariant::kPrefill}};
+  Cases cases;
+  uint32_t seed = 1100;
+  for (kernels::Isa isa : {kernels::Isa::kAvx512, kernels::Isa::kAvx2, kernels::Isa::kScalar}) {
+    for (DType type : {DType::kQ4_1, DType::kQ8_0, DType::kQ4_0, DType::kF32, DType::kF16}) {
+      const bool blocks = type != DType::kF32 && type != DType::kF16;
+      const std::vector<Dims> dims =
+          blocks ? std::vector<Dims>{{3, 96}, {67, 576}, {9, 1568}} : std::vector<Dims>{{3, 67}, {67, 576}, {5, 29}};
+      for (const Dims& d : dims) {
+        for (const auto& [tokens, variant] : runs) {
+          cases.push_back(std::make_unique<MatmulExactCase>(type, d.rows, d.k, tokens, variant, isa, seed++));
+        }
+      }
+    }
   }
   run_cases(*rt, cases);
 }
@@ -885,6 +1114,22 @@ TEST(BackendOps, RopeKvAndAttention) {
   cases.push_back(std::make_unique<AttentionCase>(RopeMode::kNormal, 64, 70, 5, /*fused=*/false, /*bias=*/false, 901));
   cases.push_back(std::make_unique<AttentionCase>(RopeMode::kNeox, 8, 1, 4, /*fused=*/false, /*bias=*/true, 902));
   cases.push_back(std::make_unique<AttentionCase>(RopeMode::kNeox, 64, 61, 6, /*fused=*/true, /*bias=*/true, 903));
+  run_cases(*rt, cases);
+}
+
+// The exact attention in this process's CPU order (host_cpu_order(), the order ops::attention_head
+// sums in), llama and NeoX rope, head sizes with and without an 8-element step and a 4-element tail,
+// KV lengths past several 16-position chunks.
+TEST(BackendOps, RopeKvAndAttentionExact) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  if (!Ops(*rt).exact_supported()) GTEST_SKIP() << rt->info().name << " has no cl_khr_fp64 for the exact ops";
+  Cases cases;
+  cases.push_back(std::make_unique<AttentionCase>(RopeMode::kNormal, 8, 3, 2, true, false, 950, /*exact=*/true));
+  cases.push_back(std::make_unique<AttentionCase>(RopeMode::kNormal, 64, 70, 5, false, false, 951, true));
+  cases.push_back(std::make_unique<AttentionCase>(RopeMode::kNormal, 12, 40, 3, true, true, 952, true));
+  cases.push_back(std::make_unique<AttentionCase>(RopeMode::kNeox, 8, 1, 4, false, true, 953, true));
+  cases.push_back(std::make_unique<AttentionCase>(RopeMode::kNeox, 64, 61, 6, true, true, 954, true));
+  cases.push_back(std::make_unique<AttentionCase>(RopeMode::kNeox, 24, 130, 1, false, false, 955, true));
   run_cases(*rt, cases);
 }
 

@@ -54,35 +54,35 @@ Result<std::unique_ptr<MatmulWeights>> upload_stacked(Runtime& rt, const std::st
   return upload_matrix(rt, name, first.type, rows, first.cols, host.data());
 }
 
-// Whether the CPU engine quantizes the activations of a matmul with weights of `type` (to Q8_0 or
-// Q8_1, which round alike; Ops::quantize_q8).
-bool quantizes_activations(DType type) {
-  const kernels::TypeKernels* tk = kernels::type_kernels(type);
-  return tk != nullptr && (tk->act_type == DType::kQ8_0 || tk->act_type == DType::kQ8_1);
-}
+bool is_float_weights(DType type) { return type == DType::kF32 || type == DType::kF16; }
 
-// The input of one or more matmuls: x, or its Q8 rounding for weights whose CPU kernels quantize
-// activations, computed once on first need.
+// The input of one or more matmuls. Float numerics: x itself. Exact: the float x for float weights,
+// its Q8 blocks (Ops::quantize_q8, computed once on first need) for block weights, in the CPU
+// engine's order for a pass of `tokens` tokens.
 class MatmulInput {
  public:
-  // `rounded` and `sums` (Ops::quantize_q8's outputs) are null for float activations.
-  MatmulInput(Ops& ops, const Tensor& x, Tensor* rounded, cl_mem sums)
-      : ops_(ops), x_(x), rounded_(rounded), sums_(sums) {}
+  // `quants` is null for float numerics.
+  MatmulInput(Ops& ops, const Tensor& x, Tensor* quants, cl_mem scales, CpuOrder cpu, int32_t tokens)
+      : ops_(ops), x_(x), quants_(quants), scales_(scales), cpu_(cpu), tokens_(tokens) {}
 
   Status matmul(const MatmulWeights& w, Tensor& y) {
-    if (rounded_ == nullptr || !quantizes_activations(w.type())) return ops_.matmul(w, x_, y);
+    if (quants_ == nullptr) return ops_.matmul(w, x_, y);
+    const CpuOrder order = matmul_order(cpu_, w.type(), tokens_);
+    if (is_float_weights(w.type())) return ops_.matmul_exact(w, x_, nullptr, y, order);
     if (!done_) {
-      INFERD_RETURN_IF_ERROR(ops_.quantize_q8(x_, *rounded_, sums_));
+      INFERD_RETURN_IF_ERROR(ops_.quantize_q8(x_, *quants_, scales_));
       done_ = true;
     }
-    return ops_.matmul(w, *rounded_, y, MatmulVariant::kAuto, sums_);
+    return ops_.matmul_exact(w, *quants_, scales_, y, order);
   }
 
  private:
   Ops& ops_;
   const Tensor& x_;
-  Tensor* rounded_;
-  cl_mem sums_;
+  Tensor* quants_;
+  cl_mem scales_;
+  CpuOrder cpu_;
+  int32_t tokens_;
   bool done_ = false;
 };
 
@@ -103,12 +103,14 @@ struct ClEngine::Activations {
   std::optional<Tensor> x[2];  // the residual stream, ping-ponged (images cannot be read and written by one kernel)
   std::optional<Tensor> xn, qkv, q, k, v, attn, proj, gate_up, gate, up, h;
   std::optional<Tensor> gathered, gathered_norm;  // the rows whose logits are wanted
-  std::optional<Tensor> rounded_e, rounded_f;      // Q8-rounded matmul inputs of n_embd and n_ff channels
+  std::optional<Tensor> q8_e, q8_f;                // exact: Q8 quants of matmul inputs of n_embd and n_ff channels
   std::optional<Tensor> logits;                    // grows on demand (ensure_logits)
   int32_t logits_capacity = 0;
   ClMem ids, pos, slots, rows;  // int32 per token: token id, position, slot; rows for the gather
+  ClMem rope;                   // [n_ubatch][head_dim] floats: rope_table() of the pass's positions
   ClMem q_half;                 // [n_ubatch][n_embd] halves, rope_kv -> attention
-  ClMem q8_sums;                // [n_ubatch][max(n_embd, n_ff) / 32] Q4_1 corrections (Ops::quantize_q8)
+  ClMem q8_scales;              // exact: [n_ubatch][max(n_embd, n_ff) / 32] (d, s) of the Q8 quants
+  ClMem scores;                 // exact: Ops::attention_exact's scratch
   size_t bytes = 0;
 };
 
@@ -128,18 +130,20 @@ Status token_view(const std::optional<Tensor>& t, int32_t width, std::optional<T
 
 // The activations of one pass: views of the first T tokens of ClEngine::Activations.
 struct ClEngine::PassViews {
-  std::optional<Tensor> x0, x1, xn, qkv, q, k, v, attn, proj, gate_up, gate, up, h, rounded_e, rounded_f;
+  std::optional<Tensor> x0, x1, xn, qkv, q, k, v, attn, proj, gate_up, gate, up, h, q8_e, q8_f;
 
   Status bind(const Activations& a, int32_t t) {
     const std::pair<const std::optional<Tensor>*, std::optional<Tensor>*> pairs[] = {
         {&a.x[0], &x0},       {&a.x[1], &x1},   {&a.xn, &xn},     {&a.qkv, &qkv},
         {&a.q, &q},           {&a.k, &k},       {&a.v, &v},       {&a.attn, &attn},
         {&a.proj, &proj},     {&a.gate_up, &gate_up}, {&a.gate, &gate}, {&a.up, &up},
-        {&a.h, &h},           {&a.rounded_e, &rounded_e}, {&a.rounded_f, &rounded_f}};
+        {&a.h, &h},           {&a.q8_e, &q8_e}, {&a.q8_f, &q8_f}};
     for (const auto& [from, to] : pairs) INFERD_RETURN_IF_ERROR(token_view(*from, t, *to));
     return Status::ok();
   }
 };
+
+const char* numerics_name(Numerics numerics) { return numerics == Numerics::kExact ? "exact" : "float"; }
 
 ClEngine::~ClEngine() = default;
 
@@ -160,6 +164,12 @@ Result<std::unique_ptr<ClEngine>> ClEngine::create(std::shared_ptr<const Model> 
   e->rt_ = std::move(runtime);
   e->ops_ = std::make_unique<Ops>(*e->rt_);
   e->options_ = opt;
+  e->numerics_ = opt.numerics;
+  e->cpu_order_ = host_cpu_order();
+  if (e->numerics_ == Numerics::kExact && !e->ops_->exact_supported()) {
+    e->numerics_ = Numerics::kFloat;
+    e->numerics_note_ = " (exact needs cl_khr_fp64)";
+  }
   AttentionGeometry& g = e->geometry_;
   g.n_head = cfg.n_head;
   g.n_head_kv = cfg.n_head_kv;
@@ -317,38 +327,39 @@ Status ClEngine::allocate_activations() {
     INFERD_RETURN_IF_ERROR(tensor(a.k, ekv));
     INFERD_RETURN_IF_ERROR(tensor(a.v, ekv));
   }
-  if (options_.quantize_activations) {
-    INFERD_RETURN_IF_ERROR(tensor(a.rounded_e, e));
-    INFERD_RETURN_IF_ERROR(tensor(a.rounded_f, f));
+  if (exact()) {
+    INFERD_RETURN_IF_ERROR(tensor(a.q8_e, e));
+    INFERD_RETURN_IF_ERROR(tensor(a.q8_f, f));
   }
   if (fused_ffn) INFERD_RETURN_IF_ERROR(tensor(a.gate_up, 2 * f));
   if (split_ffn) {
     INFERD_RETURN_IF_ERROR(tensor(a.gate, f));
     INFERD_RETURN_IF_ERROR(tensor(a.up, f));
   }
-  auto ints = [&](ClMem& mem) -> Status {
-    auto r = rt_->create_buffer(static_cast<size_t>(n) * sizeof(cl_int), CL_MEM_READ_ONLY);
+  auto buffer = [&](ClMem& mem, size_t bytes, cl_mem_flags flags) -> Status {
+    auto r = rt_->create_buffer(bytes, flags);
     if (!r) return r.status();
     mem = std::move(r).value();
-    a.bytes += static_cast<size_t>(n) * sizeof(cl_int);
+    a.bytes += bytes;
     return Status::ok();
   };
-  INFERD_RETURN_IF_ERROR(ints(a.ids));
-  INFERD_RETURN_IF_ERROR(ints(a.pos));
-  INFERD_RETURN_IF_ERROR(ints(a.slots));
-  INFERD_RETURN_IF_ERROR(ints(a.rows));
-  if (options_.quantize_activations) {
-    const size_t sums_bytes = static_cast<size_t>(n) * static_cast<size_t>(std::max(e, f) / 32) * sizeof(float);
-    auto sums = rt_->create_buffer(sums_bytes);
-    if (!sums) return sums.status();
-    a.q8_sums = std::move(sums).value();
-    a.bytes += sums_bytes;
+  const size_t tokens = static_cast<size_t>(n);
+  for (ClMem* ints : {&a.ids, &a.pos, &a.slots, &a.rows}) {
+    INFERD_RETURN_IF_ERROR(buffer(*ints, tokens * sizeof(cl_int), CL_MEM_READ_ONLY));
   }
-  const size_t q_bytes = static_cast<size_t>(n) * static_cast<size_t>(e) * 2;
-  auto q = rt_->create_buffer(q_bytes);
-  if (!q) return q.status();
-  a.q_half = std::move(q).value();
-  a.bytes += q_bytes;
+  INFERD_RETURN_IF_ERROR(buffer(a.rope, tokens * static_cast<size_t>(cfg.head_dim) * sizeof(float), CL_MEM_READ_ONLY));
+  INFERD_RETURN_IF_ERROR(buffer(a.q_half, tokens * static_cast<size_t>(e) * 2, CL_MEM_READ_WRITE));
+  if (exact()) {
+    INFERD_RETURN_IF_ERROR(
+        buffer(a.q8_scales, tokens * static_cast<size_t>(std::max(e, f) / 32) * 2 * sizeof(float), CL_MEM_READ_WRITE));
+    // The scores of every token of a pass over the whole context, within a budget: a longer pass
+    // runs attention in several launches (Ops::attention_exact).
+    constexpr size_t kScoresBudget = size_t{64} << 20;
+    const int32_t kv_max = round_up(options_.n_ctx, options_.pad_step);
+    const size_t per_token = Ops::attention_scratch_bytes(geometry_, 1, kv_max);
+    const size_t tokens_fit = std::clamp<size_t>(kScoresBudget / per_token, 1, tokens);
+    INFERD_RETURN_IF_ERROR(buffer(a.scores, tokens_fit * per_token, CL_MEM_READ_WRITE));
+  }
   stats_.activation_bytes = a.bytes;
   return Status::ok();
 }
@@ -430,33 +441,41 @@ Status ClEngine::run_pass(std::span<const BatchToken> batch, int32_t kv_pad, int
     host_slots_.push_back(batch[i].slot);
     if (batch[i].logits) host_rows_.push_back(static_cast<int32_t>(i));
   }
+  host_rope_ = rope_table(host_pos_, cfg.head_dim, cfg.rope_base);
   // Blocking writes: the host vectors are reused by the next pass.
   INFERD_RETURN_IF_ERROR(rt.write_buffer(a.ids.get(), 0, ints, host_ids_.data()));
   INFERD_RETURN_IF_ERROR(rt.write_buffer(a.pos.get(), 0, ints, host_pos_.data()));
   INFERD_RETURN_IF_ERROR(rt.write_buffer(a.slots.get(), 0, ints, host_slots_.data()));
+  INFERD_RETURN_IF_ERROR(rt.write_buffer(a.rope.get(), 0, host_rope_.size() * sizeof(float), host_rope_.data()));
   if (n_out > 0 && n_out < t_count) {
     INFERD_RETURN_IF_ERROR(rt.write_buffer(a.rows.get(), 0, static_cast<size_t>(n_out) * sizeof(cl_int), host_rows_.data()));
   }
 
   PassViews p;
   INFERD_RETURN_IF_ERROR(p.bind(a, t_count));
-  const TokenPlacement tokens{a.pos.get(), a.slots.get()};
+  const TokenPlacement tokens{a.pos.get(), a.slots.get(), a.rope.get()};
   const float eps = cfg.rms_eps;
   const float kq_scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
   const int32_t e4 = cfg.n_embd / 4, ekv4 = cfg.n_embd_kv() / 4;
+  const bool ex = exact();
+  auto rms_norm = [&](const Tensor& x, const Tensor& w, Tensor& dst) {
+    return ex ? ops.rms_norm_exact(x, w, eps, dst) : ops.rms_norm(x, w, eps, dst);
+  };
+  // The input of matmuls: Q8 quants into q8_e (n_embd channels) or q8_f (n_ff) when exact.
+  Tensor* q8_e = p.q8_e ? &*p.q8_e : nullptr;
+  Tensor* q8_f = p.q8_f ? &*p.q8_f : nullptr;
+  const cl_mem q8_scales = a.q8_scales.get();
+  auto input = [&](const Tensor& x, Tensor* quants) { return MatmulInput(ops, x, quants, q8_scales, cpu_order_, t_count); };
 
   INFERD_RETURN_IF_ERROR(ops.get_rows(*embedding_, a.ids.get(), *p.x0));
   Tensor* cur = &*p.x0;
   Tensor* other = &*p.x1;
-  Tensor* rounded_e = p.rounded_e ? &*p.rounded_e : nullptr;
-  Tensor* rounded_f = p.rounded_f ? &*p.rounded_f : nullptr;
-  const cl_mem sums = a.q8_sums.get();
   for (int l = 0; l < cfg.n_layer; ++l) {
     const Layer& L = layers_[static_cast<size_t>(l)];
     auto in_layer = [l](const Status& s) { return s.with_context("layer " + std::to_string(l)); };
     // Attention block.
-    INFERD_RETURN_IF_ERROR(ops.rms_norm(*cur, *L.attn_norm, eps, *p.xn));
-    MatmulInput attn_in(ops, *p.xn, rounded_e, sums);
+    INFERD_RETURN_IF_ERROR(rms_norm(*cur, *L.attn_norm, *p.xn));
+    MatmulInput attn_in = input(*p.xn, q8_e);
     TensorSlice qs, ks, vs;
     if (L.qkv) {
       INFERD_RETURN_IF_ERROR(in_layer(attn_in.matmul(*L.qkv, *p.qkv)));
@@ -473,23 +492,25 @@ Status ClEngine::run_pass(std::span<const BatchToken> batch, int32_t kv_pad, int
     }
     INFERD_RETURN_IF_ERROR(
         in_layer(ops.rope_kv(geometry_, qs, ks, vs, L.bias.get(), tokens, a.q_half.get(), L.cache.get())));
-    INFERD_RETURN_IF_ERROR(
-        in_layer(ops.attention(geometry_, a.q_half.get(), tokens, kv_pad, kq_scale, L.cache.get(), *p.attn)));
-    INFERD_RETURN_IF_ERROR(in_layer(MatmulInput(ops, *p.attn, rounded_e, sums).matmul(*L.wo, *p.proj)));
+    INFERD_RETURN_IF_ERROR(in_layer(
+        ex ? ops.attention_exact(geometry_, a.q_half.get(), tokens, kv_pad, kq_scale, L.cache.get(), a.scores.get(),
+                                 cpu_order_, *p.attn)
+           : ops.attention(geometry_, a.q_half.get(), tokens, kv_pad, kq_scale, L.cache.get(), *p.attn)));
+    INFERD_RETURN_IF_ERROR(in_layer(input(*p.attn, q8_e).matmul(*L.wo, *p.proj)));
     INFERD_RETURN_IF_ERROR(ops.add(*cur, *p.proj, *other));
     std::swap(cur, other);
     // FFN block.
-    INFERD_RETURN_IF_ERROR(ops.rms_norm(*cur, *L.ffn_norm, eps, *p.xn));
-    MatmulInput ffn_in(ops, *p.xn, rounded_e, sums);
+    INFERD_RETURN_IF_ERROR(rms_norm(*cur, *L.ffn_norm, *p.xn));
+    MatmulInput ffn_in = input(*p.xn, q8_e);
     if (L.gate_up) {
       INFERD_RETURN_IF_ERROR(in_layer(ffn_in.matmul(*L.gate_up, *p.gate_up)));
-      INFERD_RETURN_IF_ERROR(ops.swiglu_halves(*p.gate_up, *p.h));
+      INFERD_RETURN_IF_ERROR(ex ? ops.swiglu_halves_exact(*p.gate_up, *p.h) : ops.swiglu_halves(*p.gate_up, *p.h));
     } else {
       INFERD_RETURN_IF_ERROR(in_layer(ffn_in.matmul(*L.gate, *p.gate)));
       INFERD_RETURN_IF_ERROR(in_layer(ffn_in.matmul(*L.up, *p.up)));
-      INFERD_RETURN_IF_ERROR(ops.swiglu(*p.gate, *p.up, *p.h));
+      INFERD_RETURN_IF_ERROR(ex ? ops.swiglu_exact(*p.gate, *p.up, *p.h) : ops.swiglu(*p.gate, *p.up, *p.h));
     }
-    INFERD_RETURN_IF_ERROR(in_layer(MatmulInput(ops, *p.h, rounded_f, sums).matmul(*L.down, *p.proj)));
+    INFERD_RETURN_IF_ERROR(in_layer(input(*p.h, q8_f).matmul(*L.down, *p.proj)));
     INFERD_RETURN_IF_ERROR(ops.add(*cur, *p.proj, *other));
     std::swap(cur, other);
   }
@@ -497,19 +518,19 @@ Status ClEngine::run_pass(std::span<const BatchToken> batch, int32_t kv_pad, int
   logits_.resize(static_cast<size_t>(n_out) * static_cast<size_t>(cfg.n_vocab));
   if (n_out == 0) return rt.finish();
   // Output: the wanted rows only, normalised and projected; the logits come back to the host.
-  std::optional<Tensor> gathered, gathered_norm, rounded, logits;
+  std::optional<Tensor> gathered, gathered_norm, quants, logits;
   INFERD_RETURN_IF_ERROR(token_view(a.gathered, n_out, gathered));
   INFERD_RETURN_IF_ERROR(token_view(a.gathered_norm, n_out, gathered_norm));
-  INFERD_RETURN_IF_ERROR(token_view(a.rounded_e, n_out, rounded));
+  INFERD_RETURN_IF_ERROR(token_view(a.q8_e, n_out, quants));
   const Tensor* rows = cur;
   if (n_out < t_count) {
     INFERD_RETURN_IF_ERROR(ops.gather(*cur, a.rows.get(), *gathered));
     rows = &*gathered;
   }
-  INFERD_RETURN_IF_ERROR(ops.rms_norm(*rows, *output_norm_, eps, *gathered_norm));
+  INFERD_RETURN_IF_ERROR(rms_norm(*rows, *output_norm_, *gathered_norm));
   INFERD_RETURN_IF_ERROR(ensure_logits(n_out));
   INFERD_RETURN_IF_ERROR(token_view(a.logits, n_out, logits));
-  MatmulInput out_in(ops, *gathered_norm, rounded ? &*rounded : nullptr, a.q8_sums.get());
+  MatmulInput out_in = input(*gathered_norm, quants ? &*quants : nullptr);
   INFERD_RETURN_IF_ERROR(out_in.matmul(output_ ? *output_ : *embedding_, *logits).with_context("output"));
   return download(rt, *logits, logits_);
 }
@@ -561,7 +582,8 @@ std::string ClEngine::describe() const {
   const DeviceInfo& d = rt_->info();
   return "OpenCL: " + d.name + " (" + d.vendor + ", driver " + d.driver_version + "), storage: weights=buffer activations=" +
          storage_name(act_storage_) + storage_notes_ + " logits=" + storage_name(logits_storage_) +
-         " kv=buffer(f16), matmul inputs " + (options_.quantize_activations ? "q8" : "f32") + ", weights " +
+         " kv=buffer(f16), numerics " + numerics_name(numerics_) +
+         (exact() ? std::string(" (") + cpu_order_name(cpu_order_) + ")" : numerics_note_) + ", weights " +
          mib(stats_.weight_bytes);
 }
 

@@ -204,6 +204,9 @@ Result<GeneratedKernel> generate_kernel(const KernelTemplate& kernel) {
            (t.access == Access::kRead ? "read" : "write") + ")";
   }
   src += "\n";
+  // a * b + c is two roundings unless a kernel writes fma(): OpenCL C otherwise lets the compiler
+  // contract it, and the exact kernels (ops.h) reproduce the CPU engine's roundings one by one.
+  src += "#pragma OPENCL FP_CONTRACT OFF\n";
   if (expander.uses_sampler()) {
     src += "__constant sampler_t " + std::string(kSamplerName) +
            " = CLK_NORMALIZED_COORDS_FALSE | CLK_ADDRESS_NONE | CLK_FILTER_NEAREST;\n";

@@ -5,7 +5,8 @@
 // Token ids are pseudo-random with a fixed seed (the same generator as inferd-bench). One warm-up
 // round first builds every kernel (or loads it from the program cache), then the median of R rounds.
 //
-//   inferd-opencl-bench MODEL.gguf [-p 128] [-n 64] [-r 3] [--device SEL] [--storage S] [--q8]
+//   inferd-opencl-bench MODEL.gguf [-p 128] [-n 64] [-r 3] [--device SEL] [--storage S] [--float]
+// --float runs the fast float numerics instead of the default exact ones (ClEngineOptions::numerics).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -40,7 +41,7 @@ std::vector<int32_t> random_tokens(int32_t n, int32_t n_vocab, uint32_t seed) {
 int usage() {
   std::fprintf(stderr,
                "usage: inferd-opencl-bench MODEL.gguf [-p PROMPT_TOKENS] [-n GEN_TOKENS] [-r REPETITIONS]\n"
-               "                           [--device SELECTOR] [--storage buffer|image_buffer|texture2d] [--q8]\n");
+               "                           [--device SELECTOR] [--storage buffer|image_buffer|texture2d] [--float]\n");
   return 2;
 }
 
@@ -71,8 +72,8 @@ int main(int argc, char** argv) {
         }
       }
       if (!found) return usage();
-    } else if (a == "--q8") {
-      eo.quantize_activations = true;
+    } else if (a == "--float") {
+      eo.numerics = Numerics::kFloat;
     } else if (a[0] != '-' && model_path.empty()) {
       model_path = a;
     } else {

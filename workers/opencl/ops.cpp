@@ -72,12 +72,59 @@ constexpr const char* kRowPrologue = R"(  const int lid = get_local_id(0);
   const int n_s = $src.Slices();
 )";
 
-KernelTemplate elementwise_template(const std::string& name, const std::string& expr, StorageType a, StorageType b,
-                                    StorageType dst) {
+// Helpers of every exact kernel. The constants and the order of operations are those of
+// kernels/cpu/ggml_math.h and x86_kernels.inc; each line says which function it mirrors.
+constexpr const char* kExactHelpers = R"(#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+// Float division and square root correctly rounded, as the host's: through double, whose 53 bits
+// make rounding twice give the correctly rounded float (OpenCL's float ones may be off by ulps).
+inline float inferd_div(float a, float b) { return (float)((double)a / (double)b); }
+inline float inferd_sqrt(float a) { return (float)sqrt((double)a); }
+// v rounded to IEEE half to nearest even (vstore_half's mode; F16C's), and back.
+inline float inferd_round_half(float v) {
+  ushort h;
+  vstore_half(v, 0, (half*)&h);
+  return vload_half(0, (const half*)&h);
+}
+// exp(x) as one lane of ggml_v_expf (ggml_math::expf_lane).
+inline float inferd_expf(float x) {
+  const float z = fma(x, 0x1.715476p+0f, 0x1.8p23f);
+  const float n = z - 0x1.8p23f;
+  const float b = fma(-n, 0x1.7f7d1cp-20f, fma(-n, 0x1.62e4p-1f, x));
+  if (fabs(n) > 192.0f) return n <= 0.0f ? 0.0f : INFINITY;
+  const float u = b * b;
+  const float j = fma(fma(fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)), u,
+                      fma(0x1.ffffecp-1f, b, 1.0f));
+  return ldexp(j, (int)n);
+}
+// x * sigmoid(x) as ggml_v_silu (ggml_math::silu_lane).
+inline float inferd_silu1(float x) { return inferd_div(x, 1.0f + inferd_expf(0.0f - x)); }
+inline float4 inferd_silu4(float4 x) {
+  return (float4)(inferd_silu1(x.x), inferd_silu1(x.y), inferd_silu1(x.z), inferd_silu1(x.w));
+}
+// The horizontal sum of 8 float lanes (lo: lanes 0..3, hi: 4..7) in x86_kernels.inc's hsum order.
+inline float inferd_hsum8(float4 lo, float4 hi) {
+  const float4 s = lo + hi;
+  return (s.x + s.z) + (s.y + s.w);
+}
+// The sum of 16 lanes in _mm512_reduce_add_ps's order (ggml_math::reduce16).
+inline float inferd_reduce16(float16 v) {
+  const float8 a = v.hi + v.lo;
+  const float4 b = a.hi + a.lo;
+  return (b.x + b.z) + (b.y + b.w);
+}
+// Component c (0..3) of v.
+inline float inferd_lane(float4 v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w; }
+)";
+
+// The float ops' SiLU: the device's exp and division.
+constexpr const char* kFloatSilu = "inline float4 inferd_silu(float4 g) { return g / (1.0f + exp(-g)); }\n";
+
+KernelTemplate elementwise_template(const std::string& name, const std::string& expr, const char* helpers,
+                                    StorageType a, StorageType b, StorageType dst) {
   KernelTemplate k;
   k.name = name;
   k.tensors = {{"lhs", a, Access::kRead}, {"rhs", b, Access::kRead}, {"dst", dst, Access::kWrite}};
-  k.helpers = "inline float4 inferd_silu(float4 g) { return g / (1.0f + exp(-g)); }\n";
+  k.helpers = helpers;
   // Launched as (W * B, H, S): the batch is the fastest-varying part of the first dimension.
   k.body = R"(  const int xb = get_global_id(0);
   const int y = get_global_id(1);
@@ -294,16 +341,8 @@ KernelTemplate matmul_template(DType type, MatmulVariant variant, StorageType x,
   k.name = variant == MatmulVariant::kDecode ? "matmul_decode" : "matmul_prefill";
   k.tensors = {{"x", x, Access::kRead}, {"y", y, Access::kWrite}};
   k.params = {std::string("__global const ") + weight_pointer_type(type) + "* wq", "__global const float4* ws",
-              "__global const float4* wm", "__global const float* q8_sums"};
+              "__global const float4* wm"};
   k.helpers = std::string(kMatmulHelpers) + weight_loader(type);
-  // Q4_1 with Q8-rounded activations: at each block's first slice, the block's minimum times the
-  // activation's block-sum correction (quantize_q8). q8_sums is null otherwise.
-  const bool q4_1 = type == DType::kQ4_1;
-  auto correction = [&](const std::string& acc, const std::string& token) {
-    return q4_1 ? "    if (q8_sums != 0 && si % 8 == 0) " + acc + " += wm[so * (n_si / 8) + si / 8] * q8_sums[" + token +
-                      " * (n_si / 8) + si / 8];\n"
-                : std::string();
-  };
   if (variant == MatmulVariant::kDecode) {
     // Launched as (lanes * S_O, T) with work-groups (lanes, 1): a group per (output slice, token).
     k.params.push_back("__local float4* scratch");
@@ -317,7 +356,7 @@ KernelTemplate matmul_template(DType type, MatmulVariant variant, StorageType x,
   for (int si = lid; si < n_si; si += lsz) {
     w_load(wq, ws, wm, so, si, n_si, r);
     acc += inferd_dot4(r, $x.Read(t, 0, si));
-)" + correction("acc", "t") + R"(  }
+  }
   scratch[lid] = acc;
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int off = lsz / 2; off > 0; off >>= 1) {
@@ -342,7 +381,7 @@ KernelTemplate matmul_template(DType type, MatmulVariant variant, StorageType x,
     a1 += inferd_dot4(r, $x.Read(t1, 0, si));
     a2 += inferd_dot4(r, $x.Read(t2, 0, si));
     a3 += inferd_dot4(r, $x.Read(t3, 0, si));
-)" + correction("a0", "t0") + correction("a1", "t1") + correction("a2", "t2") + correction("a3", "t3") + R"(  }
+  }
   $y.Write(a0, t0, 0, so);
   if (t0 + 1 < n_t) $y.Write(a1, t0 + 1, 0, so);
   if (t0 + 2 < n_t) $y.Write(a2, t0 + 2, 0, so);
@@ -384,50 +423,11 @@ KernelTemplate gather_template(StorageType src, StorageType dst) {
   return k;
 }
 
-KernelTemplate quantize_q8_template(StorageType src, StorageType dst) {
-  KernelTemplate k;
-  k.name = "quantize_q8";
-  k.tensors = {{"x", src, Access::kRead}, {"dst", dst, Access::kWrite}};
-  k.params = {"__global float* sums"};
-  // Rounding through half without cl_khr_fp16: store and load through a ushort.
-  k.helpers = R"(inline float inferd_round_half(float v) {
-  ushort h;
-  vstore_half(v, 0, (half*)&h);
-  return vload_half(0, (const half*)&h);
-}
-)";
-  // Launched as (T, K / 32): a work-item per block of 8 slices.
-  k.body = R"(  const int t = get_global_id(0);
-  const int s0 = get_global_id(1) * 8;
-  float4 v[8];
-  float amax = 0.0f;
-  for (int j = 0; j < 8; ++j) {
-    v[j] = $x.Read(t, 0, s0 + j);
-    const float4 a = fabs(v[j]);
-    amax = fmax(amax, fmax(fmax(a.x, a.y), fmax(a.z, a.w)));
-  }
-  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-  const float d = amax / 127.0f;
-  const float d_half = inferd_round_half(d);
-  float4 qsum = (float4)(0.0f);
-  for (int j = 0; j < 8; ++j) {
-    const float4 q = rint(v[j] * id);
-    qsum += q;
-    $dst.Write(q * d_half, t, 0, s0 + j);
-  }
-  if (sums != 0) {
-    const float sum_q = (qsum.x + qsum.y) + (qsum.z + qsum.w);  // an integer, exact
-    sums[t * ($x.Channels() / 32) + get_global_id(1)] = inferd_round_half(d * sum_q) - d_half * sum_q;
-  }
-)";
-  return k;
-}
-
 KernelTemplate swiglu_halves_template(StorageType src, StorageType dst) {
   KernelTemplate k;
   k.name = "swiglu_halves";
   k.tensors = {{"gu", src, Access::kRead}, {"dst", dst, Access::kWrite}};
-  k.helpers = "inline float4 inferd_silu(float4 g) { return g / (1.0f + exp(-g)); }\n";
+  k.helpers = kFloatSilu;
   k.body = R"(  const int t = get_global_id(0);
   const int s = get_global_id(1);
   const float4 g = $gu.Read(t, 0, s);
@@ -439,14 +439,15 @@ KernelTemplate swiglu_halves_template(StorageType src, StorageType dst) {
 
 // One work-item per (token, head, unit): a unit is one slice (two rotated pairs) of a head for
 // llama's rope, one slice of each half for NeoX's. Q heads come first, then KV heads, whose work-items
-// also copy V. Angles as Ops::rope (ggml's recurrence).
+// also copy V. The cos and sin come from the host (rope_table: the CPU engine's own values); the
+// rotation is kernels::rope_rotate's: a' = fma(a, cos, -(b * sin)), b' = fma(a, sin, b * cos).
 KernelTemplate rope_kv_template(RopeMode mode, StorageType q, StorageType k_storage, StorageType v) {
   KernelTemplate k;
   k.name = mode == RopeMode::kNormal ? "rope_kv_normal" : "rope_kv_neox";
   k.tensors = {{"q", q, Access::kRead}, {"k", k_storage, Access::kRead}, {"v", v, Access::kRead}};
   k.params = {"int q_slice", "int k_slice", "int v_slice", "__global const float* bias",
-              "__global const int* pos", "__global const int* slot", "int n_head", "int n_head_kv",
-              "int head_dim", "int n_ctx", "float theta_scale", "__global half* q_out", "__global half* cache"};
+              "__global const int* pos", "__global const int* slot", "__global const float* rope", "int n_head",
+              "int n_head_kv", "int head_dim", "int n_ctx", "__global half* q_out", "__global half* cache"};
   k.helpers = R"(// The bias of channels [c, c + 4) of Q|K|V, or 0.
 inline float4 inferd_bias(__global const float* bias, int c) {
   return bias != 0 ? vload4(0, bias + c) : (float4)(0.0f);
@@ -462,14 +463,10 @@ inline float4 inferd_bias(__global const float* bias, int c) {
   __global half* kv_row = cache + ((((size_t)slot[t] * 2) * n_head_kv + head) * n_ctx + pos[t]) * head_dim;
   __global half* v_row = kv_row + (size_t)n_head_kv * n_ctx * head_dim;
   __global half* q_row = q_out + ((size_t)t * n_head + head) * head_dim;
-  float theta = (float)pos[t];
+  __global const float* trig = rope + (size_t)t * head_dim;  // (cos, sin) of the token's head_dim / 2 angles
 )";
   if (mode == RopeMode::kNormal) {
-    body += R"(  for (int i = 0; i < 2 * s; ++i) theta *= theta_scale;
-  const float theta1 = theta * theta_scale;
-  float c0, c1;
-  const float s0 = sincos(theta, &c0);
-  const float s1 = sincos(theta1, &c1);
+    body += R"(  const float4 cs = vload4(s, trig);  // angles 2s and 2s + 1
   float4 x;
   if (is_q) {
     x = $q.Read(t, 0, q_slice + head * hd4 + s) + inferd_bias(bias, head * head_dim + 4 * s);
@@ -479,22 +476,17 @@ inline float4 inferd_bias(__global const float* bias, int c) {
     vstore_half4(vx, s, v_row);
   }
   float4 o;
-  o.x = fma(x.x, c0, -(x.y * s0));
-  o.y = fma(x.x, s0, x.y * c0);
-  o.z = fma(x.z, c1, -(x.w * s1));
-  o.w = fma(x.z, s1, x.w * c1);
+  o.x = fma(x.x, cs.x, -(x.y * cs.y));
+  o.y = fma(x.x, cs.y, x.y * cs.x);
+  o.z = fma(x.z, cs.z, -(x.w * cs.w));
+  o.w = fma(x.z, cs.w, x.w * cs.z);
   vstore_half4(o, s, is_q ? q_row : kv_row);
 )";
   } else {
     body += R"(  const int half_s = head_dim / 8;
-  for (int i = 0; i < 4 * s; ++i) theta *= theta_scale;
-  float4 th;
-  th.x = theta;
-  th.y = th.x * theta_scale;
-  th.z = th.y * theta_scale;
-  th.w = th.z * theta_scale;
-  float4 c;
-  const float4 sn = sincos(th, &c);
+  const float4 t0 = vload4(2 * s, trig), t1 = vload4(2 * s + 1, trig);  // angles 4s .. 4s + 3
+  const float4 c = (float4)(t0.x, t0.z, t1.x, t1.z);
+  const float4 sn = (float4)(t0.y, t0.w, t1.y, t1.w);
   float4 lo, hi;
   if (is_q) {
     lo = $q.Read(t, 0, q_slice + head * hd4 + s) + inferd_bias(bias, head * head_dim + 4 * s);
@@ -575,6 +567,400 @@ KernelTemplate attention_template(int32_t head_dim, StorageType out) {
     float4 o = (float4)(0.0f);
     for (int j = 0; j < lsz; ++j) o += lane_acc[j * HD4 + i];
     $out.Write(o * inv, t, 0, h * HD4 + i);
+  }
+)";
+  return k;
+}
+
+// ---- Exact kernels (ops.h: the CPU engine's arithmetic) ----
+
+KernelTemplate rms_norm_exact_template(StorageType src, StorageType weight, StorageType dst) {
+  KernelTemplate k;
+  k.name = "rms_norm_exact";
+  k.tensors = {{"src", src, Access::kRead}, {"weight", weight, Access::kRead}, {"dst", dst, Access::kWrite}};
+  k.params = {"float eps", "__local float* scratch"};
+  k.helpers = kExactHelpers;
+  // One lane sums the row: the order of a double sum matters as much as a float one's.
+  k.body = std::string(kRowPrologue) + R"(  if (lid == 0) {
+    double sum = 0.0;  // ops::rms_norm: float squares, summed in double in channel order
+    for (int s = 0; s < n_s; ++s) {
+      const float4 v = $src.Read(x, y, s, b);  // padding lanes add +0
+      sum += (double)(v.x * v.x);
+      sum += (double)(v.y * v.y);
+      sum += (double)(v.z * v.z);
+      sum += (double)(v.w * v.w);
+    }
+    const float mean = (float)(sum / (double)$src.Channels());
+    scratch[0] = inferd_div(1.0f, inferd_sqrt(mean + eps));
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  const float scale = scratch[0];
+  for (int s = lid; s < n_s; s += lsz) {
+    $dst.Write($src.Read(x, y, s, b) * scale * $weight.Read(0, 0, s), x, y, s, b);
+  }
+)";
+  return k;
+}
+
+KernelTemplate swiglu_halves_exact_template(StorageType src, StorageType dst) {
+  KernelTemplate k;
+  k.name = "swiglu_halves_exact";
+  k.tensors = {{"gu", src, Access::kRead}, {"dst", dst, Access::kWrite}};
+  k.helpers = kExactHelpers;
+  k.body = R"(  const int t = get_global_id(0);
+  const int s = get_global_id(1);
+  const float4 g = $gu.Read(t, 0, s);
+  const float4 u = $gu.Read(t, 0, s + $dst.Slices());
+  $dst.Write(inferd_silu4(g) * u, t, 0, s);
+)";
+  return k;
+}
+
+// Launched as (T, K / 32): a work-item per block (kernels/cpu/scalar.cpp quantize_q8_1).
+KernelTemplate quantize_q8_template(StorageType src, StorageType dst) {
+  KernelTemplate k;
+  k.name = "quantize_q8";
+  k.tensors = {{"x", src, Access::kRead}, {"quants", dst, Access::kWrite}};
+  k.params = {"__global float2* scales"};
+  k.helpers = kExactHelpers;
+  k.body = R"(  const int t = get_global_id(0);
+  const int blk = get_global_id(1);
+  float4 v[8];
+  float amax = 0.0f;
+  for (int j = 0; j < 8; ++j) {
+    v[j] = $x.Read(t, 0, 8 * blk + j);
+    const float4 a = fabs(v[j]);
+    amax = fmax(fmax(fmax(fmax(amax, a.x), a.y), a.z), a.w);
+  }
+  const float id = amax != 0.0f ? inferd_div(127.0f, amax) : 0.0f;
+  const float d = inferd_div(amax, 127.0f);
+  float sum = 0.0f;  // of integers, below 2^13: exact
+  for (int j = 0; j < 8; ++j) {
+    const float4 q = rint(v[j] * id);  // to nearest even, as nearbyint
+    sum += (q.x + q.y) + (q.z + q.w);
+    $quants.Write(q, t, 0, 8 * blk + j);
+  }
+  scales[t * ($x.Channels() / 32) + blk] = (float2)(inferd_round_half(d), inferd_round_half(d * sum));
+)";
+  return k;
+}
+
+// w_int(): the integer quants of the 4 rows of block `blk` (so * blocks + b) at its slice l, as floats.
+std::string weight_int_loader(DType type) {
+  const std::string signature = std::string("inline void w_int(__global const ") + weight_pointer_type(type) +
+                                "* wq, int blk, int l, float4* r) {\n";
+  switch (type) {
+    case DType::kQ8_0:
+      return signature + R"(  const int base = (blk * 8 + l) * 4;
+  r[0] = convert_float4(wq[base]);
+  r[1] = convert_float4(wq[base + 1]);
+  r[2] = convert_float4(wq[base + 2]);
+  r[3] = convert_float4(wq[base + 3]);
+}
+)";
+    case DType::kQ4_0:
+    case DType::kQ4_1: {
+      const std::string offset = type == DType::kQ4_0 ? " - 8.0f" : "";
+      return signature + "  const ushort4 p = wq[blk * 8 + l];\n" + "  r[0] = inferd_nibbles(p.x)" + offset +
+             ";\n  r[1] = inferd_nibbles(p.y)" + offset + ";\n  r[2] = inferd_nibbles(p.z)" + offset +
+             ";\n  r[3] = inferd_nibbles(p.w)" + offset + ";\n}\n";
+    }
+    default: return "";
+  }
+}
+
+// The exact matmul. A work-item computes output slice so (4 rows) for TT tokens; the launch is
+// (S_O, ceil(T / TT)), tokens past T read the last token (in bounds) and are not written.
+//
+// Block types, kX86: per row 8 lanes; lane l of block b adds fma(d_w * d_a, isum, acc) where isum,
+// the integer dot of the block's elements 4l..4l+3 (slice l), is computed by dot() in float: every
+// product and partial sum is an integer below 2^24, so any order gives it exactly. Then hsum, and
+// for Q4_1 the min chain fma(m_w, s_a, acc_min) added last (dot_unsigned_q8_1).
+// Block types, kScalar: sum += (d_w * d_a) * isum (+ m_w * s_a) per block (scalar dot_x_q8_*).
+// F32 / F16: the float input, as dot_float (kX86) or dot_float_weights (kScalar).
+KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_item, StorageType x, StorageType y) {
+  KernelTemplate k;
+  k.name = "matmul_exact";
+  k.tensors = {{"x", x, Access::kRead}, {"y", y, Access::kWrite}};
+  k.params = {std::string("__global const ") + weight_pointer_type(type) + "* wq", "__global const float4* ws",
+              "__global const float4* wm", "__global const float2* xs"};
+  const bool blocks = type != DType::kF32 && type != DType::kF16;
+  const bool q4_1 = type == DType::kQ4_1;
+  k.helpers = "#define TT " + std::to_string(tokens_per_item) + "  // tokens per work-item\n" + kExactHelpers +
+              kMatmulHelpers + (blocks ? weight_int_loader(type) : weight_loader(type));
+  std::string body = R"(  const int so = get_global_id(0);
+  const int t0 = get_global_id(1) * TT;
+  const int n_t = $x.Width();
+  int tt[TT];
+  for (int i = 0; i < TT; ++i) tt[i] = min(t0 + i, n_t - 1);
+)";
+  if (blocks && order == CpuOrder::kX86) {
+    body += R"(  const int n_b = $x.Slices() / 8;
+  float acc[TT][4][8];
+  float4 acc_min[TT];
+  for (int i = 0; i < TT; ++i) {
+    acc_min[i] = (float4)(0.0f);
+    for (int r = 0; r < 4; ++r) {
+      for (int l = 0; l < 8; ++l) acc[i][r][l] = 0.0f;
+    }
+  }
+  for (int b = 0; b < n_b; ++b) {
+    const int blk = so * n_b + b;
+    float4 sc[TT];
+    for (int i = 0; i < TT; ++i) sc[i] = ws[blk] * xs[tt[i] * n_b + b].x;  // d_w * d_a, per row
+    for (int l = 0; l < 8; ++l) {
+      float4 r[4];
+      w_int(wq, blk, l, r);
+      for (int i = 0; i < TT; ++i) {
+        const float4 xv = $x.Read(tt[i], 0, 8 * b + l);
+        acc[i][0][l] = fma(sc[i].x, dot(r[0], xv), acc[i][0][l]);
+        acc[i][1][l] = fma(sc[i].y, dot(r[1], xv), acc[i][1][l]);
+        acc[i][2][l] = fma(sc[i].z, dot(r[2], xv), acc[i][2][l]);
+        acc[i][3][l] = fma(sc[i].w, dot(r[3], xv), acc[i][3][l]);
+      }
+    }
+)";
+    if (q4_1) {
+      body += "    for (int i = 0; i < TT; ++i) acc_min[i] = fma(wm[blk], (float4)(xs[tt[i] * n_b + b].y), acc_min[i]);\n";
+    }
+    body += R"(  }
+  for (int i = 0; i < TT && t0 + i < n_t; ++i) {
+    float4 o;
+    o.x = inferd_hsum8(vload4(0, acc[i][0]), vload4(1, acc[i][0]));
+    o.y = inferd_hsum8(vload4(0, acc[i][1]), vload4(1, acc[i][1]));
+    o.z = inferd_hsum8(vload4(0, acc[i][2]), vload4(1, acc[i][2]));
+    o.w = inferd_hsum8(vload4(0, acc[i][3]), vload4(1, acc[i][3]));
+)";
+    body += q4_1 ? "    $y.Write(o + acc_min[i], t0 + i, 0, so);\n  }\n" : "    $y.Write(o, t0 + i, 0, so);\n  }\n";
+  } else if (blocks) {
+    body += R"(  const int n_b = $x.Slices() / 8;
+  float4 sum[TT];
+  for (int i = 0; i < TT; ++i) sum[i] = (float4)(0.0f);
+  for (int b = 0; b < n_b; ++b) {
+    const int blk = so * n_b + b;
+    float4 isum[TT];
+    for (int i = 0; i < TT; ++i) isum[i] = (float4)(0.0f);
+    for (int l = 0; l < 8; ++l) {
+      float4 r[4];
+      w_int(wq, blk, l, r);
+      for (int i = 0; i < TT; ++i) {
+        const float4 xv = $x.Read(tt[i], 0, 8 * b + l);
+        isum[i] += (float4)(dot(r[0], xv), dot(r[1], xv), dot(r[2], xv), dot(r[3], xv));  // integers: exact
+      }
+    }
+    for (int i = 0; i < TT; ++i) {
+      const float2 a = xs[tt[i] * n_b + b];
+)";
+    body += q4_1 ? "      sum[i] = sum[i] + (ws[blk] * a.x * isum[i] + wm[blk] * a.y);\n"
+                 : "      sum[i] = sum[i] + ws[blk] * a.x * isum[i];\n";
+    body += R"(    }
+  }
+  for (int i = 0; i < TT && t0 + i < n_t; ++i) $y.Write(sum[i], t0 + i, 0, so);
+)";
+  } else if (order == CpuOrder::kX86) {
+    // dot_float: acc0 = (a0, a1) and acc1 = (a2, a3), 8 lanes each, over steps of 16 elements.
+    body += R"(  const int k = $x.Channels();
+  const int n_si = $x.Slices();
+  float4 a0[TT][4], a1[TT][4], a2[TT][4], a3[TT][4];
+  for (int i = 0; i < TT; ++i) {
+    for (int r = 0; r < 4; ++r) a0[i][r] = a1[i][r] = a2[i][r] = a3[i][r] = (float4)(0.0f);
+  }
+  int e = 0;
+  for (; e + 16 <= k; e += 16) {
+    const int s = e / 4;
+    float4 w0[4], w1[4], w2[4], w3[4];
+    w_load(wq, ws, wm, so, s, n_si, w0);
+    w_load(wq, ws, wm, so, s + 1, n_si, w1);
+    w_load(wq, ws, wm, so, s + 2, n_si, w2);
+    w_load(wq, ws, wm, so, s + 3, n_si, w3);
+    for (int i = 0; i < TT; ++i) {
+      const float4 x0 = $x.Read(tt[i], 0, s), x1 = $x.Read(tt[i], 0, s + 1);
+      const float4 x2 = $x.Read(tt[i], 0, s + 2), x3 = $x.Read(tt[i], 0, s + 3);
+      for (int r = 0; r < 4; ++r) {
+        a0[i][r] = fma(w0[r], x0, a0[i][r]);
+        a1[i][r] = fma(w1[r], x1, a1[i][r]);
+        a2[i][r] = fma(w2[r], x2, a2[i][r]);
+        a3[i][r] = fma(w3[r], x3, a3[i][r]);
+      }
+    }
+  }
+  if (e + 8 <= k) {
+    const int s = e / 4;
+    float4 w0[4], w1[4];
+    w_load(wq, ws, wm, so, s, n_si, w0);
+    w_load(wq, ws, wm, so, s + 1, n_si, w1);
+    for (int i = 0; i < TT; ++i) {
+      const float4 x0 = $x.Read(tt[i], 0, s), x1 = $x.Read(tt[i], 0, s + 1);
+      for (int r = 0; r < 4; ++r) {
+        a0[i][r] = fma(w0[r], x0, a0[i][r]);
+        a1[i][r] = fma(w1[r], x1, a1[i][r]);
+      }
+    }
+    e += 8;
+  }
+  for (int i = 0; i < TT && t0 + i < n_t; ++i) {
+    float o[4];
+    for (int r = 0; r < 4; ++r) o[r] = inferd_hsum8(a0[i][r] + a2[i][r], a1[i][r] + a3[i][r]);
+    for (int f = e; f < k; ++f) {  // the last k % 8 products, one fma each (GCC contracts the tail)
+      float4 w[4];
+      w_load(wq, ws, wm, so, f / 4, n_si, w);
+      const float xf = inferd_lane($x.Read(tt[i], 0, f / 4), f % 4);
+      for (int r = 0; r < 4; ++r) o[r] = fma(inferd_lane(w[r], f % 4), xf, o[r]);
+    }
+    $y.Write((float4)(o[0], o[1], o[2], o[3]), t0 + i, 0, so);
+  }
+)";
+  } else {
+    body += R"(  const int k = $x.Channels();
+  const int n_si = $x.Slices();
+  float4 sum[TT];
+  for (int i = 0; i < TT; ++i) sum[i] = (float4)(0.0f);
+  for (int s = 0; s < n_si; ++s) {
+    float4 w[4];
+    w_load(wq, ws, wm, so, s, n_si, w);
+    const int n = min(4, k - 4 * s);
+    for (int i = 0; i < TT; ++i) {
+      const float4 xv = $x.Read(tt[i], 0, s);
+      for (int c = 0; c < n; ++c) {
+        const float4 column = (float4)(inferd_lane(w[0], c), inferd_lane(w[1], c), inferd_lane(w[2], c),
+                                       inferd_lane(w[3], c));
+        sum[i] = sum[i] + column * inferd_lane(xv, c);
+      }
+    }
+  }
+  for (int i = 0; i < TT && t0 + i < n_t; ++i) $y.Write(sum[i], t0 + i, 0, so);
+)";
+  }
+  k.body = body;
+  return k;
+}
+
+// q.k of one position as kernels::dot_f32_f16 computes it. The products of halves are exact in
+// float, so fma and a * b + c agree; only the order of the sums matters.
+std::string qk_helper(CpuOrder order) {
+  if (order == CpuOrder::kScalar) {
+    return R"(inline float inferd_qk(const float4* qv, __global const half* kr) {
+  float sum = 0.0f;
+  for (int s = 0; s < HD4; ++s) {
+    const float4 p = qv[s] * vload_half4(s, kr);
+    sum = (((sum + p.x) + p.y) + p.z) + p.w;
+  }
+  return sum;
+}
+)";
+  }
+  return R"(// dot_f32_with: two accumulators of 8 lanes over steps of 16, an 8-element step into the first,
+// hsum of their sum, then the last 4 products (head_dim % 8 == 4) one by one.
+inline float inferd_qk(const float4* qv, __global const half* kr) {
+  float4 a0 = (float4)(0.0f), a1 = (float4)(0.0f), a2 = (float4)(0.0f), a3 = (float4)(0.0f);
+  int s = 0;
+  for (; s + 4 <= HD4; s += 4) {
+    a0 = fma(qv[s], vload_half4(s, kr), a0);
+    a1 = fma(qv[s + 1], vload_half4(s + 1, kr), a1);
+    a2 = fma(qv[s + 2], vload_half4(s + 2, kr), a2);
+    a3 = fma(qv[s + 3], vload_half4(s + 3, kr), a3);
+  }
+  if (s + 2 <= HD4) {
+    a0 = fma(qv[s], vload_half4(s, kr), a0);
+    a1 = fma(qv[s + 1], vload_half4(s + 1, kr), a1);
+    s += 2;
+  }
+  float sum = inferd_hsum8(a0 + a2, a1 + a3);
+  if (s < HD4) {
+    const float4 p = qv[s] * vload_half4(s, kr);
+    sum = (((sum + p.x) + p.y) + p.z) + p.w;
+  }
+  return sum;
+}
+)";
+}
+
+// Launched as (lanes * n_head, tokens of this launch) in work-groups of (lanes, 1): a group per
+// (token, head), as ops::attention_head. The scores of the group's positions go to `scores` (its
+// own row of kv_pad floats), become exponentials and then half-rounded probabilities in place; the
+// lanes split the positions for q.k and the exponentials, 16-position chunks for their sums (lane 0
+// adding the chunk sums in double in order, `lanes` chunks a round), and (chain, d) pairs for KQV.
+KernelTemplate attention_exact_template(int32_t head_dim, CpuOrder order, StorageType out) {
+  KernelTemplate k;
+  k.name = "attention_exact";
+  k.tensors = {{"out", out, Access::kWrite}};
+  k.params = {"__global const half* q",  "__global const half* cache", "__global const int* pos",
+              "__global const int* slot", "int first_token",            "int n_head",
+              "int n_head_kv",            "int n_ctx",                  "int kv_pad",
+              "float scale",              "__global float* scores",     "__local float* scratch",
+              "__local float* chains"};
+  k.helpers = "#define HD4 " + std::to_string(head_dim / 4) + "  // slices per head\n" + kExactHelpers +
+              qk_helper(order);
+  k.body = R"(  const int lid = get_local_id(0);
+  const int lsz = get_local_size(0);
+  const int h = get_group_id(0);
+  const int tl = get_group_id(1);
+  const int t = first_token + tl;
+  const int n_kv = pos[t] + 1;  // positions past the token's own are masked
+  const int g = h / (n_head / n_head_kv);
+  const size_t hd = HD4 * 4;
+  __global const half* kc = cache + (((size_t)slot[t] * 2 * n_head_kv + g) * n_ctx) * hd;
+  __global const half* vc = kc + (size_t)n_head_kv * n_ctx * hd;
+  __global const half* qp = q + ((size_t)t * n_head + h) * hd;
+  __global float* sc = scores + ((size_t)tl * n_head + h) * kv_pad;
+  float4 qv[HD4];
+  for (int i = 0; i < HD4; ++i) qv[i] = vload_half4(i, qp);
+  float m = -INFINITY;
+  for (int p = lid; p < n_kv; p += lsz) {
+    const float s = inferd_qk(qv, kc + (size_t)p * hd) * scale;
+    sc[p] = s;
+    m = fmax(m, s);
+  }
+  scratch[lid] = m;
+)" + reduce_code("fmax") + R"(  const float mx = scratch[0];
+  // Every lane has read scratch[0] before it is reused, and every score is visible to every lane.
+  barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
+  // kernels::exp_sum: 16-position chunks (the last padded with zeros), each reduced as
+  // _mm512_reduce_add_ps, the chunk sums added in double in chunk order.
+  const int n_chunks = (n_kv + 15) / 16;
+  double total = 0.0;  // lane 0's
+  for (int first = 0; first < n_chunks; first += lsz) {
+    const int c = first + lid;
+    float cs = 0.0f;
+    if (c < n_chunks) {
+      float e[16];
+      for (int l = 0; l < 16; ++l) {
+        const int p = 16 * c + l;
+        e[l] = p < n_kv ? inferd_expf(sc[p] - mx) : 0.0f;
+        if (p < n_kv) sc[p] = e[l];
+      }
+      cs = inferd_reduce16(vload16(0, e));
+    }
+    scratch[lid] = cs;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid == 0) {
+      const int n = min(lsz, n_chunks - first);
+      for (int i = 0; i < n; ++i) total += (double)scratch[i];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  if (lid == 0) scratch[0] = (float)(1.0 / total);
+  barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
+  const float inv = scratch[0];
+  for (int p = lid; p < n_kv; p += lsz) sc[p] = inferd_round_half(sc[p] * inv);  // as llama.cpp before KQV
+  barrier(CLK_GLOBAL_MEM_FENCE);
+  // KQV: chain i of dimension d sums positions j = i (mod 16) in order (tinyBLAS's 16 lanes); the
+  // products of two halves are exact.
+  for (int c = lid; c < 16 * HD4 * 4; c += lsz) {
+    const int i = c / (HD4 * 4), d = c % (HD4 * 4);
+    float acc = 0.0f;
+    for (int j = i; j < n_kv; j += 16) acc = fma(sc[j], vload_half(d, vc + (size_t)j * hd), acc);
+    chains[c] = acc;
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int s = lid; s < HD4; s += lsz) {
+    float o[4];
+    for (int l = 0; l < 4; ++l) {
+      float v[16];
+      for (int i = 0; i < 16; ++i) v[i] = chains[i * HD4 * 4 + 4 * s + l];
+      o[l] = inferd_reduce16(vload16(0, v));
+    }
+    $out.Write((float4)(o[0], o[1], o[2], o[3]), t, 0, h * HD4 + s);
   }
 )";
   return k;
@@ -761,6 +1147,36 @@ MatmulVariant choose_matmul_variant(int32_t tokens) {
   return tokens < 4 ? MatmulVariant::kDecode : MatmulVariant::kPrefill;
 }
 
+const char* cpu_order_name(CpuOrder order) { return order == CpuOrder::kX86 ? "x86" : "scalar"; }
+
+CpuOrder host_cpu_order() {
+  return kernels::best_isa() == kernels::Isa::kScalar ? CpuOrder::kScalar : CpuOrder::kX86;
+}
+
+CpuOrder matmul_order(CpuOrder cpu, DType type, int32_t tokens) {
+  if (cpu == CpuOrder::kX86) return CpuOrder::kX86;
+  // The scalar build: its GEMM (passes of 2+ tokens, block types) sums in the lane order.
+  const bool blocks = type != DType::kF32 && type != DType::kF16;
+  return blocks && tokens > 1 ? CpuOrder::kX86 : CpuOrder::kScalar;
+}
+
+// The angles of ops::rope_head, with the same calls in the same order (so the same libm results).
+std::vector<float> rope_table(std::span<const int32_t> positions, int32_t head_dim, float base) {
+  INFERD_ASSERT(head_dim > 0 && head_dim % 2 == 0, "rope_table: head_dim must be positive and even");
+  const float theta_scale = std::pow(base, -2.0f / static_cast<float>(head_dim));
+  std::vector<float> table(positions.size() * static_cast<size_t>(head_dim));
+  size_t at = 0;
+  for (int32_t pos : positions) {
+    float theta = static_cast<float>(pos);
+    for (int32_t i = 0; i < head_dim / 2; ++i) {
+      table[at++] = std::cos(theta);
+      table[at++] = std::sin(theta);
+      theta *= theta_scale;
+    }
+  }
+  return table;
+}
+
 // ---- Ops -----------------------------------------------------------------------------------------
 
 Ops::Ops(Runtime& rt) : rt_(rt) {
@@ -801,11 +1217,12 @@ Status Ops::launch(const Kernel& k, cl_uint dims, const size_t* global, const si
   return Status::ok();
 }
 
-Status Ops::binary(const char* op, const char* expr, const Tensor& a, const Tensor& b, Tensor& dst) {
+Status Ops::binary(const char* op, const char* expr, const char* helpers, const Tensor& a, const Tensor& b,
+                   Tensor& dst) {
   INFERD_RETURN_IF_ERROR(require_same_shape(op, a, b));
   INFERD_RETURN_IF_ERROR(require_same_shape(op, a, dst));
   auto k = kernel(std::string(op) + storage_key({&a, &b, &dst}),
-                  [&] { return elementwise_template(op, expr, a.storage(), b.storage(), dst.storage()); });
+                  [&] { return elementwise_template(op, expr, helpers, a.storage(), b.storage(), dst.storage()); });
   if (!k) return k.status();
   KernelArgs args(k.value()->kernel.get());
   args.tensor(a).tensor(b).tensor(dst);
@@ -816,11 +1233,15 @@ Status Ops::binary(const char* op, const char* expr, const Tensor& a, const Tens
   return launch(*k.value(), 3, global, nullptr);
 }
 
-Status Ops::add(const Tensor& a, const Tensor& b, Tensor& dst) { return binary("add", "va + vb", a, b, dst); }
-Status Ops::mul(const Tensor& a, const Tensor& b, Tensor& dst) { return binary("mul", "va * vb", a, b, dst); }
+Status Ops::add(const Tensor& a, const Tensor& b, Tensor& dst) { return binary("add", "va + vb", "", a, b, dst); }
+Status Ops::mul(const Tensor& a, const Tensor& b, Tensor& dst) { return binary("mul", "va * vb", "", a, b, dst); }
 // silu(0) * 0 = 0 keeps the padding zero.
 Status Ops::swiglu(const Tensor& gate, const Tensor& up, Tensor& dst) {
-  return binary("swiglu", "inferd_silu(va) * vb", gate, up, dst);
+  return binary("swiglu", "inferd_silu(va) * vb", kFloatSilu, gate, up, dst);
+}
+Status Ops::swiglu_exact(const Tensor& gate, const Tensor& up, Tensor& dst) {
+  INFERD_RETURN_IF_ERROR(require_exact("swiglu_exact"));
+  return binary("swiglu_exact", "inferd_silu4(va) * vb", kExactHelpers, gate, up, dst);
 }
 
 Status Ops::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& dst) {
@@ -891,7 +1312,7 @@ Status Ops::softmax(const Tensor& x, const Tensor& mask, float scale, Tensor& ds
   return launch(*k.value(), 2, global, local);
 }
 
-Status Ops::matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVariant variant, cl_mem q8_sums) {
+Status Ops::matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVariant variant) {
   const Bhwc& xs = x.shape();
   const Bhwc& ys = y.shape();
   if (xs.b != 1 || xs.h != 1 || xs.c != w.k() || !(ys == Bhwc{1, 1, xs.w, static_cast<int32_t>(w.rows())})) {
@@ -904,13 +1325,8 @@ Status Ops::matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVar
                       storage_key({&x, &y}),
                   [&] { return matmul_template(w.type(), variant, x.storage(), y.storage()); });
   if (!k) return k.status();
-  if (w.type() != DType::kQ4_1) q8_sums = nullptr;
-  if (q8_sums != nullptr) {
-    INFERD_RETURN_IF_ERROR(require_bytes(q8_sums, static_cast<size_t>(xs.w) * static_cast<size_t>(w.k() / 32) * sizeof(float),
-                                         "matmul q8_sums"));
-  }
   KernelArgs args(k.value()->kernel.get());
-  args.tensor(x).tensor(y).buffer(w.values()).buffer(w.scales()).buffer(w.mins()).buffer(q8_sums);
+  args.tensor(x).tensor(y).buffer(w.values()).buffer(w.scales()).buffer(w.mins());
   if (variant == MatmulVariant::kDecode) {
     const size_t lanes = group_size(*k.value());
     args.local(lanes * 16);
@@ -958,26 +1374,6 @@ Status Ops::gather(const Tensor& src, cl_mem rows, Tensor& dst) {
   return launch(*k.value(), 2, global, nullptr);
 }
 
-Status Ops::quantize_q8(const Tensor& x, Tensor& dst, cl_mem q8_sums) {
-  const Bhwc& s = x.shape();
-  if (!is_token_rows(s) || !(dst.shape() == s) || s.c % 32 != 0) {
-    return make_error(Code::kInvalidArgument, "quantize_q8: x %s, dst %s (channels must be a multiple of 32)",
-                      s.to_string().c_str(), dst.shape().to_string().c_str());
-  }
-  if (&x == &dst) return Status(Code::kInvalidArgument, "quantize_q8: in place is not supported");
-  if (q8_sums != nullptr) {
-    INFERD_RETURN_IF_ERROR(
-        require_bytes(q8_sums, static_cast<size_t>(s.w) * static_cast<size_t>(s.c / 32) * sizeof(float), "quantize_q8 sums"));
-  }
-  auto k = kernel("quantize_q8" + storage_key({&x, &dst}), [&] { return quantize_q8_template(x.storage(), dst.storage()); });
-  if (!k) return k.status();
-  KernelArgs args(k.value()->kernel.get());
-  args.tensor(x).tensor(dst).buffer(q8_sums);
-  INFERD_RETURN_IF_ERROR(args.status());
-  const size_t global[2] = {static_cast<size_t>(s.w), static_cast<size_t>(s.c / 32)};
-  return launch(*k.value(), 2, global, nullptr);
-}
-
 Status Ops::swiglu_halves(const Tensor& gate_up, Tensor& dst) {
   const Bhwc& s = gate_up.shape();
   const Bhwc& d = dst.shape();
@@ -1019,6 +1415,7 @@ Status Ops::rope_kv(const AttentionGeometry& g, TensorSlice q, TensorSlice k, Te
   const size_t t = static_cast<size_t>(t_count);
   INFERD_RETURN_IF_ERROR(require_bytes(tokens.positions, t * sizeof(cl_int), "rope_kv positions"));
   INFERD_RETURN_IF_ERROR(require_bytes(tokens.slots, t * sizeof(cl_int), "rope_kv slots"));
+  INFERD_RETURN_IF_ERROR(require_bytes(tokens.rope, t * static_cast<size_t>(g.head_dim) * sizeof(float), "rope_kv rope"));
   INFERD_RETURN_IF_ERROR(require_bytes(q_out, t * static_cast<size_t>(g.n_embd()) * 2, "rope_kv q_out"));
   INFERD_RETURN_IF_ERROR(require_bytes(cache, g.layer_cache_bytes(), "rope_kv cache"));
   if (bias != nullptr) {
@@ -1029,14 +1426,12 @@ Status Ops::rope_kv(const AttentionGeometry& g, TensorSlice q, TensorSlice k, Te
   auto kn = kernel(std::string(normal ? "rope_kv_normal" : "rope_kv_neox") + storage_key({q.tensor, k.tensor, v.tensor}),
                    [&] { return rope_kv_template(g.rope_mode, q.tensor->storage(), k.tensor->storage(), v.tensor->storage()); });
   if (!kn) return kn.status();
-  // As the CPU reference (ops.cpp rope_head): the float overload of pow.
-  const float theta_scale = std::pow(g.rope_base, -2.0f / static_cast<float>(g.head_dim));
   KernelArgs args(kn.value()->kernel.get());
   args.tensor(*q.tensor).tensor(*k.tensor).tensor(*v.tensor);
   args.value(cl_int{q.first_slice}).value(cl_int{k.first_slice}).value(cl_int{v.first_slice}).buffer(bias);
-  args.buffer(tokens.positions).buffer(tokens.slots);
+  args.buffer(tokens.positions).buffer(tokens.slots).buffer(tokens.rope);
   args.value(cl_int{g.n_head}).value(cl_int{g.n_head_kv}).value(cl_int{g.head_dim}).value(cl_int{g.n_ctx});
-  args.value(theta_scale).buffer(q_out).buffer(cache);
+  args.buffer(q_out).buffer(cache);
   INFERD_RETURN_IF_ERROR(args.status());
   const size_t units = static_cast<size_t>(normal ? g.head_dim / 4 : g.head_dim / 8);
   const size_t global[3] = {t, static_cast<size_t>(g.n_head + g.n_head_kv), units};
@@ -1073,6 +1468,145 @@ Status Ops::attention(const AttentionGeometry& g, cl_mem q, const TokenPlacement
   const size_t global[2] = {lanes * static_cast<size_t>(g.n_head), t};
   const size_t local_size[2] = {lanes, 1};
   return launch(*k.value(), 2, global, local_size);
+}
+
+// ---- Exact ops ----
+
+bool Ops::exact_supported() const { return rt_.info().fp64; }
+
+Status Ops::require_exact(const char* op) const {
+  if (exact_supported()) return Status::ok();
+  return make_error(Code::kUnimplemented, "%s: the exact kernels need cl_khr_fp64, which %s lacks", op,
+                    rt_.info().name.c_str());
+}
+
+Status Ops::rms_norm_exact(const Tensor& x, const Tensor& weight, float eps, Tensor& dst) {
+  INFERD_RETURN_IF_ERROR(require_exact("rms_norm_exact"));
+  INFERD_RETURN_IF_ERROR(require_same_shape("rms_norm_exact", x, dst));
+  if (!(weight.shape() == Bhwc{1, 1, 1, x.shape().c})) {
+    return make_error(Code::kInvalidArgument, "rms_norm_exact: weight %s for channels %d",
+                      weight.shape().to_string().c_str(), x.shape().c);
+  }
+  auto k = kernel("rms_norm_exact" + storage_key({&x, &weight, &dst}),
+                  [&] { return rms_norm_exact_template(x.storage(), weight.storage(), dst.storage()); });
+  if (!k) return k.status();
+  const size_t lanes = group_size(*k.value());
+  KernelArgs args(k.value()->kernel.get());
+  args.tensor(x).tensor(weight).tensor(dst).value(eps).local(lanes * sizeof(float));
+  INFERD_RETURN_IF_ERROR(args.status());
+  const Bhwc& s = x.shape();
+  const size_t global[2] = {lanes, static_cast<size_t>(s.b) * static_cast<size_t>(s.w) * static_cast<size_t>(s.h)};
+  const size_t local[2] = {lanes, 1};
+  return launch(*k.value(), 2, global, local);
+}
+
+Status Ops::swiglu_halves_exact(const Tensor& gate_up, Tensor& dst) {
+  INFERD_RETURN_IF_ERROR(require_exact("swiglu_halves_exact"));
+  const Bhwc& s = gate_up.shape();
+  const Bhwc& d = dst.shape();
+  if (!is_token_rows(s) || !is_token_rows(d) || d.c % 4 != 0 || s.c != 2 * d.c || s.w != d.w) {
+    return make_error(Code::kInvalidArgument, "swiglu_halves_exact: gate_up %s, dst %s", s.to_string().c_str(),
+                      d.to_string().c_str());
+  }
+  auto k = kernel("swiglu_halves_exact" + storage_key({&gate_up, &dst}),
+                  [&] { return swiglu_halves_exact_template(gate_up.storage(), dst.storage()); });
+  if (!k) return k.status();
+  KernelArgs args(k.value()->kernel.get());
+  args.tensor(gate_up).tensor(dst);
+  INFERD_RETURN_IF_ERROR(args.status());
+  const size_t global[2] = {static_cast<size_t>(d.w), static_cast<size_t>(d.slices())};
+  return launch(*k.value(), 2, global, nullptr);
+}
+
+Status Ops::quantize_q8(const Tensor& x, Tensor& quants, cl_mem scales) {
+  INFERD_RETURN_IF_ERROR(require_exact("quantize_q8"));
+  const Bhwc& s = x.shape();
+  if (!is_token_rows(s) || !(quants.shape() == s) || s.c % 32 != 0) {
+    return make_error(Code::kInvalidArgument, "quantize_q8: x %s, quants %s (channels must be a multiple of 32)",
+                      s.to_string().c_str(), quants.shape().to_string().c_str());
+  }
+  if (&x == &quants) return Status(Code::kInvalidArgument, "quantize_q8: in place is not supported");
+  INFERD_RETURN_IF_ERROR(
+      require_bytes(scales, static_cast<size_t>(s.w) * static_cast<size_t>(s.c / 32) * 2 * sizeof(float), "quantize_q8 scales"));
+  auto k = kernel("quantize_q8" + storage_key({&x, &quants}),
+                  [&] { return quantize_q8_template(x.storage(), quants.storage()); });
+  if (!k) return k.status();
+  KernelArgs args(k.value()->kernel.get());
+  args.tensor(x).tensor(quants).buffer(scales);
+  INFERD_RETURN_IF_ERROR(args.status());
+  const size_t global[2] = {static_cast<size_t>(s.w), static_cast<size_t>(s.c / 32)};
+  return launch(*k.value(), 2, global, nullptr);
+}
+
+Status Ops::matmul_exact(const MatmulWeights& w, const Tensor& x, cl_mem scales, Tensor& y, CpuOrder order,
+                         MatmulVariant variant) {
+  INFERD_RETURN_IF_ERROR(require_exact("matmul_exact"));
+  const Bhwc& xs = x.shape();
+  const Bhwc& ys = y.shape();
+  if (xs.b != 1 || xs.h != 1 || xs.c != w.k() || !(ys == Bhwc{1, 1, xs.w, static_cast<int32_t>(w.rows())})) {
+    return make_error(Code::kInvalidArgument, "matmul_exact: weights %lld x %lld, x %s, y %s",
+                      static_cast<long long>(w.rows()), static_cast<long long>(w.k()), xs.to_string().c_str(),
+                      ys.to_string().c_str());
+  }
+  const bool blocks = w.type() != DType::kF32 && w.type() != DType::kF16;
+  if (blocks) {
+    INFERD_RETURN_IF_ERROR(require_bytes(
+        scales, static_cast<size_t>(xs.w) * static_cast<size_t>(w.k() / 32) * 2 * sizeof(float), "matmul_exact scales"));
+  }
+  if (variant == MatmulVariant::kAuto) variant = choose_matmul_variant(xs.w);
+  const int tokens_per_item = variant == MatmulVariant::kDecode ? 1 : 4;
+  auto k = kernel(std::string("matmul_exact_") + matmul_variant_name(variant) + "_" + dtype_name(w.type()) + "_" +
+                      cpu_order_name(order) + storage_key({&x, &y}),
+                  [&] { return matmul_exact_template(w.type(), order, tokens_per_item, x.storage(), y.storage()); });
+  if (!k) return k.status();
+  KernelArgs args(k.value()->kernel.get());
+  args.tensor(x).tensor(y).buffer(w.values()).buffer(w.scales()).buffer(w.mins()).buffer(blocks ? scales : nullptr);
+  INFERD_RETURN_IF_ERROR(args.status());
+  const size_t items = static_cast<size_t>((xs.w + tokens_per_item - 1) / tokens_per_item);
+  const size_t global[2] = {static_cast<size_t>(w.out_slices()), items};
+  return launch(*k.value(), 2, global, nullptr);
+}
+
+Status Ops::attention_exact(const AttentionGeometry& g, cl_mem q, const TokenPlacement& tokens, int32_t kv_pad,
+                            float scale, cl_mem cache, cl_mem scratch, CpuOrder order, Tensor& out) {
+  INFERD_RETURN_IF_ERROR(require_exact("attention_exact"));
+  INFERD_RETURN_IF_ERROR(g.check());
+  const Bhwc& o = out.shape();
+  if (!is_token_rows(o) || o.c != g.n_embd()) {
+    return make_error(Code::kInvalidArgument, "attention_exact: out %s for %d heads of %d", o.to_string().c_str(),
+                      g.n_head, g.head_dim);
+  }
+  if (kv_pad < 1) return make_error(Code::kInvalidArgument, "attention_exact: kv_pad %d", kv_pad);
+  const size_t t = static_cast<size_t>(o.w);
+  INFERD_RETURN_IF_ERROR(require_bytes(tokens.positions, t * sizeof(cl_int), "attention_exact positions"));
+  INFERD_RETURN_IF_ERROR(require_bytes(tokens.slots, t * sizeof(cl_int), "attention_exact slots"));
+  INFERD_RETURN_IF_ERROR(require_bytes(q, t * static_cast<size_t>(g.n_embd()) * 2, "attention_exact q"));
+  INFERD_RETURN_IF_ERROR(require_bytes(cache, g.layer_cache_bytes(), "attention_exact cache"));
+  auto scratch_bytes = buffer_bytes(scratch, "attention_exact scratch");
+  if (!scratch_bytes) return scratch_bytes.status();
+  const size_t per_token = attention_scratch_bytes(g, 1, kv_pad);
+  if (scratch_bytes.value() < per_token) {
+    return make_error(Code::kInvalidArgument, "attention_exact: %zu bytes of scratch, %zu needed for one token",
+                      scratch_bytes.value(), per_token);
+  }
+  auto k = kernel("attention_exact_hd" + std::to_string(g.head_dim) + "_" + cpu_order_name(order) + storage_key({&out}),
+                  [&] { return attention_exact_template(g.head_dim, order, out.storage()); });
+  if (!k) return k.status();
+  const size_t lanes = group_size(*k.value());
+  const size_t per_launch = std::min(t, scratch_bytes.value() / per_token);
+  for (size_t first = 0; first < t; first += per_launch) {
+    const size_t n = std::min(per_launch, t - first);
+    KernelArgs args(k.value()->kernel.get());
+    args.tensor(out).buffer(q).buffer(cache).buffer(tokens.positions).buffer(tokens.slots);
+    args.value(static_cast<cl_int>(first)).value(cl_int{g.n_head}).value(cl_int{g.n_head_kv}).value(cl_int{g.n_ctx});
+    args.value(cl_int{kv_pad}).value(scale).buffer(scratch);
+    args.local(lanes * sizeof(float)).local(size_t{16} * static_cast<size_t>(g.head_dim) * sizeof(float));
+    INFERD_RETURN_IF_ERROR(args.status());
+    const size_t global[2] = {lanes * static_cast<size_t>(g.n_head), n};
+    const size_t local_size[2] = {lanes, 1};
+    INFERD_RETURN_IF_ERROR(launch(*k.value(), 2, global, local_size));
+  }
+  return Status::ok();
 }
 
 }  // namespace inferd::opencl

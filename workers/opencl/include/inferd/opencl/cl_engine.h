@@ -18,14 +18,22 @@
 //  * The KV cache is one half-precision buffer per layer, [slot][k|v][kv_head][position][head_dim],
 //    allocated for every slot and the whole context at create(); each pass's K/V rows are written in
 //    place at their (slot, position) by Ops::rope_kv.
-//  * Attention runs over the KV length rounded up to pad_step with the padding masked (Ops::attention).
-//  * Stage-aware matmuls: the decode (GEMV) kernels for passes of fewer than 4 tokens, the prefill
-//    kernels otherwise (choose_matmul_variant).
+//  * Attention runs over the KV length rounded up to pad_step with the padding masked (Ops::attention,
+//    Ops::attention_exact; the latter's scores scratch holds up to 64 MiB of a pass's tokens).
+//  * Stage-aware matmuls: the decode kernels for passes of fewer than 4 tokens, the prefill kernels
+//    otherwise (choose_matmul_variant).
 //
-// Numerics: as llama.cpp, Q, K and V are rounded to half (the cache is half); activations and
-// attention probabilities stay float (the CPU engine rounds them to 8-bit blocks before quantized matmuls; optional here).
-// The logits are within float summation order of exact arithmetic; against the CPU engine they
-// differ by its quantization noise, so the tests measure teacher-forced top-1 agreement.
+// Numerics (ClEngineOptions::numerics, ops.h):
+//  * kExact, the default: every op computes the CPU engine's float operations in its order (the
+//    order of this process's CPU kernels, host_cpu_order()), so the logits equal the CPU engine's bit
+//    for bit: activations quantized to Q8_0 / Q8_1 before matmuls with block weights, integer dot
+//    products combined in its lane order, RMSNorm's double sum, ggml's expf in SwiGLU and softmax,
+//    RoPE by the host's own cos and sin (rope_table), Q, K, V and the probabilities rounded to half.
+//    Needs cl_khr_fp64; a device without it runs kFloat and describe() says why.
+//  * kFloat: activations stay float and the kernels sum in their fastest order (Q, K and V still
+//    rounded to half, as llama.cpp): within float summation order of exact arithmetic; against the
+//    CPU engine the logits differ by its 8-bit activation noise (about 96% teacher-forced top-1
+//    agreement on SmolLM2).
 //
 // Errors: a tensor type the kernels cannot read (K-quants, ...) is kUnimplemented naming the tensor
 // and the type; a device too small is kOutOfRange; batches are validated exactly as Engine::forward
@@ -50,6 +58,10 @@
 
 namespace inferd::opencl {
 
+// How a ClEngine rounds (see above).
+enum class Numerics { kExact, kFloat };
+const char* numerics_name(Numerics numerics);
+
 struct ClEngineOptions {
   int32_t n_ctx = 0;       // tokens per slot; 0: min(the model's training context, 4096)
   int32_t n_slots = 1;
@@ -57,12 +69,7 @@ struct ClEngineOptions {
   int32_t pad_step = 64;   // 64 or 128
   // The storage of the activations; unset: the device's first choice that fits (choose_storage).
   std::optional<StorageType> activation_storage;
-  // Round the input of every matmul with quantized weights as ggml quantizes activations (Q8_0 /
-  // Q8_1 blocks, Ops::quantize_q8), as the CPU engine and llama.cpp's CPU and CUDA backends do. Off
-  // (the default): float activations, within float summation order of exact arithmetic. The rounding
-  // does not bring the logits closer to the CPU engine's (see cl_engine_test.cpp): it is there for
-  // integer-dot-product kernels.
-  bool quantize_activations = false;
+  Numerics numerics = Numerics::kExact;
 };
 
 struct ClEngineStats {
@@ -104,9 +111,13 @@ class ClEngine {
   Runtime& runtime() { return *rt_; }
   const DeviceInfo& device_info() const { return rt_->info(); }
   StorageType activation_storage() const { return act_storage_; }
+  // The numerics in effect (options().numerics unless the device cannot run them) and, for kExact,
+  // the CPU order they reproduce.
+  Numerics numerics() const { return numerics_; }
+  CpuOrder cpu_order() const { return cpu_order_; }
   // "OpenCL: <device> (<vendor>, driver <version>), storage: weights=buffer activations=buffer
-  // logits=buffer kv=buffer(f16), matmul inputs f32, weights 106.4 MiB": the worker's device as the
-  // daemon shows it.
+  // logits=buffer kv=buffer(f16), numerics exact (x86), weights 106.4 MiB": the worker's device as
+  // the daemon shows it.
   std::string describe() const;
 
  private:
@@ -118,6 +129,7 @@ class ClEngine {
   Status upload_weights();
   Status allocate_activations();
   Status ensure_logits(int32_t n_out);
+  bool exact() const { return numerics_ == Numerics::kExact; }
   Status run_pass(std::span<const BatchToken> batch, int32_t kv_pad, int32_t n_out);
 
   std::shared_ptr<const Model> model_;
@@ -128,6 +140,9 @@ class ClEngine {
   StorageType act_storage_ = StorageType::kBuffer;
   StorageType logits_storage_ = StorageType::kBuffer;
   std::string storage_notes_;  // why a preferred storage was passed over, for describe()
+  Numerics numerics_ = Numerics::kExact;
+  CpuOrder cpu_order_ = CpuOrder::kX86;
+  std::string numerics_note_;  // why the options' numerics were not used, for describe()
 
   std::unique_ptr<MatmulWeights> embedding_;
   std::unique_ptr<MatmulWeights> output_;  // null when the output projection is tied to the embedding
@@ -137,6 +152,7 @@ class ClEngine {
 
   std::vector<int32_t> slot_len_;
   std::vector<int32_t> host_ids_, host_pos_, host_slots_, host_rows_;
+  std::vector<float> host_rope_;
   std::vector<float> logits_;
   std::vector<float> all_logits_;
   ClEngineStats stats_;

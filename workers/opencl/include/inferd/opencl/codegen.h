@@ -21,6 +21,9 @@
 // Images are declared __read_only or __write_only by the tensor's Access; reading a write-only tensor
 // or writing a read-only one is rejected.
 //
+// Every program starts with #pragma OPENCL FP_CONTRACT OFF: a * b + c rounds twice unless the kernel
+// writes fma() (the exact kernels of ops.h depend on it).
+//
 // Kernel parameters: for each tensor in order, kArgsPerTensor arguments
 //   (memory, int t_w, int t_h, int t_s, int t_b, int t_c)
 // then KernelTemplate::params verbatim. KernelArgs (ops.h) binds them.

@@ -19,15 +19,33 @@
 //   Q4_0  quants  ushort4 [S_O][K/32][8]        component r holds row r's 4 nibbles, element i in
 //                                               bits 4i..4i+3; value (q - 8) * d; scales as Q8_0
 //   Q4_1  as Q4_0, value q * d + m; mins float4 [S_O][K/32]
-// Two kernels per type, chosen by stage: decode (GEMV: one work-group per output slice, its lanes
-// split K and reduce in local memory) and prefill (each work-item computes one output slice for 4
-// tokens, reading each weight block once for all of them).
+// Two kernels per type, chosen by stage: decode (float: one work-group per output slice, its lanes
+// splitting K; exact: a work-item per output slice and token) and prefill (each work-item computes
+// one output slice for 4 tokens, reading each weight block once for all of them).
+//
+// Two numerics (ClEngine's Numerics):
+//  * Exact: the CPU engine's float operations in its order, so that a forward pass made of these ops
+//    gives the CPU engine's logits bit for bit (on a device with IEEE fp32, a true fma and cl_khr_fp64;
+//    PoCL on x86 has all three). Activations are quantized to Q8_0 / Q8_1 blocks byte for byte as
+//    kernels/cpu/scalar.cpp does (quantize_q8), and matmul_exact() sums what the CPU's integer dot
+//    kernels sum: per row 8 float lanes, lane i accumulating block by block, with one fma per block
+//    and the block's combined scale d_w * d_a, the integer sum of elements 4i..4i+3 (computed in
+//    float: products of small integers and their sums are exact), then ggml's horizontal sum, and
+//    Q4_1's min terms in their own chain (CpuOrder). rms_norm_exact, swiglu_halves_exact and
+//    attention_exact follow the CPU engine's row ops (workers/engine/model/ops.cpp) likewise, with
+//    ggml's expf polynomial instead of the device's exp and divisions and square roots correctly
+//    rounded through double. Every program is built with FP_CONTRACT OFF (codegen.h), so a * b + c
+//    is two roundings unless the kernel writes fma().
+//  * Float: activations stay float and the kernels sum in whatever order is fastest (matmul(),
+//    rms_norm(), attention(), ...): within float summation order of exact arithmetic, not of the
+//    CPU engine (whose 8-bit activations move logits by tenths).
 //
 // Thread safety: an Ops object and its Runtime are used by one thread at a time.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -97,7 +115,30 @@ const char* matmul_variant_name(MatmulVariant variant);
 // would be mostly empty), prefill from 4 on.
 MatmulVariant choose_matmul_variant(int32_t tokens);
 
+// The summation order of the CPU engine's dot products that the exact ops reproduce.
+//  kX86     its AVX2 and AVX-512 kernels, which compute the same bits: block types as described
+//           above (ggml's AVX2 vec_dot); F32/F16 weights in two accumulators of 8 lanes over steps of
+//           16 elements, an 8-element step into the first, ggml's horizontal sum of their lane sums,
+//           then the last k % 8 products one by one with fma; attention's q.k likewise. (One
+//           exception: GCC vectorizes the AVX2 build's tail for F32 weights, whose last k % 8 >= 4
+//           products then round as a multiply and an add; no model has such a width.)
+//  kScalar  its portable kernels (INFERD_ISA=scalar): every dot product one sequential chain (block
+//           types: sum += (d_w * d_a) * isum (+ m_w * s_a) per block; float types: sum += w * x).
+//           The CPU engine uses them for one-token passes and float weights only; its GEMM of block
+//           types keeps the kX86 order on every ISA (kernels/cpu/gemm.h).
+enum class CpuOrder { kX86, kScalar };
+const char* cpu_order_name(CpuOrder order);
+// The order of the CPU engine in this process: kScalar when kernels::best_isa() is the scalar one.
+CpuOrder host_cpu_order();
+// The order the CPU engine uses for a matmul with weights of `type` in a pass of `tokens` tokens.
+CpuOrder matmul_order(CpuOrder cpu, DType type, int32_t tokens);
+
 enum class RopeMode { kNormal, kNeox };  // llama: adjacent pairs; NeoX (qwen2): halves
+
+// The rotary angles of tokens at `positions` as the CPU engine computes them (ops::rope_head: angles
+// by ggml's recurrence theta *= base^(-2/head_dim), the host's cosf and sinf), so that the device
+// rotates by exactly the CPU engine's values: float pairs (cos, sin) [token][head_dim / 2].
+std::vector<float> rope_table(std::span<const int32_t> positions, int32_t head_dim, float base);
 
 // The attention of one model, and its KV cache. The cache of one layer is one buffer of IEEE halves
 // (llama.cpp's default F16 cache), slot-major like the CPU engine's KvCache:
@@ -120,11 +161,12 @@ struct AttentionGeometry {
 };
 
 // Where the tokens of a pass go: int32 buffers of at least T entries (T the pass's tokens), each
-// position in [0, n_ctx) and each slot in [0, n_slots). The kernels trust them: the engine validates
-// every batch on the host first.
+// position in [0, n_ctx) and each slot in [0, n_slots), and the rope_table() of their positions
+// (T * head_dim floats). The kernels trust them: the engine validates every batch on the host first.
 struct TokenPlacement {
   cl_mem positions = nullptr;
   cl_mem slots = nullptr;
+  cl_mem rope = nullptr;
 };
 
 // One projection inside a tensor: channels [4 * first_slice, 4 * first_slice + width) of a 1x1xTxC
@@ -153,36 +195,28 @@ class Ops {
   // dst = softmax over c of (x * scale + mask); mask is B' x H' x W x C with B' and H' either 1
   // (broadcast) or equal to x's. A row masked entirely (-inf) becomes zeros.
   Status softmax(const Tensor& x, const Tensor& mask, float scale, Tensor& dst);
-  // y = W x (see the header comment); x is 1x1xTxK, y 1x1xTxR. `q8_sums`, for Q4_1 weights only: the
-  // block-sum corrections quantize_q8() wrote for x (ignored for other types, whose products need none).
-  Status matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVariant variant = MatmulVariant::kAuto,
-                cl_mem q8_sums = nullptr);
+  // y = W x (see the header comment); x is 1x1xTxK, y 1x1xTxR.
+  Status matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVariant variant = MatmulVariant::kAuto);
 
   // ---- The forward pass's own ops (ClEngine) ----
   //
-  // dst[t] = row rows[t] of the weights, dequantized: the embedding lookup, reading the same converted
-  // weights as the tied output projection. dst is 1x1xTxK with K = w.k(); `rows` an int32 buffer of
-  // >= T row indices in [0, w.rows()) (validated by the caller).
+  // dst[t] = row rows[t] of the weights, dequantized as the CPU engine's to_float does (q * d, then
+  // + m: two roundings): the embedding lookup, reading the same converted weights as the tied output
+  // projection. dst is 1x1xTxK with K = w.k(); `rows` an int32 buffer of >= T row indices in
+  // [0, w.rows()) (validated by the caller).
   Status get_rows(const MatmulWeights& w, cl_mem rows, Tensor& dst);
   // dst[o] = src[rows[o]] for the N tokens of dst (1x1xNxC, src 1x1xTxC, rows in [0, T)): the tokens
   // whose logits are wanted.
   Status gather(const Tensor& src, cl_mem rows, Tensor& dst);
-  // dst = x with each block of 32 channels rounded as ggml quantizes activations to Q8_0 / Q8_1 for
-  // quantized matmuls (llama.cpp's CPU and CUDA backends): d = amax / 127 stored as half,
-  // q = rint(x * 127 / amax), dst = q * d. x and dst are 1x1xTxK with K a multiple of 32. The matmul
-  // of dst then computes what the CPU engine's integer dot products compute, up to summation order —
-  // except for Q4_1, whose min term uses the block sum s = d * sum(q) that Q8_1 stores rounded to half
-  // on its own: with `q8_sums` (>= T * K / 32 floats) this writes, per token and block, the difference
-  // half(d * sum(q)) - half(d) * sum(q), which matmul() adds back, times the block's minimum.
-  Status quantize_q8(const Tensor& x, Tensor& dst, cl_mem q8_sums = nullptr);
   // dst = silu(gate_up[..., :C]) * gate_up[..., C:], C = dst's channels (a multiple of 4): SwiGLU
   // after one matmul of the concatenated gate and up weights.
   Status swiglu_halves(const Tensor& gate_up, Tensor& dst);
-  // RoPE of the pass's Q and K (positions of `tokens`), adding the optional `bias` (Q|K|V, n_embd +
-  // 2 * n_embd_kv floats: qwen2) first. Q goes to `q_out` as halves, [T][n_head][head_dim] (rounded
-  // as llama.cpp rounds attention operands); K and V rows go into the layer's `cache` at their slot
-  // and position. T is q's width; q, k and v hold n_embd, n_embd_kv and n_embd_kv channels from their
-  // first slices.
+  // RoPE of the pass's Q and K (positions of `tokens`, rotated by tokens.rope), adding the optional
+  // `bias` (Q|K|V, n_embd + 2 * n_embd_kv floats: qwen2) first. Q goes to `q_out` as halves,
+  // [T][n_head][head_dim] (rounded as llama.cpp and the CPU engine round attention operands); K and V
+  // rows go into the layer's `cache` at their slot and position. T is q's width; q, k and v hold
+  // n_embd, n_embd_kv and n_embd_kv channels from their first slices. Exact: the rotation is the CPU
+  // engine's (kernels::rope_rotate's fused multiply-adds), every rounding to half to nearest even.
   Status rope_kv(const AttentionGeometry& g, TensorSlice q, TensorSlice k, TensorSlice v, cl_mem bias,
                  const TokenPlacement& tokens, cl_mem q_out, cl_mem cache);
   // Causal attention of T tokens (out: 1x1xTxn_embd) over their slots' cache rows: the KV length is
@@ -192,6 +226,41 @@ class Ops {
   // float (llama.cpp rounds them to half; see the kernel).
   Status attention(const AttentionGeometry& g, cl_mem q, const TokenPlacement& tokens, int32_t kv_pad, float scale,
                    cl_mem cache, Tensor& out);
+
+  // ---- Exact ops: the CPU engine's arithmetic (see the header comment) ----
+  //
+  // Whether the device can run them: cl_khr_fp64 (double sums and correctly rounded divisions).
+  bool exact_supported() const;
+  // dst = ops::rms_norm of each row: the squares summed in double in channel order, then
+  // scale = 1 / sqrt(float(sum / C) + eps), dst = (x * scale) * weight.
+  Status rms_norm_exact(const Tensor& x, const Tensor& weight, float eps, Tensor& dst);
+  // swiglu() and swiglu_halves() with kernels::silu: x / (1 + ggml_expf(0 - x)), then times up.
+  Status swiglu_exact(const Tensor& gate, const Tensor& up, Tensor& dst);
+  Status swiglu_halves_exact(const Tensor& gate_up, Tensor& dst);
+  // The activations of a matmul with block weights quantized as the CPU engine quantizes them
+  // (kernels/cpu/scalar.cpp quantize_q8_0 / quantize_q8_1, byte for byte; Q8_0's blocks are Q8_1's
+  // without s): per token and block of 32 channels, amax, id = 127 / amax, q = rint(x * id) into
+  // `quants` (the integers as floats, same shape as x), and (d, s) = (half(amax / 127),
+  // half(amax / 127 * sum(q))) as float pairs into `scales` [T][K / 32]. x is 1x1xTxK, K a multiple
+  // of 32; `scales` holds >= T * K / 16 floats.
+  Status quantize_q8(const Tensor& x, Tensor& quants, cl_mem scales);
+  // y = W x as the CPU engine's dot kernels compute it in `order`. Block types read the quantize_q8()
+  // outputs of the input (x = its quants, `scales` = its scales); F32 and F16 read the float input
+  // (x, `scales` unused). The variant only picks how many tokens a work-item computes: the result is
+  // the same for every variant and every batch.
+  Status matmul_exact(const MatmulWeights& w, const Tensor& x, cl_mem scales, Tensor& y, CpuOrder order,
+                      MatmulVariant variant = MatmulVariant::kAuto);
+  // attention() as ops::attention_head computes it: q.k as kernels::dot_f32_f16 in `order`, times
+  // scale; softmax with ggml's expf, the exponentials summed in 16-position chunks in
+  // _mm512_reduce_add_ps's order and the chunk sums in double (kernels::exp_sum); probabilities
+  // rounded to half; out[d] as 16 chains of positions j = i (mod 16), reduced as
+  // _mm512_reduce_add_ps. `scratch` holds the scores of a launch's (token, head) pairs: at least
+  // attention_scratch_bytes(g, 1, kv_pad) bytes; a pass whose tokens do not fit runs in several launches.
+  Status attention_exact(const AttentionGeometry& g, cl_mem q, const TokenPlacement& tokens, int32_t kv_pad,
+                         float scale, cl_mem cache, cl_mem scratch, CpuOrder order, Tensor& out);
+  static size_t attention_scratch_bytes(const AttentionGeometry& g, int32_t tokens, int32_t kv_pad) {
+    return static_cast<size_t>(tokens) * static_cast<size_t>(g.n_head) * static_cast<size_t>(kv_pad) * sizeof(float);
+  }
 
   // Lanes of a row-reduction work-group (rms_norm, softmax, decode matmul): a power of two picked
   // from the device (64 on GPUs, 16 elsewhere, within its limits).
@@ -210,7 +279,9 @@ class Ops {
   // The reduction work-group size for `k`: reduce_group_size() within the kernel's own limit.
   size_t group_size(const Kernel& k) const;
   Status launch(const Kernel& k, cl_uint dims, const size_t* global, const size_t* local);
-  Status binary(const char* op, const char* expr, const Tensor& a, const Tensor& b, Tensor& dst);
+  Status binary(const char* op, const char* expr, const char* helpers, const Tensor& a, const Tensor& b, Tensor& dst);
+  // kUnimplemented naming `op` and the device when it cannot run the exact kernels.
+  Status require_exact(const char* op) const;
 
   Runtime& rt_;
   size_t reduce_group_size_ = 1;
