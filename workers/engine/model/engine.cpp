@@ -491,7 +491,10 @@ void Engine::Impl::run_pass(std::span<const BatchToken> batch, MatmulPath path, 
         if (hh < n_head) {
           float* qh = q + t * E + hh * hd;
           ops::rope_head(qh, hd, bt.pos, cfg.rope_base, cfg.rope_style);
-          for (int64_t i = 0; i < hd; ++i) qh[i] = ops::round_fp16(qh[i]);
+          INFERD_ASSERT(hd <= ops::kMaxHeadDim);
+          fp16_t qh16[ops::kMaxHeadDim];
+          kernels::fp32_to_fp16_row(qh, qh16, hd);  // Q meets the F16 K cache as F16, as in ggml
+          kernels::fp16_to_fp32_row(qh16, qh, hd);
         } else {
           const int32_t kvh = static_cast<int32_t>(hh - n_head);
           float* kh = kb + t * Ekv + kvh * hd;

@@ -9,10 +9,6 @@
 
 namespace inferd::ops {
 
-namespace {
-constexpr int64_t kMaxHeadDim = 256;
-}  // namespace
-
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
   double sum = 0.0;
   for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i] * x[i]);
@@ -24,6 +20,8 @@ void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps) {
 float silu(float x) { return kernels::silu(x); }
 
 float round_fp16(float v) { return kernels::fp16_to_fp32(kernels::fp32_to_fp16(v)); }
+
+constexpr int64_t kRoundChunk = 256;
 
 void rope_head(float* x, int64_t head_dim, int32_t pos, float base, RopeStyle style) {
   INFERD_ASSERT(head_dim <= kMaxHeadDim && head_dim % 2 == 0);
@@ -61,7 +59,16 @@ void attention_head(const float* q, const KvCache::View& k, const KvCache::View&
   // The products f16 * f16 are exact in float, so axpy's multiply-add equals the fused one.
   alignas(64) float lanes[16][kMaxHeadDim];
   for (auto& lane : lanes) std::fill(lane, lane + head_dim, 0.0f);
-  for (int64_t j = 0; j < n_kv; ++j) kernels::axpy_f16(head_dim, round_fp16(scores[j] * inv), v.row(j), lanes[j % 16]);
+  // The weights scores[j] * inv rounded to fp16 (ggml's F16 V cache multiplies F16 by F16), a chunk at a time
+  // through the vector conversions (the same round-to-nearest-even as round_fp16).
+  for (int64_t j0 = 0; j0 < n_kv; j0 += kRoundChunk) {
+    const int64_t nj = std::min<int64_t>(kRoundChunk, n_kv - j0);
+    fp16_t half[kRoundChunk];
+    for (int64_t j = j0; j < j0 + nj; ++j) scores[j] *= inv;
+    kernels::fp32_to_fp16_row(scores + j0, half, nj);
+    kernels::fp16_to_fp32_row(half, scores + j0, nj);
+  }
+  for (int64_t j = 0; j < n_kv; ++j) kernels::axpy_f16(head_dim, scores[j], v.row(j), lanes[j % 16]);
   for (int64_t d = 0; d < head_dim; ++d) {
     float a[8], b[4];
     for (int i = 0; i < 8; ++i) a[i] = lanes[i + 8][d] + lanes[i][d];

@@ -15,6 +15,9 @@
 
 namespace inferd::ops {
 
+// The largest head size the row operations take (stack buffers are sized by it).
+inline constexpr int64_t kMaxHeadDim = 256;
+
 // y = x / sqrt(mean(x^2) + eps) * w; the sum of squares is accumulated in double, as ggml does.
 void rms_norm(const float* x, const float* w, float* y, int64_t n, float eps);
 
