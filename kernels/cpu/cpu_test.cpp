@@ -532,6 +532,26 @@ TEST(QuantizeAct, MatchesGgmlReferenceOnEveryIsa) {
   }
 }
 
+// Q8_K takes its scale from the first element of largest magnitude, sign included: a tie between -m and
+// +m is decided by position, on every ISA.
+TEST(QuantizeAct, Q8KScaleSignComesFromTheFirstLargestElement) {
+  for (const bool negative_first : {true, false}) {
+    std::vector<float> x(256, 0.25f);
+    x[3] = negative_first ? -5.0f : 5.0f;
+    x[200] = negative_first ? 5.0f : -5.0f;
+    const TypeKernels* ref = type_kernels(DType::kQ4_K, Isa::kScalar);
+    BlockQ8_K want;
+    ref->quantize_act(x.data(), &want, 256);
+    EXPECT_EQ(want.d < 0.0f, !negative_first);  // d = max / -127
+    for (Isa isa : kAllIsas) {
+      if (!isa_available(isa)) continue;
+      BlockQ8_K got;
+      type_kernels(DType::kQ4_K, isa)->quantize_act(x.data(), &got, 256);
+      EXPECT_EQ(std::memcmp(&got, &want, sizeof(got)), 0) << isa_name(isa) << " negative_first " << negative_first;
+    }
+  }
+}
+
 // ---- dot ------------------------------------------------------------------------------------
 
 // Dequantized activations (test-local) for the tolerance bound.
