@@ -4,6 +4,7 @@ target_sources(inferd_kernels_cpu PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/gemm_avx512.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gemm_avx512_k.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gemm_internal.h
+  ${CMAKE_CURRENT_LIST_DIR}/gemm_tiles.h
   ${CMAKE_CURRENT_LIST_DIR}/include/inferd/kernels/gemm.h)
 set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/gemm_avx512.cpp ${CMAKE_CURRENT_LIST_DIR}/gemm_avx512_k.cpp
   PROPERTIES COMPILE_OPTIONS

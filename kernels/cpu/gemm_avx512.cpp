@@ -26,12 +26,11 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <array>
 #include <cstring>
-#include <utility>
 #include <vector>
 
 #include "gemm_internal.h"
+#include "gemm_tiles.h"
 #include "inferd/status.h"
 #include "isa_tables.h"
 
@@ -125,14 +124,6 @@ void pack_act_sums(const GemmArgs& g, int64_t nb, int64_t m_pad, float* out) {
   }
 }
 
-// The contract's reduction of 8 lanes: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
-inline float reduce8(__m256 v) {
-  __m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
-  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-  r = _mm_add_ss(r, _mm_movehdup_ps(r));
-  return _mm_cvtss_f32(r);
-}
-
 // One tile's inputs and outputs. Row r of the tile is weight row w + r * w_row_bytes; pairs and
 // act_sums start at the tile's first activation pair / row.
 struct TileIo {
@@ -201,29 +192,25 @@ void tile(const TileIo& io) {
   }
   for (int r = 0; r < R; ++r) {
     for (int p = 0; p < P; ++p) {
-      io.res[r][2 * p] = reduce8(_mm512_castps512_ps256(acc[r][p]));
-      io.res[r][2 * p + 1] = reduce8(_mm512_maskz_extractf32x8_ps(0xFF, acc[r][p], 1));
+      io.res[r][2 * p] = gemm_tiles::reduce8(_mm512_castps512_ps256(acc[r][p]));
+      io.res[r][2 * p + 1] = gemm_tiles::reduce8(_mm512_maskz_extractf32x8_ps(0xFF, acc[r][p], 1));
     }
     if constexpr (kType == DType::kQ4_1) _mm256_storeu_ps(io.summs[r], summs[r]);
   }
 }
 
-using TileFn = void (*)(const TileIo&);
-
-template <DType kType, int R, int... Ps>
-constexpr std::array<TileFn, sizeof...(Ps)> tiles_for_rows(std::integer_sequence<int, Ps...>) {
-  return {&tile<kType, R, Ps + 1>...};
-}
-template <DType kType, int... Rs>
-constexpr std::array<std::array<TileFn, kPairs>, kRows> make_tiles(std::integer_sequence<int, Rs...>) {
-  return {tiles_for_rows<kType, Rs + 1>(std::make_integer_sequence<int, kPairs>())...};
-}
+template <DType kType>
+struct TileOf {
+  template <int R, int P>
+  static void fn(const TileIo& io) {
+    tile<kType, R, P>(io);
+  }
+};
 
 template <DType kType>
 void gemm(const GemmArgs& g) {
   INFERD_ASSERT(g.k % 32 == 0, "k must be a multiple of 32");
   if (g.m <= 0 || g.r1 <= g.r0) return;
-  static constexpr auto kTiles = make_tiles<kType>(std::make_integer_sequence<int, kRows>());
   const int64_t nb = g.k / 32;
   const int64_t npairs = (g.m + 1) / 2;
   Scratch& s = scratch();
@@ -234,37 +221,17 @@ void gemm(const GemmArgs& g) {
     if (s.act_sums.size() < static_cast<size_t>(nb * m_pad)) s.act_sums.resize(static_cast<size_t>(nb * m_pad));
     pack_act_sums(g, nb, m_pad, s.act_sums.data());
   }
-  // Rows are walked in chunks whose weights stay in L2 while every activation tile passes over them.
-  constexpr size_t kChunkBytes = 256 * 1024;
-  const int64_t chunk_rows =
-      std::max<int64_t>(kRows, static_cast<int64_t>(kChunkBytes / g.w_row_bytes) / kRows * kRows);
-  alignas(64) float res[kRows][2 * kPairs];
   alignas(64) float summs[kRows][2 * kPairs];
-  for (int64_t rc = g.r0; rc < g.r1; rc += chunk_rows) {
-    const int64_t rc_end = std::min(g.r1, rc + chunk_rows);
-    for (int64_t p0 = 0; p0 < npairs; p0 += kPairs) {
-      const int np = static_cast<int>(std::min<int64_t>(kPairs, npairs - p0));
-      const int64_t t_end = std::min(g.m, 2 * (p0 + np));
-      for (int64_t r = rc; r < rc_end; r += kRows) {
-        const int nr = static_cast<int>(std::min<int64_t>(kRows, rc_end - r));
-        const TileIo io{g.w + static_cast<size_t>(r) * g.w_row_bytes, g.w_row_bytes, s.pairs.data() + p0 * nb, nb,
-                        kType == DType::kQ4_1 ? s.act_sums.data() + 2 * p0 : nullptr, m_pad, res, summs};
-        kTiles[nr - 1][np - 1](io);
-        for (int i = 0; i < nr; ++i) {
-          for (int64_t t = 2 * p0; t < t_end; ++t) {
-            float v = res[i][t - 2 * p0];
-            if constexpr (kType == DType::kQ4_1) v = v + summs[i][t - 2 * p0];
-            float& o = g.out[t * g.out_stride + r + i];
-            if (g.accumulate) {
-              o += v;
-            } else {
-              o = g.bias != nullptr ? v + g.bias[r + i] : v;
-            }
-          }
-        }
+  gemm_tiles::walk<kRows, kPairs>(g, npairs, [&](int64_t r, int nr, int64_t p0, int np, float (*res)[2 * kPairs]) {
+    const TileIo io{g.w + static_cast<size_t>(r) * g.w_row_bytes, g.w_row_bytes, s.pairs.data() + p0 * nb, nb,
+                    kType == DType::kQ4_1 ? s.act_sums.data() + 2 * p0 : nullptr, m_pad, res, summs};
+    gemm_tiles::TileTable<TileOf<kType>, kRows, kPairs>::kTable[nr - 1][np - 1](io);
+    if constexpr (kType == DType::kQ4_1) {
+      for (int i = 0; i < nr; ++i) {
+        for (int t = 0; t < 2 * np; ++t) res[i][t] = res[i][t] + summs[i][t];
       }
     }
-  }
+  });
 }
 
 }  // namespace

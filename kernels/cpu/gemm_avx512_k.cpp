@@ -17,13 +17,12 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <array>
 #include <type_traits>
 #include <cstring>
-#include <utility>
 #include <vector>
 
 #include "gemm_internal.h"
+#include "gemm_tiles.h"
 #include "inferd/status.h"
 #include "isa_tables.h"
 
@@ -83,14 +82,6 @@ void pack_pairs(const GemmArgs& g, int64_t nb, int64_t npairs, KPairBlock* out) 
 }
 
 inline float h2f(fp16_t h) { return _cvtsh_ss(h); }
-
-// ggml's reduction of 8 lanes: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
-inline float reduce8(__m256 v) {
-  __m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
-  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-  r = _mm_add_ss(r, _mm_movehdup_ps(r));
-  return _mm_cvtss_f32(r);
-}
 
 // ggml's reduction of Q4_K's 4 min lanes: (m0 + m2) + (m1 + m3).
 inline float reduce4(__m128 m) {
@@ -207,12 +198,12 @@ void tile_k_min(const TileIo& io) {
       if constexpr (kHigh) {
         alignas(16) float sm2[4];
         _mm_store_ps(sm2, summs[r][p]);
-        io.res[r][2 * p] = reduce8(_mm512_castps512_ps256(acc[r][p])) + sm2[0];
-        io.res[r][2 * p + 1] = reduce8(_mm512_extractf32x8_ps(acc[r][p], 1)) + sm2[1];
+        io.res[r][2 * p] = gemm_tiles::reduce8(_mm512_castps512_ps256(acc[r][p])) + sm2[0];
+        io.res[r][2 * p + 1] = gemm_tiles::reduce8(_mm512_extractf32x8_ps(acc[r][p], 1)) + sm2[1];
       } else {
-        io.res[r][2 * p] = reduce8(_mm512_castps512_ps256(acc[r][p])) + reduce4(_mm256_castps256_ps128(acc_m[r][p]));
+        io.res[r][2 * p] = gemm_tiles::reduce8(_mm512_castps512_ps256(acc[r][p])) + reduce4(_mm256_castps256_ps128(acc_m[r][p]));
         io.res[r][2 * p + 1] =
-            reduce8(_mm512_extractf32x8_ps(acc[r][p], 1)) + reduce4(_mm256_extractf128_ps(acc_m[r][p], 1));
+            gemm_tiles::reduce8(_mm512_extractf32x8_ps(acc[r][p], 1)) + reduce4(_mm256_extractf128_ps(acc_m[r][p], 1));
       }
     }
   }
@@ -279,71 +270,39 @@ void tile_q6_k(const TileIo& io) {
   }
   for (int r = 0; r < R; ++r) {
     for (int p = 0; p < P; ++p) {
-      io.res[r][2 * p] = reduce8(_mm512_castps512_ps256(acc[r][p]));
-      io.res[r][2 * p + 1] = reduce8(_mm512_extractf32x8_ps(acc[r][p], 1));
+      io.res[r][2 * p] = gemm_tiles::reduce8(_mm512_castps512_ps256(acc[r][p]));
+      io.res[r][2 * p + 1] = gemm_tiles::reduce8(_mm512_extractf32x8_ps(acc[r][p], 1));
     }
   }
 }
 
-using TileFn = void (*)(const TileIo&);
-
-template <DType kType, int R, int P>
-constexpr TileFn tile_fn() {
-  if constexpr (kType == DType::kQ4_K) {
-    return &tile_k_min<false, R, P>;
-  } else if constexpr (kType == DType::kQ5_K) {
-    return &tile_k_min<true, R, P>;
-  } else {
-    return &tile_q6_k<R, P>;
+template <DType kType>
+struct TileOf {
+  template <int R, int P>
+  static void fn(const TileIo& io) {
+    if constexpr (kType == DType::kQ4_K) {
+      tile_k_min<false, R, P>(io);
+    } else if constexpr (kType == DType::kQ5_K) {
+      tile_k_min<true, R, P>(io);
+    } else {
+      tile_q6_k<R, P>(io);
+    }
   }
-}
-template <DType kType, int R, int... Ps>
-constexpr std::array<TileFn, sizeof...(Ps)> tiles_for_rows(std::integer_sequence<int, Ps...>) {
-  return {tile_fn<kType, R, Ps + 1>()...};
-}
-template <DType kType, int... Rs>
-constexpr std::array<std::array<TileFn, kPairs>, kRows> make_tiles(std::integer_sequence<int, Rs...>) {
-  return {tiles_for_rows<kType, Rs + 1>(std::make_integer_sequence<int, kPairs>())...};
-}
+};
 
 template <DType kType>
 void gemm(const GemmArgs& g) {
   INFERD_ASSERT(g.k % kQK_K == 0, "k must be a multiple of 256");
   if (g.m <= 0 || g.r1 <= g.r0) return;
-  static constexpr auto kTiles = make_tiles<kType>(std::make_integer_sequence<int, kRows>());
   const int64_t nb = g.k / kQK_K;
   const int64_t npairs = (g.m + 1) / 2;
   std::vector<KPairBlock>& pairs = scratch();
   if (pairs.size() < static_cast<size_t>(npairs * nb)) pairs.resize(static_cast<size_t>(npairs * nb));
   pack_pairs(g, nb, npairs, pairs.data());
-  // Rows are walked in chunks whose weights stay in L2 while every activation tile passes over them.
-  constexpr size_t kChunkBytes = 256 * 1024;
-  const int64_t chunk_rows =
-      std::max<int64_t>(kRows, static_cast<int64_t>(kChunkBytes / g.w_row_bytes) / kRows * kRows);
-  alignas(64) float res[kRows][2 * kPairs];
-  for (int64_t rc = g.r0; rc < g.r1; rc += chunk_rows) {
-    const int64_t rc_end = std::min(g.r1, rc + chunk_rows);
-    for (int64_t p0 = 0; p0 < npairs; p0 += kPairs) {
-      const int np = static_cast<int>(std::min<int64_t>(kPairs, npairs - p0));
-      const int64_t t_end = std::min(g.m, 2 * (p0 + np));
-      for (int64_t r = rc; r < rc_end; r += kRows) {
-        const int nr = static_cast<int>(std::min<int64_t>(kRows, rc_end - r));
-        const TileIo io{g.w + static_cast<size_t>(r) * g.w_row_bytes, g.w_row_bytes, pairs.data() + p0 * nb, nb, res};
-        kTiles[nr - 1][np - 1](io);
-        for (int i = 0; i < nr; ++i) {
-          for (int64_t t = 2 * p0; t < t_end; ++t) {
-            const float v = res[i][t - 2 * p0];
-            float& o = g.out[t * g.out_stride + r + i];
-            if (g.accumulate) {
-              o += v;
-            } else {
-              o = g.bias != nullptr ? v + g.bias[r + i] : v;
-            }
-          }
-        }
-      }
-    }
-  }
+  gemm_tiles::walk<kRows, kPairs>(g, npairs, [&](int64_t r, int nr, int64_t p0, int np, float (*res)[2 * kPairs]) {
+    const TileIo io{g.w + static_cast<size_t>(r) * g.w_row_bytes, g.w_row_bytes, pairs.data() + p0 * nb, nb, res};
+    gemm_tiles::TileTable<TileOf<kType>, kRows, kPairs>::kTable[nr - 1][np - 1](io);
+  });
 }
 
 }  // namespace

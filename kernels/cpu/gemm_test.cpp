@@ -242,16 +242,6 @@ TEST(Gemm, KQuantsBitIdenticalToDot) {
             }
           }
         }
-        const std::vector<float> plain = run(fn, p, 0, rows, false, false);
-        const std::vector<float> biased = run(fn, p, 0, rows, false, true);
-        const std::vector<float> added = run(fn, p, 0, rows, true, false);
-        for (int64_t t = 0; t < m; ++t) {
-          for (int64_t r = 0; r < rows; ++r) {
-            const size_t i = t * (rows + 3) + r;
-            ASSERT_EQ(biased[i], plain[i] + p.bias[r]);
-            ASSERT_EQ(added[i], kSentinel + plain[i]);
-          }
-        }
       }
     }
   }
@@ -259,9 +249,10 @@ TEST(Gemm, KQuantsBitIdenticalToDot) {
 
 TEST(Gemm, BiasAndAccumulate) {
   std::mt19937 rng(5);
-  for (DType type : kGemmTypes) {
-    const int64_t rows = 13, m = 7, k = 160;
-    const Problem p = make_problem(rng, type, k, rows, m);
+  for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    const int64_t rows = 13, m = 7;
+    const bool k_quant = dtype_info(type)->block_size == kQK_K;
+    const Problem p = k_quant ? make_k_problem(rng, type, 512, rows, m) : make_problem(rng, type, 160, rows, m);
     for (Isa isa : kAllIsas) {
       if (!isa_available(isa) || gemm_kernel(type, isa) == nullptr) continue;
       const GemmFn fn = gemm_kernel(type, isa);

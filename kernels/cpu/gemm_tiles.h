@@ -1,0 +1,77 @@
+// gemm_tiles.h (private) — what the AVX-512 GEMMs (gemm_avx512.cpp, gemm_avx512_k.cpp) share: ggml's
+// 8-lane reduction, the table of register-tile functions, and the walk over row chunks and activation
+// pairs that calls a tile and stores its results. Included only by translation units compiled for
+// AVX-512.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "inferd/kernels/gemm.h"
+
+namespace inferd::kernels::gemm_tiles {
+
+// ggml's reduction of 8 lanes: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
+inline float reduce8(__m256 v) {
+  __m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+  r = _mm_add_ss(r, _mm_movehdup_ps(r));
+  return _mm_cvtss_f32(r);
+}
+
+// table[R - 1][P - 1] = Tile::template fn<R, P>, for R in 1..kRows, P in 1..kPairs.
+template <typename Tile, int kRows, int kPairs>
+struct TileTable {
+  using Fn = decltype(&Tile::template fn<1, 1>);
+
+  template <int R, int... Ps>
+  static constexpr std::array<Fn, kPairs> row(std::integer_sequence<int, Ps...>) {
+    return {&Tile::template fn<R, Ps + 1>...};
+  }
+  template <int... Rs>
+  static constexpr std::array<std::array<Fn, kPairs>, kRows> make(std::integer_sequence<int, Rs...>) {
+    return {row<Rs + 1>(std::make_integer_sequence<int, kPairs>())...};
+  }
+  static constexpr std::array<std::array<Fn, kPairs>, kRows> kTable = make(std::make_integer_sequence<int, kRows>());
+};
+
+// Walks rows [g.r0, g.r1) in chunks whose weights stay in L2 while every activation tile passes over
+// them; for each tile of up to kRows rows and kPairs activation pairs calls
+// run_tile(first_row, n_rows, first_pair, n_pairs, res), which fills res[i][t] (row first_row + i,
+// activation row 2 * first_pair + t), then stores res into g.out as the contract says (bias or accumulate).
+template <int kRows, int kPairs, typename RunTile>
+void walk(const GemmArgs& g, int64_t npairs, RunTile&& run_tile) {
+  constexpr size_t kChunkBytes = 256 * 1024;
+  const int64_t chunk_rows =
+      std::max<int64_t>(kRows, static_cast<int64_t>(kChunkBytes / g.w_row_bytes) / kRows * kRows);
+  alignas(64) float res[kRows][2 * kPairs];
+  for (int64_t rc = g.r0; rc < g.r1; rc += chunk_rows) {
+    const int64_t rc_end = std::min(g.r1, rc + chunk_rows);
+    for (int64_t p0 = 0; p0 < npairs; p0 += kPairs) {
+      const int np = static_cast<int>(std::min<int64_t>(kPairs, npairs - p0));
+      const int64_t t_end = std::min(g.m, 2 * (p0 + np));
+      for (int64_t r = rc; r < rc_end; r += kRows) {
+        const int nr = static_cast<int>(std::min<int64_t>(kRows, rc_end - r));
+        run_tile(r, nr, p0, np, res);
+        for (int i = 0; i < nr; ++i) {
+          for (int64_t t = 2 * p0; t < t_end; ++t) {
+            const float v = res[i][t - 2 * p0];
+            float& o = g.out[t * g.out_stride + r + i];
+            if (g.accumulate) {
+              o += v;
+            } else {
+              o = g.bias != nullptr ? v + g.bias[r + i] : v;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace inferd::kernels::gemm_tiles
