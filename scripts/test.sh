@@ -16,7 +16,8 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DINFERD_SANITIZE=add
 # Only the binaries of sanitize-labelled tests, and the daemon, are built here.
 cmake --build build-asan -j "$(nproc)" --target inferd_gguf_test inferd_gguf_corrupt_test inferd_tokenizer_test \
       inferd_sampling_test inferd_ipc_test inferd_daemon_support_test inferd_supervisor_test \
-      inferd_client_test inferd_step_logic_test inferd inferd-worker inferd-run
+      inferd_client_test inferd_step_logic_test inferd_kernels_cpu_test inferd_kernels_gemm_test \
+      inferd inferd-worker inferd-run
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -L sanitize)
 
 # The daemon and its workers, built with the sanitizers, under every kind of bad input a client can send

@@ -11,7 +11,7 @@ set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/gemm_avx512.cpp ${CMAKE_CU
   "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vnni;-mavx2;-mfma;-mf16c")
 
 inferd_add_test(NAME inferd_kernels_gemm_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/gemm_test.cpp
-                LIBS inferd_kernels_cpu)
+                LIBS inferd_kernels_cpu LABELS unit sanitize)
 
 add_executable(inferd-gemm-bench ${CMAKE_CURRENT_LIST_DIR}/gemm_bench.cpp)
 target_link_libraries(inferd-gemm-bench PRIVATE inferd_kernels_cpu ${CMAKE_DL_LIBS})
