@@ -31,6 +31,7 @@
 #include "inferd/kv_cache.h"
 #include "ops.h"  // the CPU engine's row operations (private to inferd_engine; see CMakeLists.txt)
 #include "test_device.h"
+#include "test_weights.h"
 
 namespace inferd::opencl {
 namespace {
@@ -334,15 +335,8 @@ class MatmulCase final : public OpCase {
     const size_t row_bytes = dtype_row_bytes(type, k);
     weights_.resize(static_cast<size_t>(rows) * row_bytes);
     for (int64_t r = 0; r < rows; ++r) {
-      const float* src = &w[static_cast<size_t>(r * k)];
-      void* dst = &weights_[static_cast<size_t>(r) * row_bytes];
-      if (type == DType::kF32) {
-        std::memcpy(dst, src, row_bytes);
-      } else if (type == DType::kF16) {
-        kernels::fp32_to_fp16_row(src, static_cast<fp16_t*>(dst), k);
-      } else {
-        kernels::quantize_row_ref(type, src, dst, k);
-      }
+      testing::encode_weight_row(type, &w[static_cast<size_t>(r * k)], k, seed + static_cast<uint32_t>(r), 1.0f,
+                                 &weights_[static_cast<size_t>(r) * row_bytes]);
     }
     // The reference multiplies by exactly the values the device sees: the dequantized weights.
     dequantized_.resize(static_cast<size_t>(rows * k));
@@ -404,15 +398,8 @@ RandomWeights random_weights(DType type, int64_t rows, int64_t k, uint32_t seed)
   const kernels::TypeKernels* tk = kernels::type_kernels(type, kernels::Isa::kScalar);
   INFERD_ASSERT(tk != nullptr);
   for (int64_t r = 0; r < rows; ++r) {
-    const float* src = &w[static_cast<size_t>(r * k)];
     void* dst = &out.bytes[static_cast<size_t>(r) * row_bytes];
-    if (type == DType::kF32) {
-      std::memcpy(dst, src, row_bytes);
-    } else if (type == DType::kF16) {
-      kernels::fp32_to_fp16_row(src, static_cast<fp16_t*>(dst), k);
-    } else {
-      kernels::quantize_row_ref(type, src, dst, k);
-    }
+    testing::encode_weight_row(type, &w[static_cast<size_t>(r * k)], k, seed + static_cast<uint32_t>(r), 1.0f, dst);
     tk->to_float(dst, &out.values[static_cast<size_t>(r * k)], k);
   }
   return out;
@@ -512,10 +499,11 @@ class SwigluHalvesCase final : public OpCase {
   std::vector<float> x_;
 };
 
-// The CPU's own activation encoding of x for weights of `type` (quantize_act: Q8_0 / Q8_1 blocks, a
-// float copy for float weights), row by row.
-std::vector<unsigned char> cpu_activations(DType type, const std::vector<float>& x, int32_t tokens, int64_t k) {
-  const kernels::TypeKernels* tk = kernels::type_kernels(type, kernels::Isa::kScalar);
+// The CPU's own activation encoding of x for weights of `type` (quantize_act of `isa`: Q8_0 / Q8_1 /
+// Q8_K blocks, a float copy for float weights), row by row.
+std::vector<unsigned char> cpu_activations(DType type, const std::vector<float>& x, int32_t tokens, int64_t k,
+                                           kernels::Isa isa = kernels::Isa::kScalar) {
+  const kernels::TypeKernels* tk = kernels::type_kernels(type, isa);
   const size_t row_bytes = dtype_row_bytes(tk->act_type, k);
   std::vector<unsigned char> act(static_cast<size_t>(tokens) * row_bytes);
   for (int32_t t = 0; t < tokens; ++t) {
@@ -578,6 +566,63 @@ class QuantizeQ8Case final : public OpCase {
   std::vector<float> x_;
 };
 
+// quantize_q8_k against the CPU engine's own quantize_q8_k (the host's best ISA; scalar.cpp's and the
+// SIMD ones are byte-identical): the quants (the output) and each block's d and 16 sums (checked in
+// run()) exactly. Token 0 has a block of zeros and a block whose largest magnitude appears twice with
+// both signs (the first one's sign decides the scale's).
+class QuantizeQ8KCase final : public OpCase {
+ public:
+  QuantizeQ8KCase(int32_t tokens, int64_t k, uint32_t seed)
+      : tokens_(tokens), k_(k), x_(random_values(int64_t{tokens} * k, seed, -3.0f, 3.0f)) {
+    if (k >= 768) {
+      for (int j = 256; j < 512; ++j) x_[static_cast<size_t>(j)] = 0.0f;
+      x_[512 + 9] = -4.5f;
+      x_[512 + 200] = 4.5f;
+    }
+  }
+  std::string op() const override { return "quantize_q8_k"; }
+  std::string params() const override { return "tokens=" + std::to_string(tokens_) + ",k=" + std::to_string(k_); }
+  bool bit_exact() const override { return true; }
+  Status run(Ops& ops, Harness& h, std::vector<float>* out) override {
+    const Bhwc xs{1, 1, tokens_, static_cast<int32_t>(k_)};
+    ASSIGN_OR_RETURN(x, h.input(xs, x_));
+    ASSIGN_OR_RETURN(q, h.output(xs));
+    const size_t n_blocks = static_cast<size_t>(tokens_ * k_ / 256);
+    auto blocks = h.runtime().create_buffer(n_blocks * kQ8KBlockFloats * sizeof(float));
+    if (!blocks) return blocks.status();
+    INFERD_RETURN_IF_ERROR(ops.quantize_q8_k(*x, *q, blocks->get()));
+    std::vector<float> got(n_blocks * kQ8KBlockFloats);
+    INFERD_RETURN_IF_ERROR(h.runtime().read_buffer(blocks->get(), 0, got.size() * sizeof(float), got.data()));
+    const std::vector<unsigned char> act = cpu_activations(DType::kQ4_K, x_, tokens_, k_, kernels::best_isa());
+    const auto* want = reinterpret_cast<const BlockQ8_K*>(act.data());
+    for (size_t b = 0; b < n_blocks; ++b) {
+      const float* g = &got[b * kQ8KBlockFloats];
+      bool same = g[0] == want[b].d;
+      for (int i = 0; i < 16; ++i) same = same && g[1 + i] == static_cast<float>(want[b].bsums[i]);
+      if (!same) {
+        return make_error(Code::kCorrupt, "block %zu: d %.9g, bsum[0] %g; the CPU's %.9g, %d", b,
+                          static_cast<double>(g[0]), static_cast<double>(g[1]), static_cast<double>(want[b].d),
+                          want[b].bsums[0]);
+      }
+    }
+    return h.finish(*q, out);
+  }
+  std::vector<float> reference() const override {
+    const std::vector<unsigned char> act = cpu_activations(DType::kQ4_K, x_, tokens_, k_, kernels::best_isa());
+    const auto* blocks = reinterpret_cast<const BlockQ8_K*>(act.data());
+    std::vector<float> q;
+    for (size_t b = 0; b < static_cast<size_t>(tokens_ * k_ / 256); ++b) {
+      for (int8_t v : blocks[b].qs) q.push_back(v);
+    }
+    return q;
+  }
+
+ private:
+  int32_t tokens_;
+  int64_t k_;
+  std::vector<float> x_;
+};
+
 // matmul_exact (after quantize_q8 for block weights) against the CPU engine's dot kernel of `isa`
 // for the same weights and activations it encoded itself: the same floats. The x86 kernels (AVX2,
 // AVX-512) are matched by CpuOrder::kX86, the scalar ones by kScalar.
@@ -609,13 +654,17 @@ class MatmulExactCase final : public OpCase {
     ASSIGN_OR_RETURN(x, h.input(xs, x_));
     ASSIGN_OR_RETURN(y, h.output(Bhwc{1, 1, tokens_, static_cast<int32_t>(rows_)}));
     const CpuOrder order = isa_ == kernels::Isa::kScalar ? CpuOrder::kScalar : CpuOrder::kX86;
-    if (type_ == DType::kF32 || type_ == DType::kF16) {
+    const MatmulActivations kind = matmul_activations(type_);
+    if (kind == MatmulActivations::kFloat) {
       INFERD_RETURN_IF_ERROR(ops.matmul_exact(w.value(), *x, nullptr, *y, order, variant_));
     } else {
       ASSIGN_OR_RETURN(q, h.output(xs));
-      auto scales = h.runtime().create_buffer(static_cast<size_t>(tokens_ * k_ / 32) * 2 * sizeof(float));
+      const size_t floats = kind == MatmulActivations::kQ8 ? static_cast<size_t>(tokens_ * k_ / 32) * 2
+                                                           : static_cast<size_t>(tokens_ * k_ / 256) * kQ8KBlockFloats;
+      auto scales = h.runtime().create_buffer(floats * sizeof(float));
       if (!scales) return scales.status();
-      INFERD_RETURN_IF_ERROR(ops.quantize_q8(*x, *q, scales->get()));
+      INFERD_RETURN_IF_ERROR(kind == MatmulActivations::kQ8 ? ops.quantize_q8(*x, *q, scales->get())
+                                                            : ops.quantize_q8_k(*x, *q, scales->get()));
       INFERD_RETURN_IF_ERROR(ops.matmul_exact(w.value(), *q, scales->get(), *y, order, variant_));
     }
     return h.finish(*y, out);
@@ -998,9 +1047,10 @@ Cases matmul_cases(DType type) {
   struct Dims {
     int64_t rows, k;
   };
-  const bool blocks = type != DType::kF32 && type != DType::kF16;
-  const std::vector<Dims> dims = blocks ? std::vector<Dims>{{1, 32}, {3, 96}, {67, 576}, {576, 64}}
-                                        : std::vector<Dims>{{1, 1}, {3, 67}, {67, 576}, {576, 5}};
+  const int64_t block = dtype_info(type)->block_size;
+  const std::vector<Dims> dims = block == 256 ? std::vector<Dims>{{1, 256}, {3, 768}, {67, 256}, {9, 1280}}
+                                 : block == 32 ? std::vector<Dims>{{1, 32}, {3, 96}, {67, 576}, {576, 64}}
+                                               : std::vector<Dims>{{1, 1}, {3, 67}, {67, 576}, {576, 5}};
   const std::pair<int32_t, MatmulVariant> runs[] = {{1, MatmulVariant::kDecode},
                                                     {3, MatmulVariant::kDecode},
                                                     {5, MatmulVariant::kPrefill},
@@ -1040,14 +1090,46 @@ TEST(BackendOps, MatmulQ4_1) {
   run_cases(*rt, matmul_cases(DType::kQ4_1));
 }
 
+TEST(BackendOps, MatmulBF16) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  run_cases(*rt, matmul_cases(DType::kBF16));
+}
+
+TEST(BackendOps, MatmulQ5_0) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  run_cases(*rt, matmul_cases(DType::kQ5_0));
+}
+
+TEST(BackendOps, MatmulQ5_1) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  run_cases(*rt, matmul_cases(DType::kQ5_1));
+}
+
+TEST(BackendOps, MatmulQ4_K) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  run_cases(*rt, matmul_cases(DType::kQ4_K));
+}
+
+TEST(BackendOps, MatmulQ5_K) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  run_cases(*rt, matmul_cases(DType::kQ5_K));
+}
+
+TEST(BackendOps, MatmulQ6_K) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  run_cases(*rt, matmul_cases(DType::kQ6_K));
+}
+
 TEST(BackendOps, GetRows) {
   INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
   Cases cases;
   uint32_t seed = 600;
-  for (DType type : {DType::kF32, DType::kF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
-    const bool blocks = type != DType::kF32 && type != DType::kF16;
-    cases.push_back(std::make_unique<GetRowsCase>(type, 7, blocks ? 64 : 5, std::vector<int32_t>{6, 0, 3, 3, 5}, seed++));
-    cases.push_back(std::make_unique<GetRowsCase>(type, 13, blocks ? 96 : 67, std::vector<int32_t>{12}, seed++));
+  for (DType type : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
+                     DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    const int64_t block = dtype_info(type)->block_size;
+    const int64_t k1 = block == 256 ? 256 : block == 32 ? 64 : 5, k2 = block == 256 ? 768 : block == 32 ? 96 : 67;
+    cases.push_back(std::make_unique<GetRowsCase>(type, 7, k1, std::vector<int32_t>{6, 0, 3, 3, 5}, seed++));
+    cases.push_back(std::make_unique<GetRowsCase>(type, 13, k2, std::vector<int32_t>{12}, seed++));
   }
   run_cases(*rt, cases);
 }
@@ -1076,27 +1158,27 @@ TEST(BackendOps, ExactRowOps) {
   cases.push_back(std::make_unique<SwigluHalvesCase>(5, 1536, seed++, /*exact=*/true));
   cases.push_back(std::make_unique<QuantizeQ8Case>(1, 96, seed++));
   cases.push_back(std::make_unique<QuantizeQ8Case>(7, 1536, seed++));
+  cases.push_back(std::make_unique<QuantizeQ8KCase>(1, 256, seed++));
+  cases.push_back(std::make_unique<QuantizeQ8KCase>(5, 1536, seed++));
   run_cases(*rt, cases);
 }
 
-// matmul_exact equals the CPU's dot kernel of every ISA this host runs for Q4_1, Q8_0 and Q4_0 (k not
-// a multiple of 256) and F32 / F16 (k with a tail of k % 8 elements), decode and prefill, partial
-// tiles of tokens included.
-TEST(BackendOps, MatmulExactEqualsTheCpuKernels) {
-  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
-  if (!Ops(*rt).exact_supported()) GTEST_SKIP() << rt->info().name << " has no cl_khr_fp64 for the exact ops";
+// matmul_exact against the CPU's dot kernel of every ISA this host runs, decode and prefill, partial
+// tiles of tokens included: the 32-element block types with k not a multiple of 256, the K-quants
+// with k multiples of 256 (not all of 512), F32 / F16 / BF16 with a tail of k % 8 elements.
+Cases matmul_exact_cases(std::initializer_list<DType> types, uint32_t seed) {
   struct Dims {
     int64_t rows, k;
   };
   const std::pair<int32_t, MatmulVariant> runs[] = {
       {1, MatmulVariant::kDecode}, {3, MatmulVariant::kDecode}, {5, MatmulVariant::kPrefill}, {8, MatmulVariant::kPrefill}};
   Cases cases;
-  uint32_t seed = 1100;
   for (kernels::Isa isa : {kernels::Isa::kAvx512, kernels::Isa::kAvx2, kernels::Isa::kScalar}) {
-    for (DType type : {DType::kQ4_1, DType::kQ8_0, DType::kQ4_0, DType::kF32, DType::kF16}) {
-      const bool blocks = type != DType::kF32 && type != DType::kF16;
-      const std::vector<Dims> dims =
-          blocks ? std::vector<Dims>{{3, 96}, {67, 576}, {9, 1568}} : std::vector<Dims>{{3, 67}, {67, 576}, {5, 29}};
+    for (DType type : types) {
+      const int64_t block = dtype_info(type)->block_size;
+      const std::vector<Dims> dims = block == 256 ? std::vector<Dims>{{3, 256}, {67, 768}, {9, 1280}}
+                                     : block == 32 ? std::vector<Dims>{{3, 96}, {67, 576}, {9, 1568}}
+                                                   : std::vector<Dims>{{3, 67}, {67, 576}, {5, 29}};
       for (const Dims& d : dims) {
         for (const auto& [tokens, variant] : runs) {
           cases.push_back(std::make_unique<MatmulExactCase>(type, d.rows, d.k, tokens, variant, isa, seed++));
@@ -1104,7 +1186,21 @@ TEST(BackendOps, MatmulExactEqualsTheCpuKernels) {
       }
     }
   }
-  run_cases(*rt, cases);
+  return cases;
+}
+
+TEST(BackendOps, MatmulExactEqualsTheCpuKernels) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  if (!Ops(*rt).exact_supported()) GTEST_SKIP() << rt->info().name << " has no cl_khr_fp64 for the exact ops";
+  run_cases(*rt, matmul_exact_cases({DType::kQ4_1, DType::kQ8_0, DType::kQ4_0, DType::kQ5_0, DType::kQ5_1, DType::kF32,
+                                     DType::kF16, DType::kBF16},
+                                    1100));
+}
+
+TEST(BackendOps, MatmulExactKQuantsEqualTheCpuKernels) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  if (!Ops(*rt).exact_supported()) GTEST_SKIP() << rt->info().name << " has no cl_khr_fp64 for the exact ops";
+  run_cases(*rt, matmul_exact_cases({DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}, 1200));
 }
 
 TEST(BackendOps, RopeKvAndAttention) {
@@ -1174,7 +1270,8 @@ TEST(BackendOps, RejectsBadArguments) {
 
   const std::vector<unsigned char> bytes(4096, 0);
   EXPECT_EQ(MatmulWeights::upload(*rt, DType::kQ8_0, 2, 33, bytes.data()).status().code(), Code::kInvalidArgument);
-  EXPECT_EQ(MatmulWeights::upload(*rt, DType::kQ6_K, 2, 256, bytes.data()).status().code(), Code::kUnimplemented);
+  EXPECT_EQ(MatmulWeights::upload(*rt, DType::kQ4_K, 2, 128, bytes.data()).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(MatmulWeights::upload(*rt, DType::kQ2_K, 2, 256, bytes.data()).status().code(), Code::kUnimplemented);
   EXPECT_EQ(MatmulWeights::upload(*rt, DType::kF32, 0, 4, bytes.data()).status().code(), Code::kInvalidArgument);
   auto mw = MatmulWeights::upload(*rt, DType::kF32, 4, 6, bytes.data());
   ASSERT_TRUE(mw.is_ok());

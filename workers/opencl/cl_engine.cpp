@@ -54,36 +54,49 @@ Result<std::unique_ptr<MatmulWeights>> upload_stacked(Runtime& rt, const std::st
   return upload_matrix(rt, name, first.type, rows, first.cols, host.data());
 }
 
-bool is_float_weights(DType type) { return type == DType::kF32 || type == DType::kF16; }
+// Where MatmulInput puts one quantized encoding of its input (exact numerics): the quants tensor
+// and the per-block buffer (Q8: Ops::quantize_q8's scales; Q8_K: Ops::quantize_q8_k's blocks).
+struct QuantTarget {
+  Tensor* quants = nullptr;
+  cl_mem scales = nullptr;
+};
 
 // The input of one or more matmuls. Float numerics: x itself. Exact: the float x for float weights,
-// its Q8 blocks (Ops::quantize_q8, computed once on first need) for block weights, in the CPU
-// engine's order for a pass of `tokens` tokens.
+// its Q8 blocks (Ops::quantize_q8) or Q8_K blocks (Ops::quantize_q8_k) for block weights, each
+// computed once on first need, in the CPU engine's order for a pass of `tokens` tokens.
 class MatmulInput {
  public:
-  // `quants` is null for float numerics.
-  MatmulInput(Ops& ops, const Tensor& x, Tensor* quants, cl_mem scales, CpuOrder cpu, int32_t tokens)
-      : ops_(ops), x_(x), quants_(quants), scales_(scales), cpu_(cpu), tokens_(tokens) {}
+  // `q8.quants` is null for float numerics; `q8k.quants` when no matrix is a K-quant.
+  MatmulInput(Ops& ops, const Tensor& x, QuantTarget q8, QuantTarget q8k, CpuOrder cpu, int32_t tokens)
+      : ops_(ops), x_(x), q8_(q8), q8k_(q8k), cpu_(cpu), tokens_(tokens) {}
 
   Status matmul(const MatmulWeights& w, Tensor& y) {
-    if (quants_ == nullptr) return ops_.matmul(w, x_, y);
+    if (q8_.quants == nullptr) return ops_.matmul(w, x_, y);
     const CpuOrder order = matmul_order(cpu_, w.type(), tokens_);
-    if (is_float_weights(w.type())) return ops_.matmul_exact(w, x_, nullptr, y, order);
-    if (!done_) {
-      INFERD_RETURN_IF_ERROR(ops_.quantize_q8(x_, *quants_, scales_));
-      done_ = true;
+    const MatmulActivations kind = matmul_activations(w.type());
+    if (kind == MatmulActivations::kFloat) return ops_.matmul_exact(w, x_, nullptr, y, order);
+    if (kind == MatmulActivations::kQ8K) {
+      INFERD_ASSERT(q8k_.quants != nullptr, "K-quant weights without Q8_K activation buffers");
+      if (!q8k_done_) {
+        INFERD_RETURN_IF_ERROR(ops_.quantize_q8_k(x_, *q8k_.quants, q8k_.scales));
+        q8k_done_ = true;
+      }
+      return ops_.matmul_exact(w, *q8k_.quants, q8k_.scales, y, order);
     }
-    return ops_.matmul_exact(w, *quants_, scales_, y, order);
+    if (!q8_done_) {
+      INFERD_RETURN_IF_ERROR(ops_.quantize_q8(x_, *q8_.quants, q8_.scales));
+      q8_done_ = true;
+    }
+    return ops_.matmul_exact(w, *q8_.quants, q8_.scales, y, order);
   }
 
  private:
   Ops& ops_;
   const Tensor& x_;
-  Tensor* quants_;
-  cl_mem scales_;
+  QuantTarget q8_, q8k_;
   CpuOrder cpu_;
   int32_t tokens_;
-  bool done_ = false;
+  bool q8_done_ = false, q8k_done_ = false;
 };
 
 }  // namespace
@@ -104,12 +117,14 @@ struct ClEngine::Activations {
   std::optional<Tensor> xn, qkv, q, k, v, attn, proj, gate_up, gate, up, h;
   std::optional<Tensor> gathered, gathered_norm;  // the rows whose logits are wanted
   std::optional<Tensor> q8_e, q8_f;                // exact: Q8 quants of matmul inputs of n_embd and n_ff channels
+  std::optional<Tensor> q8k_e, q8k_f;              // exact, K-quant weights: their Q8_K quants
   std::optional<Tensor> logits;                    // grows on demand (ensure_logits)
   int32_t logits_capacity = 0;
   ClMem ids, pos, slots, rows;  // int32 per token: token id, position, slot; rows for the gather
   ClMem rope;                   // [n_ubatch][head_dim] floats: rope_table() of the pass's positions
   ClMem q_half;                 // [n_ubatch][n_embd] halves, rope_kv -> attention
   ClMem q8_scales;              // exact: [n_ubatch][max(n_embd, n_ff) / 32] (d, s) of the Q8 quants
+  ClMem q8k_blocks;             // exact, K-quants: [n_ubatch][max(n_embd, n_ff) / 256][kQ8KBlockFloats]
   ClMem scores;                 // exact: Ops::attention_exact's scratch
   size_t bytes = 0;
 };
@@ -130,14 +145,14 @@ Status token_view(const std::optional<Tensor>& t, int32_t width, std::optional<T
 
 // The activations of one pass: views of the first T tokens of ClEngine::Activations.
 struct ClEngine::PassViews {
-  std::optional<Tensor> x0, x1, xn, qkv, q, k, v, attn, proj, gate_up, gate, up, h, q8_e, q8_f;
+  std::optional<Tensor> x0, x1, xn, qkv, q, k, v, attn, proj, gate_up, gate, up, h, q8_e, q8_f, q8k_e, q8k_f;
 
   Status bind(const Activations& a, int32_t t) {
     const std::pair<const std::optional<Tensor>*, std::optional<Tensor>*> pairs[] = {
         {&a.x[0], &x0},       {&a.x[1], &x1},   {&a.xn, &xn},     {&a.qkv, &qkv},
         {&a.q, &q},           {&a.k, &k},       {&a.v, &v},       {&a.attn, &attn},
         {&a.proj, &proj},     {&a.gate_up, &gate_up}, {&a.gate, &gate}, {&a.up, &up},
-        {&a.h, &h},           {&a.q8_e, &q8_e}, {&a.q8_f, &q8_f}};
+        {&a.h, &h},           {&a.q8_e, &q8_e}, {&a.q8_f, &q8_f}, {&a.q8k_e, &q8k_e}, {&a.q8k_f, &q8k_f}};
     for (const auto& [from, to] : pairs) INFERD_RETURN_IF_ERROR(token_view(*from, t, *to));
     return Status::ok();
   }
@@ -327,9 +342,23 @@ Status ClEngine::allocate_activations() {
     INFERD_RETURN_IF_ERROR(tensor(a.k, ekv));
     INFERD_RETURN_IF_ERROR(tensor(a.v, ekv));
   }
+  // Q8_K encodings only where a matrix is a K-quant (their widths are multiples of 256).
+  bool k_quants = false;
+  auto note = [&](const std::unique_ptr<MatmulWeights>& w) {
+    if (w && matmul_activations(w->type()) == MatmulActivations::kQ8K) k_quants = true;
+  };
+  note(embedding_);
+  note(output_);
+  for (const Layer& L : layers_) {
+    for (const auto* w : {&L.qkv, &L.wq, &L.wk, &L.wv, &L.wo, &L.gate_up, &L.gate, &L.up, &L.down}) note(*w);
+  }
   if (exact()) {
     INFERD_RETURN_IF_ERROR(tensor(a.q8_e, e));
     INFERD_RETURN_IF_ERROR(tensor(a.q8_f, f));
+    if (k_quants) {
+      INFERD_RETURN_IF_ERROR(tensor(a.q8k_e, e));
+      INFERD_RETURN_IF_ERROR(tensor(a.q8k_f, f));
+    }
   }
   if (fused_ffn) INFERD_RETURN_IF_ERROR(tensor(a.gate_up, 2 * f));
   if (split_ffn) {
@@ -352,6 +381,11 @@ Status ClEngine::allocate_activations() {
   if (exact()) {
     INFERD_RETURN_IF_ERROR(
         buffer(a.q8_scales, tokens * static_cast<size_t>(std::max(e, f) / 32) * 2 * sizeof(float), CL_MEM_READ_WRITE));
+    if (k_quants) {
+      INFERD_RETURN_IF_ERROR(buffer(a.q8k_blocks,
+                                    tokens * static_cast<size_t>(std::max(e, f) / 256) * kQ8KBlockFloats * sizeof(float),
+                                    CL_MEM_READ_WRITE));
+    }
     // The scores of every token of a pass over the whole context, within a budget: a longer pass
     // runs attention in several launches (Ops::attention_exact).
     constexpr size_t kScoresBudget = size_t{64} << 20;
@@ -461,11 +495,16 @@ Status ClEngine::run_pass(std::span<const BatchToken> batch, int32_t kv_pad, int
   auto rms_norm = [&](const Tensor& x, const Tensor& w, Tensor& dst) {
     return ex ? ops.rms_norm_exact(x, w, eps, dst) : ops.rms_norm(x, w, eps, dst);
   };
-  // The input of matmuls: Q8 quants into q8_e (n_embd channels) or q8_f (n_ff) when exact.
-  Tensor* q8_e = p.q8_e ? &*p.q8_e : nullptr;
-  Tensor* q8_f = p.q8_f ? &*p.q8_f : nullptr;
-  const cl_mem q8_scales = a.q8_scales.get();
-  auto input = [&](const Tensor& x, Tensor* quants) { return MatmulInput(ops, x, quants, q8_scales, cpu_order_, t_count); };
+  // The input of matmuls: Q8 (Q8_K) quants into q8_e (q8k_e) for n_embd channels or q8_f (q8k_f) for
+  // n_ff when exact.
+  auto target = [](std::optional<Tensor>& t, const ClMem& scales) {
+    return QuantTarget{t ? &*t : nullptr, scales.get()};
+  };
+  const QuantTarget q8_e = target(p.q8_e, a.q8_scales), q8_f = target(p.q8_f, a.q8_scales);
+  const QuantTarget q8k_e = target(p.q8k_e, a.q8k_blocks), q8k_f = target(p.q8k_f, a.q8k_blocks);
+  auto input = [&](const Tensor& x, QuantTarget q8, QuantTarget q8k) {
+    return MatmulInput(ops, x, q8, q8k, cpu_order_, t_count);
+  };
 
   INFERD_RETURN_IF_ERROR(ops.get_rows(*embedding_, a.ids.get(), *p.x0));
   Tensor* cur = &*p.x0;
@@ -475,7 +514,7 @@ Status ClEngine::run_pass(std::span<const BatchToken> batch, int32_t kv_pad, int
     auto in_layer = [l](const Status& s) { return s.with_context("layer " + std::to_string(l)); };
     // Attention block.
     INFERD_RETURN_IF_ERROR(rms_norm(*cur, *L.attn_norm, *p.xn));
-    MatmulInput attn_in = input(*p.xn, q8_e);
+    MatmulInput attn_in = input(*p.xn, q8_e, q8k_e);
     TensorSlice qs, ks, vs;
     if (L.qkv) {
       INFERD_RETURN_IF_ERROR(in_layer(attn_in.matmul(*L.qkv, *p.qkv)));
@@ -496,12 +535,12 @@ Status ClEngine::run_pass(std::span<const BatchToken> batch, int32_t kv_pad, int
         ex ? ops.attention_exact(geometry_, a.q_half.get(), tokens, kv_pad, kq_scale, L.cache.get(), a.scores.get(),
                                  cpu_order_, *p.attn)
            : ops.attention(geometry_, a.q_half.get(), tokens, kv_pad, kq_scale, L.cache.get(), *p.attn)));
-    INFERD_RETURN_IF_ERROR(in_layer(input(*p.attn, q8_e).matmul(*L.wo, *p.proj)));
+    INFERD_RETURN_IF_ERROR(in_layer(input(*p.attn, q8_e, q8k_e).matmul(*L.wo, *p.proj)));
     INFERD_RETURN_IF_ERROR(ops.add(*cur, *p.proj, *other));
     std::swap(cur, other);
     // FFN block.
     INFERD_RETURN_IF_ERROR(rms_norm(*cur, *L.ffn_norm, *p.xn));
-    MatmulInput ffn_in = input(*p.xn, q8_e);
+    MatmulInput ffn_in = input(*p.xn, q8_e, q8k_e);
     if (L.gate_up) {
       INFERD_RETURN_IF_ERROR(in_layer(ffn_in.matmul(*L.gate_up, *p.gate_up)));
       INFERD_RETURN_IF_ERROR(ex ? ops.swiglu_halves_exact(*p.gate_up, *p.h) : ops.swiglu_halves(*p.gate_up, *p.h));
@@ -510,7 +549,7 @@ Status ClEngine::run_pass(std::span<const BatchToken> batch, int32_t kv_pad, int
       INFERD_RETURN_IF_ERROR(in_layer(ffn_in.matmul(*L.up, *p.up)));
       INFERD_RETURN_IF_ERROR(ex ? ops.swiglu_exact(*p.gate, *p.up, *p.h) : ops.swiglu(*p.gate, *p.up, *p.h));
     }
-    INFERD_RETURN_IF_ERROR(in_layer(input(*p.h, q8_f).matmul(*L.down, *p.proj)));
+    INFERD_RETURN_IF_ERROR(in_layer(input(*p.h, q8_f, q8k_f).matmul(*L.down, *p.proj)));
     INFERD_RETURN_IF_ERROR(ops.add(*cur, *p.proj, *other));
     std::swap(cur, other);
   }
@@ -518,10 +557,11 @@ Status ClEngine::run_pass(std::span<const BatchToken> batch, int32_t kv_pad, int
   logits_.resize(static_cast<size_t>(n_out) * static_cast<size_t>(cfg.n_vocab));
   if (n_out == 0) return rt.finish();
   // Output: the wanted rows only, normalised and projected; the logits come back to the host.
-  std::optional<Tensor> gathered, gathered_norm, quants, logits;
+  std::optional<Tensor> gathered, gathered_norm, quants, quants_k, logits;
   INFERD_RETURN_IF_ERROR(token_view(a.gathered, n_out, gathered));
   INFERD_RETURN_IF_ERROR(token_view(a.gathered_norm, n_out, gathered_norm));
   INFERD_RETURN_IF_ERROR(token_view(a.q8_e, n_out, quants));
+  INFERD_RETURN_IF_ERROR(token_view(a.q8k_e, n_out, quants_k));
   const Tensor* rows = cur;
   if (n_out < t_count) {
     INFERD_RETURN_IF_ERROR(ops.gather(*cur, a.rows.get(), *gathered));
@@ -530,7 +570,7 @@ Status ClEngine::run_pass(std::span<const BatchToken> batch, int32_t kv_pad, int
   INFERD_RETURN_IF_ERROR(rms_norm(*rows, *output_norm_, *gathered_norm));
   INFERD_RETURN_IF_ERROR(ensure_logits(n_out));
   INFERD_RETURN_IF_ERROR(token_view(a.logits, n_out, logits));
-  MatmulInput out_in = input(*gathered_norm, quants ? &*quants : nullptr);
+  MatmulInput out_in = input(*gathered_norm, target(quants, a.q8_scales), target(quants_k, a.q8k_blocks));
   INFERD_RETURN_IF_ERROR(out_in.matmul(output_ ? *output_ : *embedding_, *logits).with_context("output"));
   return download(rt, *logits, logits_);
 }

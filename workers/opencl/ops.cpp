@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "inferd/kernels/cpu.h"
+#include "inferd/kernels/gemm.h"
 
 namespace inferd::opencl {
 
@@ -30,6 +31,10 @@ KernelArgs& KernelArgs::tensor(const Tensor& t) {
 KernelArgs& KernelArgs::buffer(cl_mem mem) {
   set(sizeof(mem), &mem);
   return *this;
+}
+
+KernelArgs& KernelArgs::weights(const MatmulWeights& w) {
+  return buffer(w.values()).buffer(w.scales()).buffer(w.mins()).buffer(w.sub_scales());
 }
 
 KernelArgs& KernelArgs::local(size_t bytes) {
@@ -261,18 +266,37 @@ const char* weight_pointer_type(DType type) {
   switch (type) {
     case DType::kF32: return "float4";
     case DType::kF16: return "half";
-    case DType::kQ8_0: return "char4";
+    case DType::kQ8_0:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
+    case DType::kQ5_K:
+    case DType::kQ6_K: return "char4";
+    case DType::kBF16:
     case DType::kQ4_0:
-    case DType::kQ4_1: return "ushort4";
+    case DType::kQ4_1:
+    case DType::kQ4_K: return "ushort4";
     default: return nullptr;
   }
 }
 
-// w_load(): the 4 rows of output slice `so` at input slice `si`, dequantized, into r[0..3].
+bool is_k_quant(DType type) { return type == DType::kQ4_K || type == DType::kQ5_K || type == DType::kQ6_K; }
+
+// The parameters every weight-reading kernel takes, in KernelArgs::weights() order.
+std::vector<std::string> weight_params(DType type) {
+  return {std::string("__global const ") + weight_pointer_type(type) + "* wq", "__global const float4* ws",
+          "__global const float4* wm", "__global const char4* wsub"};
+}
+
+// w_load(): the 4 rows of output slice `so` at input slice `si`, dequantized as the CPU engine's
+// to_float (kernels/cpu/scalar.cpp) computes them, into r[0..3].
 std::string weight_loader(DType type) {
   const std::string signature = std::string("inline void w_load(__global const ") + weight_pointer_type(type) +
-                                "* wq, __global const float4* ws, __global const float4* wm, int so, int si, int n_si, "
-                                "float4* r) {\n";
+                                "* wq, __global const float4* ws, __global const float4* wm, __global const char4* "
+                                "wsub, int so, int si, int n_si, float4* r) {\n";
+  // The 32-element group of (so, si), the K-quant super-block holding it, and the group within it.
+  const std::string k_prologue = R"(  const int g = so * (n_si / 8) + si / 8;
+  const int sb = so * (n_si / 64) + si / 64;
+)";
   switch (type) {
     case DType::kF32:
       return signature + R"(  const int base = (so * n_si + si) * 4;
@@ -290,7 +314,16 @@ std::string weight_loader(DType type) {
   r[3] = vload_half4(base + 3, wq);
 }
 )";
+    case DType::kBF16:
+      return signature + R"(  const int base = (so * n_si + si) * 4;
+  r[0] = as_float4(convert_uint4(wq[base]) << 16);
+  r[1] = as_float4(convert_uint4(wq[base + 1]) << 16);
+  r[2] = as_float4(convert_uint4(wq[base + 2]) << 16);
+  r[3] = as_float4(convert_uint4(wq[base + 3]) << 16);
+}
+)";
     case DType::kQ8_0:
+    case DType::kQ5_0:
       return signature + R"(  const int blk = so * (n_si / 8) + si / 8;
   const int base = (blk * 8 + si % 8) * 4;
   const float4 d = ws[blk];
@@ -298,6 +331,17 @@ std::string weight_loader(DType type) {
   r[1] = convert_float4(wq[base + 1]) * d.y;
   r[2] = convert_float4(wq[base + 2]) * d.z;
   r[3] = convert_float4(wq[base + 3]) * d.w;
+}
+)";
+    case DType::kQ5_1:
+      return signature + R"(  const int blk = so * (n_si / 8) + si / 8;
+  const int base = (blk * 8 + si % 8) * 4;
+  const float4 d = ws[blk];
+  const float4 m = wm[blk];
+  r[0] = convert_float4(wq[base]) * d.x + m.x;
+  r[1] = convert_float4(wq[base + 1]) * d.y + m.y;
+  r[2] = convert_float4(wq[base + 2]) * d.z + m.z;
+  r[3] = convert_float4(wq[base + 3]) * d.w + m.w;
 }
 )";
     case DType::kQ4_0:
@@ -321,6 +365,35 @@ std::string weight_loader(DType type) {
   r[3] = inferd_nibbles(p.w) * d.w + m.w;
 }
 )";
+    case DType::kQ4_K:  // q4_k_to_float: ds * q - ms, ds = d * sc, ms = dmin * mn
+      return signature + k_prologue + R"(  const ushort4 p = wq[g * 8 + si % 8];
+  const float4 ds = ws[sb] * convert_float4(wsub[sb * 16 + g % 8]);
+  const float4 ms = wm[sb] * convert_float4(wsub[sb * 16 + 8 + g % 8]);
+  r[0] = inferd_nibbles(p.x) * ds.x - ms.x;
+  r[1] = inferd_nibbles(p.y) * ds.y - ms.y;
+  r[2] = inferd_nibbles(p.z) * ds.z - ms.z;
+  r[3] = inferd_nibbles(p.w) * ds.w - ms.w;
+}
+)";
+    case DType::kQ5_K:
+      return signature + k_prologue + R"(  const int base = (g * 8 + si % 8) * 4;
+  const float4 ds = ws[sb] * convert_float4(wsub[sb * 16 + g % 8]);
+  const float4 ms = wm[sb] * convert_float4(wsub[sb * 16 + 8 + g % 8]);
+  r[0] = convert_float4(wq[base]) * ds.x - ms.x;
+  r[1] = convert_float4(wq[base + 1]) * ds.y - ms.y;
+  r[2] = convert_float4(wq[base + 2]) * ds.z - ms.z;
+  r[3] = convert_float4(wq[base + 3]) * ds.w - ms.w;
+}
+)";
+    case DType::kQ6_K:  // q6_k_to_float: (d * sc) * (q - 32), sc the scale of the 16 elements
+      return signature + k_prologue + R"(  const int base = (g * 8 + si % 8) * 4;
+  const float4 ds = ws[sb] * convert_float4(wsub[sb * 16 + (si % 64) / 4]);
+  r[0] = ds.x * (convert_float4(wq[base]) - 32.0f);
+  r[1] = ds.y * (convert_float4(wq[base + 1]) - 32.0f);
+  r[2] = ds.z * (convert_float4(wq[base + 2]) - 32.0f);
+  r[3] = ds.w * (convert_float4(wq[base + 3]) - 32.0f);
+}
+)";
     default: return "";
   }
 }
@@ -340,8 +413,7 @@ KernelTemplate matmul_template(DType type, MatmulVariant variant, StorageType x,
   KernelTemplate k;
   k.name = variant == MatmulVariant::kDecode ? "matmul_decode" : "matmul_prefill";
   k.tensors = {{"x", x, Access::kRead}, {"y", y, Access::kWrite}};
-  k.params = {std::string("__global const ") + weight_pointer_type(type) + "* wq", "__global const float4* ws",
-              "__global const float4* wm"};
+  k.params = weight_params(type);
   k.helpers = std::string(kMatmulHelpers) + weight_loader(type);
   if (variant == MatmulVariant::kDecode) {
     // Launched as (lanes * S_O, T) with work-groups (lanes, 1): a group per (output slice, token).
@@ -354,7 +426,7 @@ KernelTemplate matmul_template(DType type, MatmulVariant variant, StorageType x,
   float4 r[4];
   float4 acc = (float4)(0.0f);
   for (int si = lid; si < n_si; si += lsz) {
-    w_load(wq, ws, wm, so, si, n_si, r);
+    w_load(wq, ws, wm, wsub, so, si, n_si, r);
     acc += inferd_dot4(r, $x.Read(t, 0, si));
   }
   scratch[lid] = acc;
@@ -376,7 +448,7 @@ KernelTemplate matmul_template(DType type, MatmulVariant variant, StorageType x,
   float4 r[4];
   float4 a0 = (float4)(0.0f), a1 = (float4)(0.0f), a2 = (float4)(0.0f), a3 = (float4)(0.0f);
   for (int si = 0; si < n_si; ++si) {
-    w_load(wq, ws, wm, so, si, n_si, r);
+    w_load(wq, ws, wm, wsub, so, si, n_si, r);
     a0 += inferd_dot4(r, $x.Read(t0, 0, si));
     a1 += inferd_dot4(r, $x.Read(t1, 0, si));
     a2 += inferd_dot4(r, $x.Read(t2, 0, si));
@@ -397,15 +469,15 @@ KernelTemplate get_rows_template(DType type, StorageType dst) {
   KernelTemplate k;
   k.name = "get_rows";
   k.tensors = {{"dst", dst, Access::kWrite}};
-  k.params = {"__global const int* rows", std::string("__global const ") + weight_pointer_type(type) + "* wq",
-              "__global const float4* ws", "__global const float4* wm"};
+  k.params = weight_params(type);
+  k.params.insert(k.params.begin(), "__global const int* rows");
   k.helpers = std::string(kMatmulHelpers) + weight_loader(type);
   // Launched as (T, S): w_load() dequantizes the 4 rows of the row's output slice; one is kept.
   k.body = R"(  const int t = get_global_id(0);
   const int si = get_global_id(1);
   const int row = rows[t];
   float4 r[4];
-  w_load(wq, ws, wm, row / 4, si, $dst.Slices(), r);
+  w_load(wq, ws, wm, wsub, row / 4, si, $dst.Slices(), r);
   $dst.Write(r[row % 4], t, 0, si);
 )";
   return k;
@@ -651,6 +723,8 @@ std::string weight_int_loader(DType type) {
                                 "* wq, int blk, int l, float4* r) {\n";
   switch (type) {
     case DType::kQ8_0:
+    case DType::kQ5_0:  // the signed values
+    case DType::kQ5_1:  // the codes
       return signature + R"(  const int base = (blk * 8 + l) * 4;
   r[0] = convert_float4(wq[base]);
   r[1] = convert_float4(wq[base + 1]);
@@ -669,23 +743,29 @@ std::string weight_int_loader(DType type) {
   }
 }
 
+KernelTemplate matmul_exact_k_template(DType type, CpuOrder order, int tokens_per_item, StorageType x, StorageType y);
+
 // The exact matmul. A work-item computes output slice so (4 rows) for TT tokens; the launch is
 // (S_O, ceil(T / TT)), tokens past T read the last token (in bounds) and are not written.
 //
-// Block types, kX86: per row 8 lanes; lane l of block b adds fma(d_w * d_a, isum, acc) where isum,
-// the integer dot of the block's elements 4l..4l+3 (slice l), is computed by dot() in float: every
-// product and partial sum is an integer below 2^24, so any order gives it exactly. Then hsum, and
-// for Q4_1 the min chain fma(m_w, s_a, acc_min) added last (dot_unsigned_q8_1).
-// Block types, kScalar: sum += (d_w * d_a) * isum (+ m_w * s_a) per block (scalar dot_x_q8_*).
-// F32 / F16: the float input, as dot_float (kX86) or dot_float_weights (kScalar).
+// 32-element block types (Q8_0, Q4_0, Q5_0 against Q8_0; Q4_1, Q5_1 against Q8_1), kX86
+// (dot_signed_q8_0, dot_unsigned_q8_1): per row 8 lanes; lane l of block b adds
+// fma(d_w * d_a, isum, acc) where isum, the integer dot of the block's elements 4l..4l+3 (slice l;
+// weights as signed values, or as codes for the types with a min), is computed by dot() in float:
+// every product and partial sum is an integer below 2^24, so any order gives it exactly. Then hsum,
+// and for Q4_1 / Q5_1 the min chain fma(m_w, s_a, acc_min) added last.
+// The same, kScalar (scalar dot_x_q8_0 / dot_x_q8_1): sum += (d_w * d_a) * isum (+ m_w * s_a) per block.
+// F32 / F16 / BF16: the float input, as dot_float (kX86) or dot_float_weights (kScalar).
+// K-quants: matmul_exact_k_template.
 KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_item, StorageType x, StorageType y) {
+  if (is_k_quant(type)) return matmul_exact_k_template(type, order, tokens_per_item, x, y);
   KernelTemplate k;
   k.name = "matmul_exact";
   k.tensors = {{"x", x, Access::kRead}, {"y", y, Access::kWrite}};
-  k.params = {std::string("__global const ") + weight_pointer_type(type) + "* wq", "__global const float4* ws",
-              "__global const float4* wm", "__global const float2* xs"};
-  const bool blocks = type != DType::kF32 && type != DType::kF16;
-  const bool q4_1 = type == DType::kQ4_1;
+  k.params = weight_params(type);
+  k.params.push_back("__global const float2* xs");
+  const bool blocks = matmul_activations(type) == MatmulActivations::kQ8;
+  const bool q4_1 = type == DType::kQ4_1 || type == DType::kQ5_1;  // a min term
   k.helpers = "#define TT " + std::to_string(tokens_per_item) + "  // tokens per work-item\n" + kExactHelpers +
               kMatmulHelpers + (blocks ? weight_int_loader(type) : weight_loader(type));
   std::string body = R"(  const int so = get_global_id(0);
@@ -769,10 +849,10 @@ KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_
   for (; e + 16 <= k; e += 16) {
     const int s = e / 4;
     float4 w0[4], w1[4], w2[4], w3[4];
-    w_load(wq, ws, wm, so, s, n_si, w0);
-    w_load(wq, ws, wm, so, s + 1, n_si, w1);
-    w_load(wq, ws, wm, so, s + 2, n_si, w2);
-    w_load(wq, ws, wm, so, s + 3, n_si, w3);
+    w_load(wq, ws, wm, wsub, so, s, n_si, w0);
+    w_load(wq, ws, wm, wsub, so, s + 1, n_si, w1);
+    w_load(wq, ws, wm, wsub, so, s + 2, n_si, w2);
+    w_load(wq, ws, wm, wsub, so, s + 3, n_si, w3);
     for (int i = 0; i < TT; ++i) {
       const float4 x0 = $x.Read(tt[i], 0, s), x1 = $x.Read(tt[i], 0, s + 1);
       const float4 x2 = $x.Read(tt[i], 0, s + 2), x3 = $x.Read(tt[i], 0, s + 3);
@@ -787,8 +867,8 @@ KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_
   if (e + 8 <= k) {
     const int s = e / 4;
     float4 w0[4], w1[4];
-    w_load(wq, ws, wm, so, s, n_si, w0);
-    w_load(wq, ws, wm, so, s + 1, n_si, w1);
+    w_load(wq, ws, wm, wsub, so, s, n_si, w0);
+    w_load(wq, ws, wm, wsub, so, s + 1, n_si, w1);
     for (int i = 0; i < TT; ++i) {
       const float4 x0 = $x.Read(tt[i], 0, s), x1 = $x.Read(tt[i], 0, s + 1);
       for (int r = 0; r < 4; ++r) {
@@ -803,7 +883,7 @@ KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_
     for (int r = 0; r < 4; ++r) o[r] = inferd_hsum8(a0[i][r] + a2[i][r], a1[i][r] + a3[i][r]);
     for (int f = e; f < k; ++f) {  // the last k % 8 products, one fma each (GCC contracts the tail)
       float4 w[4];
-      w_load(wq, ws, wm, so, f / 4, n_si, w);
+      w_load(wq, ws, wm, wsub, so, f / 4, n_si, w);
       const float xf = inferd_lane($x.Read(tt[i], 0, f / 4), f % 4);
       for (int r = 0; r < 4; ++r) o[r] = fma(inferd_lane(w[r], f % 4), xf, o[r]);
     }
@@ -817,7 +897,7 @@ KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_
   for (int i = 0; i < TT; ++i) sum[i] = (float4)(0.0f);
   for (int s = 0; s < n_si; ++s) {
     float4 w[4];
-    w_load(wq, ws, wm, so, s, n_si, w);
+    w_load(wq, ws, wm, wsub, so, s, n_si, w);
     const int n = min(4, k - 4 * s);
     for (int i = 0; i < TT; ++i) {
       const float4 xv = $x.Read(tt[i], 0, s);
@@ -832,6 +912,209 @@ KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_
 )";
   }
   k.body = body;
+  return k;
+}
+
+// w_code(): the integer codes of the 4 rows at slice l of 32-element group g (so * G + group).
+std::string weight_code_loader(DType type) {
+  const std::string signature = std::string("inline void w_code(__global const ") + weight_pointer_type(type) +
+                                "* wq, int g, int l, int4* r) {\n";
+  if (type == DType::kQ4_K) {
+    return signature + R"(  const ushort4 p = wq[g * 8 + l];
+  r[0] = convert_int4(inferd_nibbles(p.x));
+  r[1] = convert_int4(inferd_nibbles(p.y));
+  r[2] = convert_int4(inferd_nibbles(p.z));
+  r[3] = convert_int4(inferd_nibbles(p.w));
+}
+)";
+  }
+  return signature + R"(  const int base = (g * 8 + l) * 4;
+  r[0] = convert_int4(wq[base]);
+  r[1] = convert_int4(wq[base + 1]);
+  r[2] = convert_int4(wq[base + 2]);
+  r[3] = convert_int4(wq[base + 3]);
+}
+)";
+}
+
+// The exact matmul of K-quant weights against quantize_q8_k()'s blocks (`xk`: d_a and the 16 sums
+// bsum_g of 16 quants a), per 256-element super-block of a row, the integers exact (int):
+//   sumi_l = sum over the 8 groups s of 32 of sc(s, l) * sum_{e = 4l..4l+3} q[32s + e] * a[32s + e],
+//            l = 0..7, with the unsigned codes q (Q6_K: value + 32) and sc(s, l) = sc_s for Q4_K / Q5_K,
+//            the scale of the 16 elements that hold them for Q6_K (scales[2s + l / 4]);
+//   p_j    = mn_2j * (bsum_4j + bsum_4j+1) + mn_2j+1 * (bsum_4j+2 + bsum_4j+3), j = 0..3 (Q4_K, Q5_K);
+//   off_l  = 32 * (sc_2l * bsum_2l + sc_2l+1 * bsum_2l+1) (Q6_K: the -32 of the values).
+// kX86 (x86_kernels.inc), per super-block:
+//   Q4_K / Q5_K (dot_k_min, k_min_float_step): acc_l = fma(d_a * d, (float)sumi_l, acc_l); with
+//     neg = -(d_a * dmin), Q4_K accm_j = fma(neg, (float)p_j, accm_j), Q5_K summs = fma(neg,
+//     (float)(p_0 + p_1 + p_2 + p_3), summs); at the end (k_min_result) y = hsum(acc) +
+//     ((accm_0 + accm_2) + (accm_1 + accm_3)), resp. y = hsum(acc) + summs.
+//   Q6_K (dot_q6_k_nr, q6_k_float_step): acc_l = fma(d * d_a, (float)(sumi_l - off_l), acc_l); y = hsum(acc).
+// kScalar (scalar.cpp dot_kq_min, dot_q6_k), with isum = sum_l sumi_l:
+//   Q4_K / Q5_K: y = y + d_a * (d * (float)isum - dmin * (float)(p_0 + p_1 + p_2 + p_3))
+//   Q6_K:        y = y + (d * d_a) * (float)(isum - sum_l off_l)
+// (float)n of an int rounds to nearest even in both: Q6_K's totals may pass 2^24.
+KernelTemplate matmul_exact_k_template(DType type, CpuOrder order, int tokens_per_item, StorageType x, StorageType y) {
+  KernelTemplate k;
+  k.name = "matmul_exact_k";
+  k.tensors = {{"x", x, Access::kRead}, {"y", y, Access::kWrite}};
+  k.params = weight_params(type);
+  k.params.push_back("__global const float* xk");
+  const bool q6 = type == DType::kQ6_K;
+  const bool x86 = order == CpuOrder::kX86;
+  k.helpers = "#define TT " + std::to_string(tokens_per_item) + "  // tokens per work-item\n" +
+              "#define Q8K_FLOATS " + std::to_string(kQ8KBlockFloats) + "\n" + kExactHelpers + kMatmulHelpers +
+              weight_code_loader(type) + R"(inline int inferd_idot(int4 a, int4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
+inline int inferd_ilane(int4 v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w; }
+)";
+  std::string body = R"(  const int so = get_global_id(0);
+  const int t0 = get_global_id(1) * TT;
+  const int n_t = $x.Width();
+  int tt[TT];
+  for (int i = 0; i < TT; ++i) tt[i] = min(t0 + i, n_t - 1);
+  const int n_b = $x.Slices() / 64;  // super-blocks per row
+  float acc[TT][4][8];   // kX86: the 8 lanes per row
+  float accm[TT][4][4];  // kX86 Q4_K: the min lanes
+  float sum[TT][4];      // kX86 Q5_K: the min chain; kScalar: the row's sum
+  for (int i = 0; i < TT; ++i) {
+    for (int r = 0; r < 4; ++r) {
+      sum[i][r] = 0.0f;
+      for (int l = 0; l < 8; ++l) acc[i][r][l] = 0.0f;
+      for (int j = 0; j < 4; ++j) accm[i][r][j] = 0.0f;
+    }
+  }
+  for (int b = 0; b < n_b; ++b) {
+    const int blk = so * n_b + b;
+    int sumi[TT][4][8];
+    for (int i = 0; i < TT; ++i) {
+      for (int r = 0; r < 4; ++r) {
+        for (int l = 0; l < 8; ++l) sumi[i][r][l] = 0;
+      }
+    }
+    for (int s = 0; s < 8; ++s) {
+      for (int l = 0; l < 8; ++l) {
+        int4 w[4];
+        w_code(wq, blk * 8 + s, l, w);
+)";
+  body += q6 ? "        const int4 sc = convert_int4(wsub[blk * 16 + 2 * s + l / 4]);\n"
+             : "        const int4 sc = convert_int4(wsub[blk * 16 + s]);\n";
+  body += R"(        for (int i = 0; i < TT; ++i) {
+          const int4 a = convert_int4($x.Read(tt[i], 0, 64 * b + 8 * s + l));
+          sumi[i][0][l] += sc.x * inferd_idot(w[0], a);
+          sumi[i][1][l] += sc.y * inferd_idot(w[1], a);
+          sumi[i][2][l] += sc.z * inferd_idot(w[2], a);
+          sumi[i][3][l] += sc.w * inferd_idot(w[3], a);
+        }
+      }
+    }
+    int4 ssc[16];  // Q4_K / Q5_K: sc_0..7, mn_0..7; Q6_K: the 16 scales
+    for (int g = 0; g < 16; ++g) ssc[g] = convert_int4(wsub[blk * 16 + g]);
+    const float4 d = ws[blk];
+)";
+  if (!q6) body += "    const float4 dmin = wm[blk];\n";
+  body += R"(    for (int i = 0; i < TT; ++i) {
+      __global const float* xb = xk + (tt[i] * n_b + b) * Q8K_FLOATS;
+      const float da = xb[0];
+      int bs[16];
+      for (int g = 0; g < 16; ++g) bs[g] = (int)xb[1 + g];
+      for (int r = 0; r < 4; ++r) {
+        const float dr = inferd_lane(d, r);
+)";
+  if (q6) {
+    body += R"(        int off[8];
+        for (int l = 0; l < 8; ++l) {
+          off[l] = 32 * (inferd_ilane(ssc[2 * l], r) * bs[2 * l] + inferd_ilane(ssc[2 * l + 1], r) * bs[2 * l + 1]);
+        }
+)";
+    body += x86 ? R"(        const float scale = dr * da;
+        for (int l = 0; l < 8; ++l) acc[i][r][l] = fma(scale, (float)(sumi[i][r][l] - off[l]), acc[i][r][l]);
+)"
+                : R"(        int isum = 0;
+        for (int l = 0; l < 8; ++l) isum += sumi[i][r][l] - off[l];
+        sum[i][r] = sum[i][r] + (dr * da) * (float)isum;
+)";
+  } else {
+    body += R"(        int p[4];
+        for (int j = 0; j < 4; ++j) {
+          p[j] = inferd_ilane(ssc[8 + 2 * j], r) * (bs[4 * j] + bs[4 * j + 1]) +
+                 inferd_ilane(ssc[9 + 2 * j], r) * (bs[4 * j + 2] + bs[4 * j + 3]);
+        }
+)";
+    if (!x86) {
+      body += R"(        int isum = 0;
+        for (int l = 0; l < 8; ++l) isum += sumi[i][r][l];
+        const float msum = (float)(p[0] + p[1] + p[2] + p[3]);
+        sum[i][r] = sum[i][r] + da * (dr * (float)isum - inferd_lane(dmin, r) * msum);
+)";
+    } else {
+      body += "        const float neg = -(da * inferd_lane(dmin, r));\n";
+      body += type == DType::kQ4_K
+                  ? "        for (int j = 0; j < 4; ++j) accm[i][r][j] = fma(neg, (float)p[j], accm[i][r][j]);\n"
+                  : "        sum[i][r] = fma(neg, (float)(p[0] + p[1] + p[2] + p[3]), sum[i][r]);\n";
+      body += R"(        const float scale = da * dr;
+        for (int l = 0; l < 8; ++l) acc[i][r][l] = fma(scale, (float)sumi[i][r][l], acc[i][r][l]);
+)";
+    }
+  }
+  body += R"(      }
+    }
+  }
+  for (int i = 0; i < TT && t0 + i < n_t; ++i) {
+    float o[4];
+    for (int r = 0; r < 4; ++r) {
+)";
+  if (!x86) {
+    body += "      o[r] = sum[i][r];\n";
+  } else if (q6) {
+    body += "      o[r] = inferd_hsum8(vload4(0, acc[i][r]), vload4(1, acc[i][r]));\n";
+  } else if (type == DType::kQ4_K) {
+    body += "      o[r] = inferd_hsum8(vload4(0, acc[i][r]), vload4(1, acc[i][r])) +\n"
+            "             ((accm[i][r][0] + accm[i][r][2]) + (accm[i][r][1] + accm[i][r][3]));\n";
+  } else {
+    body += "      o[r] = inferd_hsum8(vload4(0, acc[i][r]), vload4(1, acc[i][r])) + sum[i][r];\n";
+  }
+  body += R"(    }
+    $y.Write((float4)(o[0], o[1], o[2], o[3]), t0 + i, 0, so);
+  }
+)";
+  k.body = body;
+  return k;
+}
+
+// Launched as (T, K / 256): a work-item per block (kernels/cpu/scalar.cpp quantize_q8_k).
+KernelTemplate quantize_q8_k_template(StorageType src, StorageType dst) {
+  KernelTemplate k;
+  k.name = "quantize_q8_k";
+  k.tensors = {{"x", src, Access::kRead}, {"quants", dst, Access::kWrite}};
+  k.params = {"__global float* blocks"};
+  k.helpers = std::string("#define Q8K_FLOATS ") + std::to_string(kQ8KBlockFloats) + "\n" + kExactHelpers;
+  k.body = R"(  const int t = get_global_id(0);
+  const int blk = get_global_id(1);
+  __global float* out = blocks + (t * ($x.Channels() / 256) + blk) * Q8K_FLOATS;
+  float amax = 0.0f, mx = 0.0f;  // the first element of largest magnitude, and it with its sign
+  for (int j = 0; j < 64; ++j) {
+    const float4 v = $x.Read(t, 0, 64 * blk + j);
+    for (int c = 0; c < 4; ++c) {
+      const float e = inferd_lane(v, c);
+      if (fabs(e) > amax) {
+        amax = fabs(e);
+        mx = e;
+      }
+    }
+  }
+  const float iscale = amax != 0.0f ? inferd_div(-127.0f, mx) : 0.0f;
+  for (int g = 0; g < 16; ++g) {
+    float bsum = 0.0f;  // of integers below 2^12: exact
+    for (int j = 0; j < 4; ++j) {
+      // nearest_int(iscale * x) is rint (the 1.5 * 2^23 trick rounds to even), clamped at 127.
+      const float4 q = fmin(rint($x.Read(t, 0, 64 * blk + 4 * g + j) * iscale), 127.0f) + 0.0f;
+      bsum += (q.x + q.y) + (q.z + q.w);
+      $quants.Write(q, t, 0, 64 * blk + 4 * g + j);
+    }
+    out[1 + g] = bsum;
+  }
+  out[0] = amax != 0.0f ? inferd_div(1.0f, iscale) : 0.0f;
+)";
   return k;
 }
 
@@ -997,6 +1280,125 @@ Status require_same_shape(const char* op, const Tensor& a, const Tensor& b) {
                     b.shape().to_string().c_str());
 }
 
+// One weight block as the kernels read it (ops.h's layouts): the codes of its elements in order,
+// its scale d, its min (Q4_1, Q5_1) or min scale dmin (Q4_K, Q5_K), and a K-quant's sub-block scales.
+struct DecodedBlock {
+  int codes[256];
+  float d = 0.0f, m = 0.0f;
+  int8_t sub[16] = {};
+};
+
+template <typename Block>
+Block read_block(const unsigned char* p) {
+  Block b;
+  std::memcpy(&b, p, sizeof(b));
+  return b;
+}
+
+// Q5_0 / Q5_1: nibble | fifth bit << 4, element j < 16 the low nibble of qs[j], else the high of qs[j - 16].
+template <typename Block>
+void decode_q5(const Block& b, int offset, int* codes) {
+  uint32_t qh;
+  std::memcpy(&qh, b.qh, sizeof(qh));
+  for (int j = 0; j < 16; ++j) {
+    codes[j] = static_cast<int>((b.qs[j] & 0x0F) | (((qh >> j) & 1) << 4)) - offset;
+    codes[j + 16] = static_cast<int>((b.qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - offset;
+  }
+}
+
+// Q4_K / Q5_K: the 8 six-bit scales into sub[0..7] and mins into sub[8..15] (ggml's get_scale_min_k4).
+void decode_k4_scales(const uint8_t* q, int8_t* sub) {
+  for (int j = 0; j < 8; ++j) {
+    const int sc = j < 4 ? q[j] & 63 : (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    const int mn = j < 4 ? q[j + 4] & 63 : (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    sub[j] = static_cast<int8_t>(sc);
+    sub[8 + j] = static_cast<int8_t>(mn);
+  }
+}
+
+// Q4_K / Q5_K (qh: Q5_K's fifth bits, else null): chunk c of 32 bytes holds group 2c in its low
+// nibbles and group 2c + 1 in its high nibbles, whose fifth bits are bits 2c and 2c + 1 of qh[l].
+template <typename Block>
+void decode_k_min(const Block& b, const uint8_t* qh, DecodedBlock& out) {
+  out.d = kernels::fp16_to_fp32(b.d);
+  out.m = kernels::fp16_to_fp32(b.dmin);
+  decode_k4_scales(b.scales, out.sub);
+  for (int c = 0; c < 4; ++c) {
+    for (int l = 0; l < 32; ++l) {
+      const int h0 = qh != nullptr ? ((qh[l] >> (2 * c)) & 1) << 4 : 0;
+      const int h1 = qh != nullptr ? ((qh[l] >> (2 * c + 1)) & 1) << 4 : 0;
+      out.codes[64 * c + l] = (b.qs[32 * c + l] & 0x0F) | h0;
+      out.codes[64 * c + 32 + l] = (b.qs[32 * c + l] >> 4) | h1;
+    }
+  }
+}
+
+void decode_block(DType type, const unsigned char* p, DecodedBlock& out) {
+  switch (type) {
+    case DType::kQ8_0: {
+      const auto b = read_block<BlockQ8_0>(p);
+      out.d = kernels::fp16_to_fp32(b.d);
+      for (int j = 0; j < 32; ++j) out.codes[j] = b.qs[j];
+      return;
+    }
+    case DType::kQ4_0:
+    case DType::kQ4_1: {  // element e < 16: the low nibble of qs[e]; else the high nibble of qs[e - 16]
+      const uint8_t* qs;
+      if (type == DType::kQ4_0) {
+        const auto b = read_block<BlockQ4_0>(p);
+        out.d = kernels::fp16_to_fp32(b.d);
+        qs = p + offsetof(BlockQ4_0, qs);
+      } else {
+        const auto b = read_block<BlockQ4_1>(p);
+        out.d = kernels::fp16_to_fp32(b.d);
+        out.m = kernels::fp16_to_fp32(b.m);
+        qs = p + offsetof(BlockQ4_1, qs);
+      }
+      for (int j = 0; j < 16; ++j) {
+        out.codes[j] = qs[j] & 0x0F;
+        out.codes[j + 16] = qs[j] >> 4;
+      }
+      return;
+    }
+    case DType::kQ5_0: {
+      const auto b = read_block<BlockQ5_0>(p);
+      out.d = kernels::fp16_to_fp32(b.d);
+      decode_q5(b, 16, out.codes);
+      return;
+    }
+    case DType::kQ5_1: {
+      const auto b = read_block<BlockQ5_1>(p);
+      out.d = kernels::fp16_to_fp32(b.d);
+      out.m = kernels::fp16_to_fp32(b.m);
+      decode_q5(b, 0, out.codes);
+      return;
+    }
+    case DType::kQ4_K: return decode_k_min(read_block<BlockQ4_K>(p), nullptr, out);
+    case DType::kQ5_K: {
+      const auto b = read_block<BlockQ5_K>(p);
+      return decode_k_min(b, b.qh, out);
+    }
+    case DType::kQ6_K: {  // the codes are the values + 32 (ggml's dequantize_row_q6_K without the - 32)
+      const auto b = read_block<BlockQ6_K>(p);
+      out.d = kernels::fp16_to_fp32(b.d);
+      std::memcpy(out.sub, b.scales, sizeof(out.sub));
+      for (int half = 0; half < 2; ++half) {
+        const uint8_t* ql = b.ql + 64 * half;
+        const uint8_t* qh = b.qh + 32 * half;
+        int* c = out.codes + 128 * half;
+        for (int l = 0; l < 32; ++l) {
+          c[l] = (ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4);
+          c[l + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
+          c[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+          c[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+        }
+      }
+      return;
+    }
+    default: INFERD_ASSERT(false, "decode_block: not a block type of the kernels");
+  }
+}
+
 }  // namespace
 
 // ---- MatmulWeights -------------------------------------------------------------------------------
@@ -1031,8 +1433,8 @@ Result<MatmulWeights> MatmulWeights::upload(Runtime& rt, DType type, int64_t row
     return Status::ok();
   };
 
-  if (type == DType::kF32 || type == DType::kF16) {
-    // [S_O][S_I][O4][I4], zero padded in both dimensions.
+  if (type == DType::kF32 || type == DType::kF16 || type == DType::kBF16) {
+    // [S_O][S_I][O4][I4], zero padded in both dimensions; F16 and BF16 as their 16 bits.
     const size_t n = static_cast<size_t>(n_so * n_si * 16);
     auto element = [&](int64_t r, int64_t c, void* out, size_t size) {
       std::memcpy(out, bytes + static_cast<size_t>(r) * row_bytes + static_cast<size_t>(c) * size, size);
@@ -1061,59 +1463,55 @@ Result<MatmulWeights> MatmulWeights::upload(Runtime& rt, DType type, int64_t row
     return w;
   }
 
-  // Block types: 32 elements per block along k, n_si = 8 * blocks.
-  const int64_t n_blocks = k / 32;
-  std::vector<float> scales(static_cast<size_t>(n_so * n_blocks * 4), 0.0f);
-  std::vector<float> mins(type == DType::kQ4_1 ? scales.size() : 0, 0.0f);
-  std::vector<int8_t> q8(type == DType::kQ8_0 ? static_cast<size_t>(n_so * n_blocks * 8 * 16) : 0, 0);
-  std::vector<uint16_t> q4(type == DType::kQ8_0 ? 0 : static_cast<size_t>(n_so * n_blocks * 8 * 4), 0);
+  // Block types, in 32-element groups along k (n_si = 8 * groups); a K-quant block is 8 groups.
+  const int64_t n_groups = k / 32;
+  const int64_t groups_per_block = info->block_size / 32;
+  const int64_t n_blocks = k / info->block_size;
+  const bool nibbles = type == DType::kQ4_0 || type == DType::kQ4_1 || type == DType::kQ4_K;
+  const bool k_quant = is_k_quant(type);
+  const bool has_mins = type == DType::kQ4_1 || type == DType::kQ5_1 || type == DType::kQ4_K || type == DType::kQ5_K;
+  const size_t per_row_block = static_cast<size_t>(n_so * n_blocks) * 4;
+  std::vector<float> scales(per_row_block, 0.0f);
+  std::vector<float> mins(has_mins ? per_row_block : 0, 0.0f);
+  std::vector<int8_t> sub(k_quant ? per_row_block * 16 : 0, 0);
+  std::vector<int8_t> q8(nibbles ? 0 : static_cast<size_t>(n_so * n_groups * 8 * 16), 0);
+  std::vector<uint16_t> q4(nibbles ? static_cast<size_t>(n_so * n_groups * 8 * 4) : 0, 0);
+  DecodedBlock dec;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t so = r / 4, o4 = r % 4;
     const unsigned char* row = bytes + static_cast<size_t>(r) * row_bytes;
     for (int64_t kb = 0; kb < n_blocks; ++kb) {
       const size_t blk = static_cast<size_t>(so * n_blocks + kb);
-      const unsigned char* block = row + static_cast<size_t>(kb) * info->block_bytes;
-      if (type == DType::kQ8_0) {
-        BlockQ8_0 b;
-        std::memcpy(&b, block, sizeof(b));
-        scales[blk * 4 + static_cast<size_t>(o4)] = kernels::fp16_to_fp32(b.d);
-        for (int j = 0; j < 8; ++j) {
-          for (int i4 = 0; i4 < 4; ++i4) q8[((blk * 8 + j) * 4 + static_cast<size_t>(o4)) * 4 + i4] = b.qs[j * 4 + i4];
-        }
-        continue;
+      decode_block(type, row + static_cast<size_t>(kb) * info->block_bytes, dec);
+      scales[blk * 4 + static_cast<size_t>(o4)] = dec.d;
+      if (has_mins) mins[blk * 4 + static_cast<size_t>(o4)] = dec.m;
+      if (k_quant) {
+        for (size_t j = 0; j < 16; ++j) sub[(blk * 16 + j) * 4 + static_cast<size_t>(o4)] = dec.sub[j];
       }
-      // Q4_0 / Q4_1: element e of a block is the low nibble of qs[e] for e < 16, the high nibble of
-      // qs[e - 16] otherwise (ggml's layout).
-      const uint8_t* qs;
-      if (type == DType::kQ4_0) {
-        BlockQ4_0 b;
-        std::memcpy(&b, block, sizeof(b));
-        scales[blk * 4 + static_cast<size_t>(o4)] = kernels::fp16_to_fp32(b.d);
-        qs = block + offsetof(BlockQ4_0, qs);
-      } else {
-        BlockQ4_1 b;
-        std::memcpy(&b, block, sizeof(b));
-        scales[blk * 4 + static_cast<size_t>(o4)] = kernels::fp16_to_fp32(b.d);
-        mins[blk * 4 + static_cast<size_t>(o4)] = kernels::fp16_to_fp32(b.m);
-        qs = block + offsetof(BlockQ4_1, qs);
-      }
-      for (int j = 0; j < 8; ++j) {
-        uint16_t packed = 0;
-        for (int i4 = 0; i4 < 4; ++i4) {
-          const int e = j * 4 + i4;
-          const unsigned nibble = e < 16 ? (qs[e] & 0x0F) : (qs[e - 16] >> 4);
-          packed = static_cast<uint16_t>(packed | (nibble << (4 * i4)));
+      for (int64_t gl = 0; gl < groups_per_block; ++gl) {
+        const size_t g = static_cast<size_t>(so * n_groups + kb * groups_per_block + gl);
+        const int* codes = dec.codes + 32 * gl;
+        for (size_t j = 0; j < 8; ++j) {
+          if (nibbles) {
+            uint16_t packed = 0;
+            for (size_t i4 = 0; i4 < 4; ++i4) packed = static_cast<uint16_t>(packed | (codes[4 * j + i4] << (4 * i4)));
+            q4[(g * 8 + j) * 4 + static_cast<size_t>(o4)] = packed;
+          } else {
+            for (size_t i4 = 0; i4 < 4; ++i4) {
+              q8[((g * 8 + j) * 4 + static_cast<size_t>(o4)) * 4 + i4] = static_cast<int8_t>(codes[4 * j + i4]);
+            }
+          }
         }
-        q4[(blk * 8 + static_cast<size_t>(j)) * 4 + static_cast<size_t>(o4)] = packed;
       }
     }
   }
   INFERD_RETURN_IF_ERROR(upload_vector(scales, w.scales_));
   if (!mins.empty()) INFERD_RETURN_IF_ERROR(upload_vector(mins, w.mins_));
-  if (type == DType::kQ8_0) {
-    INFERD_RETURN_IF_ERROR(upload_vector(q8, w.values_));
-  } else {
+  if (!sub.empty()) INFERD_RETURN_IF_ERROR(upload_vector(sub, w.sub_scales_));
+  if (nibbles) {
     INFERD_RETURN_IF_ERROR(upload_vector(q4, w.values_));
+  } else {
+    INFERD_RETURN_IF_ERROR(upload_vector(q8, w.values_));
   }
   return w;
 }
@@ -1155,9 +1553,21 @@ CpuOrder host_cpu_order() {
 
 CpuOrder matmul_order(CpuOrder cpu, DType type, int32_t tokens) {
   if (cpu == CpuOrder::kX86) return CpuOrder::kX86;
-  // The scalar build: its GEMM (passes of 2+ tokens, block types) sums in the lane order.
-  const bool blocks = type != DType::kF32 && type != DType::kF16;
-  return blocks && tokens > 1 ? CpuOrder::kX86 : CpuOrder::kScalar;
+  // The scalar build: its GEMM (passes of 2+ tokens; Q4_0, Q4_1, Q8_0) sums in the lane order.
+  const bool gemm = kernels::gemm_kernel(type, kernels::Isa::kScalar) != nullptr;
+  return gemm && tokens > 1 ? CpuOrder::kX86 : CpuOrder::kScalar;
+}
+
+MatmulActivations matmul_activations(DType type) {
+  switch (type) {
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16: return MatmulActivations::kFloat;
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K: return MatmulActivations::kQ8K;
+    default: return MatmulActivations::kQ8;
+  }
 }
 
 // The angles of ops::rope_head, with the same calls in the same order (so the same libm results).
@@ -1326,7 +1736,7 @@ Status Ops::matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVar
                   [&] { return matmul_template(w.type(), variant, x.storage(), y.storage()); });
   if (!k) return k.status();
   KernelArgs args(k.value()->kernel.get());
-  args.tensor(x).tensor(y).buffer(w.values()).buffer(w.scales()).buffer(w.mins());
+  args.tensor(x).tensor(y).weights(w);
   if (variant == MatmulVariant::kDecode) {
     const size_t lanes = group_size(*k.value());
     args.local(lanes * 16);
@@ -1352,7 +1762,7 @@ Status Ops::get_rows(const MatmulWeights& w, cl_mem rows, Tensor& dst) {
                   [&] { return get_rows_template(w.type(), dst.storage()); });
   if (!k) return k.status();
   KernelArgs args(k.value()->kernel.get());
-  args.tensor(dst).buffer(rows).buffer(w.values()).buffer(w.scales()).buffer(w.mins());
+  args.tensor(dst).buffer(rows).weights(w);
   INFERD_RETURN_IF_ERROR(args.status());
   const size_t global[2] = {static_cast<size_t>(d.w), static_cast<size_t>(d.slices())};
   return launch(*k.value(), 2, global, nullptr);
@@ -1538,6 +1948,27 @@ Status Ops::quantize_q8(const Tensor& x, Tensor& quants, cl_mem scales) {
   return launch(*k.value(), 2, global, nullptr);
 }
 
+Status Ops::quantize_q8_k(const Tensor& x, Tensor& quants, cl_mem blocks) {
+  INFERD_RETURN_IF_ERROR(require_exact("quantize_q8_k"));
+  const Bhwc& s = x.shape();
+  if (!is_token_rows(s) || !(quants.shape() == s) || s.c % 256 != 0) {
+    return make_error(Code::kInvalidArgument, "quantize_q8_k: x %s, quants %s (channels must be a multiple of 256)",
+                      s.to_string().c_str(), quants.shape().to_string().c_str());
+  }
+  if (&x == &quants) return Status(Code::kInvalidArgument, "quantize_q8_k: in place is not supported");
+  INFERD_RETURN_IF_ERROR(require_bytes(
+      blocks, static_cast<size_t>(s.w) * static_cast<size_t>(s.c / 256) * kQ8KBlockFloats * sizeof(float),
+      "quantize_q8_k blocks"));
+  auto k = kernel("quantize_q8_k" + storage_key({&x, &quants}),
+                  [&] { return quantize_q8_k_template(x.storage(), quants.storage()); });
+  if (!k) return k.status();
+  KernelArgs args(k.value()->kernel.get());
+  args.tensor(x).tensor(quants).buffer(blocks);
+  INFERD_RETURN_IF_ERROR(args.status());
+  const size_t global[2] = {static_cast<size_t>(s.w), static_cast<size_t>(s.c / 256)};
+  return launch(*k.value(), 2, global, nullptr);
+}
+
 Status Ops::matmul_exact(const MatmulWeights& w, const Tensor& x, cl_mem scales, Tensor& y, CpuOrder order,
                          MatmulVariant variant) {
   INFERD_RETURN_IF_ERROR(require_exact("matmul_exact"));
@@ -1548,10 +1979,15 @@ Status Ops::matmul_exact(const MatmulWeights& w, const Tensor& x, cl_mem scales,
                       static_cast<long long>(w.rows()), static_cast<long long>(w.k()), xs.to_string().c_str(),
                       ys.to_string().c_str());
   }
-  const bool blocks = w.type() != DType::kF32 && w.type() != DType::kF16;
-  if (blocks) {
+  const MatmulActivations kind = matmul_activations(w.type());
+  const bool blocks = kind != MatmulActivations::kFloat;
+  if (kind == MatmulActivations::kQ8) {
     INFERD_RETURN_IF_ERROR(require_bytes(
         scales, static_cast<size_t>(xs.w) * static_cast<size_t>(w.k() / 32) * 2 * sizeof(float), "matmul_exact scales"));
+  } else if (kind == MatmulActivations::kQ8K) {
+    INFERD_RETURN_IF_ERROR(require_bytes(
+        scales, static_cast<size_t>(xs.w) * static_cast<size_t>(w.k() / 256) * kQ8KBlockFloats * sizeof(float),
+        "matmul_exact Q8_K blocks"));
   }
   if (variant == MatmulVariant::kAuto) variant = choose_matmul_variant(xs.w);
   const int tokens_per_item = variant == MatmulVariant::kDecode ? 1 : 4;
@@ -1560,7 +1996,7 @@ Status Ops::matmul_exact(const MatmulWeights& w, const Tensor& x, cl_mem scales,
                   [&] { return matmul_exact_template(w.type(), order, tokens_per_item, x.storage(), y.storage()); });
   if (!k) return k.status();
   KernelArgs args(k.value()->kernel.get());
-  args.tensor(x).tensor(y).buffer(w.values()).buffer(w.scales()).buffer(w.mins()).buffer(blocks ? scales : nullptr);
+  args.tensor(x).tensor(y).weights(w).buffer(blocks ? scales : nullptr);
   INFERD_RETURN_IF_ERROR(args.status());
   const size_t items = static_cast<size_t>((xs.w + tokens_per_item - 1) / tokens_per_item);
   const size_t global[2] = {static_cast<size_t>(w.out_slices()), items};

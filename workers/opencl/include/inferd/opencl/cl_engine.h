@@ -26,17 +26,18 @@
 // Numerics (ClEngineOptions::numerics, ops.h):
 //  * kExact, the default: every op computes the CPU engine's float operations in its order (the
 //    order of this process's CPU kernels, host_cpu_order()), so the logits equal the CPU engine's bit
-//    for bit: activations quantized to Q8_0 / Q8_1 before matmuls with block weights, integer dot
-//    products combined in its lane order, RMSNorm's double sum, ggml's expf in SwiGLU and softmax,
-//    RoPE by the host's own cos and sin (rope_table), Q, K, V and the probabilities rounded to half.
+//    for bit: activations quantized to Q8_0 / Q8_1 (Q8_K for K-quants) before matmuls with block
+//    weights, integer dot products combined in its lane order, RMSNorm's double sum, ggml's expf in
+//    SwiGLU and softmax, RoPE by the host's own cos and sin (rope_table), Q, K, V and the
+//    probabilities rounded to half.
 //    Needs cl_khr_fp64; a device without it runs kFloat and describe() says why.
 //  * kFloat: activations stay float and the kernels sum in their fastest order (Q, K and V still
 //    rounded to half, as llama.cpp): within float summation order of exact arithmetic; against the
 //    CPU engine the logits differ by its 8-bit activation noise (about 96% teacher-forced top-1
 //    agreement on SmolLM2).
 //
-// Errors: a tensor type the kernels cannot read (K-quants, ...) is kUnimplemented naming the tensor
-// and the type; a device too small is kOutOfRange; batches are validated exactly as Engine::forward
+// Errors: a tensor type the kernels cannot read (none the CPU engine computes with; MatmulWeights::
+// supports) is kUnimplemented naming the tensor and the type; a device too small is kOutOfRange; batches are validated exactly as Engine::forward
 // validates them (kInvalidArgument, kOutOfRange) before anything reaches the device.
 //
 // Thread safety: a ClEngine (and its Runtime) is used by one thread at a time.

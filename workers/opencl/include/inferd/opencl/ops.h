@@ -12,13 +12,25 @@
 // Matmul: y[t][r] = sum_k W[r][k] x[t][k] with x of shape 1x1xTxK and y of shape 1x1xTxR. Weights are
 // converted once, at upload, from ggml's row-major blocks into the layout the kernels read: rows in
 // slices of 4 (S_O = ceil(R / 4), padded with zero rows), and per (output slice, input slice of 4)
-// the 4 x 4 block the kernel dots with one float4 of x (ML Drift's (S_O, S_I, O4, I4) order):
+// the 4 x 4 block the kernel dots with one float4 of x (ML Drift's (S_O, S_I, O4, I4) order). Block
+// types are indexed by 32-element groups G = K / 32 (a K-quant super-block of 256 is 8 groups, B =
+// K / 256 of them):
 //   F32   values  float4 [S_O][S_I][4]          the 4 rows' 4 elements
 //   F16   values  half4  [S_O][S_I][4]          read with vload_half4 (no cl_khr_fp16 needed)
-//   Q8_0  quants  char4  [S_O][K/32][8][4]      scales float4 [S_O][K/32] (one d per row)
-//   Q4_0  quants  ushort4 [S_O][K/32][8]        component r holds row r's 4 nibbles, element i in
+//   BF16  values  ushort4 [S_O][S_I][4]         the bits; a float is bits << 16
+//   Q8_0  quants  char4  [S_O][G][8][4]         scales float4 [S_O][G] (one d per row)
+//   Q5_0  as Q8_0, quants the signed values (code - 16)
+//   Q5_1  as Q8_0, quants the codes (0..31), value q * d + m; mins float4 [S_O][G]
+//   Q4_0  quants  ushort4 [S_O][G][8]           component r holds row r's 4 nibbles, element i in
 //                                               bits 4i..4i+3; value (q - 8) * d; scales as Q8_0
-//   Q4_1  as Q4_0, value q * d + m; mins float4 [S_O][K/32]
+//   Q4_1  as Q4_0, value q * d + m; mins float4 [S_O][G]
+//   Q4_K  quants as Q4_0 (nibbles); scales float4 [S_O][B] (d), mins float4 [S_O][B] (dmin),
+//         sub_scales char4 [S_O][B][16]: the 8 six-bit scales sc, then the 8 mins mn;
+//         value of group s = (d * sc_s) * q - dmin * mn_s
+//   Q5_K  as Q4_K with quants as Q8_0 (the codes 0..31)
+//   Q6_K  quants as Q8_0 (the codes 0..63, i.e. the value + 32), scales float4 [S_O][B] (d),
+//         sub_scales char4 [S_O][B][16]: the int8 scale of each 16 elements; value (d * sc) * (q - 32)
+// (The 5- and 6-bit codes take a byte each: simpler kernels for 1.4 to 1.8 times the file's bytes.)
 // Two kernels per type, chosen by stage: decode (float: one work-group per output slice, its lanes
 // splitting K; exact: a work-item per output slice and token) and prefill (each work-item computes
 // one output slice for 4 tokens, reading each weight block once for all of them).
@@ -26,12 +38,12 @@
 // Two numerics (ClEngine's Numerics):
 //  * Exact: the CPU engine's float operations in its order, so that a forward pass made of these ops
 //    gives the CPU engine's logits bit for bit (on a device with IEEE fp32, a true fma and cl_khr_fp64;
-//    PoCL on x86 has all three). Activations are quantized to Q8_0 / Q8_1 blocks byte for byte as
-//    kernels/cpu/scalar.cpp does (quantize_q8), and matmul_exact() sums what the CPU's integer dot
-//    kernels sum: per row 8 float lanes, lane i accumulating block by block, with one fma per block
-//    and the block's combined scale d_w * d_a, the integer sum of elements 4i..4i+3 (computed in
-//    float: products of small integers and their sums are exact), then ggml's horizontal sum, and
-//    Q4_1's min terms in their own chain (CpuOrder). rms_norm_exact, swiglu_halves_exact and
+//    PoCL on x86 has all three). Activations are quantized to Q8_0 / Q8_1 blocks (quantize_q8) or,
+//    for K-quant weights, Q8_K blocks (quantize_q8_k) byte for byte as kernels/cpu/scalar.cpp does,
+//    and matmul_exact() sums what the CPU's integer dot kernels sum: per row 8 float lanes, lane i
+//    accumulating block by block, with one fma per block and the block's combined scale d_w * d_a,
+//    the integer sum of elements 4i..4i+3 (exact), then ggml's horizontal sum, and the min / offset
+//    terms in their own chains (CpuOrder; each type's steps are written at matmul_exact_template). rms_norm_exact, swiglu_halves_exact and
 //    attention_exact follow the CPU engine's row ops (workers/engine/model/ops.cpp) likewise, with
 //    ggml's expf polynomial instead of the device's exp and divisions and square roots correctly
 //    rounded through double. Every program is built with FP_CONTRACT OFF (codegen.h), so a * b + c
@@ -57,6 +69,8 @@
 
 namespace inferd::opencl {
 
+class MatmulWeights;
+
 // Binds a generated kernel's arguments in order; the first error is kept and reported by status().
 class KernelArgs {
  public:
@@ -65,6 +79,7 @@ class KernelArgs {
   KernelArgs& tensor(const Tensor& t);  // kArgsPerTensor arguments: memory and extents
   KernelArgs& buffer(cl_mem mem);        // may be nullptr (an unused __global pointer)
   KernelArgs& local(size_t bytes);       // a __local pointer of `bytes` bytes
+  KernelArgs& weights(const MatmulWeights& w);  // its 4 buffers: values, scales, mins, sub_scales
   template <typename T>
   KernelArgs& value(const T& v) {
     set(sizeof(T), &v);
@@ -97,8 +112,9 @@ class MatmulWeights {
   int32_t in_slices() const { return static_cast<int32_t>((k_ + 3) / 4); }
   size_t device_bytes() const { return device_bytes_; }
   cl_mem values() const { return values_.get(); }
-  cl_mem scales() const { return scales_.get(); }  // nullptr for F32 / F16
-  cl_mem mins() const { return mins_.get(); }      // nullptr except Q4_1
+  cl_mem scales() const { return scales_.get(); }  // nullptr for F32 / F16 / BF16
+  cl_mem mins() const { return mins_.get(); }      // Q4_1, Q5_1, Q4_K, Q5_K; else nullptr
+  cl_mem sub_scales() const { return sub_scales_.get(); }  // K-quants; else nullptr
 
  private:
   MatmulWeights() = default;
@@ -106,8 +122,16 @@ class MatmulWeights {
   DType type_ = DType::kF32;
   int64_t rows_ = 0, k_ = 0;
   size_t device_bytes_ = 0;
-  ClMem values_, scales_, mins_;
+  ClMem values_, scales_, mins_, sub_scales_;
 };
+
+// How matmul_exact() wants a matmul's input for weights of a type: the float activations (F32, F16,
+// BF16), quantize_q8()'s Q8 blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) or quantize_q8_k()'s Q8_K blocks
+// (Q4_K, Q5_K, Q6_K), as the CPU engine's TypeKernels::act_type says.
+enum class MatmulActivations { kFloat, kQ8, kQ8K };
+MatmulActivations matmul_activations(DType type);
+// Floats per Q8_K block in quantize_q8_k()'s `blocks`: d, then the 16 sums of 16 quants.
+inline constexpr int kQ8KBlockFloats = 17;
 
 enum class MatmulVariant { kAuto, kDecode, kPrefill };
 const char* matmul_variant_name(MatmulVariant variant);
@@ -117,15 +141,16 @@ MatmulVariant choose_matmul_variant(int32_t tokens);
 
 // The summation order of the CPU engine's dot products that the exact ops reproduce.
 //  kX86     its AVX2 and AVX-512 kernels, which compute the same bits: block types as described
-//           above (ggml's AVX2 vec_dot); F32/F16 weights in two accumulators of 8 lanes over steps of
-//           16 elements, an 8-element step into the first, ggml's horizontal sum of their lane sums,
-//           then the last k % 8 products one by one with fma; attention's q.k likewise. (One
-//           exception: GCC vectorizes the AVX2 build's tail for F32 weights, whose last k % 8 >= 4
+//           above (ggml's AVX2 vec_dot); F32/F16/BF16 weights in two accumulators of 8 lanes over
+//           steps of 16 elements, an 8-element step into the first, ggml's horizontal sum of their
+//           lane sums, then the last k % 8 products one by one with fma; attention's q.k likewise.
+//           (One exception: GCC vectorizes the AVX2 build's tail for F32 weights, whose last k % 8 >= 4
 //           products then round as a multiply and an add; no model has such a width.)
 //  kScalar  its portable kernels (INFERD_ISA=scalar): every dot product one sequential chain (block
-//           types: sum += (d_w * d_a) * isum (+ m_w * s_a) per block; float types: sum += w * x).
-//           The CPU engine uses them for one-token passes and float weights only; its GEMM of block
-//           types keeps the kX86 order on every ISA (kernels/cpu/gemm.h).
+//           types: sum += (d_w * d_a) * isum (+ m_w * s_a) per block, K-quants per super-block
+//           sum += d_a * (d * isum - dmin * msum) or (d * d_a) * isum; float types: sum += w * x).
+//           The scalar build's GEMM (Q4_0, Q4_1, Q8_0 in passes of 2+ tokens) keeps the kX86 order
+//           (kernels/cpu/gemm.h); every other type runs the scalar dot in every pass.
 enum class CpuOrder { kX86, kScalar };
 const char* cpu_order_name(CpuOrder order);
 // The order of the CPU engine in this process: kScalar when kernels::best_isa() is the scalar one.
@@ -244,10 +269,16 @@ class Ops {
   // half(amax / 127 * sum(q))) as float pairs into `scales` [T][K / 32]. x is 1x1xTxK, K a multiple
   // of 32; `scales` holds >= T * K / 16 floats.
   Status quantize_q8(const Tensor& x, Tensor& quants, cl_mem scales);
-  // y = W x as the CPU engine's dot kernels compute it in `order`. Block types read the quantize_q8()
-  // outputs of the input (x = its quants, `scales` = its scales); F32 and F16 read the float input
-  // (x, `scales` unused). The variant only picks how many tokens a work-item computes: the result is
-  // the same for every variant and every batch.
+  // The activations of a matmul with K-quant weights as kernels/cpu/scalar.cpp's quantize_q8_k (ggml's
+  // quantize_row_q8_K_ref), byte for byte: per token and block of 256 channels, the first element of
+  // largest magnitude `max` (with its sign), iscale = -127 / max, q = min(rint(x * iscale), 127) into
+  // `quants` (as floats, same shape as x), and into `blocks` [T][K / 256][kQ8KBlockFloats] the block's
+  // d = 1 / iscale and its 16 sums of 16 quants; a block of zeros is all zeros. K is a multiple of 256.
+  Status quantize_q8_k(const Tensor& x, Tensor& quants, cl_mem blocks);
+  // y = W x as the CPU engine's dot kernels compute it in `order`. Block types read the quantized
+  // input matmul_activations() names (x = its quants, `scales` = quantize_q8()'s scales or
+  // quantize_q8_k()'s blocks); float types read the float input (x, `scales` unused). The variant only
+  // picks how many tokens a work-item computes: the result is the same for every variant and batch.
   Status matmul_exact(const MatmulWeights& w, const Tensor& x, cl_mem scales, Tensor& y, CpuOrder order,
                       MatmulVariant variant = MatmulVariant::kAuto);
   // attention() as ops::attention_head computes it: q.k as kernels::dot_f32_f16 in `order`, times

@@ -1,0 +1,83 @@
+// test_weights.h — weight rows of every type the OpenCL matmul reads, for inferd_opencl_test's cases
+// and synthetic models.
+//
+// F32 and F16 come from the given floats, BF16 by truncating them to their top 16 bits, the
+// 32-element block types through kernels::quantize_row_ref. The K-quants have no reference
+// quantizer: their blocks are random bytes (every code, scale and fifth bit pattern is valid) with
+// d and dmin set so that the values spread about as far as the floats, around zero. Deterministic
+// for a given seed.
+// Thread safety: pure functions.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <random>
+
+#include "inferd/kernels/cpu.h"
+#include "inferd/kernels/dtype.h"
+#include "inferd/kernels/quantize.h"
+
+namespace inferd::opencl::testing {
+
+// Whether encode_weight_row() can write `type`.
+inline bool can_encode_weights(DType type) {
+  switch (type) {
+    case DType::kF32:
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K: return true;
+    default: return kernels::has_quantize_ref(type);
+  }
+}
+
+// One row of `n` elements of `type` into `dst` (dtype_row_bytes(type, n) bytes). `values` are the
+// floats to encode (F32, F16, BF16, the 32-element block types); K-quant rows are random blocks from
+// `seed` whose values reach about `spread` in magnitude.
+inline void encode_weight_row(DType type, const float* values, int64_t n, uint32_t seed, float spread, void* dst) {
+  auto* out = static_cast<uint8_t*>(dst);
+  switch (type) {
+    case DType::kF32: std::memcpy(dst, values, static_cast<size_t>(n) * sizeof(float)); return;
+    case DType::kF16: kernels::fp32_to_fp16_row(values, static_cast<fp16_t*>(dst), n); return;
+    case DType::kBF16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, &values[i], sizeof(bits));
+        const auto top = static_cast<uint16_t>(bits >> 16);
+        std::memcpy(out + 2 * i, &top, sizeof(top));
+      }
+      return;
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K: break;
+    default: kernels::quantize_row_ref(type, values, dst, n); return;
+  }
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> jitter(0.8f, 1.2f);
+  const size_t row_bytes = dtype_row_bytes(type, n);
+  for (size_t i = 0; i < row_bytes; ++i) out[i] = static_cast<uint8_t>(byte(rng));
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    if (type == DType::kQ6_K) {
+      // |scale * (q - 32)| is about 64 * 16 on average.
+      BlockQ6_K blk;
+      std::memcpy(&blk, out + static_cast<size_t>(b) * sizeof(blk), sizeof(blk));
+      blk.d = kernels::fp32_to_fp16(spread / 1024.0f * jitter(rng));
+      std::memcpy(out + static_cast<size_t>(b) * sizeof(blk), &blk, sizeof(blk));
+    } else {
+      // sc * q averages 31.5 * 7.5 (15.5 for Q5_K's codes), mn 31.5: dmin centres the values on zero.
+      const float mean_q = type == DType::kQ4_K ? 7.5f : 15.5f;
+      const float d = spread / (31.5f * mean_q) * jitter(rng);
+      const fp16_t dh = kernels::fp32_to_fp16(d), mh = kernels::fp32_to_fp16(d * mean_q);
+      const size_t block_bytes = type == DType::kQ4_K ? sizeof(BlockQ4_K) : sizeof(BlockQ5_K);
+      // d and dmin lead both layouts.
+      std::memcpy(out + static_cast<size_t>(b) * block_bytes, &dh, sizeof(dh));
+      std::memcpy(out + static_cast<size_t>(b) * block_bytes + sizeof(dh), &mh, sizeof(mh));
+    }
+  }
+}
+
+}  // namespace inferd::opencl::testing
