@@ -213,6 +213,8 @@ void to_rpc(const LoadOptions& o, rpc::LoadOptions::Builder b) {
   b.setMaxQueue(o.max_queue);
   auto split = b.initLayerSplit(static_cast<unsigned>(o.layer_split.size()));
   for (unsigned i = 0; i < o.layer_split.size(); ++i) split.set(i, o.layer_split[i]);
+  auto backends = b.initStageBackends(static_cast<unsigned>(o.stage_backends.size()));
+  for (unsigned i = 0; i < o.stage_backends.size(); ++i) backends.set(i, text(o.stage_backends[i]));
 }
 
 void to_rpc(const Sampling& s, rpc::Sampling::Builder b) {

@@ -47,6 +47,7 @@ struct FakeState {
   bool ignore_eog = false;
 
   std::vector<uint32_t> layer_split;  // of the last load
+  std::vector<std::string> stage_backends;
 
   kj::Own<kj::PromiseFulfiller<void>> cancelled;  // fulfilled when a hanging generate is dropped
 };
@@ -193,6 +194,8 @@ class FakeAdmin final : public rpc::Admin::Server {
     std::string id = params.getOptions().getId();
     state_.layer_split.clear();
     for (uint32_t l : params.getOptions().getLayerSplit()) state_.layer_split.push_back(l);
+    state_.stage_backends.clear();
+    for (auto b : params.getOptions().getStageBackends()) state_.stage_backends.emplace_back(b.cStr());
     auto progress = params.getProgress();
     auto first = progress.updateRequest();
     first.setStage("validating");
@@ -455,11 +458,13 @@ TEST_F(ClientTest, LoadReportsProgressAndReturnsTheModel) {
   LoadOptions options;
   options.id = "mine";
   options.layer_split = {10, 20};
+  options.stage_backends = {"opencl", "cpu", "opencl:1"};
   ModelInfo m = client.load("/models/fake.gguf", options, [&](std::string_view stage, uint64_t done, uint64_t total) {
     seen.push_back(std::string(stage) + " " + std::to_string(done) + "/" + std::to_string(total));
   });
   EXPECT_EQ(m.id, "mine");
   EXPECT_EQ(fake_->layer_split, (std::vector<uint32_t>{10, 20}));
+  EXPECT_EQ(fake_->stage_backends, (std::vector<std::string>{"opencl", "cpu", "opencl:1"}));
   EXPECT_EQ(seen, (std::vector<std::string>{"validating 1/1", "copying 50/100"}));
   try {
     client.load("/missing.gguf", {});

@@ -235,6 +235,7 @@ class AdminImpl final : public rpc::Admin::Server {
     spec.pad_step = o.getPadStep();
     spec.max_queue = o.getMaxQueue();
     for (uint32_t b : o.getLayerSplit()) spec.layer_split.push_back(b);
+    for (capnp::Text::Reader b : o.getStageBackends()) spec.stage_backends.emplace_back(b.cStr(), b.size());
     auto relay = std::make_shared<ProgressRelay>();
     kj::Promise<void> progress = kj::READY_NOW;
     if (params.hasProgress()) {

@@ -101,6 +101,7 @@ class ModelHost {
   // One pipeline stage: a worker process running layers [first_layer, end_layer).
   struct Stage {
     uint32_t index = 0, first_layer = 0, end_layer = 0;
+    std::string backend;  // "cpu", "opencl:1", ...: LoadSpec::stage_backends[index], else LoadSpec::backend
     std::shared_ptr<WorkerProcess> worker;
     WorkerReady ready_info;
     uint64_t in_flight = 0;  // id of the step this worker was given and has not answered
@@ -149,6 +150,7 @@ class ModelHost {
       st.index = static_cast<uint32_t>(i);
       st.first_layer = bounds[i];
       st.end_layer = bounds[i + 1];
+      st.backend = spec_.stage_backends.empty() ? spec_.backend : spec_.stage_backends[i];
       stages_.push_back(std::move(st));
       if (i + 2 < bounds.size()) {
         auto x = ipc::HiddenExchange::create(static_cast<uint32_t>(c.n_embd), spec_.batch_tokens);
@@ -494,7 +496,7 @@ class ModelHost {
   void spawn_worker(Stage& st) {
     WorkerSpec ws;
     ws.worker_path = sup_.config().worker_path;
-    ws.backend = spec_.backend;
+    ws.backend = st.backend;
     ws.model_id = spec_.id;
     ws.weights_fd = weights_->fd();
     ws.hidden_in_fd = st.index > 0 ? exchanges_[st.index - 1]->fd() : -1;
@@ -515,7 +517,7 @@ class ModelHost {
     auto w = WorkerProcess::spawn(sup_.io(), ws, std::move(ev));
     if (!w) {
       spdlog::error("model {}: cannot start worker {}: {}", spec_.id, st.index, w.status().to_string());
-      fail_backend(w.status().message());
+      fail_backend(st, w.status().message());
       return;
     }
     st.worker = std::move(w).value();
@@ -580,8 +582,8 @@ class ModelHost {
     const auto window = std::chrono::duration<double>(sup_.config().restart_window_s);
     while (!st.crashes.empty() && now - st.crashes.front() > window) st.crashes.pop_front();
     if (st.crashes.size() > sup_.config().max_restarts) {
-      fail_backend("its worker crashed " + std::to_string(st.crashes.size()) + " times in " +
-                   std::to_string(static_cast<int>(sup_.config().restart_window_s)) + " s (last: " + why + ")");
+      fail_backend(st, "its worker crashed " + std::to_string(st.crashes.size()) + " times in " +
+                           std::to_string(static_cast<int>(sup_.config().restart_window_s)) + " s (last: " + why + ")");
       return;
     }
     // Every sequence is replayed from position 0 on every stage (the restarted worker's cache is empty).
@@ -600,9 +602,10 @@ class ModelHost {
     spawn_worker(st);
   }
 
-  void fail_backend(const std::string& why) {
+  void fail_backend(const Stage& st, const std::string& why) {
     state_ = ModelState::kFailed;
-    failure_ = "backend " + spec_.backend + " failed: " + why;
+    failure_ = "backend " + st.backend + (stages_.size() > 1 ? " of stage " + std::to_string(st.index) : "") +
+               " failed: " + why;
     spdlog::error("model {}: {}", spec_.id, failure_);
     for (Stage& other : stages_) {  // the other pipeline stages have nothing left to do
       if (other.worker) other.worker->request_shutdown();
@@ -657,20 +660,20 @@ class ModelHost {
     for (const Stage& st : stages_) {
       PlacementStageInfo p;
       p.worker = st.index;
-      p.backend = spec_.backend;
+      p.backend = st.backend;
       p.first_layer = st.first_layer;
       p.end_layer = st.end_layer;
       p.embeddings = st.index == 0;
       p.output = st.index + 1 == stages_.size();
       m.placement.push_back(p);
       if (!m.placement_summary.empty()) m.placement_summary += " | ";
-      m.placement_summary += spec_.backend + ":" + std::to_string(st.index) + " layers " +
+      m.placement_summary += st.backend + ":" + std::to_string(st.index) + " layers " +
                              std::to_string(st.first_layer) + "-" + std::to_string(st.end_layer - 1) +
                              (p.embeddings ? " + embeddings" : "") + (p.output ? " + output" : "");
 
       WorkerInfoData w;
       w.index = st.index;
-      w.backend = spec_.backend;
+      w.backend = st.backend;
       w.restarts = st.restarts;
       w.last_restart_ms = st.last_restart_ms;
       w.steps = st.steps;
@@ -815,18 +818,34 @@ void Supervisor::load(LoadSpec spec, std::shared_ptr<LoadProgressSink> progress,
   if (models_.count(spec.id)) return fail(Code::kInvalidArgument, "a model with id '" + spec.id + "' is already loaded");
   if (spec.backend.empty()) spec.backend = "cpu";
   // "opencl" or "opencl:N" (device N): the worker checks N against the devices it finds.
-  const auto backend = ipc::parse_backend_name(spec.backend);
-  const bool opencl = backend && backend->family == "opencl";
+  auto check_backend = [](const std::string& name) -> Status {
+    const auto backend = ipc::parse_backend_name(name);
+    const bool opencl = backend && backend->family == "opencl";
 #ifdef INFERD_HAVE_OPENCL
-  const bool opencl_built = true;
+    const bool opencl_built = true;
 #else
-  const bool opencl_built = false;
+    const bool opencl_built = false;
 #endif
-  if ((backend && backend->family == "cuda") || (opencl && !opencl_built)) {
-    return fail(Code::kUnimplemented, "backend '" + spec.backend + "' is not available in this build of inferd");
-  }
-  if (spec.backend != "cpu" && !opencl) {
-    return fail(Code::kInvalidArgument, "unknown backend '" + spec.backend + "' (cpu, cuda, opencl, opencl:N)");
+    if ((backend && backend->family == "cuda") || (opencl && !opencl_built)) {
+      return Status(Code::kUnimplemented, "backend '" + name + "' is not available in this build of inferd");
+    }
+    if (name != "cpu" && !opencl) {
+      return Status(Code::kInvalidArgument, "unknown backend '" + name + "' (cpu, cuda, opencl, opencl:N)");
+    }
+    return Status::ok();
+  };
+  if (Status s = check_backend(spec.backend); !s) return done(s);
+  if (!spec.stage_backends.empty()) {
+    if (spec.stage_backends.size() != spec.layer_split.size() + 1) {
+      return fail(Code::kInvalidArgument, "stage backends name " + std::to_string(spec.stage_backends.size()) +
+                                              " backends for " + std::to_string(spec.layer_split.size() + 1) +
+                                              " pipeline stages (layer split + 1)");
+    }
+    for (size_t i = 0; i < spec.stage_backends.size(); ++i) {
+      if (Status s = check_backend(spec.stage_backends[i]); !s) {
+        return done(s.with_context("stage " + std::to_string(i)));
+      }
+    }
   }
   if (spec.parallel == 0) spec.parallel = config_.default_parallel;
   if (spec.parallel > ipc::kMaxStepSeqs) {

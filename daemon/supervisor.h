@@ -33,6 +33,8 @@ struct LoadSpec {
   uint32_t context_size = 0, parallel = 0, threads = 0, batch_tokens = 0, pad_step = 0, max_queue = 0;
   std::string backend;
   std::vector<uint32_t> layer_split;  // first layer of each pipeline stage after the first
+  // The backend of each stage (layer_split.size() + 1 names); empty: every stage runs `backend`.
+  std::vector<std::string> stage_backends;
 };
 
 struct PlacementStageInfo {

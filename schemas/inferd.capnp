@@ -51,6 +51,10 @@ struct LoadOptions {
   # one worker runs every layer. [15] on a 30-layer model: worker 0 runs layers 0-14 (and the
   # embeddings), worker 1 layers 15-29 (and the output); hidden states pass between them through shared
   # memory.
+  stageBackends @9 :List(Text);
+  # One backend per pipeline stage, in order ("cpu", "opencl", "opencl:1", ...), e.g. ["opencl", "cpu"]
+  # with layerSplit [15]: the first 15 layers on the GPU, the rest on the CPU (llama.cpp's -ngl). Empty:
+  # every stage uses `backend`. Otherwise its length must be layerSplit's plus one (INVALID_ARGUMENT).
 }
 
 struct PlacementStage {

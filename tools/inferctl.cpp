@@ -186,6 +186,22 @@ std::vector<uint32_t> parse_layer_split(const std::string& s) {
   return parse_u32_list(s, UINT32_MAX, true, "--layer-split expects increasing layer numbers separated by commas");
 }
 
+// "opencl,cpu" -> {"opencl", "cpu"}: one backend per pipeline stage. The daemon checks the names and
+// their number against the layer split.
+std::vector<std::string> parse_stage_backends(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) throw UsageError("--stage-backends expects backend names separated by commas, got '" + s + "'");
+    out.push_back(item);
+  }
+  if (out.empty() || s.back() == ',') {
+    throw UsageError("--stage-backends expects backend names separated by commas, got '" + s + "'");
+  }
+  return out;
+}
+
 // ------------------------------------------------------------------------------------------------
 // Command-line parsing: `inferctl [global options] COMMAND [options and arguments]`, options in any
 // position, repeated options kept in order, `--name=value` or `--name value`.
@@ -542,6 +558,7 @@ int cmd_load(const Context& ctx) {
   o.pad_step = a.u32("--pad-step", 0);
   o.max_queue = a.u32("--max-queue", 0);
   if (auto split = a.get("--layer-split")) o.layer_split = parse_layer_split(*split);
+  if (auto backends = a.get("--stage-backends")) o.stage_backends = parse_stage_backends(*backends);
   // The daemon opens the file from its own working directory.
   std::error_code ec;
   std::filesystem::path path = std::filesystem::absolute(a.positional()[0], ec);
@@ -962,10 +979,13 @@ std::vector<Command> commands() {
                 {{"--ctx"}, "N", "context size per sequence (default: min(training context, 4096))"},
                 {{"--parallel"}, "N", "sequences in flight (default 4)"},
                 {{"--threads"}, "N", "compute threads per CPU worker"},
-                {{"--backend"}, "B", "cpu (default), cuda, opencl"},
+                {{"--backend"}, "B", "cpu (default), cuda, opencl, opencl:N"},
                 {{"--batch"}, "N", "most tokens in one forward pass (default 512)"},
                 {{"--layer-split"}, "LIST", "pipeline over several workers: first layer of each worker after the "
                                             "first, e.g. 15 (default: one worker)"},
+                {{"--stage-backends"}, "LIST", "the backend of each worker of --layer-split, e.g. opencl,cpu: "
+                                               "the first layers on the GPU, the rest on the CPU (default: "
+                                               "--backend for all)"},
                 {{"--pad-step"}, "N", "decode shapes padded to multiples of N (default 64)"},
                 {{"--max-queue"}, "N", "requests waiting for a slot before OVERLOADED (default 64)"}},
                cmd_load});

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """End-to-end: the OpenCL backend through the daemon — `inferctl load --backend opencl`, the device and
 storage in `inferctl status`, greedy generation next to the CPU backend, teacher-forced agreement
-through the API, and a bad device index refused without harm.
+through the API, and a bad device index refused without harm. Mixed pipelines (LoadOptions.stageBackends,
+like llama.cpp's -ngl): layers 0-14 on OpenCL and 15-29 on the CPU (`inferctl load --layer-split 15
+--stage-backends opencl,cpu`) and the reverse, each stage's backend in the placement and the workers,
+greedy output equal to the whole model on the CPU; a bad stageBackends is refused and the daemon goes on.
 
     test_opencl.py --bin-dir BUILD/bin --model MODEL.gguf
 
@@ -146,6 +149,65 @@ class OpenClTest(harness.DaemonTestCase):
                 self.assertLess(agree, N_TOKENS, "greedy runs diverged although every forced position agreed")
             await conn.unload("cpu")
             await conn.unload("ocl")
+            conn.close()
+
+        self.run_test(body())
+
+    def test_mixed_opencl_and_cpu_stages_equal_the_whole_cpu_model(self):
+        self.inferctl("load", "--id", "ocl-cpu", "--ctx", str(CONTEXT), "--parallel", "2", "--layer-split", "15",
+                      "--stage-backends", "opencl,cpu", harness.Config.model)
+        status = self.inferctl("status")
+        self.assertIn("opencl:0 layers 0-14", status, f"inferctl status lacks the OpenCL stage:\n{status}")
+        self.assertIn("cpu:1 layers 15-29", status, f"inferctl status lacks the CPU stage:\n{status}")
+
+        async def body():
+            conn = await Connection.open(self.daemon.socket_path)
+            await conn.load(harness.Config.model, id="cpu-whole", contextSize=CONTEXT, parallel=2, backend="cpu")
+            await conn.load(harness.Config.model, id="cpu-ocl", contextSize=CONTEXT, parallel=2, layerSplit=[15],
+                            stageBackends=["cpu", "opencl"])
+            requests = [request(None, PROMPT, max_tokens=N_TOKENS, ignoreEog=True),
+                        request(None, "Once upon a time", max_tokens=16, temperature=0.9, seed=5, ignoreEog=True)]
+            refs = []
+            for r in requests:
+                ref = await conn.generate(dict(r, model="cpu-whole"))
+                self.assertCompleted(ref, "whole model on the CPU")
+                refs.append(ref)
+            for model_id, backends in (("ocl-cpu", ["opencl", "cpu"]), ("cpu-ocl", ["cpu", "opencl"])):
+                m = await conn.model_status(model_id)
+                self.assertIsNotNone(m, f"status() lacks {model_id}")
+                self.assertEqual(m.info.state, "ready")
+                stages = [(s.worker, s.backend, s.firstLayer, s.endLayer) for s in m.info.placement.stages]
+                self.assertEqual(stages, [(0, backends[0], 0, 15), (1, backends[1], 15, 30)],
+                                 f"{model_id}: placement {m.info.placement}")
+                self.assertEqual([w.backend for w in m.info.workers], backends, f"{model_id}: {m.info.workers}")
+                ocl = m.info.workers[backends.index("opencl")].device
+                self.assertIn("OpenCL: ", ocl, f"{model_id}: the OpenCL stage's device: {ocl!r}")
+                self.assertIn("layers 0-14" if backends[0] == "opencl" else "layers 15-29", ocl)
+                print(f"\n[opencl] {model_id}: {m.info.placement.summary}; OpenCL stage: {ocl}", file=sys.stderr)
+                for i, r in enumerate(requests):
+                    out = await conn.generate(dict(r, model=model_id))
+                    if "numerics exact" in ocl:
+                        self.assertStreamMatches(out, refs[i].tokens,
+                                                 f"{model_id} request {i}: the mixed pipeline differs from the CPU")
+                    else:  # float numerics differ from the CPU by design (see above)
+                        self.assertCompleted(out, f"{model_id} request {i}")
+
+            # Bad stage backends are refused with a clear message, and the daemon goes on serving.
+            bad = [(dict(layerSplit=[15], stageBackends=["opencl"]), "stage backends"),
+                   (dict(layerSplit=[15], stageBackends=["opencl", "cpu", "cpu"]), "stage backends"),
+                   (dict(stageBackends=["opencl", "cpu"]), "stage backends"),
+                   (dict(layerSplit=[15], stageBackends=["opencl", "gpu"]), "unknown backend 'gpu'"),
+                   (dict(layerSplit=[15], stageBackends=["cpu:1", "cpu"]), "unknown backend 'cpu:1'")]
+            for options, fragment in bad:
+                await self.expect_error(conn.load(harness.Config.model, id="bad-stages", contextSize=CONTEXT,
+                                                  **options),
+                                        "FAILED", fragment, context=f"load with {options}")
+            st = await conn.status()
+            self.assertNotIn("bad-stages", [m.info.id for m in st.models])
+            after = await conn.generate(dict(requests[0], model="ocl-cpu"))
+            self.assertCompleted(after, "after the refused loads")
+            for model_id in ("ocl-cpu", "cpu-ocl", "cpu-whole"):
+                await conn.unload(model_id)
             conn.close()
 
         self.run_test(body())

@@ -169,6 +169,11 @@ Result<std::unique_ptr<ClEngine>> ClEngine::create(std::shared_ptr<const Model> 
   ClEngineOptions opt = options;
   if (opt.n_ctx == 0) opt.n_ctx = default_context(cfg);
   INFERD_RETURN_IF_ERROR(check_engine_shape(opt.n_ctx, opt.n_slots, opt.n_ubatch, opt.pad_step));
+  if (opt.end_layer == 0) opt.end_layer = cfg.n_layer;
+  if (opt.first_layer < 0 || opt.first_layer >= opt.end_layer || opt.end_layer > cfg.n_layer) {
+    return make_error(Code::kInvalidArgument, "layer range [%d, %d) is not inside the model's %d layers",
+                      opt.first_layer, opt.end_layer, cfg.n_layer);
+  }
   if (cfg.n_rot != cfg.head_dim) {
     return make_error(Code::kUnimplemented, "partial rotary embeddings (n_rot %d of head_dim %d)", cfg.n_rot,
                       cfg.head_dim);
@@ -242,24 +247,29 @@ Status ClEngine::upload_weights() {
     if (w) stats_.weight_bytes += w->device_bytes();
   };
 
-  auto embd = upload_view(rt, "token_embd.weight", m.token_embd());
-  if (!embd) return embd.status();
-  embedding_ = std::move(embd).value();
-  count(embedding_);
-  if (!cfg.tied_output) {
-    auto out = upload_view(rt, "output.weight", m.output());
-    if (!out) return out.status();
-    output_ = std::move(out).value();
-    count(output_);
+  const bool first = is_first_stage(), last = is_last_stage();
+  if (first || (last && cfg.tied_output)) {
+    auto embd = upload_view(rt, "token_embd.weight", m.token_embd());
+    if (!embd) return embd.status();
+    embedding_ = std::move(embd).value();
+    count(embedding_);
   }
-  auto onorm = norm(m.output_norm(), "output_norm.weight");
-  if (!onorm) return onorm.status();
-  output_norm_ = std::make_unique<Tensor>(std::move(onorm).value());
+  if (last) {
+    if (!cfg.tied_output) {
+      auto out = upload_view(rt, "output.weight", m.output());
+      if (!out) return out.status();
+      output_ = std::move(out).value();
+      count(output_);
+    }
+    auto onorm = norm(m.output_norm(), "output_norm.weight");
+    if (!onorm) return onorm.status();
+    output_norm_ = std::make_unique<Tensor>(std::move(onorm).value());
+  }
 
-  layers_.resize(static_cast<size_t>(cfg.n_layer));
-  for (int l = 0; l < cfg.n_layer; ++l) {
+  layers_.resize(static_cast<size_t>(options_.end_layer - options_.first_layer));
+  for (int l = options_.first_layer; l < options_.end_layer; ++l) {
     const LayerWeights& lw = m.layer(l);
-    Layer& L = layers_[static_cast<size_t>(l)];
+    Layer& L = layers_[static_cast<size_t>(l - options_.first_layer)];
     auto an = norm(lw.attn_norm, "attn_norm");
     if (!an) return an.status();
     L.attn_norm.emplace(std::move(an).value());
@@ -328,8 +338,10 @@ Status ClEngine::allocate_activations() {
   INFERD_RETURN_IF_ERROR(tensor(a.attn, e));
   INFERD_RETURN_IF_ERROR(tensor(a.proj, e));
   INFERD_RETURN_IF_ERROR(tensor(a.h, f));
-  INFERD_RETURN_IF_ERROR(tensor(a.gathered, e));
-  INFERD_RETURN_IF_ERROR(tensor(a.gathered_norm, e));
+  if (is_last_stage()) {
+    INFERD_RETURN_IF_ERROR(tensor(a.gathered, e));
+    INFERD_RETURN_IF_ERROR(tensor(a.gathered_norm, e));
+  }
   // Each layer may group its matmuls differently (types can vary by layer): tensors for every grouping used.
   bool fused_qkv = false, split_qkv = false, fused_ffn = false, split_ffn = false;
   for (const Layer& L : layers_) {
@@ -418,11 +430,21 @@ Status ClEngine::ensure_logits(int32_t n_out) {
   return Status::ok();
 }
 
-Result<std::span<const float>> ClEngine::forward(std::span<const BatchToken> batch) {
+Result<std::span<const float>> ClEngine::forward(std::span<const BatchToken> batch, std::span<const float> hidden_in) {
   const ModelConfig& cfg = model_->config();
   if (batch.empty() || static_cast<int64_t>(batch.size()) > options_.n_ubatch) {
     return make_error(Code::kInvalidArgument, "a batch must hold 1 to %d tokens, got %zu", options_.n_ubatch,
                       batch.size());
+  }
+  const bool first = is_first_stage(), last = is_last_stage();
+  const size_t hidden_floats = batch.size() * static_cast<size_t>(cfg.n_embd);
+  if (!first && hidden_in.size() != hidden_floats) {
+    return make_error(Code::kInvalidArgument, "a stage starting at layer %d needs %zu hidden-state floats, got %zu",
+                      options_.first_layer, hidden_floats, hidden_in.size());
+  }
+  if (first && !hidden_in.empty()) {
+    return make_error(Code::kInvalidArgument, "a stage starting at layer 0 embeds its tokens; got %zu hidden-state floats",
+                      hidden_in.size());
   }
   // Validate everything before touching the device (the kernels trust slots and positions).
   std::vector<int32_t> next = slot_len_;
@@ -444,20 +466,22 @@ Result<std::span<const float>> ClEngine::forward(std::span<const BatchToken> bat
     }
     next[static_cast<size_t>(bt.slot)] = bt.pos + 1;
     max_len = std::max(max_len, bt.pos + 1);
-    n_out += bt.logits ? 1 : 0;
+    n_out += bt.logits && last ? 1 : 0;
   }
   const int32_t kv_pad = round_up(max_len, options_.pad_step);
-  INFERD_RETURN_IF_ERROR(run_pass(batch, kv_pad, n_out));
+  INFERD_RETURN_IF_ERROR(run_pass(batch, hidden_in, kv_pad, n_out));
   slot_len_ = std::move(next);
   stats_.forward_calls++;
   stats_.tokens += static_cast<int64_t>(batch.size());
   (choose_matmul_variant(static_cast<int32_t>(batch.size())) == MatmulVariant::kDecode ? stats_.decode_passes
                                                                                        : stats_.prefill_passes)++;
   stats_.kernels = ops_->kernel_count();
+  if (!last) return std::span<const float>(hidden_);
   return std::span<const float>(logits_);
 }
 
-Status ClEngine::run_pass(std::span<const BatchToken> batch, int32_t kv_pad, int32_t n_out) {
+Status ClEngine::run_pass(std::span<const BatchToken> batch, std::span<const float> hidden_in, int32_t kv_pad,
+                          int32_t n_out) {
   const ModelConfig& cfg = model_->config();
   Activations& a = *act_;
   Ops& ops = *ops_;
@@ -506,11 +530,17 @@ Status ClEngine::run_pass(std::span<const BatchToken> batch, int32_t kv_pad, int
     return MatmulInput(ops, x, q8, q8k, cpu_order_, t_count);
   };
 
-  INFERD_RETURN_IF_ERROR(ops.get_rows(*embedding_, a.ids.get(), *p.x0));
+  // Embeddings, or the previous pipeline stage's hidden states (the same floats the CPU engine's
+  // residual stream holds there).
+  if (is_first_stage()) {
+    INFERD_RETURN_IF_ERROR(ops.get_rows(*embedding_, a.ids.get(), *p.x0));
+  } else {
+    INFERD_RETURN_IF_ERROR(upload(rt, *p.x0, hidden_in).with_context("hidden states"));
+  }
   Tensor* cur = &*p.x0;
   Tensor* other = &*p.x1;
-  for (int l = 0; l < cfg.n_layer; ++l) {
-    const Layer& L = layers_[static_cast<size_t>(l)];
+  for (int l = options_.first_layer; l < options_.end_layer; ++l) {
+    const Layer& L = layers_[static_cast<size_t>(l - options_.first_layer)];
     auto in_layer = [l](const Status& s) { return s.with_context("layer " + std::to_string(l)); };
     // Attention block.
     INFERD_RETURN_IF_ERROR(rms_norm(*cur, *L.attn_norm, *p.xn));
@@ -554,6 +584,10 @@ Status ClEngine::run_pass(std::span<const BatchToken> batch, int32_t kv_pad, int
     std::swap(cur, other);
   }
 
+  if (!is_last_stage()) {  // hand the residual stream on; no output norm, no logits
+    hidden_.resize(static_cast<size_t>(t_count) * static_cast<size_t>(cfg.n_embd));
+    return download(rt, *cur, hidden_).with_context("hidden states");
+  }
   logits_.resize(static_cast<size_t>(n_out) * static_cast<size_t>(cfg.n_vocab));
   if (n_out == 0) return rt.finish();
   // Output: the wanted rows only, normalised and projected; the logits come back to the host.
@@ -576,6 +610,9 @@ Status ClEngine::run_pass(std::span<const BatchToken> batch, int32_t kv_pad, int
 }
 
 Result<std::span<const float>> ClEngine::eval(int32_t slot, std::span<const int32_t> tokens, bool all_logits) {
+  if (!is_first_stage() || !is_last_stage()) {
+    return make_error(Code::kInvalidArgument, "eval() runs whole models; a pipeline stage is driven by forward()");
+  }
   if (slot < 0 || slot >= options_.n_slots) {
     return make_error(Code::kInvalidArgument, "slot %d is out of range [0, %d)", slot, options_.n_slots);
   }
@@ -624,7 +661,10 @@ std::string ClEngine::describe() const {
          storage_name(act_storage_) + storage_notes_ + " logits=" + storage_name(logits_storage_) +
          " kv=buffer(f16), numerics " + numerics_name(numerics_) +
          (exact() ? std::string(" (") + cpu_order_name(cpu_order_) + ")" : numerics_note_) + ", weights " +
-         mib(stats_.weight_bytes);
+         mib(stats_.weight_bytes) +
+         (is_first_stage() && is_last_stage()
+              ? ""
+              : ", layers " + std::to_string(options_.first_layer) + "-" + std::to_string(options_.end_layer - 1));
 }
 
 }  // namespace inferd::opencl

@@ -1,11 +1,14 @@
 // The OpenCL step backend: inferd::opencl::ClEngine behind the StepBackend contract (validation,
 // samplers and the position-0 reset are StepLogic's, shared with every backend). Sampling runs on the
-// host over the logits rows the engine downloads. Whole models only: a pipeline stage is refused.
+// host over the logits rows the engine downloads. A pipeline stage works as the CPU backend's does:
+// a stage after the first reads its hidden states from `hidden_in`, one before the last publishes
+// them to `hidden_out` and samples nothing.
 //
 // Environment (for tests and tuning): INFERD_OPENCL_STORAGE=buffer|image_buffer|texture2d forces the
 // activations' storage; the program binary cache is default_cache_dir() ($XDG_CACHE_HOME or $HOME).
 #include <cstdlib>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -21,17 +24,31 @@ using opencl::ClEngine;
 
 class OpenClBackend final : public StepBackend {
  public:
-  explicit OpenClBackend(std::unique_ptr<ClEngine> engine)
+  OpenClBackend(std::unique_ptr<ClEngine> engine, const BackendOptions& o)
       : engine_(std::move(engine)),
         logic_({engine_->options().n_slots, engine_->options().n_ubatch, engine_->options().n_ctx, engine_->n_vocab()},
-               /*samples=*/true),
-        slots_{[this](int32_t s) { return engine_->slot_length(s); }, [this](int32_t s) { engine_->clear_slot(s); }} {}
+               engine_->is_last_stage()),
+        slots_{[this](int32_t s) { return engine_->slot_length(s); }, [this](int32_t s) { engine_->clear_slot(s); }},
+        hidden_in_(o.hidden_in),
+        hidden_out_(o.hidden_out) {}
 
   Status step(const ipc::Submission& sub, ipc::Completion& out) override {
     INFERD_RETURN_IF_ERROR(logic_.begin(sub, slots_));
-    auto logits = engine_->forward(logic_.batch());
-    if (!logits) return logits.status();
-    logic_.sample(sub, logits.value(), out);
+    std::span<const float> hidden;
+    if (!engine_->is_first_stage()) {
+      auto rows = hidden_in_->read(sub.id, sub.n_tokens);
+      if (!rows) return rows.status();
+      hidden = std::span<const float>(rows.value(),
+                                      size_t{sub.n_tokens} * static_cast<size_t>(engine_->model().config().n_embd));
+    }
+    auto result = engine_->forward(logic_.batch(), hidden);
+    if (!result) return result.status();
+    out.n_outputs = 0;
+    if (!engine_->is_last_stage()) {  // hidden states for the next stage; nothing to sample
+      hidden_out_->publish(sub.id, result.value().data(), sub.n_tokens);
+      return Status::ok();
+    }
+    logic_.sample(sub, result.value(), out);
     return Status::ok();
   }
 
@@ -43,6 +60,8 @@ class OpenClBackend final : public StepBackend {
   std::unique_ptr<ClEngine> engine_;
   StepLogic logic_;
   StepLogic::Slots slots_;
+  const ipc::HiddenExchange* hidden_in_;
+  const ipc::HiddenExchange* hidden_out_;
 };
 
 Result<std::optional<opencl::StorageType>> storage_from_env() {
@@ -66,9 +85,10 @@ Result<std::unique_ptr<StepBackend>> make_opencl_backend(std::shared_ptr<const M
     return Status(Code::kInvalidArgument, "batch tokens must be in [1, " + std::to_string(ipc::kMaxStepTokens) + "]");
   }
   const int32_t n_layer = model->config().n_layer;
-  const bool whole = options.first_layer == 0 && (options.end_layer == 0 || options.end_layer == n_layer);
-  if (!whole || options.hidden_in != nullptr || options.hidden_out != nullptr) {
-    return Status(Code::kUnimplemented, "the OpenCL backend runs whole models, not pipeline stages");
+  const bool first = options.first_layer == 0;
+  const bool last = options.end_layer == 0 || options.end_layer == n_layer;
+  if (first != (options.hidden_in == nullptr) || last != (options.hidden_out == nullptr)) {
+    return Status(Code::kInvalidArgument, "a pipeline stage needs a hidden-state exchange on each inner boundary");
   }
   auto storage = storage_from_env();
   if (!storage) return storage.status();
@@ -82,9 +102,11 @@ Result<std::unique_ptr<StepBackend>> make_opencl_backend(std::shared_ptr<const M
   eo.n_ubatch = options.batch_tokens;
   eo.pad_step = options.pad_step;
   eo.activation_storage = storage.value();
+  eo.first_layer = options.first_layer;
+  eo.end_layer = options.end_layer;
   auto engine = ClEngine::create(std::move(model), std::move(runtime).value(), eo);
   if (!engine) return engine.status();
-  return std::unique_ptr<StepBackend>(new OpenClBackend(std::move(engine).value()));
+  return std::unique_ptr<StepBackend>(new OpenClBackend(std::move(engine).value(), options));
 }
 
 }  // namespace inferd::worker

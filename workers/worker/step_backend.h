@@ -54,7 +54,7 @@ class StepBackend {
 };
 
 Result<std::unique_ptr<StepBackend>> make_cpu_backend(std::shared_ptr<const Model> model, const BackendOptions& options);
-// The OpenCL backend (opencl_backend.cpp; built when INFERD_HAVE_OPENCL): whole models only.
+// The OpenCL backend (opencl_backend.cpp; built when INFERD_HAVE_OPENCL): whole models or pipeline stages.
 Result<std::unique_ptr<StepBackend>> make_opencl_backend(std::shared_ptr<const Model> model,
                                                          const BackendOptions& options);
 

@@ -62,6 +62,10 @@ struct LoadOptions {
   // Pipeline placement: the first layer of each worker after the first ({15} on a 30-layer model:
   // worker 0 runs layers 0-14, worker 1 layers 15-29). Empty: one worker runs every layer.
   std::vector<uint32_t> layer_split;
+  // The backend of each worker, in pipeline order ({"opencl", "cpu"} with layer_split {15}: the first
+  // 15 layers on the GPU, like llama.cpp's -ngl). Empty: every worker uses `backend`; otherwise
+  // layer_split.size() + 1 names.
+  std::vector<std::string> stage_backends;
 };
 
 struct PlacementStage {

@@ -1,13 +1,19 @@
 // inferd/opencl/cl_engine.h — the forward pass of a llama-family model on an OpenCL device (issue 5).
 //
-// ClEngine is the OpenCL counterpart of inferd::Engine for whole models, with the same contract for
-// forward(): batches of tokens of several slots, consecutive positions per slot, the logits of the
-// tokens marked `logits` returned in batch order. Sampling stays on the host (the logits rows wanted
-// are downloaded, nothing else).
+// ClEngine is the OpenCL counterpart of inferd::Engine, with the same contract for forward(): batches
+// of tokens of several slots, consecutive positions per slot, the logits of the tokens marked `logits`
+// returned in batch order. Sampling stays on the host (the logits rows wanted are downloaded, nothing
+// else). Like Engine it can run a pipeline stage, layers [first_layer, end_layer): a stage after the
+// first takes the previous stage's hidden states (uploaded into the residual stream) instead of
+// embedding tokens; a stage before the last downloads its residual stream instead of computing
+// logits. With kExact numerics a stage's hidden states are the CPU engine stage's bit for bit, so
+// CPU and OpenCL stages chain in any order and give the whole model's logits.
 //
 // What lives on the device, and how (ML Drift's tensor virtualization, ops.h):
 //  * Weights are converted once, at create(), from the model's WeightViews (which point into the
-//    shared weights segment) into the layouts the kernels read (MatmulWeights). Q|K|V and gate|up are
+//    shared weights segment) into the layouts the kernels read (MatmulWeights); a stage uploads its
+//    own layers only, the embedding when it is first (or last with a tied output), the output norm
+//    and projection when it is last. Q|K|V and gate|up are
 //    concatenated into one matmul each where their types agree. The embedding table is one
 //    MatmulWeights that serves both the lookup (Ops::get_rows) and a tied output projection.
 //  * Activations are logical 1x1xTxC tensors (a token per x) in one storage picked per device
@@ -15,7 +21,7 @@
 //    tokens; a pass of T tokens runs on views of their first T tokens (Tensor::view), so no kernel is
 //    ever rebuilt for a new batch size. The logits have their own storage choice (a vocabulary is
 //    often too tall for a 2D image) and grow on demand.
-//  * The KV cache is one half-precision buffer per layer, [slot][k|v][kv_head][position][head_dim],
+//  * The KV cache is one half-precision buffer per layer of the stage, [slot][k|v][kv_head][position][head_dim],
 //    allocated for every slot and the whole context at create(); each pass's K/V rows are written in
 //    place at their (slot, position) by Ops::rope_kv.
 //  * Attention runs over the KV length rounded up to pad_step with the padding masked (Ops::attention,
@@ -71,6 +77,10 @@ struct ClEngineOptions {
   // The storage of the activations; unset: the device's first choice that fits (choose_storage).
   std::optional<StorageType> activation_storage;
   Numerics numerics = Numerics::kExact;
+  // The layers this engine runs, [first_layer, end_layer) (end_layer 0: through the last); see
+  // EngineOptions. create() stores the resolved end_layer.
+  int32_t first_layer = 0;
+  int32_t end_layer = 0;
 };
 
 struct ClEngineStats {
@@ -94,12 +104,16 @@ class ClEngine {
   ClEngine(const ClEngine&) = delete;
   ClEngine& operator=(const ClEngine&) = delete;
 
-  // One forward pass over `batch` (1..n_ubatch tokens); see Engine::forward. The span is valid until
-  // the next call.
-  Result<std::span<const float>> forward(std::span<const BatchToken> batch);
+  // One forward pass over `batch` (1..n_ubatch tokens); see Engine::forward, including its pipeline
+  // stage contract: `hidden_in` (batch.size() x n_embd floats) is read by a stage after the first and
+  // must be empty otherwise; a stage before the last returns batch.size() x n_embd hidden-state floats.
+  // The span is valid until the next call.
+  Result<std::span<const float>> forward(std::span<const BatchToken> batch, std::span<const float> hidden_in = {});
   // Appends `tokens` to `slot` in passes of at most n_ubatch tokens; the logits of the last token, or
-  // of every token when `all_logits`.
+  // of every token when `all_logits`. Whole models only (kInvalidArgument for a stage).
   Result<std::span<const float>> eval(int32_t slot, std::span<const int32_t> tokens, bool all_logits = false);
+  bool is_first_stage() const { return options_.first_layer == 0; }
+  bool is_last_stage() const { return options_.end_layer == model_->config().n_layer; }
 
   void clear_slot(int32_t slot);
   void truncate_slot(int32_t slot, int32_t length);  // length <= the slot's length
@@ -117,8 +131,8 @@ class ClEngine {
   Numerics numerics() const { return numerics_; }
   CpuOrder cpu_order() const { return cpu_order_; }
   // "OpenCL: <device> (<vendor>, driver <version>), storage: weights=buffer activations=buffer
-  // logits=buffer kv=buffer(f16), numerics exact (x86), weights 106.4 MiB": the worker's device as
-  // the daemon shows it.
+  // logits=buffer kv=buffer(f16), numerics exact (x86), weights 106.4 MiB" (", layers 0-14" appended
+  // for a pipeline stage): the worker's device as the daemon shows it.
   std::string describe() const;
 
  private:
@@ -131,7 +145,7 @@ class ClEngine {
   Status allocate_activations();
   Status ensure_logits(int32_t n_out);
   bool exact() const { return numerics_ == Numerics::kExact; }
-  Status run_pass(std::span<const BatchToken> batch, int32_t kv_pad, int32_t n_out);
+  Status run_pass(std::span<const BatchToken> batch, std::span<const float> hidden_in, int32_t kv_pad, int32_t n_out);
 
   std::shared_ptr<const Model> model_;
   std::unique_ptr<Runtime> rt_;
@@ -145,16 +159,19 @@ class ClEngine {
   CpuOrder cpu_order_ = CpuOrder::kX86;
   std::string numerics_note_;  // why the options' numerics were not used, for describe()
 
+  // Null where this stage does not need them: the embedding unless first (or last with a tied
+  // output), the output norm unless last; output_ also when the projection is tied to the embedding.
   std::unique_ptr<MatmulWeights> embedding_;
-  std::unique_ptr<MatmulWeights> output_;  // null when the output projection is tied to the embedding
+  std::unique_ptr<MatmulWeights> output_;
   std::unique_ptr<Tensor> output_norm_;
-  std::vector<Layer> layers_;
+  std::vector<Layer> layers_;  // layers_[i] is model layer first_layer + i
   std::unique_ptr<Activations> act_;
 
   std::vector<int32_t> slot_len_;
   std::vector<int32_t> host_ids_, host_pos_, host_slots_, host_rows_;
   std::vector<float> host_rope_;
   std::vector<float> logits_;
+  std::vector<float> hidden_;  // a stage before the last: the pass's output
   std::vector<float> all_logits_;
   ClEngineStats stats_;
 };
