@@ -1,5 +1,5 @@
 // GEMM dispatch and the scalar reference for inferd/kernels/gemm.h. Compiled for the baseline
-// target: the AVX-512 translation unit is only entered after isa_available() said yes.
+// target: the AVX2 and AVX-512 translation units are only entered after isa_available() said yes.
 #include "inferd/kernels/gemm.h"
 
 #include <cmath>
@@ -116,7 +116,8 @@ GemmFn gemm_kernel(DType type, Isa isa) {
   if (type != DType::kQ4_0 && type != DType::kQ4_1 && type != DType::kQ8_0) return nullptr;
   if (isa == Isa::kAvx512 && isa_available(Isa::kAvx512)) return gemm_avx512::kernel(type);
   if (isa == Isa::kScalar) return &gemm_scalar::gemm;
-  // AVX2 (or AVX-512 on a CPU without it): its dot kernels are the faster path.
+  // AVX2, or AVX-512 asked for on a CPU without it.
+  if (isa_available(Isa::kAvx2)) return gemm_avx2::kernel(type);
   return nullptr;
 }
 

@@ -14,6 +14,11 @@ namespace gemm_scalar {
 void gemm(const GemmArgs& args);
 }  // namespace gemm_scalar
 
+namespace gemm_avx2 {
+// AVX2 + FMA + F16C (no AVX-512): Q4_0, Q4_1 and Q8_0; nullptr for other types.
+GemmFn kernel(DType type);
+}  // namespace gemm_avx2
+
 namespace gemm_avx512 {
 // nullptr when the type has no AVX-512 GEMM.
 GemmFn kernel(DType type);

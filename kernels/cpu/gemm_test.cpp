@@ -122,8 +122,13 @@ TEST(Gemm, KernelAvailability) {
   EXPECT_EQ(gemm_kernel(DType::kQ2_K, Isa::kAvx512), nullptr);
   EXPECT_EQ(gemm_kernel(DType::kF32, best_isa()), nullptr);
   for (DType t : kGemmTypes) EXPECT_NE(gemm_kernel(t, Isa::kScalar), nullptr) << dtype_name(t);
-  if (isa_available(Isa::kAvx512)) {
+  if (isa_available(Isa::kAvx2)) {
+    // Also for AVX-512 requests: there is always a SIMD GEMM for these types on an AVX2 CPU.
+    for (DType t : kGemmTypes) EXPECT_NE(gemm_kernel(t, Isa::kAvx2), nullptr) << dtype_name(t);
     for (DType t : kGemmTypes) EXPECT_NE(gemm_kernel(t, Isa::kAvx512), nullptr) << dtype_name(t);
+    if (isa_available(Isa::kAvx512)) {
+      for (DType t : kGemmTypes) EXPECT_NE(gemm_kernel(t, Isa::kAvx2), gemm_kernel(t, Isa::kAvx512)) << dtype_name(t);
+    }
   }
 }
 

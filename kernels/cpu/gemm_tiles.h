@@ -1,7 +1,7 @@
-// gemm_tiles.h (private) — what the AVX-512 GEMMs (gemm_avx512.cpp, gemm_avx512_k.cpp) share: ggml's
-// 8-lane reduction, the table of register-tile functions, and the walk over row chunks and activation
-// pairs that calls a tile and stores its results. Included only by translation units compiled for
-// AVX-512.
+// gemm_tiles.h (private) — what the SIMD GEMMs (gemm_avx512.cpp, gemm_avx512_k.cpp, gemm_avx2.cpp) share:
+// ggml's 8-lane reduction, the table of register-tile functions, and the walk over row chunks and
+// activation pairs that calls a tile and stores its results. Included only by translation units compiled
+// for AVX2 or AVX-512 (it uses AVX intrinsics).
 #pragma once
 
 #include <immintrin.h>

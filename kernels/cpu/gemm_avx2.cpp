@@ -1,0 +1,287 @@
+// AVX2 GEMM for Q4_0, Q4_1 and Q8_0 weights (see inferd/kernels/gemm.h for the contract), for CPUs
+// with AVX2, FMA and F16C but no AVX-512.
+//
+// Layout of the work. The activation rows are first packed, once per call, into ActBlocks (a row's
+// 32 quants of one block and the integer start value of each of the 8 int32 lanes) and into
+// activation scales in the tile's lane order. Rows are padded to an even count (the last row
+// repeated) so that the shared tile walk (gemm_tiles.h, which counts activation rows in pairs)
+// always hands over whole tiles. A weight block is decoded once per tile into one ymm; one ymm
+// accumulator per (weight row, activation row) holds the contract's 8 lanes. A tile is kRows = 2
+// weight rows x kCols = 4 activation rows, run over all blocks of k: 8 accumulators leave room for
+// the decoded weights without spills (4 x 2 spilled and ran 15% slower on a Xeon with AVX-512
+// capped to AVX2).
+//
+// The 8 block scales d_w * d_a of a tile come from one vector multiply per block and reach their
+// accumulators by vpermps (port 5), which keeps ports 0/1 for maddubs, madd, cvt and fma: per
+// (row, activation row, block) that is the whole float work besides the contract's one fma.
+//
+// Integer steps (all exact; no int16 pair of maddubs saturates):
+//  - Q4_0 and Q4_1 weights enter maddubs as unsigned nibbles 0..15 (|pair| <= 2 * 15 * 128); Q4_0's
+//    offset of 8 is removed by the lane's start value, -8 times the lane's activation sum.
+//  - Q8_0 weights use ggml's sign trick: |w| (0..128 as u8) times sign(a, w) (|a| <= 127, as the
+//    activation quantizer produces), |pair| <= 2 * 128 * 127 < 32768.
+// Float steps per lane are exactly the contract's: scale = d_w * d_a (fp32), acc = fma(scale,
+// float(n), acc), block by block; Q4_1's summs = fma(m_w, s_a, summs) block by block, added last.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "gemm_internal.h"
+#include "gemm_tiles.h"
+#include "inferd/status.h"
+#include "isa_tables.h"
+
+namespace inferd::kernels::gemm_avx2 {
+namespace {
+
+struct alignas(32) ActBlock {
+  int8_t a[32];      // the activation row's quants of this block
+  int32_t start[8];  // initial value of each int32 lane (Q4_0: -8 * lane sum; else 0)
+};
+static_assert(sizeof(ActBlock) == 64);
+
+// Weight rows per tile and activation pairs per tile (the register tile is kRows x 2 * kPairs ymm).
+constexpr int kRows = 2;
+constexpr int kPairs = 2;
+constexpr int kCols = 2 * kPairs;
+// The tile's kRows x kCols block scales d_w * d_a come from one 8-lane multiply per block; lane
+// t * kRows + r belongs to weight row r and activation row t of the tile.
+static_assert(kRows * kCols == 8 && (kRows == 2 || kRows == 4), "tile() builds the 8 weight scales from one xmm");
+// Prefetch distance along the weight rows (as gemm_avx512.cpp).
+constexpr int kPrefetchBytes = 4096;
+
+struct Scratch {
+  std::vector<ActBlock> acts;     // [activation row][block], rows padded to an even count
+  std::vector<float> act_scales;  // [group of kCols rows][block][lane t * kRows + r]: d_a of row t
+  std::vector<float> act_sums;    // Q4_1: s_a of [block][token], m_pad tokens per block
+};
+
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
+template <DType kType>
+struct Traits;
+template <>
+struct Traits<DType::kQ4_0> {
+  using WBlock = BlockQ4_0;
+  using ABlock = BlockQ8_0;
+};
+template <>
+struct Traits<DType::kQ4_1> {
+  using WBlock = BlockQ4_1;
+  using ABlock = BlockQ8_1;
+};
+template <>
+struct Traits<DType::kQ8_0> {
+  using WBlock = BlockQ8_0;
+  using ABlock = BlockQ8_0;
+};
+
+inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+template <DType kType>
+void pack_acts(const GemmArgs& g, int64_t nb, int64_t rows, ActBlock* out, float* scales) {
+  using ABlock = typename Traits<kType>::ABlock;
+  const float* half = scalar::fp16_table();
+  const __m256i eights = _mm256_set1_epi8(8);
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  for (int64_t t = 0; t < rows; ++t) {
+    const int64_t src_t = std::min(t, g.m - 1);
+    const auto* a = reinterpret_cast<const ABlock*>(g.act + static_cast<size_t>(src_t) * g.act_stride);
+    ActBlock* dst = out + t * nb;
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m256i q = load32(a[b].qs);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(dst[b].a), q);
+      __m256i start = _mm256_setzero_si256();
+      if constexpr (kType == DType::kQ4_0) {
+        // -8 * sum of the lane's four quants: maddubs(8, q) is exact (|pair| <= 2 * 8 * 128).
+        start = _mm256_sub_epi32(start, _mm256_madd_epi16(_mm256_maddubs_epi16(eights, q), ones16));
+      }
+      _mm256_store_si256(reinterpret_cast<__m256i*>(dst[b].start), start);
+    }
+  }
+  // Groups past the last row (a ragged last tile) repeat the last row: finite, never stored.
+  const int64_t groups = (rows + kCols - 1) / kCols;
+  for (int64_t grp = 0; grp < groups; ++grp) {
+    for (int t = 0; t < kCols; ++t) {
+      const int64_t src_t = std::min(grp * kCols + t, g.m - 1);
+      const auto* a = reinterpret_cast<const ABlock*>(g.act + static_cast<size_t>(src_t) * g.act_stride);
+      for (int64_t b = 0; b < nb; ++b) {
+        for (int r = 0; r < kRows; ++r) scales[(grp * nb + b) * 8 + t * kRows + r] = half[a[b].d];
+      }
+    }
+  }
+}
+
+// Q4_1: s_a of every block and activation row, transposed to [block][token] for the summs step.
+void pack_act_sums(const GemmArgs& g, int64_t nb, int64_t m_pad, float* out) {
+  const float* half = scalar::fp16_table();
+  for (int64_t t = 0; t < m_pad; ++t) {
+    const int64_t src_t = std::min(t, g.m - 1);
+    const auto* a = reinterpret_cast<const BlockQ8_1*>(g.act + static_cast<size_t>(src_t) * g.act_stride);
+    for (int64_t b = 0; b < nb; ++b) out[b * m_pad + t] = half[a[b].s];
+  }
+}
+
+// One tile's inputs and outputs. Row r of the tile is weight row w + r * w_row_bytes; acts and
+// act_sums start at the tile's first activation row.
+struct TileIo {
+  const uint8_t* w;
+  size_t w_row_bytes;
+  const ActBlock* acts;      // [activation row][block], nb blocks per row
+  const float* act_scales;  // [block][8]: the tile's activation scales in lane order
+  int64_t nb;
+  const float* act_sums;  // Q4_1: s_a as [block][token], m_pad tokens per block
+  int64_t m_pad;
+  float (*res)[kCols];    // [row][activation row]: the reduced lane sums
+  float (*summs)[kCols];  // Q4_1: [row][activation row]: the summs of the contract
+};
+
+// The register tile: R weight rows x 2 * P activation rows over all nb blocks.
+template <DType kType, int R, int P>
+void tile(const TileIo& io) {
+  using WBlock = typename Traits<kType>::WBlock;
+  constexpr int T = 2 * P;
+  static_assert(T <= 4, "Q4_1's summs hold 4 activation rows per xmm");
+  const float* half = scalar::fp16_table();
+  const int64_t nb = io.nb;
+  const ActBlock* acts = io.acts;
+  const WBlock* rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = reinterpret_cast<const WBlock*>(io.w + static_cast<size_t>(r) * io.w_row_bytes);
+  [[maybe_unused]] __m128 summs[R];
+  if constexpr (kType == DType::kQ4_1) {
+    for (int r = 0; r < R; ++r) summs[r] = _mm_setzero_ps();
+  }
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  [[maybe_unused]] const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
+  [[maybe_unused]] const __m256i nibble_shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+  __m256 acc[R][T];
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    uint64_t dw_bits = 0;              // fp16 d_w of the tile's weight rows, row r in bits 16r..16r+15
+    __m256i wq[R];                     // Q4: nibbles 0..15; Q8_0: the signed quants
+    [[maybe_unused]] __m256i wabs[R];  // Q8_0: |w| as u8
+    for (int r = 0; r < R; ++r) {
+      const WBlock& blk = rows[r][b];
+      // The first activation tile over a chunk streams its weights from memory (later ones find
+      // them in L2): ask for them ahead, as the decode GEMV does.
+      _mm_prefetch(reinterpret_cast<const char*>(&blk) + kPrefetchBytes, _MM_HINT_T0);
+      if constexpr (kType == DType::kQ8_0) {
+        wq[r] = load32(blk.qs);
+        wabs[r] = _mm256_sign_epi8(wq[r], wq[r]);
+      } else {
+        // Low nibbles (elements 0..15) in the low 128 bits, high nibbles (16..31) in the high.
+        const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs)));
+        wq[r] = _mm256_and_si256(_mm256_srlv_epi32(both, nibble_shift), low_nibbles);
+      }
+      dw_bits |= static_cast<uint64_t>(blk.d) << (16 * r);
+    }
+    // Built in registers: 16-bit stores read back as one vector stall store forwarding, and a
+    // scale array in memory made GCC 12 keep the accumulators in memory too (both measured).
+    const __m128 dw = _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(dw_bits)));
+    __m256 dw_lanes;
+    if constexpr (kRows == 4) {
+      dw_lanes = _mm256_set_m128(dw, dw);
+    } else {
+      dw_lanes = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(dw)));
+    }
+    const __m256 scale = _mm256_mul_ps(dw_lanes, _mm256_load_ps(io.act_scales + 8 * b));
+    if constexpr (kType == DType::kQ4_1) {
+      const __m128 sa = _mm_loadu_ps(io.act_sums + b * io.m_pad);
+      for (int r = 0; r < R; ++r) summs[r] = _mm_fmadd_ps(_mm_set1_ps(half[rows[r][b].m]), sa, summs[r]);
+    }
+    for (int t = 0; t < T; ++t) {
+      const ActBlock& ab = acts[t * nb + b];
+      const __m256i aq = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab.a));
+      for (int r = 0; r < R; ++r) {
+        __m256i n;
+        if constexpr (kType == DType::kQ8_0) {
+          n = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[r], _mm256_sign_epi8(aq, wq[r])), ones16);
+        } else {
+          n = _mm256_madd_epi16(_mm256_maddubs_epi16(wq[r], aq), ones16);
+          if constexpr (kType == DType::kQ4_0) {
+            n = _mm256_add_epi32(n, _mm256_load_si256(reinterpret_cast<const __m256i*>(ab.start)));
+          }
+        }
+        const __m256 s = _mm256_permutevar8x32_ps(scale, _mm256_set1_epi32(t * kRows + r));
+        acc[r][t] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(n), acc[r][t]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) io.res[r][t] = gemm_tiles::reduce8(acc[r][t]);
+    if constexpr (kType == DType::kQ4_1) {
+      alignas(16) float s[4];
+      _mm_store_ps(s, summs[r]);
+      for (int t = 0; t < T; ++t) io.summs[r][t] = s[t];
+    }
+  }
+}
+
+template <DType kType>
+struct TileOf {
+  template <int R, int P>
+  static void fn(const TileIo& io) {
+    tile<kType, R, P>(io);
+  }
+};
+
+template <DType kType>
+void gemm(const GemmArgs& g) {
+  INFERD_ASSERT(g.k % 32 == 0, "k must be a multiple of 32");
+  if (g.m <= 0 || g.r1 <= g.r0) return;
+  const int64_t nb = g.k / 32;
+  const int64_t npairs = (g.m + 1) / 2;
+  Scratch& s = scratch();
+  const size_t act_blocks = static_cast<size_t>(2 * npairs * nb);
+  if (s.acts.size() < act_blocks) s.acts.resize(act_blocks);
+  const size_t scale_floats = static_cast<size_t>((2 * npairs + kCols - 1) / kCols * nb * 8);
+  if (s.act_scales.size() < scale_floats) s.act_scales.resize(scale_floats);
+  pack_acts<kType>(g, nb, 2 * npairs, s.acts.data(), s.act_scales.data());
+  // The summs step loads 4 tokens from a tile's first row: pad so that the load stays inside.
+  const int64_t m_pad = (g.m + 3) / 4 * 4 + 4;
+  if constexpr (kType == DType::kQ4_1) {
+    if (s.act_sums.size() < static_cast<size_t>(nb * m_pad)) s.act_sums.resize(static_cast<size_t>(nb * m_pad));
+    pack_act_sums(g, nb, m_pad, s.act_sums.data());
+  }
+  alignas(32) float summs[kRows][kCols];
+  gemm_tiles::walk<kRows, kPairs>(g, npairs, [&](int64_t r, int nr, int64_t p0, int np, float (*res)[kCols]) {
+    const TileIo io{g.w + static_cast<size_t>(r) * g.w_row_bytes,
+                    g.w_row_bytes,
+                    s.acts.data() + 2 * p0 * nb,
+                    s.act_scales.data() + p0 / kPairs * nb * 8,
+                    nb,
+                    kType == DType::kQ4_1 ? s.act_sums.data() + 2 * p0 : nullptr,
+                    m_pad,
+                    res,
+                    summs};
+    gemm_tiles::TileTable<TileOf<kType>, kRows, kPairs>::kTable[nr - 1][np - 1](io);
+    if constexpr (kType == DType::kQ4_1) {
+      for (int i = 0; i < nr; ++i) {
+        for (int t = 0; t < 2 * np; ++t) res[i][t] = res[i][t] + summs[i][t];
+      }
+    }
+  });
+}
+
+}  // namespace
+
+GemmFn kernel(DType type) {
+  switch (type) {
+    case DType::kQ4_0:
+      return &gemm<DType::kQ4_0>;
+    case DType::kQ4_1:
+      return &gemm<DType::kQ4_1>;
+    case DType::kQ8_0:
+      return &gemm<DType::kQ8_0>;
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace inferd::kernels::gemm_avx2
