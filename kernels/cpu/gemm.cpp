@@ -110,8 +110,11 @@ void gemm(const GemmArgs& g) {
 
 GemmFn gemm_kernel(DType type, Isa isa) {
   if (type == DType::kQ4_K || type == DType::kQ5_K || type == DType::kQ6_K) {
-    // No scalar reference of their own: the AVX-512 kernel is checked against the dot kernels.
-    return isa == Isa::kAvx512 && isa_available(Isa::kAvx512) ? gemm_avx512_k::kernel(type) : nullptr;
+    // No scalar reference of their own: each SIMD kernel is checked against its ISA's dot kernel.
+    if (isa == Isa::kAvx512 && isa_available(Isa::kAvx512)) return gemm_avx512_k::kernel(type);
+    // AVX2, or AVX-512 asked for on a CPU without it.
+    if (isa != Isa::kScalar && isa_available(Isa::kAvx2)) return gemm_avx2_k::kernel(type);
+    return nullptr;
   }
   if (type != DType::kQ4_0 && type != DType::kQ4_1 && type != DType::kQ8_0) return nullptr;
   if (isa == Isa::kAvx512 && isa_available(Isa::kAvx512)) return gemm_avx512::kernel(type);

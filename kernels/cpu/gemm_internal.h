@@ -19,6 +19,11 @@ namespace gemm_avx2 {
 GemmFn kernel(DType type);
 }  // namespace gemm_avx2
 
+namespace gemm_avx2_k {
+// AVX2 + FMA + F16C: Q4_K, Q5_K and Q6_K, bit-identical to the AVX2 dot kernels; nullptr for other types.
+GemmFn kernel(DType type);
+}  // namespace gemm_avx2_k
+
 namespace gemm_avx512 {
 // nullptr when the type has no AVX-512 GEMM.
 GemmFn kernel(DType type);

@@ -130,6 +130,17 @@ TEST(Gemm, KernelAvailability) {
       for (DType t : kGemmTypes) EXPECT_NE(gemm_kernel(t, Isa::kAvx2), gemm_kernel(t, Isa::kAvx512)) << dtype_name(t);
     }
   }
+  // The K-quants: a GEMM per SIMD ISA, none for the scalar ISA (the dot kernels are its reference).
+  for (DType t : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    EXPECT_EQ(gemm_kernel(t, Isa::kScalar), nullptr) << dtype_name(t);
+    EXPECT_EQ(gemm_kernel(t, Isa::kAvx2) != nullptr, isa_available(Isa::kAvx2)) << dtype_name(t);
+    EXPECT_EQ(gemm_kernel(t, Isa::kAvx512) != nullptr, isa_available(Isa::kAvx2)) << dtype_name(t);
+    if (isa_available(Isa::kAvx512)) {
+      EXPECT_NE(gemm_kernel(t, Isa::kAvx2), gemm_kernel(t, Isa::kAvx512)) << dtype_name(t);
+    } else {
+      EXPECT_EQ(gemm_kernel(t, Isa::kAvx2), gemm_kernel(t, Isa::kAvx512)) << dtype_name(t);
+    }
+  }
 }
 
 TEST(Gemm, BitIdenticalToContractAndCloseToScalarDot) {
@@ -215,35 +226,39 @@ Problem make_k_problem(std::mt19937& rng, DType type, int64_t k, int64_t rows, i
   return p;
 }
 
-// The K-quant GEMMs have no contract emulation of their own: they must equal the x86 dot kernels
-// (which equal ggml's vec_dot) bit for bit.
+// The K-quant GEMMs have no contract emulation of their own: each ISA's must equal that ISA's x86 dot
+// kernel (which equals ggml's vec_dot) bit for bit.
 TEST(Gemm, KQuantsBitIdenticalToDot) {
-  if (!isa_available(Isa::kAvx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
-  std::mt19937 rng(33);
-  for (DType type : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
-    const GemmFn fn = gemm_kernel(type, Isa::kAvx512);
-    ASSERT_NE(fn, nullptr) << dtype_name(type);
-    const TypeKernels* dot = type_kernels(type, Isa::kAvx512);
-    for (int64_t k : {256, 768, 2048}) {
-      for (int64_t m : {1, 2, 3, 5, 8, 9, 13, 64}) {
-        const int64_t rows = 23;
-        const Problem p = make_k_problem(rng, type, k, rows, m);
-        const int64_t ranges[][2] = {{0, rows}, {1, 10}, {5, 6}, {7, rows}};
-        for (const auto& range : ranges) {
-          const int64_t r0 = range[0], r1 = range[1];
-          const std::vector<float> out = run(fn, p, r0, r1, false, false);
-          for (int64_t t = 0; t < m; ++t) {
-            for (int64_t c = 0; c < rows + 3; ++c) {
-              const float got = out[t * (rows + 3) + c];
-              SCOPED_TRACE(testing::Message() << dtype_name(type) << " k " << k << " m " << m << " rows [" << r0
-                                              << "," << r1 << ") t " << t << " r " << c);
-              if (c < r0 || c >= r1) {
-                ASSERT_EQ(got, kSentinel) << "write outside the row range";
-                continue;
+  if (!isa_available(Isa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU";
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+    if (!isa_available(isa)) continue;
+    std::mt19937 rng(33);
+    for (DType type : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+      const GemmFn fn = gemm_kernel(type, isa);
+      ASSERT_NE(fn, nullptr) << dtype_name(type);
+      const TypeKernels* dot = type_kernels(type, isa);
+      for (int64_t k : {256, 768, 2048}) {
+        for (int64_t m : {1, 2, 3, 5, 8, 9, 13, 64}) {
+          const int64_t rows = 23;
+          const Problem p = make_k_problem(rng, type, k, rows, m);
+          const int64_t ranges[][2] = {{0, rows}, {1, 10}, {5, 6}, {7, rows}};
+          for (const auto& range : ranges) {
+            const int64_t r0 = range[0], r1 = range[1];
+            const std::vector<float> out = run(fn, p, r0, r1, false, false);
+            for (int64_t t = 0; t < m; ++t) {
+              for (int64_t c = 0; c < rows + 3; ++c) {
+                const float got = out[t * (rows + 3) + c];
+                SCOPED_TRACE(testing::Message() << isa_name(isa) << " " << dtype_name(type) << " k " << k << " m " << m
+                                                << " rows [" << r0 << "," << r1 << ") t " << t << " r " << c);
+                if (c < r0 || c >= r1) {
+                  ASSERT_EQ(got, kSentinel) << "write outside the row range";
+                  continue;
+                }
+                float want;
+                dot->dot(k, p.w.data() + c * p.w_row_bytes, p.act.data() + t * p.act_stride, p.act_stride, 1,
+                         &want);
+                ASSERT_EQ(std::memcmp(&got, &want, sizeof(float)), 0) << got << " vs dot " << want;
               }
-              float want;
-              dot->dot(k, p.w.data() + c * p.w_row_bytes, p.act.data() + t * p.act_stride, p.act_stride, 1, &want);
-              ASSERT_EQ(std::memcmp(&got, &want, sizeof(float)), 0) << got << " vs dot " << want;
             }
           }
         }
