@@ -31,6 +31,7 @@
 #include "gemm_tiles.h"
 #include "inferd/status.h"
 #include "isa_tables.h"
+#include "x86_common.h"
 
 namespace inferd::kernels::gemm_avx2 {
 namespace {
@@ -79,8 +80,6 @@ struct Traits<DType::kQ8_0> {
   using WBlock = BlockQ8_0;
   using ABlock = BlockQ8_0;
 };
-
-inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
 template <DType kType>
 void pack_acts(const GemmArgs& g, int64_t nb, int64_t rows, ActBlock* out, float* scales) {

@@ -25,6 +25,7 @@
 #include "gemm_tiles.h"
 #include "inferd/status.h"
 #include "isa_tables.h"
+#include "x86_common.h"
 
 namespace inferd::kernels::gemm_avx512_k {
 namespace {
@@ -81,8 +82,6 @@ void pack_pairs(const GemmArgs& g, int64_t nb, int64_t npairs, KPairBlock* out) 
   }
 }
 
-inline float h2f(fp16_t h) { return _cvtsh_ss(h); }
-
 // ggml's reduction of Q4_K's 4 min lanes: (m0 + m2) + (m1 + m3).
 inline float reduce4(__m128 m) {
   m = _mm_add_ps(m, _mm_movehl_ps(m, m));
@@ -92,20 +91,6 @@ inline float reduce4(__m128 m) {
 
 // 32 bytes placed in both 256-bit halves of a zmm.
 inline __m512i twice(__m256i v) { return _mm512_inserti64x4(_mm512_castsi256_si512(v), v, 1); }
-
-inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-
-// The 8 six-bit scales (bytes 0..7) and mins (bytes 8..15) of a Q4_K block (as ggml unpacks them).
-inline void unpack_k4_scales(const uint8_t* packed, uint8_t out[16]) {
-  constexpr uint32_t kMask1 = 0x3f3f3f3f, kMask2 = 0x0f0f0f0f, kMask3 = 0x03030303;
-  uint32_t u[3], o[4];
-  std::memcpy(u, packed, sizeof(u));
-  o[0] = u[0] & kMask1;
-  o[1] = (u[2] & kMask2) | (((u[0] >> 6) & kMask3) << 4);
-  o[2] = u[1] & kMask1;
-  o[3] = ((u[2] >> 4) & kMask2) | (((u[1] >> 6) & kMask3) << 4);
-  std::memcpy(out, o, 16);
-}
 
 struct TileIo {
   const uint8_t* w;
@@ -144,8 +129,9 @@ void tile_k_min(const TileIo& io) {
       _mm_prefetch(ahead, _MM_HINT_T0);
       _mm_prefetch(ahead + 64, _MM_HINT_T0);
       _mm_prefetch(ahead + 128, _MM_HINT_T0);
-      alignas(16) uint8_t sm[16];
-      unpack_k4_scales(blk.scales, sm);
+      alignas(16) uint32_t sm_words[4];
+      unpack_k4_scales(blk.scales, sm_words);
+      const auto* sm = reinterpret_cast<const uint8_t*>(sm_words);  // scales 0..7, mins 8..15
       __m512i wq[8];
       [[maybe_unused]] __m512i hbits;
       if constexpr (kHigh) hbits = twice(load32(blk.qh));

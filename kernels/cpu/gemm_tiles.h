@@ -14,7 +14,10 @@
 
 #include "inferd/kernels/gemm.h"
 
+// Internal linkage (see x86_common.h): the including translation units are compiled for different
+// instruction sets.
 namespace inferd::kernels::gemm_tiles {
+namespace {
 
 // ggml's reduction of 8 lanes: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
 inline float reduce8(__m256 v) {
@@ -74,4 +77,5 @@ void walk(const GemmArgs& g, int64_t npairs, RunTile&& run_tile) {
   }
 }
 
+}  // namespace
 }  // namespace inferd::kernels::gemm_tiles

@@ -13,7 +13,11 @@
 #include <cstdint>
 #include <limits>
 
+// Internal linkage: the scalar, AVX2 and AVX-512 translation units each compile their own copy for their
+// instruction set (an inline function with external linkage would be merged by the linker, which could
+// then run an AVX-512 copy on an AVX2-only CPU).
 namespace inferd::kernels::ggml_math {
+namespace {
 
 // exp(x) as one lane of ggml_v_expf (AVX-512 variant): |error| <= 1.5 ulp; 0 below about -104,
 // +inf above about 88.4.
@@ -51,4 +55,5 @@ inline void rope_rotate(int64_t n, const float* cos, const float* sin, float* x0
   }
 }
 
+}  // namespace
 }  // namespace inferd::kernels::ggml_math
