@@ -189,7 +189,7 @@ void tile(const TileIo& io) {
     } else {
       dw_lanes = _mm256_castpd_ps(_mm256_broadcastsd_pd(_mm_castps_pd(dw)));
     }
-    const __m256 scale = _mm256_mul_ps(dw_lanes, _mm256_load_ps(io.act_scales + 8 * b));
+    const __m256 scale = _mm256_mul_ps(dw_lanes, _mm256_loadu_ps(io.act_scales + 8 * b));
     if constexpr (kType == DType::kQ4_1) {
       const __m128 sa = _mm_loadu_ps(io.act_sums + b * io.m_pad);
       for (int r = 0; r < R; ++r) summs[r] = _mm_fmadd_ps(_mm_set1_ps(half[rows[r][b].m]), sa, summs[r]);
