@@ -132,6 +132,7 @@ ModelInfo from_rpc(rpc::ModelInfo::Reader r) {
   m.description = str(r.getDescription());
   m.state = from_rpc(r.getState());
   m.weights_bytes = r.getWeightsBytes();
+  m.weights_huge_page_bytes = r.getWeightsHugePageBytes();
   m.context_size = r.getContextSize();
   m.parallel = r.getParallel();
   m.vocab_size = r.getVocabSize();

@@ -67,6 +67,7 @@ void fill(rpc::ModelInfo::Builder b, const ModelInfoData& m) {
   b.setDescription(m.description);
   b.setState(to_rpc(m.state));
   b.setWeightsBytes(m.weights_bytes);
+  b.setWeightsHugePageBytes(m.weights_huge_page_bytes);
   b.setContextSize(m.context_size);
   b.setParallel(m.parallel);
   b.setVocabSize(m.vocab_size);

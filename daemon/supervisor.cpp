@@ -128,6 +128,7 @@ class ModelHost {
   Status attach(std::shared_ptr<const ipc::WeightsSegment> weights, std::shared_ptr<const Model> model,
                 std::unique_ptr<Tokenizer> tokenizer, double load_ms) {
     weights_ = std::move(weights);
+    weights_huge_page_bytes_ = weights_->huge_page_bytes();
     model_ = std::move(model);
     tokenizer_ = std::move(tokenizer);
     const ModelConfig& c = model_->config();
@@ -657,6 +658,7 @@ class ModelHost {
     m.description = model_->describe();
     m.vocab_size = static_cast<uint32_t>(c.n_vocab);
     m.weights_bytes = weights_->size();
+    m.weights_huge_page_bytes = weights_huge_page_bytes_;
     for (const Stage& st : stages_) {
       PlacementStageInfo p;
       p.worker = st.index;
@@ -744,6 +746,7 @@ class ModelHost {
   std::string failure_;
   std::thread loader_;
   std::shared_ptr<const ipc::WeightsSegment> weights_;
+  uint64_t weights_huge_page_bytes_ = 0;  // read once at attach (smaps)
   std::shared_ptr<const Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
   ChatTemplate chat_template_ = ChatTemplate::kChatml;

@@ -62,6 +62,7 @@ struct ModelInfoData {
   std::string id, path, name, arch, description;
   ModelState state = ModelState::kLoading;
   uint64_t weights_bytes = 0;
+  uint64_t weights_huge_page_bytes = 0;
   uint32_t context_size = 0, parallel = 0, vocab_size = 0;
   std::string chat_template;
   std::vector<PlacementStageInfo> placement;

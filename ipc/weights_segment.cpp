@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cerrno>
 #include <cstring>
 
@@ -26,6 +27,36 @@ void copy_cstr(char* dst, size_t cap, std::string_view src) {
 bool same_identity(const struct stat& a, const struct stat& b) {
   return a.st_size == b.st_size && a.st_mtim.tv_sec == b.st_mtim.tv_sec && a.st_mtim.tv_nsec == b.st_mtim.tv_nsec &&
          a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+// MADV_COLLAPSE from <linux/mman.h> (Linux 6.1); older headers lack the name, older kernels answer
+// EINVAL, which back_with_huge_pages() ignores.
+#ifdef MADV_COLLAPSE
+constexpr int kMadvCollapse = MADV_COLLAPSE;
+#else
+constexpr int kMadvCollapse = 25;
+#endif
+
+// Maps `size` bytes of `fd` read-only at a 2 MiB-aligned address, so that 2 MiB pages of the memfd
+// (the tensor data starts at a 2 MiB offset) can be mapped whole. The kernel aligns large shmem
+// mappings only where shmem THP is enabled; this reserves a larger range and maps into it.
+Result<const uint8_t*> map_huge_aligned(int fd, size_t size) {
+  const size_t span = size + kHugePageBytes;
+  void* r = ::mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (r == MAP_FAILED) return errno_error("weights segment: reserving address space");
+  const auto start = reinterpret_cast<uintptr_t>(r);
+  const uintptr_t aligned = (start + kHugePageBytes - 1) & ~uintptr_t{kHugePageBytes - 1};
+  void* p = ::mmap(reinterpret_cast<void*>(aligned), size, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0);
+  if (p == MAP_FAILED) {
+    Status err = errno_error("weights segment: mmap");
+    ::munmap(r, span);
+    return err;
+  }
+  // Give back the slack on both sides of the mapping.
+  if (aligned > start) ::munmap(r, aligned - start);
+  const uintptr_t map_end = aligned + ((size + 4095) & ~size_t{4095});
+  if (start + span > map_end) ::munmap(reinterpret_cast<void*>(map_end), start + span - map_end);
+  return static_cast<const uint8_t*>(p);
 }
 
 }  // namespace
@@ -160,10 +191,10 @@ Result<std::shared_ptr<const WeightsSegment>> WeightsSegment::attach(UniqueFd fd
   if (size < kWeightsHeaderBytes) {
     return Status(Code::kCorrupt, "weights segment is " + std::to_string(size) + " bytes, smaller than its header");
   }
-  void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd.get(), 0);
-  if (p == MAP_FAILED) return errno_error("weights segment: mmap");
+  auto mapped = map_huge_aligned(fd.get(), size);
+  if (!mapped) return mapped.status();
   auto mapping = std::make_shared<Mapping>();
-  mapping->base = static_cast<const uint8_t*>(p);
+  mapping->base = mapped.value();
   mapping->size = size;
 
   std::shared_ptr<WeightsSegment> seg(new WeightsSegment());
@@ -216,12 +247,50 @@ Status WeightsSegment::validate_and_parse() {
       return corrupt("tensor table entry " + std::to_string(i) + " differs from the GGUF image");
     }
   }
-  // Best effort: let the kernel back the tensor data with huge pages where shmem THP is enabled.
-  const size_t data_begin = h.data_offset;
-  if (data_begin < size) {
-    ::madvise(const_cast<uint8_t*>(data()) + data_begin, size - data_begin, MADV_HUGEPAGE);
-  }
+  back_with_huge_pages();
   return Status::ok();
+}
+
+void WeightsSegment::back_with_huge_pages() {
+  // Decode streams every weight once per token: with 4 KiB pages the page walks cost a third of the
+  // bandwidth (measured on a 2-core Xeon, a Q4_0 GEMV over 345 MB: 7.6 GB/s with 4 KiB pages, 12.2
+  // with 2 MiB). MADV_HUGEPAGE is enough where shmem THP is "advise" or "always"; MADV_COLLAPSE
+  // (Linux 6.1+) builds 2 MiB pages synchronously even where shmem_enabled is "never", the default
+  // of many distributions. The first mapping (the supervisor's) collapses the page cache of the
+  // memfd; later mappings (the workers') find huge pages there and only install the PMD entries.
+  // The collapse copies the data once more inside the kernel: 0.15 s for 600 MB here, up to 1.5 s
+  // when the (virtual) machine must first back fresh memory; the load pays it once, every token gains
+  // (1.1B Q4_0 decode 29.5 -> 32.2 tok/s). Both calls are best effort: an older kernel or fragmented
+  // memory leaves 4 KiB pages, slower but the same bytes, and huge_page_bytes() tells.
+  const size_t begin = header().data_offset;
+  const size_t end = mapping_->size / kHugePageBytes * kHugePageBytes;
+  if (begin >= end) return;
+  auto* p = const_cast<uint8_t*>(data()) + begin;
+  ::madvise(p, end - begin, MADV_HUGEPAGE);
+  ::madvise(p, end - begin, kMadvCollapse);
+}
+
+uint64_t WeightsSegment::huge_page_bytes() const {
+  // The mapping's PMD-mapped shmem, from /proc/self/smaps (the only place the kernel reports it).
+  std::FILE* f = std::fopen("/proc/self/smaps", "re");
+  if (!f) return 0;
+  const auto lo = reinterpret_cast<uintptr_t>(data());
+  const auto hi = lo + mapping_->size;
+  bool inside = false;
+  uint64_t kib_total = 0;
+  char line[512];
+  while (std::fgets(line, sizeof line, f)) {
+    unsigned long a = 0, b = 0;
+    char dash = 0;
+    if (std::sscanf(line, "%lx%c%lx ", &a, &dash, &b) == 3 && dash == '-') {
+      inside = a >= lo && b <= hi;
+      continue;
+    }
+    unsigned long long kib = 0;
+    if (inside && std::sscanf(line, "ShmemPmdMapped: %llu kB", &kib) == 1) kib_total += kib;
+  }
+  std::fclose(f);
+  return kib_total * 1024;
 }
 
 }  // namespace inferd::ipc

@@ -53,6 +53,28 @@ TEST(WeightsSegment, CopiesTheFileByteForByteWithHugePageAlignedData) {
   ASSERT_TRUE(model) << model.status().to_string();
 }
 
+TEST(WeightsSegment, MapsTheDataAt2MiBAlignedAddressesAndSharesItsHugePages) {
+  auto seg = WeightsSegment::create(kModel, nullptr);
+  ASSERT_TRUE(seg) << seg.status().to_string();
+  const WeightsSegment& s = *seg.value();
+  const WeightsHeader& h = s.header();
+  // Aligned mapping: a 2 MiB page of the memfd lands on a 2 MiB page of the address space.
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(s.data()) % kHugePageBytes, 0u);
+  const uint64_t whole_pages = (s.size() - h.data_offset) / kHugePageBytes * kHugePageBytes;
+  const uint64_t huge = s.huge_page_bytes();
+  EXPECT_LE(huge, whole_pages);
+  EXPECT_EQ(huge % kHugePageBytes, 0u);
+  // A worker attaching the same memfd maps the same huge pages (it does not copy or collapse again).
+  UniqueFd dup(::fcntl(s.fd(), F_DUPFD_CLOEXEC, 0));
+  auto other = WeightsSegment::attach(std::move(dup));
+  ASSERT_TRUE(other) << other.status().to_string();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(other.value()->data()) % kHugePageBytes, 0u);
+  EXPECT_EQ(0, std::memcmp(other.value()->data(), s.data(), s.size()));
+  if (huge == 0) GTEST_SKIP() << "this kernel backs no shmem with 2 MiB pages (no MADV_COLLAPSE, or THP 'deny')";
+  EXPECT_EQ(huge, whole_pages) << "every whole 2 MiB page of tensor data";
+  EXPECT_EQ(other.value()->huge_page_bytes(), huge);
+}
+
 TEST(WeightsSegment, IsSealedAgainstWritesAndResizing) {
   auto seg = WeightsSegment::create(kModel, nullptr);
   ASSERT_TRUE(seg) << seg.status().to_string();

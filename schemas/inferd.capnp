@@ -108,6 +108,7 @@ struct ModelInfo {
   placement @11 :Placement;
   workers @12 :List(WorkerInfo);
   loadMs @13 :Float64;      # time the load took
+  weightsHugePageBytes @14 :UInt64;  # of weightsBytes, backed by 2 MiB pages (0: 4 KiB pages only)
 }
 
 struct ModelStatus {

@@ -358,6 +358,7 @@ Json to_json(const ModelInfo& m) {
               {"description", m.description},
               {"state", state_name(m.state)},
               {"weights_bytes", m.weights_bytes},
+              {"weights_huge_page_bytes", m.weights_huge_page_bytes},
               {"context_size", m.context_size},
               {"parallel", m.parallel},
               {"vocab_size", m.vocab_size},
@@ -487,7 +488,8 @@ void print_model(const ModelInfo& m) {
   t.add({"path", m.path});
   t.add({"model", m.name.empty() ? m.arch : m.name + " (" + m.arch + ")"});
   if (!m.description.empty()) t.add({"description", m.description});
-  t.add({"weights", format_bytes(m.weights_bytes)});
+  t.add({"weights", format_bytes(m.weights_bytes) + " in shared memory, " + format_bytes(m.weights_huge_page_bytes) +
+                        " of it in 2 MiB pages"});
   t.add({"context", std::to_string(m.context_size) + " tokens x " + std::to_string(m.parallel) + " sequences"});
   t.add({"chat", m.chat_template.empty() ? "-" : m.chat_template});
   t.add({"placement", or_dash(m.placement.summary)});

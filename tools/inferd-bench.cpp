@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/cli.h"
+#include "common/session.h"
 #include "inferd/engine.h"
 #include "inferd/kernels/cpu.h"
 
@@ -60,24 +61,32 @@ int main(int argc, char** argv) {
   p.option({"-r", "--repetitions"}, &reps, "N", "repetitions (the median is reported)");
   p.option({"-t", "--threads"}, &n_threads, "N", "threads (0: all CPUs)");
   p.option({"-c", "--ctx-size"}, &n_ctx, "N", "context size (0: prompt + gen)");
+  std::string weights = "shm";
+  p.option({"--weights"}, &weights, "shm|mmap", inferd::cli::kWeightsHelp);
   p.flag({"--paths"}, &paths, "compare the GEMV and GEMM matmul paths per batch size");
   p.flag({"--json"}, &json, "print one JSON object");
   if (int rc = inferd::cli::parse_or_exit(p, argc, argv); rc >= 0) return rc;
+  const auto weights_source = inferd::cli::parse_weights_source(weights);
+  if (!weights_source) {
+    std::fprintf(stderr, "error: %s\n", weights_source.status().message().c_str());
+    return 2;
+  }
   if (n_prompt < 1 || n_gen < 0 || reps < 1) {
     std::fprintf(stderr, "error: need --n-prompt >= 1, --n-gen >= 0, --repetitions >= 1\n");
     return 2;
   }
 
-  auto model = inferd::Model::open(model_path);
-  if (!model) {
-    std::fprintf(stderr, "error: %s\n", model.status().message().c_str());
+  auto loaded = inferd::cli::open_model(model_path, weights_source.value());
+  if (!loaded) {
+    std::fprintf(stderr, "error: %s\n", loaded.status().message().c_str());
     return 1;
   }
+  const std::shared_ptr<const inferd::Model>& model = loaded->model;
   inferd::EngineOptions eo;
   eo.n_threads = n_threads;
   eo.n_ctx = n_ctx > 0 ? n_ctx : n_prompt + n_gen + 1;
   eo.n_ubatch = std::max(512, n_prompt);
-  auto engine = inferd::Engine::create(model.value(), eo);
+  auto engine = inferd::Engine::create(model, eo);
   if (!engine) {
     std::fprintf(stderr, "error: %s\n", engine.status().message().c_str());
     return 1;
@@ -138,15 +147,17 @@ int main(int argc, char** argv) {
 
   const inferd::EngineStats& st = eng.stats();
   const double pp_med = median(pp), tg_med = median(tg);
-  const double gb = static_cast<double>(model.value()->weight_bytes()) / 1e9;
+  const double gb = static_cast<double>(model->weight_bytes()) / 1e9;
   if (json) {
     std::printf("{\"model\":\"%s\",\"weights_bytes\":%zu,\"threads\":%d,\"isa\":\"%s\",\"n_prompt\":%d,\"n_gen\":%d,"
                 "\"prefill_tps\":%.2f,\"decode_tps\":%.2f,\"decode_weight_gbps\":%.2f,\"plan_rebuilds\":%lld,"
-                "\"arena_bytes\":%zu,\"kv_bytes\":%zu,\"vm_rss_kib\":%ld,\"rss_anon_kib\":%ld,\"rss_file_kib\":%ld",
-                model_path.c_str(), model.value()->weight_bytes(), eng.options().n_threads,
+                "\"arena_bytes\":%zu,\"kv_bytes\":%zu,\"vm_rss_kib\":%ld,\"rss_anon_kib\":%ld,\"rss_file_kib\":%ld,"
+                "\"weights\":\"%s\",\"huge_page_bytes\":%llu",
+                model_path.c_str(), model->weight_bytes(), eng.options().n_threads,
                 inferd::kernels::isa_name(inferd::kernels::best_isa()), n_prompt, n_gen, pp_med, tg_med, tg_med * gb,
                 static_cast<long long>(st.plan_rebuilds), st.arena_bytes, st.kv_bytes, rss_kib("VmRSS"),
-                rss_kib("RssAnon"), rss_kib("RssFile"));
+                rss_kib("RssAnon"), rss_kib("RssFile"), weights.c_str(),
+                static_cast<unsigned long long>(loaded->segment ? loaded->segment->huge_page_bytes() : 0));
     if (paths) {
       std::printf(",\"paths\":[");
       for (size_t i = 0; i < path_rows.size(); ++i) {
@@ -164,8 +175,8 @@ int main(int argc, char** argv) {
     std::printf("plans    %lld rebuilds, arena %.2f MiB (%.2f MiB without sharing), KV cache %.1f MiB\n",
                 static_cast<long long>(st.plan_rebuilds), st.arena_bytes / 1048576.0, st.arena_naive_bytes / 1048576.0,
                 st.kv_bytes / 1048576.0);
-    std::printf("memory   VmRSS %ld KiB (anon %ld, file %ld)\n", rss_kib("VmRSS"), rss_kib("RssAnon"),
-                rss_kib("RssFile"));
+    std::printf("memory   VmRSS %ld KiB (anon %ld, file %ld, shmem %ld); weights in %s\n", rss_kib("VmRSS"),
+                rss_kib("RssAnon"), rss_kib("RssFile"), rss_kib("RssShmem"), loaded->describe_weights().c_str());
     for (const PathRow& r : path_rows) {
       std::printf("path     %4d tokens: GEMV %9.2f tok/s  GEMM %9.2f tok/s  -> %s\n", r.m, r.gemv, r.gemm,
                   inferd::choose_matmul_path(r.m) == inferd::MatmulPath::kGemv ? "GEMV used" : "GEMM used");

@@ -29,8 +29,15 @@ int main(int argc, char** argv) {
   p.option({"-c", "--ctx-size"}, &n_ctx, "N", "tokens per chunk");
   p.option({"--chunks"}, &max_chunks, "N", "evaluate at most N chunks (0: all)");
   p.option({"-t", "--threads"}, &n_threads, "N", "threads (0: all CPUs)");
+  std::string weights = "shm";
+  p.option({"--weights"}, &weights, "shm|mmap", inferd::cli::kWeightsHelp);
   p.flag({"--json"}, &json, "print one JSON object");
   if (int rc = inferd::cli::parse_or_exit(p, argc, argv); rc >= 0) return rc;
+  const auto weights_source = inferd::cli::parse_weights_source(weights);
+  if (!weights_source) {
+    std::fprintf(stderr, "error: %s\n", weights_source.status().message().c_str());
+    return 2;
+  }
   if (text_path.empty()) {
     std::fprintf(stderr, "error: -f FILE is required\n");
     return 2;
@@ -52,7 +59,7 @@ int main(int argc, char** argv) {
   eo.n_ctx = n_ctx;
   eo.n_threads = n_threads;
   eo.n_ubatch = n_ctx;
-  auto session = inferd::cli::open_session(model_path, eo, /*with_tokenizer=*/true);
+  auto session = inferd::cli::open_session(model_path, weights_source.value(), eo, /*with_tokenizer=*/true);
   if (!session) {
     std::fprintf(stderr, "error: %s\n", session.status().message().c_str());
     return 1;

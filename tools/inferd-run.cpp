@@ -57,6 +57,8 @@ int main(int argc, char** argv) {
   p.option({"-n", "--n-predict"}, &n_predict, "N", "tokens to generate");
   p.option({"-t", "--threads"}, &n_threads, "N", "threads (0: all CPUs)");
   p.option({"-c", "--ctx-size"}, &n_ctx, "N", "context size");
+  std::string weights = "shm";
+  p.option({"--weights"}, &weights, "shm|mmap", inferd::cli::kWeightsHelp);
   p.option({"--temp"}, &sp.temperature, "T", "temperature (0: greedy)");
   p.option({"--top-k"}, &sp.top_k, "K", "top-k (0: off)");
   p.option({"--top-p"}, &sp.top_p, "P", "top-p (1: off)");
@@ -69,6 +71,11 @@ int main(int argc, char** argv) {
   p.flag({"--no-special"}, &no_special, "do not parse special-token texts in the prompt");
   p.flag({"-q", "--quiet"}, &quiet, "no timings on stderr");
   if (int rc = inferd::cli::parse_or_exit(p, argc, argv); rc >= 0) return rc;
+  const auto weights_source = inferd::cli::parse_weights_source(weights);
+  if (!weights_source) {
+    std::fprintf(stderr, "error: %s\n", weights_source.status().message().c_str());
+    return 2;
+  }
 
   if (inferd::Status s = inferd::validate(sp); !s.is_ok()) {
     std::fprintf(stderr, "error: %s\n", s.message().c_str());
@@ -81,7 +88,7 @@ int main(int argc, char** argv) {
   inferd::EngineOptions eo;
   eo.n_ctx = n_ctx;
   eo.n_threads = n_threads;
-  auto session = inferd::cli::open_session(model_path, eo, /*with_tokenizer=*/true);
+  auto session = inferd::cli::open_session(model_path, weights_source.value(), eo, /*with_tokenizer=*/true);
   if (!session) {
     std::fprintf(stderr, "error: %s\n", session.status().message().c_str());
     return 1;

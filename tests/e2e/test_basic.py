@@ -72,6 +72,11 @@ class BasicTest(harness.DaemonTestCase):
                                f"weightsBytes {info.weightsBytes} is implausibly small for a {file_size}-byte file")
             self.assertLess(info.weightsBytes, file_size * 2,
                             f"weightsBytes {info.weightsBytes} is implausibly large for a {file_size}-byte file")
+            # Where the kernel gives 2 MiB pages (MADV_COLLAPSE, Linux 6.1+) the tensor data gets them; the
+            # figure is whole pages and never more than the segment.
+            self.assertLessEqual(info.weightsHugePageBytes, info.weightsBytes)
+            self.assertEqual(info.weightsHugePageBytes % (2 << 20), 0,
+                             f"weightsHugePageBytes {info.weightsHugePageBytes} is not whole 2 MiB pages")
             self.assertEqual(info.contextSize, CONTEXT, "contextSize is not what the load asked for")
             self.assertEqual(info.parallel, 3, "parallel is not what the load asked for")
             self.assertEqual(info.vocabSize, 49152, "SmolLM2's vocabulary has 49152 tokens")

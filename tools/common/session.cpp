@@ -1,12 +1,49 @@
 #include "session.h"
 
+#include <cstdio>
+
 namespace inferd::cli {
 
-Result<Session> open_session(const std::string& path, const EngineOptions& options, bool with_tokenizer) {
+Result<WeightsSource> parse_weights_source(std::string_view name) {
+  if (name == "shm") return WeightsSource::kShared;
+  if (name == "mmap") return WeightsSource::kFileMap;
+  return Status(Code::kInvalidArgument, "--weights must be 'shm' or 'mmap', not '" + std::string(name) + "'");
+}
+
+std::string LoadedModel::describe_weights() const {
+  if (!segment) return "file mapping";
+  const ipc::WeightsHeader& h = segment->header();
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "shared memory, %.0f of %.0f MiB in 2 MiB pages",
+                static_cast<double>(segment->huge_page_bytes()) / 1048576.0,
+                static_cast<double>(segment->size() - h.data_offset) / 1048576.0);
+  return buf;
+}
+
+Result<LoadedModel> open_model(const std::string& path, WeightsSource source) {
+  LoadedModel out;
+  if (source == WeightsSource::kShared) {
+    auto seg = ipc::WeightsSegment::create(path, nullptr);
+    if (!seg) return seg.status();
+    out.segment = std::move(seg).value();
+    auto model = Model::load(out.segment->gguf());
+    if (!model) return model.status();
+    out.model = std::move(model).value();
+  } else {
+    auto model = Model::open(path);
+    if (!model) return model.status();
+    out.model = std::move(model).value();
+  }
+  return out;
+}
+
+Result<Session> open_session(const std::string& path, WeightsSource source, const EngineOptions& options,
+                             bool with_tokenizer) {
   Session s;
-  auto model = Model::open(path);
-  if (!model) return model.status();
-  s.model = model.value();
+  auto loaded = open_model(path, source);
+  if (!loaded) return loaded.status();
+  s.loaded = std::move(loaded).value();
+  s.model = s.loaded.model;
   if (with_tokenizer) {
     auto tok = Tokenizer::from_gguf(s.model->file());
     if (!tok) return tok.status();

@@ -104,6 +104,7 @@ struct ModelInfo {
   std::string id, path, name, arch, description;
   ModelState state = ModelState::kLoading;
   uint64_t weights_bytes = 0;
+  uint64_t weights_huge_page_bytes = 0;  // of weights_bytes, backed by 2 MiB pages
   uint32_t context_size = 0;
   uint32_t parallel = 0;
   uint32_t vocab_size = 0;

@@ -106,11 +106,15 @@ class WeightsSegment {
   const uint8_t* data() const;
   // The GGUF image inside the segment, parsed and validated; it keeps this segment mapped.
   std::shared_ptr<const gguf::GgufFile> gguf() const { return gguf_; }
+  // Bytes of this process's mapping backed by 2 MiB pages (0 where the kernel gave none). Reads
+  // /proc/self/smaps: for status reports and tests, not for hot paths.
+  uint64_t huge_page_bytes() const;
 
  private:
   struct Mapping;  // the read-only mmap; shared with gguf_ (which must not own the segment: no cycle)
   WeightsSegment() = default;
   Status validate_and_parse();
+  void back_with_huge_pages();
 
   UniqueFd fd_;
   std::shared_ptr<const Mapping> mapping_;
