@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cerrno>
 #include <cstring>
 
@@ -262,6 +263,9 @@ void WeightsSegment::back_with_huge_pages() {
   // when the (virtual) machine must first back fresh memory; the load pays it once, every token gains
   // (1.1B Q4_0 decode 29.5 -> 32.2 tok/s). Both calls are best effort: an older kernel or fragmented
   // memory leaves 4 KiB pages, slower but the same bytes, and huge_page_bytes() tells.
+  // INFERD_WEIGHTS_HUGE_PAGES=0 keeps 4 KiB pages (no advice at all): for loads that must not wait
+  // for the collapse, and to measure what the huge pages bring (BENCHMARKS.md).
+  if (const char* env = std::getenv("INFERD_WEIGHTS_HUGE_PAGES"); env && std::strcmp(env, "0") == 0) return;
   const size_t begin = header().data_offset;
   const size_t end = mapping_->size / kHugePageBytes * kHugePageBytes;
   if (begin >= end) return;

@@ -635,7 +635,8 @@ int cmd_status(const Context& ctx) {
     const ModelInfo& m = ms.info;
     std::printf("\nmodel %s  %s\n", m.id.c_str(), state_name(m.state));
     Table t({"", ""});
-    t.add({"weights", format_bytes(m.weights_bytes) + (m.arch.empty() ? "" : ", " + m.arch) +
+    t.add({"weights", format_bytes(m.weights_bytes) + " (" + format_bytes(m.weights_huge_page_bytes) +
+                          " in 2 MiB pages)" + (m.arch.empty() ? "" : ", " + m.arch) +
                           (m.name.empty() ? "" : " (" + m.name + ")") + ", " + m.path});
     t.add({"placement", or_dash(m.placement.summary)});
     t.add({"kv", std::to_string(ms.slots_used) + "/" + std::to_string(m.parallel) + " slots, " +

@@ -3,7 +3,14 @@
 // A 5632 x 2048 weight matrix (about 6-12 MB quantized, larger than this CPU's L2 and its share of
 // L3) is multiplied with nr = 1 and nr = 4 activation rows, once per ISA. With --ggml PATH
 // (libggml-cpu.so) it also times llama.cpp's own vec_dot for the same types, nr = 1, in-process.
+//
+// --pages: the decode GEMV (dot_w4, best ISA) streaming a 345 MB Q4_0 matrix from a memfd, as the
+// workers read the weights segment, once with 4 KiB pages and once after MADV_COLLAPSE into 2 MiB
+// pages; single thread, each pass reads every byte once (out of cache: the matrix is larger than the
+// L2 and than this VM's share of L3).
 #include <dlfcn.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -75,9 +82,72 @@ struct GgmlTraitsCpu {
 };
 using GgmlGetTraits = const GgmlTraitsCpu* (*)(int type);
 
+// One pass of dot_w4 over `rows` rows of Q4_0 at `w`: GB/s of weights, best of kReps.
+double stream_q4_0(const uint8_t* w, int64_t rows, const TypeKernels* k, const uint8_t* act, float* out) {
+  const size_t row_bytes = inferd::dtype_row_bytes(DType::kQ4_0, kCols);
+  const double s = best_seconds([&] {
+    for (int64_t r = 0; r < rows; r += 4) k->dot_w4(kCols, w + r * row_bytes, row_bytes, act, out + r);
+  });
+  return static_cast<double>(rows) * row_bytes / s / 1e9;
+}
+
+int bench_pages() {
+  constexpr size_t kHuge = size_t{2} << 20;
+  constexpr int64_t kStreamRows = 300000;  // x 1152 B = 345 MB
+  const TypeKernels* k = type_kernels(DType::kQ4_0, best_isa());
+  const size_t bytes = static_cast<size_t>(kStreamRows) * inferd::dtype_row_bytes(DType::kQ4_0, kCols);
+  const size_t mapped = (bytes + kHuge - 1) / kHuge * kHuge;
+  std::vector<float> x(kCols);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (auto& v : x) v = normal(rng);
+  std::vector<uint8_t> act(inferd::dtype_row_bytes(k->act_type, kCols));
+  k->quantize_act(x.data(), act.data(), kCols);
+  std::vector<float> out(kStreamRows);
+  std::printf("Q4_0 decode GEMV (dot_w4, %s), %lld x %lld from a memfd (%.0f MB), single thread, best of %d\n",
+              isa_name(best_isa()), static_cast<long long>(kStreamRows), static_cast<long long>(kCols), bytes / 1e6,
+              kReps);
+  for (bool huge : {false, true}) {
+    const int fd = memfd_create("inferd-kernel-bench", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, static_cast<off_t>(mapped)) != 0) {
+      std::perror("memfd");
+      return 1;
+    }
+    // A 2 MiB-aligned mapping, as ipc::WeightsSegment makes.
+    auto* reserve = static_cast<uint8_t*>(mmap(nullptr, mapped + kHuge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    auto* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(reserve) + kHuge - 1) & ~uintptr_t{kHuge - 1});
+    auto* w = static_cast<uint8_t*>(mmap(base, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0));
+    if (reserve == MAP_FAILED || w == MAP_FAILED) {
+      std::perror("mmap");
+      return 1;
+    }
+    const std::vector<uint8_t> row = [] {
+      std::vector<uint8_t> r = make_weights(DType::kQ4_0);
+      r.resize(inferd::dtype_row_bytes(DType::kQ4_0, kCols) * 64);
+      return r;
+    }();
+    for (size_t off = 0; off < bytes; off += row.size()) std::memcpy(w + off, row.data(), std::min(row.size(), bytes - off));
+    int collapse_rc = 0;
+    if (huge) {
+      madvise(w, mapped, MADV_HUGEPAGE);
+      collapse_rc = madvise(w, mapped, 25 /* MADV_COLLAPSE, Linux 6.1 */);
+    }
+    const double gbs = stream_q4_0(w, kStreamRows, k, act.data(), out.data());
+    std::printf("  %-34s %6.2f GB/s\n",
+                !huge ? "4 KiB pages" : collapse_rc == 0 ? "2 MiB pages (MADV_COLLAPSE)" : "2 MiB pages refused by the kernel",
+                gbs);
+    munmap(reserve, mapped + kHuge);
+    close(fd);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--pages") == 0) return bench_pages();
+  }
   GgmlGetTraits ggml_traits = nullptr;
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--ggml") == 0) {

@@ -37,6 +37,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--build", default="build")
+    ap.add_argument("--weights", default="shm", choices=["shm", "mmap"],
+                    help="inferd's weights: a shared-memory copy with 2 MiB pages (as in the daemon) or the file mapped")
     args = ap.parse_args()
 
     bw = subprocess.run([f"{args.build}/tools/inferd-bandwidth", "--threads", str(args.threads)], check=True,
@@ -52,7 +54,8 @@ def main() -> int:
         ours, ref = [], []
         for _ in range(args.rounds):
             ours.append(run_json([f"{args.build}/tools/inferd-bench", "-m", model, "-t", str(args.threads), "-p",
-                                  str(args.prompt), "-n", str(args.gen), "-r", str(args.reps), "--json"]))
+                                  str(args.prompt), "-n", str(args.gen), "-r", str(args.reps), "--weights", args.weights,
+                                  "--json"]))
             ref.append(run_json([sys.executable, "tools/reference/bench_llamacpp.py", "--model", model, "--threads",
                                  str(args.threads), "--prompt", str(args.prompt), "--gen", str(args.gen), "--reps",
                                  str(args.reps), "--json"]))
@@ -67,7 +70,8 @@ def main() -> int:
             "anon_llama_mib": med([r["rss_kib"]["RssAnon"] for r in ref]) / 1024,
         })
 
-    print(f"\nthreads {args.threads}, prompt {args.prompt}, gen {args.gen}, reps {args.reps}, rounds {args.rounds}\n")
+    print(f"\nthreads {args.threads}, prompt {args.prompt}, gen {args.gen}, reps {args.reps}, rounds {args.rounds}, "
+          f"inferd weights: {args.weights} (llama.cpp: the file mapped)\n")
     print("| model | prefill inferd | prefill llama.cpp | ratio | decode inferd | decode llama.cpp | ratio "
           "| decode GB/s (of probe) | RssAnon inferd | RssAnon llama.cpp |")
     print("|---|---|---|---|---|---|---|---|---|---|")
