@@ -71,8 +71,9 @@ TEST(WeightsSegment, MapsTheDataAt2MiBAlignedAddressesAndSharesItsHugePages) {
   EXPECT_EQ(reinterpret_cast<uintptr_t>(other.value()->data()) % kHugePageBytes, 0u);
   EXPECT_EQ(0, std::memcmp(other.value()->data(), s.data(), s.size()));
   if (huge == 0) GTEST_SKIP() << "this kernel backs no shmem with 2 MiB pages (no MADV_COLLAPSE, or THP 'deny')";
-  EXPECT_EQ(huge, whole_pages) << "every whole 2 MiB page of tensor data";
-  EXPECT_EQ(other.value()->huge_page_bytes(), huge);
+  // The collapse is best effort per 2 MiB (a fragmented memory can refuse a few), so no exact count;
+  // but what the first mapping got, the second maps too (or more, if its own collapse filled a gap).
+  EXPECT_GE(other.value()->huge_page_bytes(), huge);
 }
 
 TEST(WeightsSegment, IsSealedAgainstWritesAndResizing) {
