@@ -625,14 +625,17 @@ class QuantizeQ8KCase final : public OpCase {
 
 // matmul_exact (after quantize_q8 for block weights) against the CPU engine's dot kernel of `isa`
 // for the same weights and activations it encoded itself: the same floats. The x86 kernels (AVX2,
-// AVX-512) are matched by CpuOrder::kX86, the scalar ones by kScalar.
+// AVX-512) are matched by CpuOrder::kX86, the scalar ones by kScalar. The block types run with each
+// IntDot form of their integer dots (int8: cl_khr_integer_dot_product's dot, emulated where absent).
 class MatmulExactCase final : public OpCase {
  public:
   MatmulExactCase(DType type, int64_t rows, int64_t k, int32_t tokens, MatmulVariant variant, kernels::Isa isa,
-                  uint32_t seed)
-      : type_(type), rows_(rows), k_(k), tokens_(tokens), variant_(variant), isa_(isa),
+                  uint32_t seed, IntDot int_dot = IntDot::kFloat)
+      : type_(type), rows_(rows), k_(k), tokens_(tokens), variant_(variant), isa_(isa), int_dot_(int_dot),
         w_(random_weights(type, rows, k, seed)), x_(random_values(int64_t{tokens} * k, seed + 1, -3.0f, 3.0f)) {}
-  std::string op() const override { return std::string("matmul_exact_") + matmul_variant_name(variant_); }
+  std::string op() const override {
+    return std::string("matmul_exact_") + matmul_variant_name(variant_) + (int_dot_ == IntDot::kInt8 ? "_int8" : "");
+  }
   std::string params() const override {
     return "rows=" + std::to_string(rows_) + ",k=" + std::to_string(k_) + ",tokens=" + std::to_string(tokens_) +
            ",cpu=" + kernels::isa_name(isa_);
@@ -655,6 +658,7 @@ class MatmulExactCase final : public OpCase {
     ASSIGN_OR_RETURN(y, h.output(Bhwc{1, 1, tokens_, static_cast<int32_t>(rows_)}));
     const CpuOrder order = isa_ == kernels::Isa::kScalar ? CpuOrder::kScalar : CpuOrder::kX86;
     const MatmulActivations kind = matmul_activations(type_);
+    ops.set_int_dot(int_dot_);
     if (kind == MatmulActivations::kFloat) {
       INFERD_RETURN_IF_ERROR(ops.matmul_exact(w.value(), *x, nullptr, *y, order, variant_));
     } else {
@@ -690,6 +694,7 @@ class MatmulExactCase final : public OpCase {
   int32_t tokens_;
   MatmulVariant variant_;
   kernels::Isa isa_;
+  IntDot int_dot_;
   RandomWeights w_;
   std::vector<float> x_;
 };
@@ -1182,6 +1187,10 @@ Cases matmul_exact_cases(std::initializer_list<DType> types, uint32_t seed) {
       for (const Dims& d : dims) {
         for (const auto& [tokens, variant] : runs) {
           cases.push_back(std::make_unique<MatmulExactCase>(type, d.rows, d.k, tokens, variant, isa, seed++));
+          if (matmul_activations(type) == MatmulActivations::kQ8) {
+            cases.push_back(
+                std::make_unique<MatmulExactCase>(type, d.rows, d.k, tokens, variant, isa, seed++, IntDot::kInt8));
+          }
         }
       }
     }

@@ -183,6 +183,7 @@ Result<std::unique_ptr<ClEngine>> ClEngine::create(std::shared_ptr<const Model> 
   e->model_ = std::move(model);
   e->rt_ = std::move(runtime);
   e->ops_ = std::make_unique<Ops>(*e->rt_);
+  if (opt.int_dot) e->ops_->set_int_dot(*opt.int_dot);
   e->options_ = opt;
   e->numerics_ = opt.numerics;
   e->cpu_order_ = host_cpu_order();
@@ -660,7 +661,9 @@ std::string ClEngine::describe() const {
   return "OpenCL: " + d.name + " (" + d.vendor + ", driver " + d.driver_version + "), storage: weights=buffer activations=" +
          storage_name(act_storage_) + storage_notes_ + " logits=" + storage_name(logits_storage_) +
          " kv=buffer(f16), numerics " + numerics_name(numerics_) +
-         (exact() ? std::string(" (") + cpu_order_name(cpu_order_) + ")" : numerics_note_) + ", weights " +
+         (exact() ? std::string(" (") + cpu_order_name(cpu_order_) + ", " + int_dot_name(ops_->int_dot()) + " dot)"
+                  : numerics_note_) +
+         ", weights " +
          mib(stats_.weight_bytes) +
          (is_first_stage() && is_last_stage()
               ? ""

@@ -641,7 +641,8 @@ class ClEngineSyntheticTest : public ::testing::Test {
     if (inferd::opencl::testing::test_runtime(&why) == nullptr) GTEST_SKIP() << "no OpenCL device: " << why;
   }
   Result<std::unique_ptr<ClEngine>> make(std::shared_ptr<const Model> model, int32_t n_ubatch = 16,
-                                         Numerics numerics = Numerics::kExact) {
+                                         Numerics numerics = Numerics::kExact,
+                                         std::optional<IntDot> int_dot = std::nullopt) {
     const char* selector = std::getenv("INFERD_OPENCL_DEVICE");
     auto rt = Runtime::create_default(RuntimeOptions{}, selector != nullptr ? selector : "");
     if (!rt) return rt.status();
@@ -649,6 +650,7 @@ class ClEngineSyntheticTest : public ::testing::Test {
     o.n_ctx = 64;
     o.n_ubatch = n_ubatch;
     o.numerics = numerics;
+    o.int_dot = int_dot;
     return ClEngine::create(std::move(model), std::move(rt).value(), o);
   }
 };
@@ -680,26 +682,33 @@ const std::vector<int32_t> kTinyTokens = {3, 17, 42, 0, 49, 8, 8, 23, 31, 5, 11,
 
 // With the exact numerics the whole forward pass equals the CPU engine's, prefill and decode, bit
 // for bit: every exact op and both matmul groupings on one model.
+// Both forms of the integer dots (IntDot: float dot(), and cl_khr_integer_dot_product's, emulated on a
+// device without it) are checked.
 TEST_F(ClEngineSyntheticTest, Qwen2WithMixedTypesEqualsTheCpuEngine) {
   auto model = tiny_model("qwen2", DType::kQ8_0, DType::kF16, kMixedLayers);
   ASSERT_NE(model, nullptr);
-  auto cl = make(model);
-  ASSERT_TRUE(cl.is_ok()) << cl.status().to_string();
-  if (cl.value()->numerics() != Numerics::kExact) GTEST_SKIP() << cl.value()->describe();
   EngineOptions co;
   co.n_ctx = 64;
   co.n_threads = 2;
   auto cpu = Engine::create(model, co);
   ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
   const std::vector<float> want = prefill_then_decode(*cpu.value(), kTinyTokens);
-  const std::vector<float> got = prefill_then_decode(*cl.value(), kTinyTokens);
-  ASSERT_EQ(got.size(), want.size());
-  int differ = 0;
-  for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
-  std::printf("[cl-engine] tiny qwen2, mixed types, exact numerics: %d of %zu logits differ from the CPU engine's "
-              "(max |diff| %.2e)\n",
-              differ, got.size(), static_cast<double>(max_abs_diff(got, want)));
-  EXPECT_EQ(differ, 0);
+  for (IntDot mode : {IntDot::kFloat, IntDot::kInt8}) {
+    SCOPED_TRACE(int_dot_name(mode));
+    auto cl = make(model, 16, Numerics::kExact, mode);
+    ASSERT_TRUE(cl.is_ok()) << cl.status().to_string();
+    if (cl.value()->numerics() != Numerics::kExact) GTEST_SKIP() << cl.value()->describe();
+    EXPECT_NE(cl.value()->describe().find(std::string(int_dot_name(mode)) + " dot"), std::string::npos)
+        << cl.value()->describe();
+    const std::vector<float> got = prefill_then_decode(*cl.value(), kTinyTokens);
+    ASSERT_EQ(got.size(), want.size());
+    int differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
+    std::printf("[cl-engine] tiny qwen2, mixed types, exact numerics, %s dot: %d of %zu logits differ from the CPU "
+                "engine's (max |diff| %.2e)\n",
+                int_dot_name(mode), differ, got.size(), static_cast<double>(max_abs_diff(got, want)));
+    EXPECT_EQ(differ, 0);
+  }
 }
 
 // With the float numerics it equals the float reference up to float summation order.
@@ -729,23 +738,26 @@ TEST_F(ClEngineSyntheticTest, EveryWeightTypeEqualsTheCpuEngine) {
       {DType::kBF16, DType::kBF16, DType::kBF16, DType::kQ5_0, DType::kQ5_1, DType::kBF16, DType::kQ5_K}};
   auto model = tiny_model("llama", DType::kQ5_1, DType::kBF16, layers, /*n_ff=*/256);
   ASSERT_NE(model, nullptr);
-  auto cl = make(model);
-  ASSERT_TRUE(cl.is_ok()) << cl.status().to_string();
-  if (cl.value()->numerics() != Numerics::kExact) GTEST_SKIP() << cl.value()->describe();
   EngineOptions co;
   co.n_ctx = 64;
   co.n_threads = 2;
   auto cpu = Engine::create(model, co);
   ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
   const std::vector<float> want = prefill_then_decode(*cpu.value(), kTinyTokens);
-  const std::vector<float> got = prefill_then_decode(*cl.value(), kTinyTokens);
-  ASSERT_EQ(got.size(), want.size());
-  int differ = 0;
-  for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
-  std::printf("[cl-engine] tiny llama, Q5_0/Q5_1/BF16/Q4_K/Q5_K, exact numerics: %d of %zu logits differ from the CPU "
-              "engine's (max |diff| %.2e)\n",
-              differ, got.size(), static_cast<double>(max_abs_diff(got, want)));
-  EXPECT_EQ(differ, 0);
+  for (IntDot mode : {IntDot::kFloat, IntDot::kInt8}) {
+    SCOPED_TRACE(int_dot_name(mode));
+    auto cl = make(model, 16, Numerics::kExact, mode);
+    ASSERT_TRUE(cl.is_ok()) << cl.status().to_string();
+    if (cl.value()->numerics() != Numerics::kExact) GTEST_SKIP() << cl.value()->describe();
+    const std::vector<float> got = prefill_then_decode(*cl.value(), kTinyTokens);
+    ASSERT_EQ(got.size(), want.size());
+    int differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
+    std::printf("[cl-engine] tiny llama, Q5_0/Q5_1/BF16/Q4_K/Q5_K, exact numerics, %s dot: %d of %zu logits differ "
+                "from the CPU engine's (max |diff| %.2e)\n",
+                int_dot_name(mode), differ, got.size(), static_cast<double>(max_abs_diff(got, want)));
+    EXPECT_EQ(differ, 0);
+  }
 }
 
 // The same model with the float numerics: within float summation order of the float reference.

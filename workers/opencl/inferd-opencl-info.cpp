@@ -97,10 +97,10 @@ Result<Tensor> make_tensor(Runtime& rt, const Bhwc& shape, StorageType storage, 
 void report(const char* op, const std::string& shape, StorageType storage, const Result<double>& ms,
             double bytes = 0.0) {
   if (!ms) {
-    std::printf("  %-22s %-26s %-12s %s\n", op, shape.c_str(), storage_name(storage), ms.status().to_string().c_str());
+    std::printf("  %-26s %-26s %-12s %s\n", op, shape.c_str(), storage_name(storage), ms.status().to_string().c_str());
     return;
   }
-  std::printf("  %-22s %-26s %-12s %9.3f ms", op, shape.c_str(), storage_name(storage), ms.value());
+  std::printf("  %-26s %-26s %-12s %9.3f ms", op, shape.c_str(), storage_name(storage), ms.value());
   if (bytes > 0.0) std::printf("  %7.2f GB/s", bytes / (ms.value() * 1e6));
   std::printf("\n");
 }
@@ -147,8 +147,8 @@ void time_ops(Runtime& rt, const Options& options) {
       report("softmax", scores.to_string(), storage,
              time_op(rt, options.reps, [&] { return ops.softmax(s.value(), sm.value(), 0.125f, sd.value()); }));
 
-      for (DType type : {DType::kF16, DType::kQ8_0, DType::kQ4_0}) {
-        const int64_t rows = kFf, k = kEmbd;  // the FFN's up projection
+      const int64_t rows = kFf, k = kEmbd;  // the FFN's up projection
+      auto upload = [&](DType type) {
         const std::vector<float> w = random_values(rows * k, 12);
         const size_t row_bytes = dtype_row_bytes(type, k);
         std::vector<unsigned char> bytes(static_cast<size_t>(rows) * row_bytes);
@@ -160,15 +160,40 @@ void time_ops(Runtime& rt, const Options& options) {
             kernels::quantize_row_ref(type, &w[static_cast<size_t>(r * k)], dst, k);
           }
         }
-        auto weights = MatmulWeights::upload(rt, type, rows, k, bytes.data());
-        auto y = Tensor::allocate(rt, TensorDescriptor(Bhwc{1, 1, tokens, static_cast<int32_t>(rows)}, storage));
-        if (!weights || !y) continue;
-        const MatmulVariant variant = choose_matmul_variant(tokens);
+        return MatmulWeights::upload(rt, type, rows, k, bytes.data());
+      };
+      auto y = Tensor::allocate(rt, TensorDescriptor(Bhwc{1, 1, tokens, static_cast<int32_t>(rows)}, storage));
+      if (!y) continue;
+      const MatmulVariant variant = choose_matmul_variant(tokens);
+      for (DType type : {DType::kF16, DType::kQ8_0, DType::kQ4_0}) {
+        auto weights = upload(type);
+        if (!weights) continue;
         const std::string name = std::string("matmul_") + matmul_variant_name(variant) + " " + dtype_name(type);
         report(name.c_str(), "4864x896 x " + hidden.to_string(), storage,
                time_op(rt, options.reps, [&] { return ops.matmul(weights.value(), h.value(), y.value(), variant); }),
                static_cast<double>(weights->device_bytes()));
       }
+      // The exact matmuls (the engine's default numerics) on Q8 activations, with each form of the
+      // integer dots (IntDot; int8 is emulated where the device lacks cl_khr_integer_dot_product).
+      if (!ops.exact_supported()) continue;
+      auto quants = make_tensor(rt, hidden, storage, 13);
+      auto scales = rt.create_buffer(static_cast<size_t>(tokens) * (kEmbd / 32) * 2 * sizeof(float));
+      if (!quants || !scales || !ops.quantize_q8(h.value(), quants.value(), scales->get()).is_ok()) continue;
+      for (DType type : {DType::kQ8_0, DType::kQ4_0}) {
+        auto weights = upload(type);
+        if (!weights) continue;
+        for (IntDot mode : {IntDot::kFloat, IntDot::kInt8}) {
+          ops.set_int_dot(mode);
+          const std::string name =
+              std::string("exact_") + matmul_variant_name(variant) + " " + dtype_name(type) + " " + int_dot_name(mode);
+          report(name.c_str(), "4864x896 x " + hidden.to_string(), storage, time_op(rt, options.reps, [&] {
+                   return ops.matmul_exact(weights.value(), quants.value(), scales->get(), y.value(), CpuOrder::kX86,
+                                           variant);
+                 }),
+                 static_cast<double>(weights->device_bytes()));
+        }
+      }
+      ops.set_int_dot(choose_int_dot(rt.info()));
     }
   }
 }
@@ -190,6 +215,10 @@ int run(const Options& options) {
   std::printf("\nSelected: %s; queue priority %s; program cache %s\n", rt.value()->info().name.c_str(),
               queue_priority_name(rt.value()->queue_priority()),
               rt.value()->options().cache_dir.empty() ? "off" : rt.value()->options().cache_dir.c_str());
+  const IntDot int_dot = choose_int_dot(rt.value()->info());
+  std::printf("Exact matmuls form their int8 dot products with %s\n",
+              int_dot == IntDot::kInt8 ? "cl_khr_integer_dot_product (int8)"
+                                       : "float dot() (no cl_khr_integer_dot_product with 4x8-bit inputs)");
   print_storage_choices(rt.value()->info());
   if (options.timing) time_ops(*rt.value(), options);
   const ProgramCacheStats& stats = rt.value()->cache_stats();

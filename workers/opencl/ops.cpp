@@ -1,5 +1,7 @@
 #include "inferd/opencl/ops.h"
 
+#include <CL/cl_ext.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -743,6 +745,62 @@ std::string weight_int_loader(DType type) {
   }
 }
 
+// The int8 form of the block types' integer dots (IntDot::kInt8): w_int8() gives the 4 rows' values
+// (signed values, or the codes of the types with a min, as w_int() does) as char4, and
+// inferd_idot() is cl_khr_integer_dot_product's dot(char4, char4) where the device has it, else the
+// same sum in int arithmetic.
+constexpr const char* kIntDotHelpers = R"(#if defined(cl_khr_integer_dot_product) || defined(__opencl_c_integer_dot_product_input_4x8bit)
+#pragma OPENCL EXTENSION cl_khr_integer_dot_product : enable
+inline int inferd_idot(char4 a, char4 b) { return dot(a, b); }
+#else
+inline int inferd_idot(char4 a, char4 b) {
+  const int4 p = convert_int4(a) * convert_int4(b);
+  return (p.x + p.y) + (p.z + p.w);
+}
+#endif
+// The 4 nibbles of v, lowest first, as char4.
+inline char4 inferd_nibbles_c(ushort v) {
+  const uint u = v;
+  return convert_char4((uint4)(u & 15u, (u >> 4) & 15u, (u >> 8) & 15u, u >> 12));
+}
+)";
+
+std::string weight_int8_loader(DType type) {
+  const std::string signature = std::string("inline void w_int8(__global const ") + weight_pointer_type(type) +
+                                "* wq, int blk, int l, char4* r) {\n";
+  switch (type) {
+    case DType::kQ8_0:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
+      return signature + R"(  const int base = (blk * 8 + l) * 4;
+  r[0] = wq[base];
+  r[1] = wq[base + 1];
+  r[2] = wq[base + 2];
+  r[3] = wq[base + 3];
+}
+)";
+    case DType::kQ4_0:
+    case DType::kQ4_1: {
+      const std::string offset = type == DType::kQ4_0 ? " - (char4)(8)" : "";
+      return signature + "  const ushort4 p = wq[blk * 8 + l];\n" + "  r[0] = inferd_nibbles_c(p.x)" + offset +
+             ";\n  r[1] = inferd_nibbles_c(p.y)" + offset + ";\n  r[2] = inferd_nibbles_c(p.z)" + offset +
+             ";\n  r[3] = inferd_nibbles_c(p.w)" + offset + ";\n}\n";
+    }
+    default: return "";
+  }
+}
+
+// The block types' slice dot, as the matmul bodies spell it: WVEC r[4]; W_SLICE(wq, blk, l, r);
+// XVEC xv = X_SLICE(quants); IDOT(r[i], xv) is the float of the integer dot.
+std::string int_dot_macros(IntDot mode) {
+  if (mode == IntDot::kInt8) {
+    return "#define WVEC char4\n#define XVEC char4\n#define W_SLICE(wq, blk, l, r) w_int8(wq, blk, l, r)\n"
+           "#define X_SLICE(v) convert_char4(v)\n#define IDOT(w, x) ((float)inferd_idot(w, x))\n";
+  }
+  return "#define WVEC float4\n#define XVEC float4\n#define W_SLICE(wq, blk, l, r) w_int(wq, blk, l, r)\n"
+         "#define X_SLICE(v) (v)\n#define IDOT(w, x) dot(w, x)\n";
+}
+
 KernelTemplate matmul_exact_k_template(DType type, CpuOrder order, int tokens_per_item, StorageType x, StorageType y);
 
 // The exact matmul. A work-item computes output slice so (4 rows) for TT tokens; the launch is
@@ -757,7 +815,8 @@ KernelTemplate matmul_exact_k_template(DType type, CpuOrder order, int tokens_pe
 // The same, kScalar (scalar dot_x_q8_0 / dot_x_q8_1): sum += (d_w * d_a) * isum (+ m_w * s_a) per block.
 // F32 / F16 / BF16: the float input, as dot_float (kX86) or dot_float_weights (kScalar).
 // K-quants: matmul_exact_k_template.
-KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_item, StorageType x, StorageType y) {
+KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_item, StorageType x, StorageType y,
+                                     IntDot int_dot) {
   if (is_k_quant(type)) return matmul_exact_k_template(type, order, tokens_per_item, x, y);
   KernelTemplate k;
   k.name = "matmul_exact";
@@ -767,7 +826,14 @@ KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_
   const bool blocks = matmul_activations(type) == MatmulActivations::kQ8;
   const bool q4_1 = type == DType::kQ4_1 || type == DType::kQ5_1;  // a min term
   k.helpers = "#define TT " + std::to_string(tokens_per_item) + "  // tokens per work-item\n" + kExactHelpers +
-              kMatmulHelpers + (blocks ? weight_int_loader(type) : weight_loader(type));
+              kMatmulHelpers;
+  if (!blocks) {
+    k.helpers += weight_loader(type);
+  } else if (int_dot == IntDot::kInt8) {
+    k.helpers += std::string(kIntDotHelpers) + weight_int8_loader(type) + int_dot_macros(int_dot);
+  } else {
+    k.helpers += weight_int_loader(type) + int_dot_macros(int_dot);
+  }
   std::string body = R"(  const int so = get_global_id(0);
   const int t0 = get_global_id(1) * TT;
   const int n_t = $x.Width();
@@ -789,14 +855,14 @@ KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_
     float4 sc[TT];
     for (int i = 0; i < TT; ++i) sc[i] = ws[blk] * xs[tt[i] * n_b + b].x;  // d_w * d_a, per row
     for (int l = 0; l < 8; ++l) {
-      float4 r[4];
-      w_int(wq, blk, l, r);
+      WVEC r[4];
+      W_SLICE(wq, blk, l, r);
       for (int i = 0; i < TT; ++i) {
-        const float4 xv = $x.Read(tt[i], 0, 8 * b + l);
-        acc[i][0][l] = fma(sc[i].x, dot(r[0], xv), acc[i][0][l]);
-        acc[i][1][l] = fma(sc[i].y, dot(r[1], xv), acc[i][1][l]);
-        acc[i][2][l] = fma(sc[i].z, dot(r[2], xv), acc[i][2][l]);
-        acc[i][3][l] = fma(sc[i].w, dot(r[3], xv), acc[i][3][l]);
+        const XVEC xv = X_SLICE($x.Read(tt[i], 0, 8 * b + l));
+        acc[i][0][l] = fma(sc[i].x, IDOT(r[0], xv), acc[i][0][l]);
+        acc[i][1][l] = fma(sc[i].y, IDOT(r[1], xv), acc[i][1][l]);
+        acc[i][2][l] = fma(sc[i].z, IDOT(r[2], xv), acc[i][2][l]);
+        acc[i][3][l] = fma(sc[i].w, IDOT(r[3], xv), acc[i][3][l]);
       }
     }
 )";
@@ -821,11 +887,11 @@ KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_
     float4 isum[TT];
     for (int i = 0; i < TT; ++i) isum[i] = (float4)(0.0f);
     for (int l = 0; l < 8; ++l) {
-      float4 r[4];
-      w_int(wq, blk, l, r);
+      WVEC r[4];
+      W_SLICE(wq, blk, l, r);
       for (int i = 0; i < TT; ++i) {
-        const float4 xv = $x.Read(tt[i], 0, 8 * b + l);
-        isum[i] += (float4)(dot(r[0], xv), dot(r[1], xv), dot(r[2], xv), dot(r[3], xv));  // integers: exact
+        const XVEC xv = X_SLICE($x.Read(tt[i], 0, 8 * b + l));
+        isum[i] += (float4)(IDOT(r[0], xv), IDOT(r[1], xv), IDOT(r[2], xv), IDOT(r[3], xv));  // integers: exact
       }
     }
     for (int i = 0; i < TT; ++i) {
@@ -1589,7 +1655,15 @@ std::vector<float> rope_table(std::span<const int32_t> positions, int32_t head_d
 
 // ---- Ops -----------------------------------------------------------------------------------------
 
-Ops::Ops(Runtime& rt) : rt_(rt) {
+const char* int_dot_name(IntDot mode) { return mode == IntDot::kInt8 ? "int8" : "float"; }
+
+IntDot choose_int_dot(const DeviceInfo& info) {
+  constexpr uint32_t kInput4x8Bit = CL_DEVICE_INTEGER_DOT_PRODUCT_INPUT_4x8BIT_KHR;  // dot(char4, char4)
+  return info.integer_dot_product && (info.integer_dot_product_caps & kInput4x8Bit) != 0 ? IntDot::kInt8
+                                                                                        : IntDot::kFloat;
+}
+
+Ops::Ops(Runtime& rt) : rt_(rt), int_dot_(choose_int_dot(rt.info())) {
   const DeviceInfo& info = rt.info();
   const size_t wanted = info.type == DeviceType::kGpu ? 64 : 16;
   const size_t limit = std::min(info.max_work_group_size, info.max_work_item_sizes[0]);
@@ -1991,9 +2065,12 @@ Status Ops::matmul_exact(const MatmulWeights& w, const Tensor& x, cl_mem scales,
   }
   if (variant == MatmulVariant::kAuto) variant = choose_matmul_variant(xs.w);
   const int tokens_per_item = variant == MatmulVariant::kDecode ? 1 : 4;
+  const IntDot int_dot = kind == MatmulActivations::kQ8 ? int_dot_ : IntDot::kFloat;  // block types only
   auto k = kernel(std::string("matmul_exact_") + matmul_variant_name(variant) + "_" + dtype_name(w.type()) + "_" +
-                      cpu_order_name(order) + storage_key({&x, &y}),
-                  [&] { return matmul_exact_template(w.type(), order, tokens_per_item, x.storage(), y.storage()); });
+                      cpu_order_name(order) + "_" + int_dot_name(int_dot) + storage_key({&x, &y}),
+                  [&] {
+                    return matmul_exact_template(w.type(), order, tokens_per_item, x.storage(), y.storage(), int_dot);
+                  });
   if (!k) return k.status();
   KernelArgs args(k.value()->kernel.get());
   args.tensor(x).tensor(y).weights(w).buffer(blocks ? scales : nullptr);

@@ -5,7 +5,9 @@
 // them to `hidden_out` and samples nothing.
 //
 // Environment (for tests and tuning): INFERD_OPENCL_STORAGE=buffer|image_buffer|texture2d forces the
-// activations' storage; the program binary cache is default_cache_dir() ($XDG_CACHE_HOME or $HOME).
+// activations' storage; INFERD_OPENCL_INT_DOT=float|int8 forces how the exact matmuls form their int8
+// dot products (default: int8 where the device has cl_khr_integer_dot_product); the program binary
+// cache is default_cache_dir() ($XDG_CACHE_HOME or $HOME).
 #include <cstdlib>
 #include <optional>
 #include <span>
@@ -40,6 +42,15 @@ Result<std::optional<opencl::StorageType>> storage_from_env() {
                 std::string("INFERD_OPENCL_STORAGE='") + value + "': expected buffer, image_buffer or texture2d");
 }
 
+Result<std::optional<opencl::IntDot>> int_dot_from_env() {
+  const char* value = std::getenv("INFERD_OPENCL_INT_DOT");
+  if (value == nullptr || *value == '\0') return std::optional<opencl::IntDot>();
+  for (opencl::IntDot d : {opencl::IntDot::kFloat, opencl::IntDot::kInt8}) {
+    if (std::string_view(value) == opencl::int_dot_name(d)) return std::optional<opencl::IntDot>(d);
+  }
+  return Status(Code::kInvalidArgument, std::string("INFERD_OPENCL_INT_DOT='") + value + "': expected float or int8");
+}
+
 }  // namespace
 
 Result<std::unique_ptr<StepBackend>> make_opencl_backend(std::shared_ptr<const Model> model,
@@ -47,6 +58,8 @@ Result<std::unique_ptr<StepBackend>> make_opencl_backend(std::shared_ptr<const M
   INFERD_RETURN_IF_ERROR(check_engine_backend_options(*model, options));
   auto storage = storage_from_env();
   if (!storage) return storage.status();
+  auto int_dot = int_dot_from_env();
+  if (!int_dot) return int_dot.status();
   opencl::RuntimeOptions ro;
   ro.cache_dir = opencl::default_cache_dir();
   auto runtime = opencl::Runtime::create_default(ro, options.device);
@@ -57,6 +70,7 @@ Result<std::unique_ptr<StepBackend>> make_opencl_backend(std::shared_ptr<const M
   eo.n_ubatch = options.batch_tokens;
   eo.pad_step = options.pad_step;
   eo.activation_storage = storage.value();
+  eo.int_dot = int_dot.value();
   eo.first_layer = options.first_layer;
   eo.end_layer = options.end_layer;
   auto engine = ClEngine::create(std::move(model), std::move(runtime).value(), eo);

@@ -77,6 +77,9 @@ struct ClEngineOptions {
   // The storage of the activations; unset: the device's first choice that fits (choose_storage).
   std::optional<StorageType> activation_storage;
   Numerics numerics = Numerics::kExact;
+  // How the exact matmuls form their int8 dot products (ops.h IntDot); unset: choose_int_dot(device),
+  // int8 where the device has cl_khr_integer_dot_product. Same bits either way.
+  std::optional<IntDot> int_dot;
   // The layers this engine runs, [first_layer, end_layer) (end_layer 0: through the last); see
   // EngineOptions. create() stores the resolved end_layer.
   int32_t first_layer = 0;

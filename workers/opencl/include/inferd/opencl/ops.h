@@ -158,6 +158,20 @@ CpuOrder host_cpu_order();
 // The order the CPU engine uses for a matmul with weights of `type` in a pass of `tokens` tokens.
 CpuOrder matmul_order(CpuOrder cpu, DType type, int32_t tokens);
 
+// How matmul_exact() forms the integer dot products of 4 weights and 4 activations for the
+// 32-element block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1):
+//  kFloat  OpenCL C's dot() of float4s that hold the integers (exact: every partial sum is an integer
+//          below 2^24); any device.
+//  kInt8   cl_khr_integer_dot_product's dot(char4, char4) -> int on the int8 values, the packed
+//          integer dot units of the GPUs that have them. On a device without the extension the kernel
+//          defines the same function in plain int arithmetic, so the variant runs (and is tested) on
+//          PoCL too.
+// Both give the same integers, hence the same bits; only the speed differs.
+enum class IntDot { kFloat, kInt8 };
+const char* int_dot_name(IntDot mode);
+// kInt8 where the device reports cl_khr_integer_dot_product with 4x8-bit inputs, else kFloat.
+IntDot choose_int_dot(const DeviceInfo& info);
+
 enum class RopeMode { kNormal, kNeox };  // llama: adjacent pairs; NeoX (qwen2): halves
 
 // The rotary angles of tokens at `positions` as the CPU engine computes them (ops::rope_head: angles
@@ -279,8 +293,12 @@ class Ops {
   // input matmul_activations() names (x = its quants, `scales` = quantize_q8()'s scales or
   // quantize_q8_k()'s blocks); float types read the float input (x, `scales` unused). The variant only
   // picks how many tokens a work-item computes: the result is the same for every variant and batch.
+  // The block types' integer dots are formed as int_dot() says.
   Status matmul_exact(const MatmulWeights& w, const Tensor& x, cl_mem scales, Tensor& y, CpuOrder order,
                       MatmulVariant variant = MatmulVariant::kAuto);
+  // choose_int_dot(device) unless set; set_int_dot(kInt8) forces the variant on any device.
+  IntDot int_dot() const { return int_dot_; }
+  void set_int_dot(IntDot mode) { int_dot_ = mode; }
   // attention() as ops::attention_head computes it: q.k as kernels::dot_f32_f16 in `order`, times
   // scale; softmax with ggml's expf, the exponentials summed in 16-position chunks in
   // _mm512_reduce_add_ps's order and the chunk sums in double (kernels::exp_sum); probabilities
@@ -315,6 +333,7 @@ class Ops {
   Status require_exact(const char* op) const;
 
   Runtime& rt_;
+  IntDot int_dot_ = IntDot::kFloat;
   size_t reduce_group_size_ = 1;
   std::map<std::string, Kernel> kernels_;
 };
