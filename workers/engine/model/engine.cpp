@@ -435,16 +435,22 @@ void Engine::Impl::run_pass(std::span<const BatchToken> batch, MatmulPath path, 
   // Rows [0, n) of one matmul, in chunks that threads claim as they go, so that a thread preempted by
   // another process (the daemon, a client) does not hold the others up at the next barrier. Every
   // thread makes the same sequence of calls, so call number `site` is the same matmul on all of them.
-  // Chunk boundaries are multiples of 64 rows: each row, and each SIMD group of an element-wise op over
-  // rows, is computed exactly as with a static split (the results are bit-identical).
+  // Guided sizes: each claim takes 1/nth of what is left (at least 64 rows), so the first chunks are
+  // long streams and the last ones short enough to even out the threads. Every chunk start costs the
+  // decode GEMV a cold prefetch window: fixed chunks of n / (4 nth) rows measured 3% slower decode and
+  // prefill (1.1B Q4_0, 2 threads). Chunk boundaries are multiples of 64 rows: each row, and each SIMD
+  // group of an element-wise op over rows, is computed exactly as with a static split (bit-identical).
   int site = 0;
   auto for_chunks = [&](int64_t n, auto&& fn) {
     INFERD_ASSERT(site < n_chunk_counters);
     std::atomic<int64_t>& next = chunk_counters[static_cast<size_t>(site++)].next;
-    const int64_t chunk = std::max<int64_t>(64, round_up((n + 4 * nth - 1) / (4 * nth), 64));
-    for (int64_t r0 = next.fetch_add(chunk, std::memory_order_relaxed); r0 < n;
-         r0 = next.fetch_add(chunk, std::memory_order_relaxed)) {
-      fn(r0, std::min(n, r0 + chunk));
+    int64_t r0 = next.load(std::memory_order_relaxed);
+    while (r0 < n) {
+      const int64_t chunk = std::max<int64_t>(64, round_up((n - r0 + nth - 1) / nth, 64));
+      if (next.compare_exchange_weak(r0, r0 + chunk, std::memory_order_relaxed)) {
+        fn(r0, std::min(n, r0 + chunk));
+        r0 = next.load(std::memory_order_relaxed);
+      }
     }
   };
   auto matmul = [&](const MatmulJob& j) {
