@@ -306,6 +306,14 @@ void matmul_rows(const MatmulJob& j, int64_t m, int max_nr, int64_t r0, int64_t 
   };
   // Decode: four weight rows at a time (four independent accumulation chains; same bits as `dot`).
   if (max_nr == 1 && tk->dot_w4 != nullptr) {
+    // The kernels prefetch the rows two calls ahead as they stream; the first two calls of a chunk
+    // have nobody to do that for them, so ask for those 8 rows at once here (one burst of misses in
+    // parallel instead of a cold start, at every chunk of every matmul of every layer).
+    const int64_t warm = std::min<int64_t>(r1, r0 + 8);
+    for (int64_t r = r0; r < warm; ++r) {
+      const char* row = reinterpret_cast<const char*>(j.w->row(r));
+      for (size_t off = 0; off < j.w->row_bytes; off += 64) __builtin_prefetch(row + off, 0, 3);
+    }
     float y4[4];
     for (int64_t t = 0; t < m; ++t) {
       const uint8_t* at = act + static_cast<size_t>(t) * stride;
