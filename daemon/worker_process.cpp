@@ -146,9 +146,13 @@ void WorkerProcess::read_frame_header() {
   std::weak_ptr<WorkerProcess> weak = shared_from_this();
   asio::async_read(control_, asio::buffer(&frame_length_, 4), [weak](std::error_code ec, size_t) {
     auto self = weak.lock();
-    if (!self || ec) return;  // EOF: the exit is reported through the pidfd
+    if (!self) return;
+    if (ec) return self->control_reader_done();  // EOF: the worker's messages are all in
     Status s = ipc::check_frame_length(self->frame_length_);
-    if (!s) return self->fail_protocol(s.message());
+    if (!s) {
+      self->fail_protocol(s.message());
+      return self->control_reader_done();  // the stream cannot be resynchronized
+    }
     self->read_frame_body(self->frame_length_);
   });
 }
@@ -158,7 +162,8 @@ void WorkerProcess::read_frame_body(uint32_t length) {
   std::weak_ptr<WorkerProcess> weak = shared_from_this();
   asio::async_read(control_, asio::buffer(frame_), [weak](std::error_code ec, size_t) {
     auto self = weak.lock();
-    if (!self || ec) return;
+    if (!self) return;
+    if (ec) return self->control_reader_done();
     self->handle_frame(self->frame_);
     if (!self->exited_) self->read_frame_header();
   });
@@ -201,7 +206,7 @@ void WorkerProcess::handle_frame(const std::vector<uint8_t>& frame) {
       case wire::FromWorker::FAILED:
         failure_ = m.getFailed().cStr();
         spdlog::error("worker {} ({}) could not start: {}", pid_, spec_.model_id, failure_);
-        return;  // it exits next; the pidfd reports it
+        return;  // it exits next; finish_exit() reports it with this reason
       case wire::FromWorker::PONG:
         return;
     }
@@ -257,18 +262,32 @@ void WorkerProcess::wait_exit() {
     int status = 0;
     pid_t r = ::waitpid(self->pid_, &status, 0);
     self->reaped_ = true;
-    self->exited_ = true;
     self->ready_ = false;
-    std::string why = r == self->pid_ ? describe_exit(status) : std::string("ended (not reaped)");
-    if (!self->failure_.empty()) why = self->failure_ + " (worker " + why + ")";
-    // Close our ends now: the worker's fds disappear with it, ours must not leak across restarts.
-    std::error_code ignored;
-    self->control_.close(ignored);
-    self->complete_efd_.close(ignored);
-    self->pidfd_.close(ignored);
-    self->submit_efd_.reset();
-    if (self->events_.on_exit) self->events_.on_exit(why);
+    self->exit_status_ = r == self->pid_ ? describe_exit(status) : std::string("ended (not reaped)");
+    // The worker's end of the control socket closed with it: the reader sees EOF right after the
+    // last message, so waiting for it is bounded.
+    if (self->reader_done_) self->finish_exit();
   });
+}
+
+void WorkerProcess::control_reader_done() {
+  reader_done_ = true;
+  if (reaped_) finish_exit();
+}
+
+void WorkerProcess::finish_exit() {
+  if (exited_) return;
+  exited_ = true;
+  ready_ = false;
+  std::string why = exit_status_;
+  if (!failure_.empty()) why = failure_ + " (worker " + why + ")";
+  // Close our ends now: the worker's fds disappear with it, ours must not leak across restarts.
+  std::error_code ignored;
+  control_.close(ignored);
+  complete_efd_.close(ignored);
+  pidfd_.close(ignored);
+  submit_efd_.reset();
+  if (events_.on_exit) events_.on_exit(why);
 }
 
 }  // namespace inferd::daemon

@@ -74,6 +74,11 @@ class WorkerProcess : public std::enable_shared_from_this<WorkerProcess> {
   void handle_frame(const std::vector<uint8_t>& frame);
   void wait_completion();
   void wait_exit();
+  // The exit is reported once both the pidfd said the worker ended and the control socket was read
+  // to its end: a Failed message the worker wrote just before exiting is then never lost to the race
+  // between the two descriptors (the client's load error carries its reason).
+  void control_reader_done();
+  void finish_exit();
   void send_frame(std::vector<uint8_t> frame);
   void write_next();
   void fail_protocol(const std::string& why);
@@ -85,6 +90,8 @@ class WorkerProcess : public std::enable_shared_from_this<WorkerProcess> {
   bool ready_ = false;
   bool exited_ = false;
   bool reaped_ = false;
+  bool reader_done_ = false;  // the control socket reached EOF or stopped being read
+  std::string exit_status_;   // describe_exit() of the reaped status
   std::string failure_;  // the worker's Failed message, if it sent one
   std::unique_ptr<ipc::RingSegment> ring_;
   ipc::UniqueFd submit_efd_;

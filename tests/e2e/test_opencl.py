@@ -5,6 +5,7 @@ through the API, and a bad device index refused without harm. Mixed pipelines (L
 like llama.cpp's -ngl): layers 0-14 on OpenCL and 15-29 on the CPU (`inferctl load --layer-split 15
 --stage-backends opencl,cpu`) and the reverse, each stage's backend in the placement and the workers,
 greedy output equal to the whole model on the CPU; a bad stageBackends is refused and the daemon goes on.
+The int8 form of the exact matmul's dot products (INFERD_OPENCL_INT_DOT=int8) gives the same text.
 
     test_opencl.py --bin-dir BUILD/bin --model MODEL.gguf
 
@@ -226,6 +227,48 @@ class OpenClTest(harness.DaemonTestCase):
             conn.close()
 
         self.run_test(body())
+
+
+class OpenClIntDotTest(harness.DaemonTestCase):
+    """INFERD_OPENCL_INT_DOT, inherited by the workers: int8 forces the cl_khr_integer_dot_product form of
+    the exact matmul (emulated on a device without the extension), which must give the CPU backend's
+    greedy text; a bad value fails the load with a message naming the variable, and the daemon serves on."""
+
+    def test_int8_dots_give_the_cpu_backends_text_and_a_bad_value_is_refused(self):
+        async def body(daemon, value):
+            conn = await Connection.open(daemon.socket_path)
+            if value == "bogus":
+                await self.expect_error(conn.load(harness.Config.model, id="ocl", contextSize=CONTEXT,
+                                                  backend="opencl"),
+                                        "FAILED", "INFERD_OPENCL_INT_DOT", context="load with a bad INFERD_OPENCL_INT_DOT")
+                await conn.load(harness.Config.model, id="cpu", contextSize=CONTEXT, backend="cpu")
+                cpu = await conn.generate(request("cpu", PROMPT, max_tokens=4, ignoreEog=True))
+                self.assertCompleted(cpu, "cpu after the refused load")
+                conn.close()
+                return
+            await conn.load(harness.Config.model, id="ocl", contextSize=CONTEXT, backend="opencl")
+            m = await conn.model_status("ocl")
+            device = m.info.workers[0].device
+            print(f"\n[opencl] worker device with INFERD_OPENCL_INT_DOT=int8: {device}", file=sys.stderr)
+            if "numerics exact" not in device:
+                conn.close()
+                self.skipTest(f"the device runs the float numerics, which have no int8 form: {device}")
+            self.assertIn("int8 dot", device)
+            await conn.load(harness.Config.model, id="cpu", contextSize=CONTEXT, backend="cpu")
+            cpu = await conn.generate(request("cpu", PROMPT, max_tokens=N_TOKENS, ignoreEog=True))
+            ocl = await conn.generate(request("ocl", PROMPT, max_tokens=N_TOKENS, ignoreEog=True))
+            self.assertCompleted(cpu, "cpu")
+            self.assertCompleted(ocl, "opencl, int8 dots")
+            self.assertEqual(ocl.tokens, cpu.tokens, "int8 dot products changed the greedy tokens")
+            conn.close()
+
+        for value in ("int8", "bogus"):
+            with self.subTest(INFERD_OPENCL_INT_DOT=value):
+                daemon = harness.Daemon(threads=2, env={"INFERD_OPENCL_INT_DOT": value}).start()
+                try:
+                    run_async(body(daemon, value), daemons=[daemon])
+                finally:
+                    daemon.stop()
 
 
 if __name__ == "__main__":
