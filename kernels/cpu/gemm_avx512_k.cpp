@@ -39,8 +39,12 @@ struct alignas(64) KPairBlock {
 };
 static_assert(sizeof(KPairBlock) == 704);
 
-// Weight rows per tile and activation pairs per tile (2 x 6 measured best of 4x2, 2x4, 2x6, 1x8, 1x12 on the 1.1B Q4_K_M model).
-constexpr int kRows = 2;
+// Weight rows per tile and activation pairs per tile. One row: its 8 decoded half-chunks plus the 6
+// pairs' 12 accumulators stay in the 32 zmm registers, where two rows made GCC keep the accumulators
+// on the stack, indexed by row (single thread, `inferd-gemm-bench gemm`, 2048 x 5632 x 128, GMAC/s:
+// Q4_K 80 -> 91, Q5_K 63 -> 66, Q6_K 81 -> 85 for 2 x 6 -> 1 x 6; 1 x 5, 1 x 7, 1 x 8, 2 x 4, 3 x 4
+// no better for Q4_K. 1.1B Q4_K_M prefill, 2 threads: 137 -> 148 tok/s).
+constexpr int kRows = 1;
 constexpr int kPairs = 6;
 // Prefetch distance along the weight rows (see gemm_avx512.cpp).
 constexpr int kPrefetchBytes = 4096;

@@ -7,6 +7,7 @@
 // and once the way the engine runs prefill without it: for each block of 32 rows, for each group of
 // kMaxDotRows activation rows, for each row, TypeKernels::dot. Best of N repetitions.
 #include <algorithm>
+#include <cstddef>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -63,14 +64,30 @@ int main(int argc, char** argv) {
   const double macs = static_cast<double>(k) * static_cast<double>(rows) * static_cast<double>(m);
   std::mt19937 rng(1);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0}) {
+  for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    if (k % inferd::dtype_info(type)->block_size != 0) continue;  // K-quants need k % 256 == 0
     const TypeKernels* tk = type_kernels(type);
     const size_t w_row = inferd::dtype_row_bytes(type, k);
     std::vector<uint8_t> w(w_row * rows);
     std::vector<float> x(k);
-    for (int64_t r = 0; r < rows; ++r) {
-      for (auto& v : x) v = nd(rng) * 0.05f;
-      quantize_row_ref(type, x.data(), w.data() + r * w_row, k);
+    if (has_quantize_ref(type)) {
+      for (int64_t r = 0; r < rows; ++r) {
+        for (auto& v : x) v = nd(rng) * 0.05f;
+        quantize_row_ref(type, x.data(), w.data() + r * w_row, k);
+      }
+    } else {
+      // K-quants (no reference quantizer): random codes and scales, every fp16 d / dmin ~0.0078.
+      for (auto& b : w) b = static_cast<uint8_t>(rng());
+      const size_t block = inferd::dtype_info(type)->block_bytes;
+      const inferd::fp16_t d = 0x2000;
+      for (size_t off = 0; off < w.size(); off += block) {
+        if (type == DType::kQ6_K) {
+          std::memcpy(&w[off + offsetof(inferd::BlockQ6_K, d)], &d, 2);
+        } else {
+          std::memcpy(&w[off], &d, 2);
+          std::memcpy(&w[off + 2], &d, 2);
+        }
+      }
     }
     const size_t act_row = inferd::dtype_row_bytes(tk->act_type, k);
     std::vector<uint8_t> act(act_row * m);
