@@ -37,7 +37,13 @@ std::string describe_exit(int status) {
 }  // namespace
 
 WorkerProcess::WorkerProcess(asio::io_context& io, WorkerSpec spec, Events events)
-    : io_(io), spec_(std::move(spec)), events_(std::move(events)), control_(io), complete_efd_(io), pidfd_(io) {}
+    : io_(io),
+      spec_(std::move(spec)),
+      events_(std::move(events)),
+      control_(io),
+      complete_efd_(io),
+      pidfd_(io),
+      exit_grace_(io) {}
 
 Result<std::shared_ptr<WorkerProcess>> WorkerProcess::spawn(asio::io_context& io, const WorkerSpec& spec,
                                                             Events events) {
@@ -265,8 +271,17 @@ void WorkerProcess::wait_exit() {
     self->ready_ = false;
     self->exit_status_ = r == self->pid_ ? describe_exit(status) : std::string("ended (not reaped)");
     // The worker's end of the control socket closed with it: the reader sees EOF right after the
-    // last message, so waiting for it is bounded.
-    if (self->reader_done_) self->finish_exit();
+    // last message. Should a copy of that end have survived it (it is close-on-exec in the worker),
+    // the exit is reported after a grace period anyway.
+    if (self->reader_done_) return self->finish_exit();
+    self->exit_grace_.expires_after(std::chrono::milliseconds(500));
+    self->exit_grace_.async_wait([weak](std::error_code wait_ec) {
+      auto me = weak.lock();
+      if (!me || wait_ec) return;
+      spdlog::warn("worker {} ({}) ended but its control socket stays open; reporting the exit", me->pid_,
+                   me->spec_.model_id);
+      me->finish_exit();
+    });
   });
 }
 
@@ -279,6 +294,7 @@ void WorkerProcess::finish_exit() {
   if (exited_) return;
   exited_ = true;
   ready_ = false;
+  exit_grace_.cancel();
   std::string why = exit_status_;
   if (!failure_.empty()) why = failure_ + " (worker " + why + ")";
   // Close our ends now: the worker's fds disappear with it, ours must not leak across restarts.

@@ -98,6 +98,7 @@ class WorkerProcess : public std::enable_shared_from_this<WorkerProcess> {
   asio::local::stream_protocol::socket control_;
   asio::posix::stream_descriptor complete_efd_;
   asio::posix::stream_descriptor pidfd_;
+  asio::steady_timer exit_grace_;  // after the reap: the most we wait for the control socket's EOF
   uint32_t frame_length_ = 0;
   std::vector<uint8_t> frame_;
   std::vector<std::vector<uint8_t>> write_queue_;

@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -38,6 +39,18 @@ constexpr int kMadvCollapse = MADV_COLLAPSE;
 constexpr int kMadvCollapse = 25;
 #endif
 
+// MemAvailable from /proc/meminfo in bytes; 0 when it cannot be read (then nothing is refused).
+uint64_t mem_available_bytes() {
+  std::FILE* f = std::fopen("/proc/meminfo", "re");
+  if (!f) return 0;
+  unsigned long long kib = 0;
+  char line[256];
+  bool found = false;
+  while (!found && std::fgets(line, sizeof line, f)) found = std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
+  std::fclose(f);
+  return found ? kib * 1024 : 0;
+}
+
 // Maps `size` bytes of `fd` read-only at a 2 MiB-aligned address, so that 2 MiB pages of the memfd
 // (the tensor data starts at a 2 MiB offset) can be mapped whole. The kernel aligns large shmem
 // mappings only where shmem THP is enabled; this reserves a larger range and maps into it.
@@ -55,7 +68,8 @@ Result<const uint8_t*> map_huge_aligned(int fd, size_t size) {
   }
   // Give back the slack on both sides of the mapping.
   if (aligned > start) ::munmap(r, aligned - start);
-  const uintptr_t map_end = aligned + ((size + 4095) & ~size_t{4095});
+  const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t map_end = aligned + (size + page - 1) / page * page;
   if (start + span > map_end) ::munmap(reinterpret_cast<void*>(map_end), start + span - map_end);
   return static_cast<const uint8_t*>(p);
 }
@@ -106,6 +120,13 @@ Result<std::shared_ptr<const WeightsSegment>> WeightsSegment::create(const std::
       align_up(table_offset + table_bytes + src.data_offset(), kHugePageBytes) - src.data_offset();
   const size_t gguf_bytes = src.file_size();
   const size_t segment_bytes = align_up(gguf_offset + gguf_bytes, 4096);
+  // The copy is resident and cannot be paged back to the file: refuse it up front rather than let
+  // the kernel's OOM killer end the daemon half-way through the copy.
+  if (const uint64_t available = mem_available_bytes(); available > 0 && segment_bytes > available) {
+    return Status(Code::kOutOfRange,
+                  path + ": the model needs " + std::to_string(segment_bytes >> 20) + " MiB of shared memory, " +
+                      "but only " + std::to_string(available >> 20) + " MiB are available (MemAvailable)");
+  }
 
   std::string memfd_name = "inferd-weights";
   UniqueFd fd(::memfd_create(memfd_name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
@@ -282,8 +303,9 @@ uint64_t WeightsSegment::huge_page_bytes() const {
   const auto hi = lo + mapping_->size;
   bool inside = false;
   uint64_t kib_total = 0;
-  char line[512];
-  while (std::fgets(line, sizeof line, f)) {
+  char* line = nullptr;  // whole lines, however long the mapped file's path
+  size_t cap = 0;
+  while (::getline(&line, &cap, f) > 0) {
     unsigned long a = 0, b = 0;
     char dash = 0;
     if (std::sscanf(line, "%lx%c%lx ", &a, &dash, &b) == 3 && dash == '-') {
@@ -293,6 +315,7 @@ uint64_t WeightsSegment::huge_page_bytes() const {
     unsigned long long kib = 0;
     if (inside && std::sscanf(line, "ShmemPmdMapped: %llu kB", &kib) == 1) kib_total += kib;
   }
+  std::free(line);
   std::fclose(f);
   return kib_total * 1024;
 }

@@ -107,6 +107,47 @@ TEST(WeightsSegment, ReportsFileErrors) {
   EXPECT_NE(not_gguf.status().message().find("not a GGUF file"), std::string::npos) << not_gguf.status().message();
 }
 
+// A model larger than the memory available is refused before anything is copied (the copy is
+// resident: the OOM killer would end the daemon half-way). The file is a valid GGUF whose one F32
+// tensor makes it larger than MemAvailable; it is sparse, so it costs no disk.
+TEST(WeightsSegment, RefusesAModelLargerThanTheAvailableMemory) {
+  std::ifstream meminfo("/proc/meminfo");
+  unsigned long long available_kib = 0;
+  for (std::string line; std::getline(meminfo, line);) {
+    if (std::sscanf(line.c_str(), "MemAvailable: %llu kB", &available_kib) == 1) break;
+  }
+  if (available_kib == 0) GTEST_SKIP() << "no MemAvailable in /proc/meminfo";
+  const uint64_t elements = (available_kib * 1024 + (uint64_t{1} << 30)) / 4;  // 1 GiB more than available
+  std::vector<uint8_t> head;
+  auto put = [&head](const void* p, size_t n) {
+    head.insert(head.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + n);
+  };
+  const uint32_t version = 3, n_dims = 1, type_f32 = 0;
+  const uint64_t n_tensors = 1, n_kv = 0, name_len = 1, offset = 0;
+  put("GGUF", 4);
+  put(&version, 4);
+  put(&n_tensors, 8);
+  put(&n_kv, 8);
+  put(&name_len, 8);
+  put("w", 1);
+  put(&n_dims, 4);
+  put(&elements, 8);
+  put(&type_f32, 4);
+  put(&offset, 8);
+  head.resize((head.size() + 31) / 32 * 32, 0);
+  char path[] = "/tmp/inferd-huge-XXXXXX.gguf";
+  const int fd = ::mkstemps(path, 5);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::write(fd, head.data(), head.size()), static_cast<ssize_t>(head.size()));
+  ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(head.size() + elements * 4)), 0);
+  ::close(fd);
+  auto seg = WeightsSegment::create(path, nullptr);
+  ::unlink(path);
+  ASSERT_FALSE(seg) << "a " << (elements * 4 >> 20) << " MiB model was copied into shared memory";
+  EXPECT_EQ(seg.status().code(), Code::kOutOfRange) << seg.status().to_string();
+  EXPECT_NE(seg.status().message().find("MemAvailable"), std::string::npos) << seg.status().message();
+}
+
 // Writes `bytes` into a memfd, optionally sealed.
 UniqueFd memfd_with(const std::vector<uint8_t>& bytes, bool seal) {
   UniqueFd fd(::memfd_create("test", MFD_CLOEXEC | MFD_ALLOW_SEALING));

@@ -114,13 +114,22 @@ int bench_pages() {
       return 1;
     }
     // A 2 MiB-aligned mapping, as ipc::WeightsSegment makes.
-    auto* reserve = static_cast<uint8_t*>(mmap(nullptr, mapped + kHuge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-    auto* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(reserve) + kHuge - 1) & ~uintptr_t{kHuge - 1});
-    auto* w = static_cast<uint8_t*>(mmap(base, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0));
-    if (reserve == MAP_FAILED || w == MAP_FAILED) {
+    void* reserved = mmap(nullptr, mapped + kHuge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (reserved == MAP_FAILED) {
       std::perror("mmap");
+      close(fd);
       return 1;
     }
+    auto* reserve = static_cast<uint8_t*>(reserved);
+    auto* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(reserve) + kHuge - 1) & ~uintptr_t{kHuge - 1});
+    void* mapped_w = mmap(base, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+    if (mapped_w == MAP_FAILED) {
+      std::perror("mmap");
+      munmap(reserve, mapped + kHuge);
+      close(fd);
+      return 1;
+    }
+    auto* w = static_cast<uint8_t*>(mapped_w);
     const std::vector<uint8_t> row = [] {
       std::vector<uint8_t> r = make_weights(DType::kQ4_0);
       r.resize(inferd::dtype_row_bytes(DType::kQ4_0, kCols) * 64);

@@ -112,6 +112,33 @@ class BadInputTest(harness.DaemonTestCase):
 
         self.run_test(body())
 
+    def test_load_model_larger_than_memory(self):
+        # A valid GGUF (one F32 tensor) 1 GiB larger than MemAvailable, sparse on disk: the weights copy
+        # would be resident, so the load is refused up front instead of the OOM killer ending the daemon.
+        with open("/proc/meminfo") as f:
+            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+        elements = (available + (1 << 30)) // 4
+        head = (b"GGUF" + struct.pack("<IQQ", 3, 1, 0) + struct.pack("<Q", 1) + b"w" +
+                struct.pack("<IQIQ", 1, elements, 0, 0))
+        head += b"\0" * (-len(head) % 32)
+        path = os.path.join(self.daemon.dir, "larger-than-memory.gguf")
+        with open(path, "wb") as f:
+            f.write(head)
+            f.truncate(len(head) + 4 * elements)
+
+        async def body():
+            conn = await self.connect()
+            await self.expect_error(conn.load(path, id="huge"), "FAILED", "MemAvailable", "shared memory",
+                                    context="load of a model larger than the available memory")
+            self.assertNotIn("huge", [m.id for m in await conn.list()], "a failed load left a model behind")
+            await self.assert_still_serves(conn, "loading a model larger than memory")
+            conn.close()
+
+        try:
+            self.run_test(body())
+        finally:
+            os.unlink(path)
+
     def test_load_relative_path_and_bad_options(self):
         async def body():
             conn = await self.connect()

@@ -11,7 +11,7 @@ Result<WeightsSource> parse_weights_source(std::string_view name) {
 }
 
 std::string LoadedModel::describe_weights() const {
-  if (!segment) return "file mapping";
+  if (!segment) return note.empty() ? "file mapping" : "file mapping (" + note + ")";
   const ipc::WeightsHeader& h = segment->header();
   char buf[128];
   std::snprintf(buf, sizeof buf, "shared memory, %.0f of %.0f MiB in 2 MiB pages",
@@ -24,12 +24,18 @@ Result<LoadedModel> open_model(const std::string& path, WeightsSource source) {
   LoadedModel out;
   if (source == WeightsSource::kShared) {
     auto seg = ipc::WeightsSegment::create(path, nullptr);
-    if (!seg) return seg.status();
-    out.segment = std::move(seg).value();
-    auto model = Model::load(out.segment->gguf());
-    if (!model) return model.status();
-    out.model = std::move(model).value();
-  } else {
+    if (seg) {
+      out.segment = std::move(seg).value();
+      auto model = Model::load(out.segment->gguf());
+      if (!model) return model.status();
+      out.model = std::move(model).value();
+      return out;
+    }
+    // Too large for a resident copy: map the file instead (slower decode, but it runs, as llama.cpp's).
+    if (seg.status().code() != Code::kOutOfRange) return seg.status();
+    out.note = seg.status().message();
+  }
+  {
     auto model = Model::open(path);
     if (!model) return model.status();
     out.model = std::move(model).value();

@@ -27,6 +27,7 @@ Result<WeightsSource> parse_weights_source(std::string_view name);  // "shm" or 
 struct LoadedModel {
   std::shared_ptr<const Model> model;
   std::shared_ptr<const ipc::WeightsSegment> segment;  // null for kFileMap
+  std::string note;  // why kShared fell back to the file mapping (the model exceeds MemAvailable)
   // "shared memory, 604 of 606 MiB in 2 MiB pages" or "file mapping".
   std::string describe_weights() const;
 };

@@ -747,9 +747,10 @@ std::string weight_int_loader(DType type) {
 
 // The int8 form of the block types' integer dots (IntDot::kInt8): w_int8() gives the 4 rows' values
 // (signed values, or the codes of the types with a min, as w_int() does) as char4, and
-// inferd_idot() is cl_khr_integer_dot_product's dot(char4, char4) where the device has it, else the
-// same sum in int arithmetic.
-constexpr const char* kIntDotHelpers = R"(#if defined(cl_khr_integer_dot_product) || defined(__opencl_c_integer_dot_product_input_4x8bit)
+// inferd_idot() is cl_khr_integer_dot_product's dot(char4, char4) where the host saw the device
+// report 4x8-bit inputs (INFERD_NATIVE_IDOT, defined by the generator; the extension alone may offer
+// only the packed form), else the same sum in int arithmetic.
+constexpr const char* kIntDotHelpers = R"(#ifdef INFERD_NATIVE_IDOT
 #pragma OPENCL EXTENSION cl_khr_integer_dot_product : enable
 inline int inferd_idot(char4 a, char4 b) { return dot(a, b); }
 #else
@@ -816,7 +817,7 @@ KernelTemplate matmul_exact_k_template(DType type, CpuOrder order, int tokens_pe
 // F32 / F16 / BF16: the float input, as dot_float (kX86) or dot_float_weights (kScalar).
 // K-quants: matmul_exact_k_template.
 KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_item, StorageType x, StorageType y,
-                                     IntDot int_dot) {
+                                     IntDot int_dot, bool native_int_dot) {
   if (is_k_quant(type)) return matmul_exact_k_template(type, order, tokens_per_item, x, y);
   KernelTemplate k;
   k.name = "matmul_exact";
@@ -830,7 +831,8 @@ KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_
   if (!blocks) {
     k.helpers += weight_loader(type);
   } else if (int_dot == IntDot::kInt8) {
-    k.helpers += std::string(kIntDotHelpers) + weight_int8_loader(type) + int_dot_macros(int_dot);
+    k.helpers += std::string(native_int_dot ? "#define INFERD_NATIVE_IDOT 1\n" : "") + kIntDotHelpers +
+                 weight_int8_loader(type) + int_dot_macros(int_dot);
   } else {
     k.helpers += weight_int_loader(type) + int_dot_macros(int_dot);
   }
@@ -2066,10 +2068,14 @@ Status Ops::matmul_exact(const MatmulWeights& w, const Tensor& x, cl_mem scales,
   if (variant == MatmulVariant::kAuto) variant = choose_matmul_variant(xs.w);
   const int tokens_per_item = variant == MatmulVariant::kDecode ? 1 : 4;
   const IntDot int_dot = kind == MatmulActivations::kQ8 ? int_dot_ : IntDot::kFloat;  // block types only
+  // The extension's dot(char4, char4) where the device has it; emulated where the variant is forced.
+  const bool native = int_dot == IntDot::kInt8 && choose_int_dot(rt_.info()) == IntDot::kInt8;
   auto k = kernel(std::string("matmul_exact_") + matmul_variant_name(variant) + "_" + dtype_name(w.type()) + "_" +
-                      cpu_order_name(order) + "_" + int_dot_name(int_dot) + storage_key({&x, &y}),
+                      cpu_order_name(order) + "_" + int_dot_name(int_dot) + (native ? "_native" : "") +
+                      storage_key({&x, &y}),
                   [&] {
-                    return matmul_exact_template(w.type(), order, tokens_per_item, x.storage(), y.storage(), int_dot);
+                    return matmul_exact_template(w.type(), order, tokens_per_item, x.storage(), y.storage(), int_dot,
+                                                 native);
                   });
   if (!k) return k.status();
   KernelArgs args(k.value()->kernel.get());

@@ -11,6 +11,7 @@
 //
 // Fault injection for the recovery tests: INFERD_WORKER_FAULT=start makes the worker abort before it
 // is ready (a worker crashing in a loop).
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -247,6 +248,13 @@ int main(int argc, char** argv) {
                  "usage: inferd-worker --backend cpu --control-fd N --weights-fd N --ring-fd N --submit-efd N "
                  "--complete-efd N\n");
     return 2;
+  }
+  // The supervisor's descriptors (dup2 cleared their FD_CLOEXEC) must not reach anything this process
+  // might start (a driver's helper): the supervisor learns of this worker's end from the control
+  // socket's EOF, which a surviving copy would hold back.
+  for (int fd : {args.control_fd, args.weights_fd, args.ring_fd, args.submit_efd, args.complete_efd, args.hidden_in_fd,
+                 args.hidden_out_fd}) {
+    if (fd >= 0) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
   }
   try {
     return inferd::worker::run(args);

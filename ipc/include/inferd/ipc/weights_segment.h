@@ -88,7 +88,8 @@ class WeightsSegment {
   // Copies the GGUF file at `path` into a new sealed memfd and attaches to it. The file is parsed
   // once to lay the segment out and the copy is parsed again (that is the GgufFile everyone uses), so
   // a file changed on disk during the copy is detected (kFailed "changed while loading").
-  // Errors: those of GgufFile::open (kNotFound, kCorrupt, ...), kFailed for memfd/mmap/IO failures.
+  // Errors: those of GgufFile::open (kNotFound, kCorrupt, ...), kOutOfRange when the copy is larger
+  // than the memory available (MemAvailable), kFailed for memfd/mmap/IO failures.
   static Result<std::shared_ptr<const WeightsSegment>> create(const std::string& path, const ProgressFn& progress);
 
   // Maps an existing segment read-only and validates it (kCorrupt naming what is wrong). Takes the fd.
