@@ -443,10 +443,12 @@ void Engine::Impl::run_pass(std::span<const BatchToken> batch, MatmulPath path, 
   // Rows [0, n) of one matmul, in chunks that threads claim as they go, so that a thread preempted by
   // another process (the daemon, a client) does not hold the others up at the next barrier. Every
   // thread makes the same sequence of calls, so call number `site` is the same matmul on all of them.
-  // Guided sizes: each claim takes 1/nth of what is left (at least 64 rows), so the first chunks are
-  // long streams and the last ones short enough to even out the threads. Every chunk start costs the
-  // decode GEMV a cold prefetch window: fixed chunks of n / (4 nth) rows measured 3% slower decode and
-  // prefill (1.1B Q4_0, 2 threads). Chunk boundaries are multiples of 64 rows: each row, and each SIMD
+  // Guided sizes: each claim takes 1/(2 nth) of what is left (at least 64 rows), so the first chunks
+  // are long streams and the last ones short enough to even out the threads. Every chunk start costs
+  // the decode GEMV a cold prefetch window: fixed chunks of n / (4 nth) rows measured 3% slower 1.1B
+  // Q4_0 decode in-process (2 threads). Claims of 1/nth (half the rows at once on 2 threads) were as
+  // fast in-process but left a thread preempted by the daemon or a client holding the pass up
+  // (SmolLM2 through the daemon 189 vs 197 tok/s); 1/(4 nth) was slower in-process (31.7 vs 33.2). Chunk boundaries are multiples of 64 rows: each row, and each SIMD
   // group of an element-wise op over rows, is computed exactly as with a static split (bit-identical).
   int site = 0;
   auto for_chunks = [&](int64_t n, auto&& fn) {
@@ -454,7 +456,7 @@ void Engine::Impl::run_pass(std::span<const BatchToken> batch, MatmulPath path, 
     std::atomic<int64_t>& next = chunk_counters[static_cast<size_t>(site++)].next;
     int64_t r0 = next.load(std::memory_order_relaxed);
     while (r0 < n) {
-      const int64_t chunk = std::max<int64_t>(64, round_up((n - r0 + nth - 1) / nth, 64));
+      const int64_t chunk = std::max<int64_t>(64, round_up((n - r0 + 2 * nth - 1) / (2 * nth), 64));
       if (next.compare_exchange_weak(r0, r0 + chunk, std::memory_order_relaxed)) {
         fn(r0, std::min(n, r0 + chunk));
         r0 = next.load(std::memory_order_relaxed);
