@@ -719,34 +719,40 @@ KernelTemplate quantize_q8_template(StorageType src, StorageType dst) {
   return k;
 }
 
-// w_int(): the integer quants of the 4 rows of block `blk` (so * blocks + b) at its slice l, as floats.
-std::string weight_int_loader(DType type) {
-  const std::string signature = std::string("inline void w_int(__global const ") + weight_pointer_type(type) +
-                                "* wq, int blk, int l, float4* r) {\n";
+// w_int() / w_int8(): the integer quants of the 4 rows of block `blk` (so * blocks + b) at its slice l,
+// as floats (IntDot::kFloat) or as char4 (kInt8): the signed values, or the codes of the types with a min.
+std::string weight_int_loader(DType type, IntDot form) {
+  const bool int8 = form == IntDot::kInt8;
+  const std::string vec = int8 ? "char4" : "float4";
+  const std::string signature = std::string("inline void ") + (int8 ? "w_int8" : "w_int") + "(__global const " +
+                                weight_pointer_type(type) + "* wq, int blk, int l, " + vec + "* r) {\n";
   switch (type) {
     case DType::kQ8_0:
     case DType::kQ5_0:  // the signed values
-    case DType::kQ5_1:  // the codes
-      return signature + R"(  const int base = (blk * 8 + l) * 4;
-  r[0] = convert_float4(wq[base]);
-  r[1] = convert_float4(wq[base + 1]);
-  r[2] = convert_float4(wq[base + 2]);
-  r[3] = convert_float4(wq[base + 3]);
-}
-)";
+    case DType::kQ5_1: {  // the codes
+      const std::string cvt = int8 ? "" : "convert_float4";  // stored as char4 already
+      std::string body = signature + "  const int base = (blk * 8 + l) * 4;\n";
+      for (int r = 0; r < 4; ++r) {
+        body += "  r[" + std::to_string(r) + "] = " + cvt + "(wq[base + " + std::to_string(r) + "]);\n";
+      }
+      return body + "}\n";
+    }
     case DType::kQ4_0:
     case DType::kQ4_1: {
-      const std::string offset = type == DType::kQ4_0 ? " - 8.0f" : "";
-      return signature + "  const ushort4 p = wq[blk * 8 + l];\n" + "  r[0] = inferd_nibbles(p.x)" + offset +
-             ";\n  r[1] = inferd_nibbles(p.y)" + offset + ";\n  r[2] = inferd_nibbles(p.z)" + offset +
-             ";\n  r[3] = inferd_nibbles(p.w)" + offset + ";\n}\n";
+      const std::string nibbles = int8 ? "inferd_nibbles_c" : "inferd_nibbles";
+      const std::string offset = type != DType::kQ4_0 ? "" : int8 ? " - (char4)(8)" : " - 8.0f";
+      std::string body = signature + "  const ushort4 p = wq[blk * 8 + l];\n";
+      const char* lanes[4] = {"x", "y", "z", "w"};
+      for (int r = 0; r < 4; ++r) {
+        body += "  r[" + std::to_string(r) + "] = " + nibbles + "(p." + lanes[r] + ")" + offset + ";\n";
+      }
+      return body + "}\n";
     }
     default: return "";
   }
 }
 
-// The int8 form of the block types' integer dots (IntDot::kInt8): w_int8() gives the 4 rows' values
-// (signed values, or the codes of the types with a min, as w_int() does) as char4, and
+// The int8 form of the block types' integer dots (IntDot::kInt8), with w_int8() (weight_int_loader):
 // inferd_idot() is cl_khr_integer_dot_product's dot(char4, char4) where the host saw the device
 // report 4x8-bit inputs (INFERD_NATIVE_IDOT, defined by the generator; the extension alone may offer
 // only the packed form), else the same sum in int arithmetic.
@@ -765,31 +771,6 @@ inline char4 inferd_nibbles_c(ushort v) {
   return convert_char4((uint4)(u & 15u, (u >> 4) & 15u, (u >> 8) & 15u, u >> 12));
 }
 )";
-
-std::string weight_int8_loader(DType type) {
-  const std::string signature = std::string("inline void w_int8(__global const ") + weight_pointer_type(type) +
-                                "* wq, int blk, int l, char4* r) {\n";
-  switch (type) {
-    case DType::kQ8_0:
-    case DType::kQ5_0:
-    case DType::kQ5_1:
-      return signature + R"(  const int base = (blk * 8 + l) * 4;
-  r[0] = wq[base];
-  r[1] = wq[base + 1];
-  r[2] = wq[base + 2];
-  r[3] = wq[base + 3];
-}
-)";
-    case DType::kQ4_0:
-    case DType::kQ4_1: {
-      const std::string offset = type == DType::kQ4_0 ? " - (char4)(8)" : "";
-      return signature + "  const ushort4 p = wq[blk * 8 + l];\n" + "  r[0] = inferd_nibbles_c(p.x)" + offset +
-             ";\n  r[1] = inferd_nibbles_c(p.y)" + offset + ";\n  r[2] = inferd_nibbles_c(p.z)" + offset +
-             ";\n  r[3] = inferd_nibbles_c(p.w)" + offset + ";\n}\n";
-    }
-    default: return "";
-  }
-}
 
 // The block types' slice dot, as the matmul bodies spell it: WVEC r[4]; W_SLICE(wq, blk, l, r);
 // XVEC xv = X_SLICE(quants); IDOT(r[i], xv) is the float of the integer dot.
@@ -832,9 +813,9 @@ KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_
     k.helpers += weight_loader(type);
   } else if (int_dot == IntDot::kInt8) {
     k.helpers += std::string(native_int_dot ? "#define INFERD_NATIVE_IDOT 1\n" : "") + kIntDotHelpers +
-                 weight_int8_loader(type) + int_dot_macros(int_dot);
+                 weight_int_loader(type, int_dot) + int_dot_macros(int_dot);
   } else {
-    k.helpers += weight_int_loader(type) + int_dot_macros(int_dot);
+    k.helpers += weight_int_loader(type, int_dot) + int_dot_macros(int_dot);
   }
   std::string body = R"(  const int so = get_global_id(0);
   const int t0 = get_global_id(1) * TT;
