@@ -139,7 +139,11 @@ TEST(WeightsSegment, RefusesAModelLargerThanTheAvailableMemory) {
   const int fd = ::mkstemps(path, 5);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(::write(fd, head.data(), head.size()), static_cast<ssize_t>(head.size()));
-  ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(head.size() + elements * 4)), 0);
+  if (::ftruncate(fd, static_cast<off_t>(head.size() + elements * 4)) != 0) {
+    ::close(fd);
+    ::unlink(path);
+    GTEST_SKIP() << "/tmp does not take a sparse file of " << (elements * 4 >> 20) << " MiB";
+  }
   ::close(fd);
   auto seg = WeightsSegment::create(path, nullptr);
   ::unlink(path);

@@ -122,9 +122,14 @@ class BadInputTest(harness.DaemonTestCase):
                 struct.pack("<IQIQ", 1, elements, 0, 0))
         head += b"\0" * (-len(head) % 32)
         path = os.path.join(self.daemon.dir, "larger-than-memory.gguf")
-        with open(path, "wb") as f:
-            f.write(head)
-            f.truncate(len(head) + 4 * elements)
+        try:
+            with open(path, "wb") as f:
+                f.write(head)
+                f.truncate(len(head) + 4 * elements)
+        except OSError as e:
+            if os.path.exists(path):
+                os.unlink(path)
+            self.skipTest(f"the file system does not take a sparse file of {4 * elements >> 20} MiB: {e}")
 
         async def body():
             conn = await self.connect()
