@@ -114,16 +114,6 @@ void pack_pairs(const GemmArgs& g, int64_t nb, int64_t npairs, PairBlock* out) {
   }
 }
 
-// Q4_1: s_a of every block and activation row, transposed to [block][token] for the summs pass.
-void pack_act_sums(const GemmArgs& g, int64_t nb, int64_t m_pad, float* out) {
-  const float* half = scalar::fp16_table();
-  for (int64_t t = 0; t < m_pad; ++t) {
-    const int64_t src_t = std::min(t, g.m - 1);
-    const auto* a = reinterpret_cast<const BlockQ8_1*>(g.act + static_cast<size_t>(src_t) * g.act_stride);
-    for (int64_t b = 0; b < nb; ++b) out[b * m_pad + t] = half[a[b].s];
-  }
-}
-
 // One tile's inputs and outputs. Row r of the tile is weight row w + r * w_row_bytes; pairs and
 // act_sums start at the tile's first activation pair / row.
 struct TileIo {
@@ -219,18 +209,14 @@ void gemm(const GemmArgs& g) {
   const int64_t m_pad = (g.m + 7) / 8 * 8;
   if constexpr (kType == DType::kQ4_1) {
     if (s.act_sums.size() < static_cast<size_t>(nb * m_pad)) s.act_sums.resize(static_cast<size_t>(nb * m_pad));
-    pack_act_sums(g, nb, m_pad, s.act_sums.data());
+    gemm_tiles::pack_act_sums(g, nb, m_pad, s.act_sums.data());
   }
   alignas(64) float summs[kRows][2 * kPairs];
   gemm_tiles::walk<kRows, kPairs>(g, npairs, [&](int64_t r, int nr, int64_t p0, int np, float (*res)[2 * kPairs]) {
     const TileIo io{g.w + static_cast<size_t>(r) * g.w_row_bytes, g.w_row_bytes, s.pairs.data() + p0 * nb, nb,
                     kType == DType::kQ4_1 ? s.act_sums.data() + 2 * p0 : nullptr, m_pad, res, summs};
     gemm_tiles::TileTable<TileOf<kType>, kRows, kPairs>::kTable[nr - 1][np - 1](io);
-    if constexpr (kType == DType::kQ4_1) {
-      for (int i = 0; i < nr; ++i) {
-        for (int t = 0; t < 2 * np; ++t) res[i][t] = res[i][t] + summs[i][t];
-      }
-    }
+    if constexpr (kType == DType::kQ4_1) gemm_tiles::add_min_terms(nr, 2 * np, summs, res);
   });
 }
 

@@ -1,6 +1,7 @@
-// gemm_tiles.h (private) — what the SIMD GEMMs (gemm_avx512.cpp, gemm_avx512_k.cpp, gemm_avx2.cpp) share:
-// ggml's 8-lane reduction, the table of register-tile functions, and the walk over row chunks and
-// activation pairs that calls a tile and stores its results. Included only by translation units compiled
+// gemm_tiles.h (private) — what the SIMD GEMMs (gemm_avx512.cpp, gemm_avx512_k.cpp, gemm_avx2.cpp,
+// gemm_avx2_k.cpp) share: ggml's 8-lane reduction, the table of register-tile functions, the walk over
+// row chunks and activation pairs that calls a tile and stores its results, and the Q4_1 min term of
+// the 32-element GEMMs. Included only by translation units compiled
 // for AVX2 or AVX-512 (it uses AVX intrinsics).
 #pragma once
 
@@ -12,7 +13,9 @@
 #include <cstdint>
 #include <utility>
 
+#include "inferd/kernels/dtype.h"
 #include "inferd/kernels/gemm.h"
+#include "isa_tables.h"
 
 // Internal linkage (see x86_common.h): the including translation units are compiled for different
 // instruction sets.
@@ -25,6 +28,25 @@ inline float reduce8(__m256 v) {
   r = _mm_add_ps(r, _mm_movehl_ps(r, r));
   r = _mm_add_ss(r, _mm_movehdup_ps(r));
   return _mm_cvtss_f32(r);
+}
+
+// Q4_1: s_a of every block and activation row, transposed to [block][token] (m_pad tokens per block,
+// the rows past g.m repeating the last) for the tiles' min-term step.
+inline void pack_act_sums(const GemmArgs& g, int64_t nb, int64_t m_pad, float* out) {
+  const float* half = scalar::fp16_table();
+  for (int64_t t = 0; t < m_pad; ++t) {
+    const int64_t src_t = std::min(t, g.m - 1);
+    const auto* a = reinterpret_cast<const BlockQ8_1*>(g.act + static_cast<size_t>(src_t) * g.act_stride);
+    for (int64_t b = 0; b < nb; ++b) out[b * m_pad + t] = half[a[b].s];
+  }
+}
+
+// Q4_1: res[i][t] = res[i][t] + summs[i][t], the min-term chain added last, as the dot kernels do.
+template <size_t kCols>
+inline void add_min_terms(int rows, int cols, const float (*summs)[kCols], float (*res)[kCols]) {
+  for (int i = 0; i < rows; ++i) {
+    for (int t = 0; t < cols; ++t) res[i][t] = res[i][t] + summs[i][t];
+  }
 }
 
 // table[R - 1][P - 1] = Tile::template fn<R, P>, for R in 1..kRows, P in 1..kPairs.
