@@ -497,16 +497,18 @@ KernelTemplate gather_template(StorageType src, StorageType dst) {
   return k;
 }
 
-KernelTemplate swiglu_halves_template(StorageType src, StorageType dst) {
+// silu(gate) * up over the halves of one gate|up tensor; `exact`: kernels::silu's operations
+// (kExactHelpers' inferd_silu4), else the float form.
+KernelTemplate swiglu_halves_template(StorageType src, StorageType dst, bool exact) {
   KernelTemplate k;
-  k.name = "swiglu_halves";
+  k.name = exact ? "swiglu_halves_exact" : "swiglu_halves";
   k.tensors = {{"gu", src, Access::kRead}, {"dst", dst, Access::kWrite}};
-  k.helpers = kFloatSilu;
-  k.body = R"(  const int t = get_global_id(0);
+  k.helpers = exact ? kExactHelpers : kFloatSilu;
+  k.body = std::string(R"(  const int t = get_global_id(0);
   const int s = get_global_id(1);
   const float4 g = $gu.Read(t, 0, s);
   const float4 u = $gu.Read(t, 0, s + $dst.Slices());
-  $dst.Write(inferd_silu(g) * u, t, 0, s);
+  $dst.Write()") + (exact ? "inferd_silu4" : "inferd_silu") + R"((g) * u, t, 0, s);
 )";
   return k;
 }
@@ -672,20 +674,6 @@ KernelTemplate rms_norm_exact_template(StorageType src, StorageType weight, Stor
   for (int s = lid; s < n_s; s += lsz) {
     $dst.Write($src.Read(x, y, s, b) * scale * $weight.Read(0, 0, s), x, y, s, b);
   }
-)";
-  return k;
-}
-
-KernelTemplate swiglu_halves_exact_template(StorageType src, StorageType dst) {
-  KernelTemplate k;
-  k.name = "swiglu_halves_exact";
-  k.tensors = {{"gu", src, Access::kRead}, {"dst", dst, Access::kWrite}};
-  k.helpers = kExactHelpers;
-  k.body = R"(  const int t = get_global_id(0);
-  const int s = get_global_id(1);
-  const float4 g = $gu.Read(t, 0, s);
-  const float4 u = $gu.Read(t, 0, s + $dst.Slices());
-  $dst.Write(inferd_silu4(g) * u, t, 0, s);
 )";
   return k;
 }
@@ -1841,15 +1829,18 @@ Status Ops::gather(const Tensor& src, cl_mem rows, Tensor& dst) {
   return launch(*k.value(), 2, global, nullptr);
 }
 
-Status Ops::swiglu_halves(const Tensor& gate_up, Tensor& dst) {
+Status Ops::swiglu_halves(const Tensor& gate_up, Tensor& dst) { return swiglu_halves_as(gate_up, dst, false); }
+
+Status Ops::swiglu_halves_as(const Tensor& gate_up, Tensor& dst, bool exact) {
+  const char* op = exact ? "swiglu_halves_exact" : "swiglu_halves";
   const Bhwc& s = gate_up.shape();
   const Bhwc& d = dst.shape();
   if (!is_token_rows(s) || !is_token_rows(d) || d.c % 4 != 0 || s.c != 2 * d.c || s.w != d.w) {
-    return make_error(Code::kInvalidArgument, "swiglu_halves: gate_up %s, dst %s", s.to_string().c_str(),
+    return make_error(Code::kInvalidArgument, "%s: gate_up %s, dst %s", op, s.to_string().c_str(),
                       d.to_string().c_str());
   }
-  auto k = kernel("swiglu_halves" + storage_key({&gate_up, &dst}),
-                  [&] { return swiglu_halves_template(gate_up.storage(), dst.storage()); });
+  auto k = kernel(op + storage_key({&gate_up, &dst}),
+                  [&] { return swiglu_halves_template(gate_up.storage(), dst.storage(), exact); });
   if (!k) return k.status();
   KernelArgs args(k.value()->kernel.get());
   args.tensor(gate_up).tensor(dst);
@@ -1969,20 +1960,7 @@ Status Ops::rms_norm_exact(const Tensor& x, const Tensor& weight, float eps, Ten
 
 Status Ops::swiglu_halves_exact(const Tensor& gate_up, Tensor& dst) {
   INFERD_RETURN_IF_ERROR(require_exact("swiglu_halves_exact"));
-  const Bhwc& s = gate_up.shape();
-  const Bhwc& d = dst.shape();
-  if (!is_token_rows(s) || !is_token_rows(d) || d.c % 4 != 0 || s.c != 2 * d.c || s.w != d.w) {
-    return make_error(Code::kInvalidArgument, "swiglu_halves_exact: gate_up %s, dst %s", s.to_string().c_str(),
-                      d.to_string().c_str());
-  }
-  auto k = kernel("swiglu_halves_exact" + storage_key({&gate_up, &dst}),
-                  [&] { return swiglu_halves_exact_template(gate_up.storage(), dst.storage()); });
-  if (!k) return k.status();
-  KernelArgs args(k.value()->kernel.get());
-  args.tensor(gate_up).tensor(dst);
-  INFERD_RETURN_IF_ERROR(args.status());
-  const size_t global[2] = {static_cast<size_t>(d.w), static_cast<size_t>(d.slices())};
-  return launch(*k.value(), 2, global, nullptr);
+  return swiglu_halves_as(gate_up, dst, true);
 }
 
 Status Ops::quantize_q8(const Tensor& x, Tensor& quants, cl_mem scales) {

@@ -331,6 +331,8 @@ class Ops {
   Status binary(const char* op, const char* expr, const char* helpers, const Tensor& a, const Tensor& b, Tensor& dst);
   // kUnimplemented naming `op` and the device when it cannot run the exact kernels.
   Status require_exact(const char* op) const;
+  // swiglu_halves() and swiglu_halves_exact(): one kernel template, the exact or the float SiLU.
+  Status swiglu_halves_as(const Tensor& gate_up, Tensor& dst, bool exact);
 
   Runtime& rt_;
   IntDot int_dot_ = IntDot::kFloat;
