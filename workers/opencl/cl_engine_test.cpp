@@ -653,6 +653,10 @@ class ClEngineSyntheticTest : public ::testing::Test {
     o.int_dot = int_dot;
     return ClEngine::create(std::move(model), std::move(rt).value(), o);
   }
+  // With the exact numerics the engine's logits, prefill and decode over kTinyTokens, equal the CPU
+  // engine's bit for bit, with each form of the integer dots (IntDot: float dot(), and
+  // cl_khr_integer_dot_product's, emulated on a device without it); describe() names the form.
+  void expect_exact_equals_cpu_engine(std::shared_ptr<const Model> model, const char* label);
 };
 
 // The first 9 tokens in one pass (prefill), the rest one by one (decode): every position's logits.
@@ -680,13 +684,7 @@ const TinyLayerTypes kMixedLayers[2] = {
     {DType::kQ4_1, DType::kQ4_1, DType::kQ4_1, DType::kQ4_1, DType::kQ4_1, DType::kQ4_1, DType::kQ4_1}};
 const std::vector<int32_t> kTinyTokens = {3, 17, 42, 0, 49, 8, 8, 23, 31, 5, 11, 2};
 
-// With the exact numerics the whole forward pass equals the CPU engine's, prefill and decode, bit
-// for bit: every exact op and both matmul groupings on one model.
-// Both forms of the integer dots (IntDot: float dot(), and cl_khr_integer_dot_product's, emulated on a
-// device without it) are checked.
-TEST_F(ClEngineSyntheticTest, Qwen2WithMixedTypesEqualsTheCpuEngine) {
-  auto model = tiny_model("qwen2", DType::kQ8_0, DType::kF16, kMixedLayers);
-  ASSERT_NE(model, nullptr);
+void ClEngineSyntheticTest::expect_exact_equals_cpu_engine(std::shared_ptr<const Model> model, const char* label) {
   EngineOptions co;
   co.n_ctx = 64;
   co.n_threads = 2;
@@ -704,11 +702,19 @@ TEST_F(ClEngineSyntheticTest, Qwen2WithMixedTypesEqualsTheCpuEngine) {
     ASSERT_EQ(got.size(), want.size());
     int differ = 0;
     for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
-    std::printf("[cl-engine] tiny qwen2, mixed types, exact numerics, %s dot: %d of %zu logits differ from the CPU "
-                "engine's (max |diff| %.2e)\n",
-                int_dot_name(mode), differ, got.size(), static_cast<double>(max_abs_diff(got, want)));
+    std::printf("[cl-engine] %s, exact numerics, %s dot: %d of %zu logits differ from the CPU engine's (max |diff| "
+                "%.2e)\n",
+                label, int_dot_name(mode), differ, got.size(), static_cast<double>(max_abs_diff(got, want)));
     EXPECT_EQ(differ, 0);
   }
+}
+
+// With the exact numerics the whole forward pass equals the CPU engine's, prefill and decode, bit
+// for bit: every exact op and both matmul groupings on one model, with both forms of the integer dots.
+TEST_F(ClEngineSyntheticTest, Qwen2WithMixedTypesEqualsTheCpuEngine) {
+  auto model = tiny_model("qwen2", DType::kQ8_0, DType::kF16, kMixedLayers);
+  ASSERT_NE(model, nullptr);
+  expect_exact_equals_cpu_engine(model, "tiny qwen2, mixed types");
 }
 
 // With the float numerics it equals the float reference up to float summation order.
@@ -738,26 +744,7 @@ TEST_F(ClEngineSyntheticTest, EveryWeightTypeEqualsTheCpuEngine) {
       {DType::kBF16, DType::kBF16, DType::kBF16, DType::kQ5_0, DType::kQ5_1, DType::kBF16, DType::kQ5_K}};
   auto model = tiny_model("llama", DType::kQ5_1, DType::kBF16, layers, /*n_ff=*/256);
   ASSERT_NE(model, nullptr);
-  EngineOptions co;
-  co.n_ctx = 64;
-  co.n_threads = 2;
-  auto cpu = Engine::create(model, co);
-  ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
-  const std::vector<float> want = prefill_then_decode(*cpu.value(), kTinyTokens);
-  for (IntDot mode : {IntDot::kFloat, IntDot::kInt8}) {
-    SCOPED_TRACE(int_dot_name(mode));
-    auto cl = make(model, 16, Numerics::kExact, mode);
-    ASSERT_TRUE(cl.is_ok()) << cl.status().to_string();
-    if (cl.value()->numerics() != Numerics::kExact) GTEST_SKIP() << cl.value()->describe();
-    const std::vector<float> got = prefill_then_decode(*cl.value(), kTinyTokens);
-    ASSERT_EQ(got.size(), want.size());
-    int differ = 0;
-    for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
-    std::printf("[cl-engine] tiny llama, Q5_0/Q5_1/BF16/Q4_K/Q5_K, exact numerics, %s dot: %d of %zu logits differ "
-                "from the CPU engine's (max |diff| %.2e)\n",
-                int_dot_name(mode), differ, got.size(), static_cast<double>(max_abs_diff(got, want)));
-    EXPECT_EQ(differ, 0);
-  }
+  expect_exact_equals_cpu_engine(model, "tiny llama, Q5_0/Q5_1/BF16/Q4_K/Q5_K");
 }
 
 // The same model with the float numerics: within float summation order of the float reference.
