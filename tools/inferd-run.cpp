@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (chat) {
-    auto formatted = chat_prompt(session->model->file(), system, prompt);
+    auto formatted = chat_prompt(session->loaded.model->file(), system, prompt);
     if (!formatted) {
       std::fprintf(stderr, "error: %s\n", formatted.status().message().c_str());
       return 2;

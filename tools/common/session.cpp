@@ -49,13 +49,12 @@ Result<Session> open_session(const std::string& path, WeightsSource source, cons
   auto loaded = open_model(path, source);
   if (!loaded) return loaded.status();
   s.loaded = std::move(loaded).value();
-  s.model = s.loaded.model;
   if (with_tokenizer) {
-    auto tok = Tokenizer::from_gguf(s.model->file());
+    auto tok = Tokenizer::from_gguf(s.loaded.model->file());
     if (!tok) return tok.status();
     s.tokenizer = std::move(tok).value();
   }
-  auto engine = Engine::create(s.model, options);
+  auto engine = Engine::create(s.loaded.model, options);
   if (!engine) return engine.status();
   s.engine = std::move(engine).value();
   return s;

@@ -35,7 +35,6 @@ Result<LoadedModel> open_model(const std::string& path, WeightsSource source);
 
 struct Session {
   LoadedModel loaded;
-  std::shared_ptr<const Model> model;    // loaded.model
   std::unique_ptr<Tokenizer> tokenizer;  // null unless requested
   std::unique_ptr<Engine> engine;
 };
