@@ -63,23 +63,7 @@ Scratch& scratch() {
   return s;
 }
 
-template <DType kType>
-struct Traits;
-template <>
-struct Traits<DType::kQ4_0> {
-  using WBlock = BlockQ4_0;
-  using ABlock = BlockQ8_0;
-};
-template <>
-struct Traits<DType::kQ4_1> {
-  using WBlock = BlockQ4_1;
-  using ABlock = BlockQ8_1;
-};
-template <>
-struct Traits<DType::kQ8_0> {
-  using WBlock = BlockQ8_0;
-  using ABlock = BlockQ8_0;
-};
+using gemm_tiles::Traits;
 
 template <DType kType>
 void pack_acts(const GemmArgs& g, int64_t nb, int64_t rows, ActBlock* out, float* scales) {

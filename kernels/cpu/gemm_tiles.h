@@ -30,6 +30,25 @@ inline float reduce8(__m256 v) {
   return _mm_cvtss_f32(r);
 }
 
+// The 32-element block GEMMs' weight block and activation block per weight type.
+template <DType kType>
+struct Traits;
+template <>
+struct Traits<DType::kQ4_0> {
+  using WBlock = BlockQ4_0;
+  using ABlock = BlockQ8_0;
+};
+template <>
+struct Traits<DType::kQ4_1> {
+  using WBlock = BlockQ4_1;
+  using ABlock = BlockQ8_1;
+};
+template <>
+struct Traits<DType::kQ8_0> {
+  using WBlock = BlockQ8_0;
+  using ABlock = BlockQ8_0;
+};
+
 // Q4_1: s_a of every block and activation row, transposed to [block][token] (m_pad tokens per block,
 // the rows past g.m repeating the last) for the tiles' min-term step.
 inline void pack_act_sums(const GemmArgs& g, int64_t nb, int64_t m_pad, float* out) {

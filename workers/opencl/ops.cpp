@@ -1700,13 +1700,20 @@ Status Ops::swiglu_exact(const Tensor& gate, const Tensor& up, Tensor& dst) {
 }
 
 Status Ops::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& dst) {
-  INFERD_RETURN_IF_ERROR(require_same_shape("rms_norm", x, dst));
+  return rms_norm_as(x, weight, eps, dst, false);
+}
+
+Status Ops::rms_norm_as(const Tensor& x, const Tensor& weight, float eps, Tensor& dst, bool exact) {
+  const char* op = exact ? "rms_norm_exact" : "rms_norm";
+  INFERD_RETURN_IF_ERROR(require_same_shape(op, x, dst));
   if (!(weight.shape() == Bhwc{1, 1, 1, x.shape().c})) {
-    return make_error(Code::kInvalidArgument, "rms_norm: weight %s for channels %d", weight.shape().to_string().c_str(),
+    return make_error(Code::kInvalidArgument, "%s: weight %s for channels %d", op, weight.shape().to_string().c_str(),
                       x.shape().c);
   }
-  auto k = kernel("rms_norm" + storage_key({&x, &weight, &dst}),
-                  [&] { return rms_norm_template(x.storage(), weight.storage(), dst.storage()); });
+  auto k = kernel(op + storage_key({&x, &weight, &dst}), [&] {
+    return exact ? rms_norm_exact_template(x.storage(), weight.storage(), dst.storage())
+                 : rms_norm_template(x.storage(), weight.storage(), dst.storage());
+  });
   if (!k) return k.status();
   const size_t lanes = group_size(*k.value());
   KernelArgs args(k.value()->kernel.get());
@@ -1940,22 +1947,7 @@ Status Ops::require_exact(const char* op) const {
 
 Status Ops::rms_norm_exact(const Tensor& x, const Tensor& weight, float eps, Tensor& dst) {
   INFERD_RETURN_IF_ERROR(require_exact("rms_norm_exact"));
-  INFERD_RETURN_IF_ERROR(require_same_shape("rms_norm_exact", x, dst));
-  if (!(weight.shape() == Bhwc{1, 1, 1, x.shape().c})) {
-    return make_error(Code::kInvalidArgument, "rms_norm_exact: weight %s for channels %d",
-                      weight.shape().to_string().c_str(), x.shape().c);
-  }
-  auto k = kernel("rms_norm_exact" + storage_key({&x, &weight, &dst}),
-                  [&] { return rms_norm_exact_template(x.storage(), weight.storage(), dst.storage()); });
-  if (!k) return k.status();
-  const size_t lanes = group_size(*k.value());
-  KernelArgs args(k.value()->kernel.get());
-  args.tensor(x).tensor(weight).tensor(dst).value(eps).local(lanes * sizeof(float));
-  INFERD_RETURN_IF_ERROR(args.status());
-  const Bhwc& s = x.shape();
-  const size_t global[2] = {lanes, static_cast<size_t>(s.b) * static_cast<size_t>(s.w) * static_cast<size_t>(s.h)};
-  const size_t local[2] = {lanes, 1};
-  return launch(*k.value(), 2, global, local);
+  return rms_norm_as(x, weight, eps, dst, true);
 }
 
 Status Ops::swiglu_halves_exact(const Tensor& gate_up, Tensor& dst) {

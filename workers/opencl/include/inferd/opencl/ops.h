@@ -331,7 +331,9 @@ class Ops {
   Status binary(const char* op, const char* expr, const char* helpers, const Tensor& a, const Tensor& b, Tensor& dst);
   // kUnimplemented naming `op` and the device when it cannot run the exact kernels.
   Status require_exact(const char* op) const;
-  // swiglu_halves() and swiglu_halves_exact(): one kernel template, the exact or the float SiLU.
+  // rms_norm() / rms_norm_exact() and swiglu_halves() / swiglu_halves_exact(): one launcher each, the
+  // exact or the float kernel.
+  Status rms_norm_as(const Tensor& x, const Tensor& weight, float eps, Tensor& dst, bool exact);
   Status swiglu_halves_as(const Tensor& gate_up, Tensor& dst, bool exact);
 
   Runtime& rt_;
