@@ -252,6 +252,7 @@ void to_rpc(const GenerateRequest& g, rpc::GenerateRequest::Builder b) {
   b.setAddSpecial(g.add_special);
   b.setParseSpecial(g.parse_special);
   b.setIgnoreEog(g.ignore_eog);
+  b.setStreamIntervalMs(g.stream_interval_ms);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ constexpr std::string_view kBackends[] = {"cpu", "cuda", "opencl"};
 
 enum class Key {
   kSocket, kWorker, kLogLevel, kThreads, kMaxRestarts, kRestartWindow,
-  kContext, kParallel, kMaxQueue, kAdminUids, kLoad,
+  kContext, kParallel, kMaxQueue, kStepsInFlight, kStreamInterval, kAdminUids, kLoad,
 };
 
 struct KeyInfo {
@@ -59,6 +59,13 @@ constexpr KeyInfo kKeys[] = {
     {"context", Key::kContext, "N", "tokens per sequence; 0 = min(training context, 4096) (default: 0)"},
     {"parallel", Key::kParallel, "N", "sequences in flight per model; >= 1 (default: 4)"},
     {"max-queue", Key::kMaxQueue, "N", "requests waiting for a slot before OVERLOADED; >= 1 (default: 64)"},
+    {"steps-in-flight", Key::kStepsInFlight, "N",
+     "steps queued per worker, 1-4; with 2 a worker starts each decode step\n"
+     "                         on the token it just sampled, without waiting for the daemon (default: 2)"},
+    {"stream-interval", Key::kStreamInterval, "MS",
+     "after a generation's first batch of tokens, at most one batch per MS\n"
+     "                         milliseconds unless the request says otherwise; 0 = each token as soon\n"
+     "                         as it is ready; at most 60000 (default: 20)"},
     {"admin-uids", Key::kAdminUids, "UID,...",
      "only these peer uids may use Admin (default: any peer that can open\n"
      "                         the socket)"},
@@ -257,15 +264,22 @@ Status apply(Key key, std::string_view value, const Origin& origin, DaemonConfig
     case Key::kMaxRestarts:
     case Key::kContext:
     case Key::kParallel:
-    case Key::kMaxQueue: {
-      const uint32_t min = (key == Key::kParallel || key == Key::kMaxQueue) ? 1 : 0;
-      Result<uint32_t> n = parse_u32(value, min, UINT32_MAX);
+    case Key::kMaxQueue:
+    case Key::kStepsInFlight:
+    case Key::kStreamInterval: {
+      const uint32_t min = (key == Key::kParallel || key == Key::kMaxQueue || key == Key::kStepsInFlight) ? 1 : 0;
+      const uint32_t max = key == Key::kStepsInFlight     ? kMaxStepsInFlight
+                           : key == Key::kStreamInterval ? kMaxStreamIntervalMs
+                                                         : UINT32_MAX;
+      Result<uint32_t> n = parse_u32(value, min, max);
       if (!n) return n.status();
       uint32_t& field = key == Key::kThreads       ? config.threads
                         : key == Key::kMaxRestarts ? config.max_restarts
                         : key == Key::kContext     ? config.default_context
                         : key == Key::kParallel    ? config.default_parallel
-                                                   : config.max_queue;
+                        : key == Key::kMaxQueue    ? config.max_queue
+                        : key == Key::kStepsInFlight ? config.steps_in_flight
+                                                     : config.stream_interval_ms;
       field = *n;
       return Status::ok();
     }

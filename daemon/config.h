@@ -20,6 +20,12 @@
 
 namespace inferd::daemon {
 
+// The most steps a worker may hold at once: the capacity of its rings (ipc/ring.h).
+inline constexpr uint32_t kMaxStepsInFlight = 4;
+
+// The longest stream interval a request or the configuration may ask for.
+inline constexpr uint32_t kMaxStreamIntervalMs = 60000;
+
 // The file read when no --config flag is given, if it exists.
 inline constexpr std::string_view kDefaultConfigPath = "/etc/inferd/inferd.conf";
 
@@ -48,6 +54,8 @@ struct DaemonConfig {
   uint32_t default_context = 0;      // 0: min(training context, 4096)
   uint32_t default_parallel = 4;     // >= 1
   uint32_t max_queue = 64;           // >= 1: requests waiting for a slot before OVERLOADED
+  uint32_t steps_in_flight = 2;      // 1..kMaxStepsInFlight: steps queued per worker (supervisor.cpp)
+  uint32_t stream_interval_ms = 20;  // 0..kMaxStreamIntervalMs: a request's default streamIntervalMs
   std::vector<uint32_t> admin_uids;  // empty: any peer that can open the socket may use Admin
   std::vector<ModelToLoad> load;     // models loaded at start, in order
 

@@ -36,6 +36,7 @@ struct GenerateParams {
   bool add_special = true;
   bool parse_special = true;
   bool ignore_eog = false;
+  int32_t stream_interval_ms = -1;  // -1: the daemon's stream-interval; else 0..kMaxStreamIntervalMs
 };
 
 enum class FinishReason { kEndOfGeneration, kMaxTokens, kStop, kContextFull };
@@ -64,7 +65,7 @@ class GenerationStream {
       std::lock_guard<std::mutex> lock(mu_);
       pending_.tokens.insert(pending_.tokens.end(), tokens.begin(), tokens.end());
       pending_.text += text;
-      waiter = kj::mv(waiter_);
+      if (!waiter_end_only_) waiter = kj::mv(waiter_);
     }
     if (waiter.get() != nullptr) waiter->fulfill();
   }
@@ -80,12 +81,14 @@ class GenerationStream {
   }
   bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
 
-  // RPC thread. ready() resolves when take() has tokens, text or the end.
-  kj::Promise<void> ready() {
+  // RPC thread. ready() resolves when take() has tokens, text or the end; ready(true) only when it has
+  // the end (tokens alone do not wake the RPC thread then). One of them is awaited at a time.
+  kj::Promise<void> ready(bool end_only = false) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (has_data()) return kj::READY_NOW;
+    if (end_only ? pending_.end.has_value() : has_data()) return kj::READY_NOW;
     auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
     waiter_ = kj::mv(paf.fulfiller);
+    waiter_end_only_ = end_only;
     return kj::mv(paf.promise);
   }
   Batch take() {
@@ -102,6 +105,7 @@ class GenerationStream {
   std::mutex mu_;
   Batch pending_;
   kj::Own<kj::CrossThreadPromiseFulfiller<void>> waiter_;
+  bool waiter_end_only_ = false;
   std::atomic<bool> cancelled_{false};
 };
 

@@ -143,6 +143,12 @@ Result<GenerateParams> to_params(rpc::GenerateRequest::Reader r) {
   p.add_special = r.getAddSpecial();
   p.parse_special = r.getParseSpecial();
   p.ignore_eog = r.getIgnoreEog();
+  p.stream_interval_ms = r.getStreamIntervalMs();
+  if (p.stream_interval_ms < -1 || p.stream_interval_ms > static_cast<int32_t>(kMaxStreamIntervalMs)) {
+    return Status(Code::kInvalidArgument, "streamIntervalMs is " + std::to_string(p.stream_interval_ms) +
+                                              " (expected -1 for the daemon's default, or 0.." +
+                                              std::to_string(kMaxStreamIntervalMs) + ")");
+  }
   return p;
 }
 
@@ -306,7 +312,7 @@ class AdminImpl final : public rpc::Admin::Server {
 
 class InferenceImpl final : public rpc::Inference::Server {
  public:
-  explicit InferenceImpl(Supervisor& sup) : sup_(sup) {}
+  InferenceImpl(Supervisor& sup, kj::Timer& timer) : sup_(sup), timer_(timer) {}
 
   kj::Promise<void> list(ListContext context) override { return list_models(sup_, context); }
 
@@ -344,6 +350,8 @@ class InferenceImpl final : public rpc::Inference::Server {
     Supervisor& sup = sup_;
     daemon::GenerateParams gp = std::move(params).value();
     std::string model = gp.model;
+    const uint32_t interval_ms = gp.stream_interval_ms >= 0 ? static_cast<uint32_t>(gp.stream_interval_ms)
+                                                            : sup_.config().stream_interval_ms;
     auto submitted = on_supervisor<Status>(sup_, [&sup, gp, stream]() mutable { return sup.generate(std::move(gp), stream); });
     // Dropping this promise (the client cancelled or disconnected) stops the sequence at its next step.
     auto cancel = kj::defer([&sup, stream, model] {
@@ -351,17 +359,23 @@ class InferenceImpl final : public rpc::Inference::Server {
       sup.post([&sup, model] { sup.kick(model); });
     });
     return submitted
-        .then([stream, sink, context](Status s) mutable -> kj::Promise<void> {
+        .then([this, stream, sink, context, interval_ms](Status s) mutable -> kj::Promise<void> {
           if (!s) return to_exception(s);
-          return pump(stream, sink, context);
+          return pump(stream, sink, context, timer_, interval_ms, true);
         })
         .attach(kj::mv(cancel));
   }
 
  private:
+  // Sends the stream's batches in order: the first as soon as it is ready, then at most one per
+  // `interval_ms` (the end of the stream cuts a wait short).
   static kj::Promise<void> pump(std::shared_ptr<GenerationStream> stream, rpc::TokenSink::Client sink,
-                                GenerateContext context) {
-    return stream->ready().then([stream, sink, context]() mutable -> kj::Promise<void> {
+                                GenerateContext context, kj::Timer& timer, uint32_t interval_ms, bool first) {
+    kj::Promise<void> pace = kj::READY_NOW;
+    if (!first && interval_ms > 0) {
+      pace = timer.afterDelay(interval_ms * kj::MILLISECONDS).exclusiveJoin(stream->ready(/*end_only=*/true));
+    }
+    return pace.then([stream] { return stream->ready(); }).then([stream, sink, context, &timer, interval_ms]() mutable -> kj::Promise<void> {
       GenerationStream::Batch batch = stream->take();
       kj::Promise<void> sent = kj::READY_NOW;
       if (!batch.tokens.empty() || !batch.text.empty()) {
@@ -373,7 +387,9 @@ class InferenceImpl final : public rpc::Inference::Server {
         sent = req.send();
       }
       if (!batch.end) {
-        return sent.then([stream, sink, context]() mutable { return pump(stream, sink, context); });
+        return sent.then([stream, sink, context, &timer, interval_ms]() mutable {
+          return pump(stream, sink, context, timer, interval_ms, false);
+        });
       }
       // The barrier: every batch has been handled by the client before generate returns.
       auto flushed = sent.then([sink]() mutable {
@@ -397,11 +413,12 @@ class InferenceImpl final : public rpc::Inference::Server {
   }
 
   Supervisor& sup_;
+  kj::Timer& timer_;
 };
 
 class DaemonImpl final : public rpc::Daemon::Server {
  public:
-  DaemonImpl(Supervisor& sup, Peer peer) : sup_(sup), peer_(peer) {}
+  DaemonImpl(Supervisor& sup, Peer peer, kj::Timer& timer) : sup_(sup), peer_(peer), timer_(timer) {}
 
   kj::Promise<void> hello(HelloContext context) override {
     auto p = context.getParams();
@@ -419,7 +436,7 @@ class DaemonImpl final : public rpc::Daemon::Server {
   }
 
   kj::Promise<void> inference(InferenceContext context) override {
-    context.getResults().setInference(kj::heap<InferenceImpl>(sup_));
+    context.getResults().setInference(kj::heap<InferenceImpl>(sup_, timer_));
     return kj::READY_NOW;
   }
 
@@ -440,6 +457,7 @@ class DaemonImpl final : public rpc::Daemon::Server {
  private:
   Supervisor& sup_;
   Peer peer_;
+  kj::Timer& timer_;
 };
 
 struct Connection {
@@ -463,11 +481,12 @@ class TaskLogger final : public kj::TaskSet::ErrorHandler {
 
 struct RpcServer::Impl {
   Supervisor& sup;
+  kj::Timer& timer;
   kj::Own<kj::ConnectionReceiver> listener;
   TaskLogger logger;
   kj::TaskSet tasks{logger};
 
-  Impl(Supervisor& s, kj::Own<kj::ConnectionReceiver> l) : sup(s), listener(kj::mv(l)) {}
+  Impl(Supervisor& s, kj::Timer& t, kj::Own<kj::ConnectionReceiver> l) : sup(s), timer(t), listener(kj::mv(l)) {}
 
   kj::Promise<void> accept_loop() {
     return listener->accept().then([this](kj::Own<kj::AsyncIoStream> stream) {
@@ -482,7 +501,7 @@ struct RpcServer::Impl {
       spdlog::info("connection from pid {} uid {} gid {}", peer.pid, peer.uid, peer.gid);
       Supervisor& s = sup;
       sup.post([&s] { s.connection_opened(); });
-      auto conn = kj::heap<Connection>(kj::mv(stream), kj::heap<DaemonImpl>(sup, peer));
+      auto conn = kj::heap<Connection>(kj::mv(stream), kj::heap<DaemonImpl>(sup, peer, timer));
       auto done = conn->network.onDisconnect();
       tasks.add(done.attach(kj::mv(conn), kj::defer([&s] { s.post([&s] { s.connection_closed(); }); })));
       return accept_loop();
@@ -490,8 +509,8 @@ struct RpcServer::Impl {
   }
 };
 
-RpcServer::RpcServer(Supervisor& supervisor, kj::AsyncIoProvider&, kj::LowLevelAsyncIoProvider& low, int listen_fd)
-    : impl_(std::make_unique<Impl>(supervisor,
+RpcServer::RpcServer(Supervisor& supervisor, kj::AsyncIoProvider& io, kj::LowLevelAsyncIoProvider& low, int listen_fd)
+    : impl_(std::make_unique<Impl>(supervisor, io.getTimer(),
                                    low.wrapListenSocketFd(listen_fd, kj::LowLevelAsyncIoProvider::TAKE_OWNERSHIP))) {}
 
 RpcServer::~RpcServer() = default;

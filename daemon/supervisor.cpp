@@ -71,9 +71,14 @@ bool valid_id(const std::string& id) {
 // ------------------------------------------------------------------------------------------------
 // ModelHost: one loaded model — its weights, tokenizer, scheduler and worker.
 //
-// Scheduling (continuous batching): at most one step is in flight per worker. A step holds one token
-// for every sequence that is decoding, then prompt chunks of the sequences still prefilling, up to
-// batch_tokens; queued requests are admitted into free slots between steps. After a worker dies,
+// Scheduling (continuous batching): a step holds one token for every sequence that is decoding, then
+// prompt chunks of the sequences still prefilling, up to batch_tokens; queued requests are admitted
+// into free slots between steps. A single worker is kept `steps-in-flight` steps ahead (default 2):
+// the step after a decode step is queued before that step's token is known, naming its input
+// ipc::kTokenSampled, so the worker never waits for the supervisor between tokens. Such a step is
+// only queued for a sequence that will go on unless the pending token ends it (end of generation, a
+// stop string); if it does, what the step computed for it is dropped. Pipeline stages run one step at
+// a time. After a worker dies,
 // every sequence it held is replayed on the restarted worker from position 0 (prompt + the tokens
 // already streamed), with its sampler resumed at the same draw, so the client's stream goes on with
 // neither duplicated nor missing tokens. A request replayed more than kMaxReplays times fails.
@@ -88,12 +93,16 @@ struct Sequence {
   bool ignore_eog = false;
   TextOutput text;
   int32_t slot = -1;
-  size_t fed = 0;  // tokens of history in the worker's KV cache
+  size_t fed = 0;        // tokens of history in the worker's KV cache
+  size_t in_flight = 0;  // positions after `fed` in steps not completed yet (the last ones may be
+                         // tokens still being sampled)
+  uint32_t pending = 0;  // tokens asked of in-flight steps and not received yet
   uint32_t replays = 0;
   Clock::time_point t_arrival, t_admitted, t_first, t_last;
   bool has_first = false;
 
   uint32_t n_generated() const { return static_cast<uint32_t>(history.size()) - n_prompt; }
+  size_t sent() const { return fed + in_flight; }
 };
 
 class ModelHost {
@@ -104,7 +113,7 @@ class ModelHost {
     std::string backend;  // "cpu", "opencl:1", ...: LoadSpec::stage_backends[index], else LoadSpec::backend
     std::shared_ptr<WorkerProcess> worker;
     WorkerReady ready_info;
-    uint64_t in_flight = 0;  // id of the step this worker was given and has not answered
+    std::deque<uint64_t> in_flight;  // ids of the steps this worker was given and has not answered
     bool ever_ready = false;
     std::optional<Clock::time_point> crashed_at;
     std::deque<Clock::time_point> crashes;
@@ -236,14 +245,29 @@ class ModelHost {
     return Status::ok();
   }
 
-  // Starts the next step if every stage is ready and idle.
+  // Queues steps until every worker has its share in flight (see "Scheduling" above).
   void schedule() {
-    if (step_ || state_ == ModelState::kFailed || shutting_down_) return;
+    while (schedule_one()) {
+    }
+  }
+
+  // Steps a worker holds at once: one per pipeline stage, else the configured number.
+  size_t depth() const { return stages_.size() == 1 ? sup_.config().steps_in_flight : 1; }
+
+  // Whether a sequence goes on after its pending tokens, unless one of them ends it by its value.
+  bool continues_after_pending(const Sequence& s) const {
+    return (s.max_tokens == 0 || s.n_generated() + s.pending < s.max_tokens) && s.history.size() + s.pending < n_ctx_;
+  }
+
+  // Builds and submits one step; false when none can start now.
+  bool schedule_one() {
+    if (state_ == ModelState::kFailed || shutting_down_ || steps_.size() >= depth()) return false;
     for (const Stage& st : stages_) {
-      if (!st.worker || !st.worker->ready() || st.in_flight != 0) return;
+      if (!st.worker || !st.worker->ready() || st.in_flight.size() >= depth()) return false;
     }
     const auto now = Clock::now();
-    // Cancelled sequences leave at a step boundary; their slots are free for this very step.
+    // Cancelled sequences leave at a step boundary; their slots are free for this very step (a step
+    // still in flight may write into such a slot: a sequence admitted now starts it afresh after).
     for (auto it = active_.begin(); it != active_.end();) {
       if (it->second->stream->cancelled()) {
         Sequence& s = *it->second;
@@ -265,25 +289,37 @@ class ModelHost {
       slots_[slot] = seq->id;
       active_.emplace(seq->id, std::move(seq));
     }
-    if (active_.empty()) return;
+    if (active_.empty()) return false;
 
     ipc::Submission* sub = submission_.get();
     Step step;
-    step.id = ++next_step_id_;
+    step.id = next_step_id_ + 1;
     sub->id = step.id;
     sub->n_seqs = 0;
     sub->n_tokens = 0;
     uint32_t budget = spec_.batch_tokens;
+    // Positions of a sequence not sent to the worker yet; the last `pending` are being sampled.
+    auto unsent = [](const Sequence& s) { return s.history.size() + s.pending - s.sent(); };
     auto add = [&](Sequence& s) {
-      size_t pending = s.history.size() - s.fed;
-      uint32_t chunk = static_cast<uint32_t>(std::min<size_t>(pending, budget));
+      const size_t sent = s.sent();
+      uint32_t chunk = 0;
+      bool want = false, sampled = false;
+      if (sent < s.history.size()) {  // known tokens: a prompt chunk, or a decode step
+        INFERD_ASSERT(s.pending == 0);
+        chunk = static_cast<uint32_t>(std::min<size_t>(s.history.size() - sent, budget));
+        want = sent + chunk == s.history.size();
+      } else {  // the token the worker is sampling for it now: queue the step after, ahead
+        INFERD_ASSERT(s.pending > 0 && sent + 1 == s.history.size() + s.pending);
+        if (!continues_after_pending(s)) return;
+        chunk = 1;
+        want = sampled = true;
+      }
       if (chunk == 0) return;
-      bool want = s.fed + chunk == s.history.size();
       ipc::StepSeq& e = sub->seqs[sub->n_seqs];
       e = {};
       e.slot = static_cast<uint32_t>(s.slot);
       e.flags = want ? ipc::kSeqWantToken : 0;
-      e.n_sampled = s.n_generated();
+      e.n_sampled = s.n_generated() + s.pending;
       e.seed = s.sampling.seed;
       e.temperature = s.sampling.temperature;
       e.top_p = s.sampling.top_p;
@@ -295,39 +331,44 @@ class ModelHost {
       e.repeat_last_n = s.sampling.repeat_last_n;
       for (uint32_t i = 0; i < chunk; ++i) {
         ipc::StepToken& t = sub->tokens[sub->n_tokens++];
-        t.token = s.history[s.fed + i];
-        t.pos = static_cast<int32_t>(s.fed + i);
+        t.token = sampled ? ipc::kTokenSampled : s.history[sent + i];
+        t.pos = static_cast<int32_t>(sent + i);
         t.seq = sub->n_seqs;
       }
       step.entries.push_back({s.id, chunk, want});
+      s.in_flight += chunk;
+      if (want) ++s.pending;
       ++sub->n_seqs;
       budget -= chunk;
     };
     // Decoding sequences first (one token each), then prompt chunks in admission order.
     for (auto& [id, s] : active_) {
-      if (s->history.size() - s->fed == 1) add(*s);
+      if (unsent(*s) == 1) add(*s);
     }
     for (auto& [id, s] : active_) {
       if (budget == 0) break;
-      if (s->history.size() - s->fed > 1) add(*s);
+      if (unsent(*s) > 1) add(*s);
     }
-    if (sub->n_tokens == 0) return;
+    if (sub->n_tokens == 0) return false;
+    next_step_id_ = step.id;
+    step.n_tokens = sub->n_tokens;
     step.submitted = now;
-    step_ = std::move(step);
+    steps_.push_back(std::move(step));
     submit_to(stages_.front());
+    return true;
   }
 
   // Copies the current step into a stage's ring and wakes its worker; arms the hang detector.
   void submit_to(Stage& st) {
     const ipc::Submission& src = *submission_;
     ipc::Submission* dst = st.worker->ring().submission_slot();
-    INFERD_ASSERT(dst != nullptr);  // one step in flight per worker, ring capacity >= 2
+    INFERD_ASSERT(dst != nullptr);  // at most depth() steps in flight, depth() <= the ring's capacity
     dst->id = src.id;
     dst->n_seqs = src.n_seqs;
     dst->n_tokens = src.n_tokens;
     std::memcpy(dst->seqs, src.seqs, sizeof(ipc::StepSeq) * src.n_seqs);
     std::memcpy(dst->tokens, src.tokens, sizeof(ipc::StepToken) * src.n_tokens);
-    st.in_flight = src.id;
+    st.in_flight.push_back(src.id);
     st.worker->ring().publish_submission();
     st.worker->notify_submission();
     if (!step_timer_) step_timer_ = std::make_unique<asio::steady_timer>(sup_.io());
@@ -336,7 +377,7 @@ class ModelHost {
     const uint64_t step_id = src.id;
     step_timer_->async_wait([this, weak, step_id](std::error_code ec) {
       auto w = weak.lock();
-      if (ec || !w || !step_ || step_->id != step_id) return;
+      if (ec || !w || steps_.empty() || steps_.front().id > step_id) return;  // it has moved on since
       spdlog::error("model {}: worker {} has not finished step {} in {} s; killing it", spec_.id, w->pid(), step_id,
                     std::chrono::duration_cast<std::chrono::seconds>(kStepTimeout).count());
       w->kill();
@@ -347,25 +388,25 @@ class ModelHost {
     if (!st.worker) return;
     const ipc::RingSegment& ring = st.worker->ring();
     while (const ipc::Completion* c = ring.next_completion()) {
-      if (c->id != st.in_flight) {
+      if (st.in_flight.empty() || c->id != st.in_flight.front()) {
         spdlog::error("model {}: worker {} answered step {} (it was given {}); killing it", spec_.id, st.worker->pid(),
-                      c->id, st.in_flight);
+                      c->id, st.in_flight.empty() ? 0 : st.in_flight.front());
         st.worker->kill();  // a worker that answers steps it was not given is broken
         return;
       }
-      st.in_flight = 0;
+      st.in_flight.pop_front();
       ++st.steps;
       step_compute_ns_ += c->compute_ns;
-      if (!step_ || step_->id != c->id) {  // the step was abandoned when another stage died
+      if (steps_.empty() || steps_.front().id != c->id) {  // the step was abandoned when another stage died
         ring.release_completion();
         continue;
       }
-      st.tokens += submission_->n_tokens;
+      st.tokens += steps_.front().n_tokens;
       if (c->status != 0) {
         std::string why(c->error, strnlen(c->error, sizeof(c->error)));
         ring.release_completion();
-        Step step = std::move(*step_);
-        step_.reset();
+        Step step = std::move(steps_.front());
+        steps_.pop_front();
         spdlog::error("model {}: step {} failed on worker {}: {}", spec_.id, step.id, st.index, why);
         for (const auto& e : step.entries) fail_sequence(e.seq, Status(Code::kFailed, "the worker failed: " + why));
         continue;
@@ -381,8 +422,8 @@ class ModelHost {
         submit_to(stages_[st.index + 1]);
         continue;
       }
-      Step step = std::move(*step_);
-      step_.reset();
+      Step step = std::move(steps_.front());
+      steps_.pop_front();
       std::vector<int32_t> tokens(step.entries.size(), -1);
       bool bad = c->n_outputs > step.entries.size();
       for (uint32_t i = 0; !bad && i < c->n_outputs; ++i) {
@@ -401,9 +442,12 @@ class ModelHost {
         st.worker->kill();
         return;
       }
-      ++steps_;
+      ++steps_done_;
       const auto now = Clock::now();
-      step_wall_ns_ += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now - step.submitted).count());
+      // The worker's time on this step: from when it could start it (submitted, or the step before done).
+      const auto began = std::max(step.submitted, last_completion_);
+      last_completion_ = now;
+      step_wall_ns_ += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now - began).count());
       ++timed_steps_;
       uint32_t decoded = 0;
       for (size_t i = 0; i < step.entries.size(); ++i) {
@@ -411,8 +455,10 @@ class ModelHost {
         if (it == active_.end()) continue;  // cancelled or failed meanwhile
         Sequence& s = *it->second;
         s.fed += step.entries[i].chunk;
+        s.in_flight -= step.entries[i].chunk;
         tokens_processed_ += step.entries[i].chunk;
         if (step.entries[i].want) {
+          --s.pending;
           ++decoded;
           accept_token(s, tokens[i], now);
         }
@@ -514,7 +560,7 @@ class ModelHost {
     ev.on_ready = [this, index](const WorkerReady& r) { on_ready(stages_[index], r); };
     ev.on_completion = [this, index] { on_completion(stages_[index]); };
     ev.on_exit = [this, index](std::string why) { on_exit(stages_[index], std::move(why)); };
-    st.in_flight = 0;
+    st.in_flight.clear();
     auto w = WorkerProcess::spawn(sup_.io(), ws, std::move(ev));
     if (!w) {
       spdlog::error("model {}: cannot start worker {}: {}", spec_.id, st.index, w.status().to_string());
@@ -554,7 +600,7 @@ class ModelHost {
     auto dead = st.worker;
     asio::post(sup_.io(), [dead] {});
     st.worker.reset();
-    st.in_flight = 0;
+    st.in_flight.clear();
     if (shutting_down_) {
       spdlog::info("model {}: worker {} (pid {}) {}", spec_.id, st.index, dead->pid(), why);
       if (on_stopped_ && std::none_of(stages_.begin(), stages_.end(), [](const Stage& s) { return s.worker != nullptr; })) {
@@ -567,7 +613,7 @@ class ModelHost {
       return;
     }
     spdlog::error("model {}: worker {} (pid {}) {}", spec_.id, st.index, dead->pid(), why);
-    step_.reset();  // whatever step was running is abandoned; the other stages' answers to it are dropped
+    steps_.clear();  // whatever steps were running are abandoned; the other stages' answers are dropped
     if (first_ready_ || !st.ever_ready) {  // it never became ready: the load fails
       state_ = ModelState::kFailed;
       failure_ = "worker could not start: " + why;
@@ -590,7 +636,8 @@ class ModelHost {
     // Every sequence is replayed from position 0 on every stage (the restarted worker's cache is empty).
     std::vector<uint64_t> give_up;
     for (auto& [id, s] : active_) {
-      s->fed = 0;
+      s->fed = s->in_flight = 0;
+      s->pending = 0;
       if (++s->replays > kMaxReplays) give_up.push_back(id);
     }
     for (uint64_t id : give_up) {
@@ -736,6 +783,7 @@ class ModelHost {
   struct Step {
     uint64_t id = 0;
     std::vector<StepEntry> entries;  // in the submission's seq order
+    uint32_t n_tokens = 0;
     Clock::time_point submitted;
   };
 
@@ -755,7 +803,7 @@ class ModelHost {
 
   std::vector<Stage> stages_;  // pipeline order; sized once in attach() (handlers index into it)
   std::vector<std::unique_ptr<ipc::HiddenExchange>> exchanges_;  // between stage i and i + 1
-  std::unique_ptr<ipc::Submission> submission_;                  // the step in flight, as sent to each stage
+  std::unique_ptr<ipc::Submission> submission_;  // the newest step, as sent to each stage
   std::function<void(Status)> first_ready_;
   std::function<void()> on_stopped_;
   std::unique_ptr<asio::steady_timer> kill_timer_;
@@ -765,9 +813,10 @@ class ModelHost {
   std::deque<std::unique_ptr<Sequence>> queue_;
   std::map<uint64_t, std::unique_ptr<Sequence>> active_;
   std::vector<uint64_t> slots_;  // sequence id per KV slot, 0 = free
-  std::optional<Step> step_;
+  std::deque<Step> steps_;  // in flight, oldest first; at most depth()
   uint64_t next_seq_id_ = 0, next_step_id_ = 0;
-  uint64_t steps_ = 0, tokens_processed_ = 0;
+  uint64_t steps_done_ = 0, tokens_processed_ = 0;
+  Clock::time_point last_completion_;
   uint64_t step_compute_ns_ = 0, step_wall_ns_ = 0, timed_steps_ = 0;  // for the IPC overhead figure
   uint64_t requests_done_ = 0, requests_failed_ = 0, prompt_tokens_ = 0, generated_tokens_ = 0, replays_ = 0;
   std::deque<std::pair<Clock::time_point, uint32_t>> rate_;

@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "config.h"
 #include "inferd/ipc/frame.h"
 #include "inferd/schemas/worker.capnp.h"
 
@@ -48,7 +49,7 @@ WorkerProcess::WorkerProcess(asio::io_context& io, WorkerSpec spec, Events event
 Result<std::shared_ptr<WorkerProcess>> WorkerProcess::spawn(asio::io_context& io, const WorkerSpec& spec,
                                                             Events events) {
   std::shared_ptr<WorkerProcess> w(new WorkerProcess(io, spec, std::move(events)));
-  auto ring = ipc::RingSegment::create();
+  auto ring = ipc::RingSegment::create(kMaxStepsInFlight, kMaxStepsInFlight);
   if (!ring) return ring.status();
   w->ring_ = std::move(ring).value();
 

@@ -190,6 +190,10 @@ struct GenerateRequest {
   addSpecial @7 :Bool = true;          # prepend BOS if the model wants it (prompt/messages only)
   parseSpecial @8 :Bool = true;        # "<|im_start|>" etc. in the text become special tokens
   ignoreEog @9 :Bool = false;          # keep going past end-of-generation tokens
+  streamIntervalMs @10 :Int32 = -1;    # after the first batch, at most one batch per this many ms (the
+                                       # last is never held back): fewer wake-ups for the client and the
+                                       # daemon, so more CPU for the model; 0: each batch as soon as it is
+                                       # ready; -1: the daemon's stream-interval (20 unless configured)
 }
 
 struct TokenBatch {

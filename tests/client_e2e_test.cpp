@@ -149,6 +149,35 @@ TEST_F(DaemonFixture, LoadGenerateStatusUnloadEqualsTheInProcessEngine) {
   bad = req;
   bad.sampling.top_p = 1.5f;
   EXPECT_THROW(client.generate(bad, [](const TokenBatch&) { return true; }), Error);
+  for (int32_t interval : {-2, 60001}) {
+    bad = req;
+    bad.stream_interval_ms = interval;
+    try {
+      client.generate(bad, [](const TokenBatch&) { return true; });
+      ADD_FAILURE() << "streamIntervalMs " << interval << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kFailed);
+      EXPECT_NE(std::string(e.what()).find("streamIntervalMs"), std::string::npos) << e.what();
+    }
+  }
+
+  // Stream pacing: with a 60 s interval the first batch comes at once and every other token with the
+  // end, which cuts the wait short; the tokens are those of the unpaced stream.
+  GenerateRequest paced = req;
+  paced.stream_interval_ms = 60000;
+  std::vector<size_t> batch_sizes;
+  std::vector<int32_t> paced_tokens;
+  const auto t0 = std::chrono::steady_clock::now();
+  GenerateResult pr = client.generate(paced, [&](const TokenBatch& b) {
+    batch_sizes.push_back(b.tokens.size());
+    paced_tokens.insert(paced_tokens.end(), b.tokens.begin(), b.tokens.end());
+    return true;
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60)) << "the last batch was held back";
+  EXPECT_EQ(pr.generated_tokens, 16u);
+  EXPECT_EQ(paced_tokens, got);
+  ASSERT_EQ(batch_sizes.size(), 2u) << "expected the first batch, then the rest with the end";
+  EXPECT_GE(batch_sizes[0], 1u);
 
   // Cancelling from the callback frees the slot.
   GenerateRequest longer = req;

@@ -725,6 +725,9 @@ int cmd_generate(const Context& ctx) {
   req.max_tokens = a.u32("--max-tokens", req.max_tokens);
   req.stop = a.all("--stop");
   req.ignore_eog = a.has("--ignore-eog");
+  if (a.has("--stream-interval")) {
+    req.stream_interval_ms = static_cast<int32_t>(std::min<uint32_t>(a.u32("--stream-interval", 0), INT32_MAX));
+  }
   std::string prompt;
   if (auto p = a.get("--prompt")) {
     prompt = *p;
@@ -1001,6 +1004,7 @@ std::vector<Command> commands() {
                                  {{"-n", "--max-tokens"}, "N", "most tokens to generate; 0 = no limit (default 256)"},
                                  {{"--chat"}, "", "send the prompt as one user message (chat template)"},
                                  {{"--ignore-eog"}, "", "keep generating past end-of-generation tokens"},
+                                 {{"--stream-interval"}, "MS", "after the first tokens, at most one batch per MS ms; 0 = each token at once (default: the daemon's, 20)"},
                                  {{"-q", "--quiet"}, "", "no stats line on stderr"}};
   for (OptionSpec& o : sampling_options()) gen.push_back(o);
   c.push_back({"generate", "", "stream a completion to stdout (^C cancels, exit 130)", gen, cmd_generate});

@@ -209,6 +209,13 @@ class BadInputTest(harness.DaemonTestCase):
                     out = await conn.generate(r)
                     self.assertKjError(out.error, "FAILED", field, context=f"sampling {sampling}")
                     self.assertEqual(out.tokens, [], "a refused request streamed tokens")
+            for interval in (-2, 60001):
+                with self.subTest(stream_interval=interval):
+                    r = request(GOOD, "Hello", max_tokens=4)
+                    r["streamIntervalMs"] = interval
+                    out = await conn.generate(r)
+                    self.assertKjError(out.error, "FAILED", "streamIntervalMs", context=f"streamIntervalMs {interval}")
+                    self.assertEqual(out.tokens, [], "a refused request streamed tokens")
             await self.assert_still_serves(conn, "invalid sampling values")
             conn.close()
 

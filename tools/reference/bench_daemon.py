@@ -12,6 +12,7 @@
    llama.cpp (llama-cpp-python's library, which serves one sequence at a time: the same requests in a loop).
 
 Usage: bench_daemon.py [--model M] [--threads 2] [--gen 128] [--rounds 5] [--streams 1 4 16] [--no-llamacpp]
+                       [--daemon-arg=--steps-in-flight=1 ...]
 Needs: build/bin/inferd, build/bin/inferd-worker, build/tools/inferd-bench, pycapnp; llama-cpp-python for (3).
 """
 
@@ -157,6 +158,8 @@ def main():
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--no-llamacpp", action="store_true")
+    ap.add_argument("--daemon-arg", action="append", default=[],
+                    help="extra inferd flag, repeatable (e.g. --daemon-arg=--steps-in-flight=1)")
     ap.add_argument("--llamacpp-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.llamacpp_child:
@@ -167,7 +170,8 @@ def main():
     tmp = tempfile.mkdtemp(prefix="inferd-bench-")
     path = os.path.join(tmp, "inferd.sock")
     log = open(os.path.join(tmp, "inferd.log"), "w")
-    proc = subprocess.Popen([os.path.join(args.build, "bin", "inferd"), "--socket", path], stderr=log)
+    proc = subprocess.Popen([os.path.join(args.build, "bin", "inferd"), "--socket", path, *args.daemon_arg],
+                            stderr=log)
     try:
         for _ in range(500):
             try:

@@ -1,11 +1,15 @@
 #include "step_logic.h"
 
 #include <string>
+#include <utility>
 
 namespace inferd::worker {
 
 StepLogic::StepLogic(Limits limits, bool samples)
-    : limits_(limits), samples_(samples), samplers_(static_cast<size_t>(limits.n_slots)) {}
+    : limits_(limits),
+      samples_(samples),
+      samplers_(static_cast<size_t>(limits.n_slots)),
+      last_sampled_(static_cast<size_t>(limits.n_slots), -1) {}
 
 Status StepLogic::check(const ipc::Submission& sub, const Slots& slots) const {
   auto bad = [](const std::string& what) { return Status(Code::kInvalidArgument, "bad submission: " + what); };
@@ -24,8 +28,18 @@ Status StepLogic::check(const ipc::Submission& sub, const Slots& slots) const {
   for (uint32_t i = 0; i < sub.n_tokens; ++i) {
     const ipc::StepToken& t = sub.tokens[i];
     if (t.seq >= sub.n_seqs) return bad("token " + std::to_string(i) + " names sequence " + std::to_string(t.seq));
-    if (t.token < 0 || t.token >= limits_.n_vocab) return bad("token id " + std::to_string(t.token));
     const int32_t slot = static_cast<int32_t>(sub.seqs[t.seq].slot);
+    if (t.token == ipc::kTokenSampled) {
+      if (!samples_) return bad("token " + std::to_string(i) + " continues from a sampled token, but this stage does not sample");
+      if (next_pos[t.seq] >= 0 || t.pos == 0) {
+        return bad("token " + std::to_string(i) + ": only a continuing sequence's first token may be the sampled one");
+      }
+      if (last_sampled_[static_cast<size_t>(slot)] < 0) {
+        return bad("slot " + std::to_string(slot) + " has no sampled token to continue from");
+      }
+    } else if (t.token < 0 || t.token >= limits_.n_vocab) {
+      return bad("token id " + std::to_string(t.token));
+    }
     const int32_t expect = next_pos[t.seq] >= 0 ? next_pos[t.seq] : (t.pos == 0 ? 0 : slots.length(slot));
     if (t.pos != expect) {
       return bad("slot " + std::to_string(slot) + ": position " + std::to_string(t.pos) + ", expected " +
@@ -51,6 +65,7 @@ Status StepLogic::begin(const ipc::Submission& sub, const Slots& slots) {
     if (first_token[s] < 0) continue;
     if (sub.tokens[first_token[s]].pos == 0) {
       slots.clear(static_cast<int32_t>(seq.slot));
+      last_sampled_[seq.slot] = -1;
       if (!samples_) continue;
       SamplingParams p;
       p.temperature = seq.temperature;
@@ -76,7 +91,9 @@ Status StepLogic::begin(const ipc::Submission& sub, const Slots& slots) {
     const ipc::StepToken& t = sub.tokens[i];
     const ipc::StepSeq& seq = sub.seqs[t.seq];
     const bool wants = (seq.flags & ipc::kSeqWantToken) != 0 && static_cast<int32_t>(i) == last_token[t.seq];
-    batch_.push_back(BatchToken{t.token, static_cast<int32_t>(seq.slot), t.pos, wants});
+    int32_t token = t.token;
+    if (token == ipc::kTokenSampled) token = std::exchange(last_sampled_[seq.slot], -1);  // fed once
+    batch_.push_back(BatchToken{token, static_cast<int32_t>(seq.slot), t.pos, wants});
   }
   return Status::ok();
 }
@@ -94,7 +111,9 @@ void StepLogic::sample(const ipc::Submission& sub, std::span<const float> logits
     ipc::StepOutput& o = out.outputs[out.n_outputs++];
     o = {};
     o.seq = s;
-    o.token = samplers_[sub.seqs[s].slot]->sample(logits.subspan(row * n_vocab, n_vocab));
+    const uint32_t slot = sub.seqs[s].slot;
+    o.token = samplers_[slot]->sample(logits.subspan(row * n_vocab, n_vocab));
+    last_sampled_[slot] = o.token;
     ++row;
   }
 }

@@ -38,7 +38,8 @@ class StepLogic {
   StepLogic(Limits limits, bool samples);
 
   // Validates `sub` (a malformed one is an error naming what is wrong, never a crash), clears the slots
-  // of sequences that start at position 0, creates their samplers, and builds batch().
+  // of sequences that start at position 0, creates their samplers, and builds batch(), with each
+  // ipc::kTokenSampled replaced by the token its slot sampled last (which it consumes).
   Status begin(const ipc::Submission& sub, const Slots& slots);
   std::span<const BatchToken> batch() const { return batch_; }
 
@@ -52,6 +53,7 @@ class StepLogic {
   Limits limits_;
   bool samples_;
   std::vector<std::optional<Sampler>> samplers_;  // per KV slot
+  std::vector<int32_t> last_sampled_;             // per KV slot: sampled and not fed yet, else -1
   std::vector<BatchToken> batch_;
 };
 

@@ -77,7 +77,9 @@ TEST(StepLogic, MalformedSubmissionsAreErrorsNotCrashes) {
       {"slot out of range", [](ipc::Submission& s) { s.seqs[0].slot = 4; }, Code::kInvalidArgument},
       {"token names a missing sequence", [](ipc::Submission& s) { s.tokens[1].seq = 3; }, Code::kInvalidArgument},
       {"token id out of the vocabulary", [](ipc::Submission& s) { s.tokens[0].token = kVocab; }, Code::kInvalidArgument},
-      {"negative token id", [](ipc::Submission& s) { s.tokens[0].token = -1; }, Code::kInvalidArgument},
+      {"negative token id", [](ipc::Submission& s) { s.tokens[0].token = -2; }, Code::kInvalidArgument},
+      {"the sampled token at position 0", [](ipc::Submission& s) { s.tokens[0].token = ipc::kTokenSampled; },
+       Code::kInvalidArgument},
       {"positions not consecutive", [](ipc::Submission& s) { s.tokens[2].pos = 7; }, Code::kInvalidArgument},
       {"continues past the slot's length", [](ipc::Submission& s) { for (uint32_t i = 0; i < s.n_tokens; ++i) s.tokens[i].pos += 5; },
        Code::kInvalidArgument},
@@ -110,6 +112,49 @@ TEST(StepLogic, ContextEndAndUnstartedSlots) {
   fs.length[3] = 4;
   auto cont = one_seq(3, 4, 1);  // continuing a slot whose sequence this worker never started
   EXPECT_EQ(logic.begin(*cont, fs.slots()).code(), Code::kInvalidArgument);
+}
+
+// A step queued ahead names its input ipc::kTokenSampled: the worker feeds the token the slot sampled
+// last, once; anything else that names it is refused.
+TEST(StepLogic, StepsAheadFeedTheTokenTheSlotSampledLast) {
+  StepLogic logic = make();
+  FakeSlots fs;
+  std::vector<float> logits(kVocab, 0.0f);
+  logits[6] = 1.0f;
+  auto ahead = one_seq(1, 3, 1);
+  ahead->tokens[0].token = ipc::kTokenSampled;
+  fs.length[1] = 3;
+  EXPECT_EQ(logic.begin(*ahead, fs.slots()).code(), Code::kInvalidArgument);  // nothing sampled yet
+
+  auto prompt = one_seq(1, 0, 3);
+  ASSERT_TRUE(logic.begin(*prompt, fs.slots()).is_ok());
+  ipc::Completion out{};
+  logic.sample(*prompt, logits, out);
+  ASSERT_EQ(out.outputs[0].token, 6);
+  fs.length[1] = 3;
+  ASSERT_TRUE(logic.begin(*ahead, fs.slots()).is_ok());
+  ASSERT_EQ(logic.batch().size(), 1u);
+  EXPECT_EQ(logic.batch()[0].token, 6);
+  EXPECT_EQ(logic.batch()[0].pos, 3);
+  logic.sample(*ahead, logits, out);  // samples the next one
+  ASSERT_TRUE(logic.begin(*ahead, fs.slots()).is_ok());
+  EXPECT_EQ(logic.begin(*ahead, fs.slots()).code(), Code::kInvalidArgument);  // fed once only
+
+  // Only a sequence's first token in a step can be the sampled one.
+  logic.sample(*ahead, logits, out);
+  auto second = one_seq(1, 3, 2);
+  second->tokens[1].token = ipc::kTokenSampled;
+  EXPECT_EQ(logic.begin(*second, fs.slots()).code(), Code::kInvalidArgument);
+  // A sequence restarted at position 0 forgets what its slot sampled.
+  ASSERT_TRUE(logic.begin(*prompt, fs.slots()).is_ok());
+  fs.length[1] = 3;
+  EXPECT_EQ(logic.begin(*ahead, fs.slots()).code(), Code::kInvalidArgument);
+
+  // A pipeline stage before the last samples nothing, so it has nothing to continue from.
+  StepLogic stage({4, 16, 32, kVocab}, false);
+  ASSERT_TRUE(stage.begin(*prompt, fs.slots()).is_ok());
+  fs.length[1] = 3;
+  EXPECT_EQ(stage.begin(*ahead, fs.slots()).code(), Code::kInvalidArgument);
 }
 
 // A sequence restarted with n_sampled = k draws what the uninterrupted sampler drew at draw k.

@@ -174,6 +174,9 @@ struct GenerateRequest {
   bool add_special = true;    // prepend BOS if the model wants it (prompt/messages only)
   bool parse_special = true;  // "<|im_start|>" etc. in the text become special tokens
   bool ignore_eog = false;    // keep going past end-of-generation tokens
+  // After the first batch, at most one batch per this many ms (the last is never held back); 0: each
+  // batch as soon as it is ready; -1: the daemon's default (its stream-interval setting, 20 ms).
+  int32_t stream_interval_ms = -1;
 };
 
 struct TokenBatch {

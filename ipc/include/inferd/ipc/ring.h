@@ -16,7 +16,13 @@
 // fills entry head % capacity, then publishes it with a release store of head + 1; the consumer reads
 // it after an acquire load of head and frees it with a release store of tail + 1. Wake-ups are
 // separate (an eventfd per direction), so a ring never blocks: a full ring is a caller's bug (the
-// supervisor keeps at most one step in flight per worker, far below the capacity).
+// supervisor keeps at most `steps-in-flight` steps queued per worker, at most the capacity).
+//
+// Steps ahead: a decode step may be queued before the step that samples its input has completed. Its
+// token is then kTokenSampled, "the token this slot sampled last", which the worker fills in when it
+// runs the step (it runs steps in order). So a worker goes from one decode step to the next without
+// waiting for the supervisor; the supervisor drops what a step computed for a sequence that ended
+// (end of generation, stop string, cancellation) in the step before.
 //
 // Trust: the supervisor validates every completion (bounds, slots, token ids) because a dying worker
 // may leave anything behind; the worker validates every submission the same way.
@@ -35,7 +41,7 @@
 namespace inferd::ipc {
 
 inline constexpr char kRingMagic[8] = {'I', 'N', 'F', 'D', 'R', 'N', 'G', '1'};
-inline constexpr uint32_t kRingVersion = 1;
+inline constexpr uint32_t kRingVersion = 2;
 inline constexpr uint32_t kMaxStepTokens = 512;  // most tokens in one forward step
 inline constexpr uint32_t kMaxStepSeqs = 64;     // most sequences in one forward step (= most KV slots)
 
@@ -53,8 +59,12 @@ struct StepSeq {
 inline constexpr uint32_t kSeqWantToken = 1u << 0;  // sample a token after this step's last token
 static_assert(sizeof(StepSeq) == 56);
 
+// StepToken::token of a sequence's first token in a step: the token its slot sampled in an earlier
+// step and has not fed yet (see "Steps ahead" above).
+inline constexpr int32_t kTokenSampled = -1;
+
 struct StepToken {
-  int32_t token;
+  int32_t token;  // a vocabulary id, or kTokenSampled
   int32_t pos;    // position in the sequence; a sequence's first token in a step at pos 0 starts it afresh
   uint32_t seq;   // index into Submission::seqs
 };
