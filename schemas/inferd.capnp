@@ -125,7 +125,9 @@ struct ModelStatus {
   decodeTokensPerSecond @10 :Float64;  # over the last few seconds of decoding
   replays @11 :UInt64;      # requests replayed on a restarted worker
   stepComputeUs @12 :Float64;   # mean time of a step inside the workers (forward pass + sampling)
-  stepOverheadUs @13 :Float64;  # mean time of a step outside them: rings, wake-ups, scheduling
+  stepOverheadUs @13 :Float64;  # mean time a worker waits between steps (rings, wake-ups, scheduling):
+                                # from when it could start a step (queued, or the one before done) to
+                                # its completion, minus stepComputeUs
 }
 
 struct DaemonStatus {

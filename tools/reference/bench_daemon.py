@@ -6,8 +6,8 @@
    clients: `inferctl generate` (C++, libinferd-client) and a pycapnp client. Both rates come from the
    daemon's own first-to-last-token time; the clients differ in the CPU they take from the two compute
    threads while tokens stream. Reports the medians and the ratios daemon / in-process.
-2. Through the daemon: time to first token and per-token latency (gap between consecutive tokens as the
-   client receives them) p50/p99 for one stream.
+2. Through the daemon: time to first token and the gap between consecutive batches as the client
+   receives them (p50/p99; one token per batch with --daemon-arg=--stream-interval=0) for one stream.
 3. Aggregate generated tokens/s with 1, 4 and 16 concurrent streams (one connection each), next to
    llama.cpp (llama-cpp-python's library, which serves one sequence at a time: the same requests in a loop).
 
@@ -83,7 +83,7 @@ async def daemon_rounds(path, args, inproc_results, decode_cpp):
     await admin.load(os.path.abspath(args.model),
                      {"id": "bench", "threads": args.threads, "parallel": max(args.streams), "contextSize": 1024})
     await generate(inference, 8, 0, Sink())  # warm-up
-    decode, ttft, gaps = [], [], []
+    decode, ttft, gaps, per_batch = [], [], [], []
     for r in range(args.rounds):
         # In-process, then through the daemon, alternately.
         out = subprocess.run([os.path.join(args.build, "tools", "inferd-bench"), "-m", args.model, "-p", "16",
@@ -101,6 +101,7 @@ async def daemon_rounds(path, args, inproc_results, decode_cpp):
         ttft.append(res.timeToFirstTokenMs)
         t = [a[0] for a in sink.arrivals]
         gaps += [(b - a) * 1000.0 for a, b in zip(t, t[1:])]
+        per_batch.append(sum(a[1] for a in sink.arrivals) / max(1, len(sink.arrivals)))
         print(f"round {r}: in-process {inproc_results[-1]:.1f} tok/s, daemon with the C++ client "
               f"{decode_cpp[-1]:.1f} tok/s, with pycapnp {decode[-1]:.1f} tok/s", file=sys.stderr)
     streams = {}
@@ -114,7 +115,7 @@ async def daemon_rounds(path, args, inproc_results, decode_cpp):
         streams[n] = total / wall
         print(f"{n} streams: {streams[n]:.1f} tok/s aggregate", file=sys.stderr)
     await admin.unload("bench")
-    return decode, ttft, gaps, streams
+    return decode, ttft, gaps, streams, statistics.mean(per_batch)
 
 
 def llamacpp_streams(args):
@@ -181,20 +182,25 @@ def main():
             except OSError:
                 time.sleep(0.01)
         inproc, decode_cpp = [], []
-        decode, ttft, gaps, streams = asyncio.run(capnp.run(daemon_rounds(path, args, inproc, decode_cpp)))
+        decode, ttft, gaps, streams, per_batch = asyncio.run(capnp.run(daemon_rounds(path, args, inproc, decode_cpp)))
     finally:
         proc.terminate()
         proc.wait(timeout=30)
     llama = None if args.no_llamacpp else llamacpp_streams(args)
 
     d, c, i = statistics.median(decode), statistics.median(decode_cpp), statistics.median(inproc)
+    # Each round's own ratio too: rounds run back to back, so a neighbour's load hits both sides alike.
+    rc = statistics.median(b / a for a, b in zip(inproc, decode_cpp))
+    rp = statistics.median(b / a for a, b in zip(inproc, decode))
     print(f"\nmodel {os.path.basename(args.model)}, {args.threads} threads, {args.gen} generated tokens, "
           f"{args.rounds} rounds alternating")
     print(f"| decode tok/s (median) | in-process | daemon, C++ client | ratio | daemon, pycapnp client | ratio |\n"
           f"|---|---|---|---|---|---|\n"
           f"| {os.path.basename(args.model)} | {i:.1f} | {c:.1f} | {c / i:.3f} | {d:.1f} | {d / i:.3f} |")
+    print(f"median of the rounds' own ratios: C++ client {rc:.3f}, pycapnp client {rp:.3f}")
     print(f"\ntime to first token (prompt {len(PROMPT)} chars): median {statistics.median(ttft):.1f} ms; "
-          f"per-token gap at the client: p50 {percentile(gaps, 50):.2f} ms, p99 {percentile(gaps, 99):.2f} ms")
+          f"gap between batches at the client: p50 {percentile(gaps, 50):.2f} ms, p99 {percentile(gaps, 99):.2f} ms, "
+          f"{per_batch:.2f} tokens per batch")
     print("\n| concurrent streams | inferd aggregate tok/s | llama.cpp (library, requests in a loop) tok/s |\n|---|---|---|")
     for n in args.streams:
         print(f"| {n} | {streams[n]:.1f} | {llama[n]:.1f} |" if llama else f"| {n} | {streams[n]:.1f} | n/a |")
