@@ -197,6 +197,33 @@ class BasicTest(harness.DaemonTestCase):
 
         self.run_test(body())
 
+    # Steps queued ahead (steps-in-flight) and stream pacing (stream-interval) change when work happens,
+    # never what is generated: greedy text, a stop string, maxTokens and a seeded sampled stream are the
+    # same with 1 step in flight and unpaced streams, with the defaults (2 steps, 20 ms), and with 4 steps.
+    def test_steps_in_flight_and_stream_interval_keep_the_output(self):
+        async def outputs(daemon, model_id):
+            conn = await Connection.open(daemon.socket_path)
+            await conn.load(harness.Config.model, id=model_id, contextSize=CONTEXT, parallel=2)
+            reqs = [request(model_id, PROMPT, max_tokens=24, ignoreEog=True),
+                    request(model_id, PROMPT, max_tokens=24, ignoreEog=True, stop=[" the"]),
+                    request(model_id, PROMPT, max_tokens=1),
+                    request(model_id, "Once upon a time", max_tokens=24, temperature=0.9, seed=7, ignoreEog=True,
+                            sampling={"topK": 40, "topP": 0.95, "repeatPenalty": 1.1})]
+            outs = []
+            for r in reqs:
+                out = await conn.generate(r)
+                self.assertCompleted(out, f"{daemon.args}: {r}")
+                outs.append((out.tokens, out.text, str(out.result.finishReason), out.result.generatedTokens))
+            await conn.unload(model_id)
+            conn.close()
+            return outs
+
+        want = self.run_test(outputs(self.daemon, "basic-steps"))
+        for args in (["--steps-in-flight=1", "--stream-interval=0"], ["--steps-in-flight=4", "--stream-interval=5"]):
+            with self.subTest(args=args), harness.Daemon(*args) as other:
+                got = run_async(outputs(other, "basic-steps"), daemons=[other])
+                self.assertEqual(got, want, f"inferd {' '.join(args)} generated something else than the defaults")
+
     # Regression test for "lost final batch": the last batch used to leave in the same step as the end
     # of the generation, and generate returned before pycapnp had run the sink's last send() (one-token
     # generations lost their token about every other call). TokenSink.done() is the barrier.
