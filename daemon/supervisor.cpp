@@ -301,6 +301,7 @@ class ModelHost {
     // Positions of a sequence not sent to the worker yet; the last `pending` are being sampled.
     auto unsent = [](const Sequence& s) { return s.history.size() + s.pending - s.sent(); };
     auto add = [&](Sequence& s) {
+      if (budget == 0) return;
       const size_t sent = s.sent();
       uint32_t chunk = 0;
       bool want = false, sampled = false;
@@ -371,10 +372,18 @@ class ModelHost {
     st.in_flight.push_back(src.id);
     st.worker->ring().publish_submission();
     st.worker->notify_submission();
+    arm_hang_detector(st);
+  }
+
+  // The hang detector: the worker of `st` must finish the oldest step in flight within kStepTimeout
+  // from now (re-armed at each submission and completion, so a queued step's time starts when the
+  // step before it ends).
+  void arm_hang_detector(Stage& st) {
+    if (!st.worker || st.in_flight.empty()) return;
     if (!step_timer_) step_timer_ = std::make_unique<asio::steady_timer>(sup_.io());
     step_timer_->expires_after(kStepTimeout);
     std::weak_ptr<WorkerProcess> weak = st.worker;
-    const uint64_t step_id = src.id;
+    const uint64_t step_id = st.in_flight.front();
     step_timer_->async_wait([this, weak, step_id](std::error_code ec) {
       auto w = weak.lock();
       if (ec || !w || steps_.empty() || steps_.front().id > step_id) return;  // it has moved on since
@@ -409,6 +418,13 @@ class ModelHost {
         steps_.pop_front();
         spdlog::error("model {}: step {} failed on worker {}: {}", spec_.id, step.id, st.index, why);
         for (const auto& e : step.entries) fail_sequence(e.seq, Status(Code::kFailed, "the worker failed: " + why));
+        if (!steps_.empty()) {
+          // The steps queued after it continue from its positions and sampled tokens, so the worker
+          // will refuse or miscompute them: their answers are dropped and every other sequence starts
+          // again from position 0 (its tokens so far are kept; nothing is streamed twice).
+          steps_.clear();
+          restart_sequences();
+        }
         continue;
       }
       if (st.index + 1 < stages_.size()) {  // hand the step to the next pipeline stage
@@ -466,7 +482,17 @@ class ModelHost {
       rate_.push_back({now, decoded});
       while (!rate_.empty() && now - rate_.front().first > std::chrono::seconds(5)) rate_.pop_front();
     }
+    arm_hang_detector(st);  // the next queued step's time starts now
     schedule();
+  }
+
+  // Forgets every sequence's in-flight positions, so the next steps resubmit it from position 0 (which
+  // clears its KV slot and recreates its sampler at the same draw).
+  void restart_sequences() {
+    for (auto& [id, s] : active_) {
+      s->fed = s->in_flight = 0;
+      s->pending = 0;
+    }
   }
 
   void accept_token(Sequence& s, int32_t token, Clock::time_point now) {
@@ -634,10 +660,9 @@ class ModelHost {
       return;
     }
     // Every sequence is replayed from position 0 on every stage (the restarted worker's cache is empty).
+    restart_sequences();
     std::vector<uint64_t> give_up;
     for (auto& [id, s] : active_) {
-      s->fed = s->in_flight = 0;
-      s->pending = 0;
       if (++s->replays > kMaxReplays) give_up.push_back(id);
     }
     for (uint64_t id : give_up) {
@@ -760,8 +785,9 @@ class ModelHost {
     st.replays = replays_;
     if (timed_steps_ > 0) {
       st.step_compute_us = step_compute_ns_ / 1e3 / static_cast<double>(timed_steps_);
-      st.step_overhead_us = (static_cast<double>(step_wall_ns_) - static_cast<double>(step_compute_ns_)) / 1e3 /
-                            static_cast<double>(timed_steps_);
+      // Clamped: the worker starts a queued step before the supervisor sees the one before complete.
+      st.step_overhead_us = std::max(0.0, (static_cast<double>(step_wall_ns_) - static_cast<double>(step_compute_ns_)) /
+                                              1e3 / static_cast<double>(timed_steps_));
     }
     if (rate_.size() >= 2) {
       uint64_t n = 0;

@@ -172,6 +172,34 @@ class CrashTest(harness.DaemonTestCase):
 
         run_async(body(), daemons=[daemon])
 
+    # A step that fails in the worker (a backend error; the worker lives on) fails the requests in that
+    # step with its message. With steps queued ahead, the step after it was built on its results: that
+    # one is dropped and every other sequence restarts from position 0, so the daemon keeps serving and
+    # later output is exact.
+    def test_failed_step_fails_its_requests_and_the_daemon_keeps_serving(self):
+        prompt, n = "Once upon a time", 24
+        want = harness.inferd_run(prompt, n)
+        daemon = harness.Daemon(env={"INFERD_WORKER_FAULT": "step:5"}).start()
+        self.addCleanup(daemon.stop)
+
+        async def body():
+            conn = await Connection.open(daemon.socket_path)
+            await conn.load(harness.Config.model, id=MODEL_ID, contextSize=512, parallel=2)
+            pid = (await conn.status()).models[0].info.workers[0].pid
+            failed = await conn.generate(request(MODEL_ID, prompt, max_tokens=n, ignoreEog=True))
+            self.assertKjError(failed.error, "FAILED", "injected fault", context="the request in the failed step")
+            self.assertLess(len(failed.tokens), n)
+            for i in range(2):
+                out = await conn.generate(request(MODEL_ID, prompt, max_tokens=n, ignoreEog=False))
+                self.assertCompleted(out, f"request {i} after the failed step")
+                self.assertTextMatches(out, want, "output after a failed step differs from inferd-run's")
+            st = (await conn.status()).models[0]
+            self.assertEqual(st.info.workers[0].pid, pid, "a failed step must not restart the worker")
+            self.assertEqual(st.requestsFailed, 1)
+            conn.close()
+
+        run_async(body(), daemons=[daemon])
+
     def test_worker_crash_loop_at_start_fails_the_load(self):
         daemon = harness.Daemon(env={"INFERD_WORKER_FAULT": "start"}).start()
         self.addCleanup(daemon.stop)

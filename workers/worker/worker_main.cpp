@@ -10,7 +10,8 @@
 // It dies with the supervisor (PR_SET_PDEATHSIG), so it can never outlive it.
 //
 // Fault injection for the recovery tests: INFERD_WORKER_FAULT=start makes the worker abort before it
-// is ready (a worker crashing in a loop).
+// is ready (a worker crashing in a loop); INFERD_WORKER_FAULT=step:N makes its N-th step (from 1) fail
+// with the error "injected fault" (a backend error that does not kill the worker).
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -174,6 +175,8 @@ int run(const Args& args) {
 
   const ipc::RingSegment& r = *ring.value();
   uint64_t steps = 0, tokens = 0;
+  uint64_t fail_step = 0;  // INFERD_WORKER_FAULT=step:N
+  if (fault && std::string(fault).rfind("step:", 0) == 0) fail_step = std::strtoull(fault + 5, nullptr, 10);
   pollfd fds[2] = {{ctl, POLLIN, 0}, {args.submit_efd, POLLIN, 0}};
   for (;;) {
     int n = ::poll(fds, 2, -1);
@@ -188,14 +191,15 @@ int run(const Args& args) {
       while (const ipc::Submission* sub = r.next_submission()) {
         ipc::Completion* out = r.completion_slot();
         if (!out) {
-          spdlog::error("completion ring full: the supervisor broke the one-step-in-flight rule");
+          spdlog::error("completion ring full: the supervisor queued more steps than the ring holds");
           return 1;
         }
         const auto s0 = Clock::now();
         out->id = sub->id;
         out->n_outputs = 0;
         out->error[0] = '\0';
-        Status st = be.step(*sub, *out);
+        Status st = steps + 1 == fail_step ? Status(Code::kFailed, "injected fault (INFERD_WORKER_FAULT)")
+                                           : be.step(*sub, *out);
         out->status = static_cast<int32_t>(st.code());
         if (!st) {
           out->n_outputs = 0;
