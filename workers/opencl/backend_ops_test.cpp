@@ -1110,6 +1110,20 @@ TEST(BackendOps, MatmulQ5_1) {
   run_cases(*rt, matmul_cases(DType::kQ5_1));
 }
 
+// Q5_0 and Q5_1 keep 5 bits per weight on the device (nibbles + a plane of fifth bits), plus a float
+// scale (and min) per row and 32 weights: 6 and 7 bits per weight, below the file's 5.5 and 6 + 1.
+TEST(BackendOps, FiveBitWeightsArePackedOnTheDevice) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  constexpr int64_t kRows = 64, kK = 512;
+  for (auto [type, bits] : {std::pair{DType::kQ5_0, 6}, std::pair{DType::kQ5_1, 7}}) {
+    const RandomWeights w = random_weights(type, kRows, kK, 5);
+    auto up = MatmulWeights::upload(*rt, type, kRows, kK, w.bytes.data());
+    ASSERT_TRUE(up.is_ok()) << up.status().to_string();
+    EXPECT_EQ(up->device_bytes(), static_cast<size_t>(kRows * kK * bits / 8)) << dtype_name(type);
+    EXPECT_NE(up->high_bits(), nullptr);
+  }
+}
+
 TEST(BackendOps, MatmulQ4_K) {
   INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
   run_cases(*rt, matmul_cases(DType::kQ4_K));

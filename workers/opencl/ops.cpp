@@ -36,7 +36,7 @@ KernelArgs& KernelArgs::buffer(cl_mem mem) {
 }
 
 KernelArgs& KernelArgs::weights(const MatmulWeights& w) {
-  return buffer(w.values()).buffer(w.scales()).buffer(w.mins()).buffer(w.sub_scales());
+  return buffer(w.values()).buffer(w.scales()).buffer(w.mins()).buffer(w.sub_scales()).buffer(w.high_bits());
 }
 
 KernelArgs& KernelArgs::local(size_t bytes) {
@@ -269,13 +269,13 @@ const char* weight_pointer_type(DType type) {
     case DType::kF32: return "float4";
     case DType::kF16: return "half";
     case DType::kQ8_0:
-    case DType::kQ5_0:
-    case DType::kQ5_1:
     case DType::kQ5_K:
     case DType::kQ6_K: return "char4";
     case DType::kBF16:
     case DType::kQ4_0:
     case DType::kQ4_1:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
     case DType::kQ4_K: return "ushort4";
     default: return nullptr;
   }
@@ -286,7 +286,7 @@ bool is_k_quant(DType type) { return type == DType::kQ4_K || type == DType::kQ5_
 // The parameters every weight-reading kernel takes, in KernelArgs::weights() order.
 std::vector<std::string> weight_params(DType type) {
   return {std::string("__global const ") + weight_pointer_type(type) + "* wq", "__global const float4* ws",
-          "__global const float4* wm", "__global const char4* wsub"};
+          "__global const float4* wm", "__global const char4* wsub", "__global const ushort* wh"};
 }
 
 // w_load(): the 4 rows of output slice `so` at input slice `si`, dequantized as the CPU engine's
@@ -294,7 +294,7 @@ std::vector<std::string> weight_params(DType type) {
 std::string weight_loader(DType type) {
   const std::string signature = std::string("inline void w_load(__global const ") + weight_pointer_type(type) +
                                 "* wq, __global const float4* ws, __global const float4* wm, __global const char4* "
-                                "wsub, int so, int si, int n_si, float4* r) {\n";
+                                "wsub, __global const ushort* wh, int so, int si, int n_si, float4* r) {\n";
   // The 32-element group of (so, si), the K-quant super-block holding it, and the group within it.
   const std::string k_prologue = R"(  const int g = so * (n_si / 8) + si / 8;
   const int sb = so * (n_si / 64) + si / 64;
@@ -325,7 +325,6 @@ std::string weight_loader(DType type) {
 }
 )";
     case DType::kQ8_0:
-    case DType::kQ5_0:
       return signature + R"(  const int blk = so * (n_si / 8) + si / 8;
   const int base = (blk * 8 + si % 8) * 4;
   const float4 d = ws[blk];
@@ -335,15 +334,27 @@ std::string weight_loader(DType type) {
   r[3] = convert_float4(wq[base + 3]) * d.w;
 }
 )";
+    case DType::kQ5_0:
+      return signature + R"(  const int blk = so * (n_si / 8) + si / 8;
+  const ushort4 p = wq[blk * 8 + si % 8];
+  const uint h = wh[blk * 8 + si % 8];
+  const float4 d = ws[blk];
+  r[0] = (inferd_code5(p.x, h, 0) - 16.0f) * d.x;
+  r[1] = (inferd_code5(p.y, h, 1) - 16.0f) * d.y;
+  r[2] = (inferd_code5(p.z, h, 2) - 16.0f) * d.z;
+  r[3] = (inferd_code5(p.w, h, 3) - 16.0f) * d.w;
+}
+)";
     case DType::kQ5_1:
       return signature + R"(  const int blk = so * (n_si / 8) + si / 8;
-  const int base = (blk * 8 + si % 8) * 4;
+  const ushort4 p = wq[blk * 8 + si % 8];
+  const uint h = wh[blk * 8 + si % 8];
   const float4 d = ws[blk];
   const float4 m = wm[blk];
-  r[0] = convert_float4(wq[base]) * d.x + m.x;
-  r[1] = convert_float4(wq[base + 1]) * d.y + m.y;
-  r[2] = convert_float4(wq[base + 2]) * d.z + m.z;
-  r[3] = convert_float4(wq[base + 3]) * d.w + m.w;
+  r[0] = inferd_code5(p.x, h, 0) * d.x + m.x;
+  r[1] = inferd_code5(p.y, h, 1) * d.y + m.y;
+  r[2] = inferd_code5(p.z, h, 2) * d.z + m.z;
+  r[3] = inferd_code5(p.w, h, 3) * d.w + m.w;
 }
 )";
     case DType::kQ4_0:
@@ -405,6 +416,13 @@ inline float4 inferd_nibbles(ushort v) {
   const uint u = v;
   return convert_float4((uint4)(u & 15u, (u >> 4) & 15u, (u >> 8) & 15u, u >> 12));
 }
+// The four 5-bit codes of row r (Q5_0 / Q5_1): its nibbles v and its fifth bits, bits 4r..4r+3 of h.
+inline uint4 inferd_code5_u(ushort v, uint h, int r) {
+  const uint u = v, b = h >> (4 * r);
+  return (uint4)(u & 15u, (u >> 4) & 15u, (u >> 8) & 15u, u >> 12) |
+         (((uint4)(b, b >> 1, b >> 2, b >> 3) & 1u) << 4);
+}
+inline float4 inferd_code5(ushort v, uint h, int r) { return convert_float4(inferd_code5_u(v, h, r)); }
 // The dot products of the 4 weight rows r with one slice x: one output slice's contribution.
 inline float4 inferd_dot4(const float4* r, float4 x) {
   return (float4)(dot(r[0], x), dot(r[1], x), dot(r[2], x), dot(r[3], x));
@@ -428,7 +446,7 @@ KernelTemplate matmul_template(DType type, MatmulVariant variant, StorageType x,
   float4 r[4];
   float4 acc = (float4)(0.0f);
   for (int si = lid; si < n_si; si += lsz) {
-    w_load(wq, ws, wm, wsub, so, si, n_si, r);
+    w_load(wq, ws, wm, wsub, wh, so, si, n_si, r);
     acc += inferd_dot4(r, $x.Read(t, 0, si));
   }
   scratch[lid] = acc;
@@ -450,7 +468,7 @@ KernelTemplate matmul_template(DType type, MatmulVariant variant, StorageType x,
   float4 r[4];
   float4 a0 = (float4)(0.0f), a1 = (float4)(0.0f), a2 = (float4)(0.0f), a3 = (float4)(0.0f);
   for (int si = 0; si < n_si; ++si) {
-    w_load(wq, ws, wm, wsub, so, si, n_si, r);
+    w_load(wq, ws, wm, wsub, wh, so, si, n_si, r);
     a0 += inferd_dot4(r, $x.Read(t0, 0, si));
     a1 += inferd_dot4(r, $x.Read(t1, 0, si));
     a2 += inferd_dot4(r, $x.Read(t2, 0, si));
@@ -479,7 +497,7 @@ KernelTemplate get_rows_template(DType type, StorageType dst) {
   const int si = get_global_id(1);
   const int row = rows[t];
   float4 r[4];
-  w_load(wq, ws, wm, wsub, row / 4, si, $dst.Slices(), r);
+  w_load(wq, ws, wm, wsub, wh, row / 4, si, $dst.Slices(), r);
   $dst.Write(r[row % 4], t, 0, si);
 )";
   return k;
@@ -713,11 +731,22 @@ std::string weight_int_loader(DType type, IntDot form) {
   const bool int8 = form == IntDot::kInt8;
   const std::string vec = int8 ? "char4" : "float4";
   const std::string signature = std::string("inline void ") + (int8 ? "w_int8" : "w_int") + "(__global const " +
-                                weight_pointer_type(type) + "* wq, int blk, int l, " + vec + "* r) {\n";
+                                weight_pointer_type(type) + "* wq, __global const ushort* wh, int blk, int l, " + vec +
+                                "* r) {\n";
   switch (type) {
-    case DType::kQ8_0:
-    case DType::kQ5_0:  // the signed values
+    case DType::kQ5_0:    // the signed values
     case DType::kQ5_1: {  // the codes
+      const std::string offset = type != DType::kQ5_0 ? "" : int8 ? " - (char4)(16)" : " - 16.0f";
+      std::string body = signature + "  const ushort4 p = wq[blk * 8 + l];\n  const uint h = wh[blk * 8 + l];\n";
+      const char* lanes[4] = {"x", "y", "z", "w"};
+      for (int r = 0; r < 4; ++r) {
+        const std::string code = std::string("inferd_code5_u(p.") + lanes[r] + ", h, " + std::to_string(r) + ")";
+        body += "  r[" + std::to_string(r) + "] = " + (int8 ? "convert_char4(" : "convert_float4(") + code + ")" +
+                offset + ";\n";
+      }
+      return body + "}\n";
+    }
+    case DType::kQ8_0: {
       const std::string cvt = int8 ? "" : "convert_float4";  // stored as char4 already
       std::string body = signature + "  const int base = (blk * 8 + l) * 4;\n";
       for (int r = 0; r < 4; ++r) {
@@ -764,10 +793,10 @@ inline char4 inferd_nibbles_c(ushort v) {
 // XVEC xv = X_SLICE(quants); IDOT(r[i], xv) is the float of the integer dot.
 std::string int_dot_macros(IntDot mode) {
   if (mode == IntDot::kInt8) {
-    return "#define WVEC char4\n#define XVEC char4\n#define W_SLICE(wq, blk, l, r) w_int8(wq, blk, l, r)\n"
+    return "#define WVEC char4\n#define XVEC char4\n#define W_SLICE(wq, blk, l, r) w_int8(wq, wh, blk, l, r)\n"
            "#define X_SLICE(v) convert_char4(v)\n#define IDOT(w, x) ((float)inferd_idot(w, x))\n";
   }
-  return "#define WVEC float4\n#define XVEC float4\n#define W_SLICE(wq, blk, l, r) w_int(wq, blk, l, r)\n"
+  return "#define WVEC float4\n#define XVEC float4\n#define W_SLICE(wq, blk, l, r) w_int(wq, wh, blk, l, r)\n"
          "#define X_SLICE(v) (v)\n#define IDOT(w, x) dot(w, x)\n";
 }
 
@@ -886,10 +915,10 @@ KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_
   for (; e + 16 <= k; e += 16) {
     const int s = e / 4;
     float4 w0[4], w1[4], w2[4], w3[4];
-    w_load(wq, ws, wm, wsub, so, s, n_si, w0);
-    w_load(wq, ws, wm, wsub, so, s + 1, n_si, w1);
-    w_load(wq, ws, wm, wsub, so, s + 2, n_si, w2);
-    w_load(wq, ws, wm, wsub, so, s + 3, n_si, w3);
+    w_load(wq, ws, wm, wsub, wh, so, s, n_si, w0);
+    w_load(wq, ws, wm, wsub, wh, so, s + 1, n_si, w1);
+    w_load(wq, ws, wm, wsub, wh, so, s + 2, n_si, w2);
+    w_load(wq, ws, wm, wsub, wh, so, s + 3, n_si, w3);
     for (int i = 0; i < TT; ++i) {
       const float4 x0 = $x.Read(tt[i], 0, s), x1 = $x.Read(tt[i], 0, s + 1);
       const float4 x2 = $x.Read(tt[i], 0, s + 2), x3 = $x.Read(tt[i], 0, s + 3);
@@ -904,8 +933,8 @@ KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_
   if (e + 8 <= k) {
     const int s = e / 4;
     float4 w0[4], w1[4];
-    w_load(wq, ws, wm, wsub, so, s, n_si, w0);
-    w_load(wq, ws, wm, wsub, so, s + 1, n_si, w1);
+    w_load(wq, ws, wm, wsub, wh, so, s, n_si, w0);
+    w_load(wq, ws, wm, wsub, wh, so, s + 1, n_si, w1);
     for (int i = 0; i < TT; ++i) {
       const float4 x0 = $x.Read(tt[i], 0, s), x1 = $x.Read(tt[i], 0, s + 1);
       for (int r = 0; r < 4; ++r) {
@@ -920,7 +949,7 @@ KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_
     for (int r = 0; r < 4; ++r) o[r] = inferd_hsum8(a0[i][r] + a2[i][r], a1[i][r] + a3[i][r]);
     for (int f = e; f < k; ++f) {  // the last k % 8 products, one fma each (GCC contracts the tail)
       float4 w[4];
-      w_load(wq, ws, wm, wsub, so, f / 4, n_si, w);
+      w_load(wq, ws, wm, wsub, wh, so, f / 4, n_si, w);
       const float xf = inferd_lane($x.Read(tt[i], 0, f / 4), f % 4);
       for (int r = 0; r < 4; ++r) o[r] = fma(inferd_lane(w[r], f % 4), xf, o[r]);
     }
@@ -934,7 +963,7 @@ KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_
   for (int i = 0; i < TT; ++i) sum[i] = (float4)(0.0f);
   for (int s = 0; s < n_si; ++s) {
     float4 w[4];
-    w_load(wq, ws, wm, wsub, so, s, n_si, w);
+    w_load(wq, ws, wm, wsub, wh, so, s, n_si, w);
     const int n = min(4, k - 4 * s);
     for (int i = 0; i < TT; ++i) {
       const float4 xv = $x.Read(tt[i], 0, s);
@@ -1504,7 +1533,8 @@ Result<MatmulWeights> MatmulWeights::upload(Runtime& rt, DType type, int64_t row
   const int64_t n_groups = k / 32;
   const int64_t groups_per_block = info->block_size / 32;
   const int64_t n_blocks = k / info->block_size;
-  const bool nibbles = type == DType::kQ4_0 || type == DType::kQ4_1 || type == DType::kQ4_K;
+  const bool five_bit = type == DType::kQ5_0 || type == DType::kQ5_1;  // nibbles + a high bit each
+  const bool nibbles = type == DType::kQ4_0 || type == DType::kQ4_1 || type == DType::kQ4_K || five_bit;
   const bool k_quant = is_k_quant(type);
   const bool has_mins = type == DType::kQ4_1 || type == DType::kQ5_1 || type == DType::kQ4_K || type == DType::kQ5_K;
   const size_t per_row_block = static_cast<size_t>(n_so * n_blocks) * 4;
@@ -1513,6 +1543,7 @@ Result<MatmulWeights> MatmulWeights::upload(Runtime& rt, DType type, int64_t row
   std::vector<int8_t> sub(k_quant ? per_row_block * 16 : 0, 0);
   std::vector<int8_t> q8(nibbles ? 0 : static_cast<size_t>(n_so * n_groups * 8 * 16), 0);
   std::vector<uint16_t> q4(nibbles ? static_cast<size_t>(n_so * n_groups * 8 * 4) : 0, 0);
+  std::vector<uint16_t> high(five_bit ? static_cast<size_t>(n_so * n_groups * 8) : 0, 0);
   DecodedBlock dec;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t so = r / 4, o4 = r % 4;
@@ -1531,7 +1562,12 @@ Result<MatmulWeights> MatmulWeights::upload(Runtime& rt, DType type, int64_t row
         for (size_t j = 0; j < 8; ++j) {
           if (nibbles) {
             uint16_t packed = 0;
-            for (size_t i4 = 0; i4 < 4; ++i4) packed = static_cast<uint16_t>(packed | (codes[4 * j + i4] << (4 * i4)));
+            for (size_t i4 = 0; i4 < 4; ++i4) {
+              // Q5_0's decoded values are code - 16; the device keeps the code (0..31).
+              const int code = codes[4 * j + i4] + (type == DType::kQ5_0 ? 16 : 0);
+              packed = static_cast<uint16_t>(packed | ((code & 15) << (4 * i4)));
+              if (five_bit) high[g * 8 + j] = static_cast<uint16_t>(high[g * 8 + j] | ((code >> 4) << (4 * o4 + i4)));
+            }
             q4[(g * 8 + j) * 4 + static_cast<size_t>(o4)] = packed;
           } else {
             for (size_t i4 = 0; i4 < 4; ++i4) {
@@ -1545,6 +1581,7 @@ Result<MatmulWeights> MatmulWeights::upload(Runtime& rt, DType type, int64_t row
   INFERD_RETURN_IF_ERROR(upload_vector(scales, w.scales_));
   if (!mins.empty()) INFERD_RETURN_IF_ERROR(upload_vector(mins, w.mins_));
   if (!sub.empty()) INFERD_RETURN_IF_ERROR(upload_vector(sub, w.sub_scales_));
+  if (!high.empty()) INFERD_RETURN_IF_ERROR(upload_vector(high, w.high_bits_));
   if (nibbles) {
     INFERD_RETURN_IF_ERROR(upload_vector(q4, w.values_));
   } else {

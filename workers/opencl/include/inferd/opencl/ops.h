@@ -19,18 +19,21 @@
 //   F16   values  half4  [S_O][S_I][4]          read with vload_half4 (no cl_khr_fp16 needed)
 //   BF16  values  ushort4 [S_O][S_I][4]         the bits; a float is bits << 16
 //   Q8_0  quants  char4  [S_O][G][8][4]         scales float4 [S_O][G] (one d per row)
-//   Q5_0  as Q8_0, quants the signed values (code - 16)
-//   Q5_1  as Q8_0, quants the codes (0..31), value q * d + m; mins float4 [S_O][G]
 //   Q4_0  quants  ushort4 [S_O][G][8]           component r holds row r's 4 nibbles, element i in
 //                                               bits 4i..4i+3; value (q - 8) * d; scales as Q8_0
 //   Q4_1  as Q4_0, value q * d + m; mins float4 [S_O][G]
+//   Q5_0  quants as Q4_0 (the codes' low nibbles), high_bits ushort [S_O][G][8]: the fifth bit of row
+//         r's element i in bit 4r + i; code q = nibble | bit << 4 (0..31), value (q - 16) * d: 5 bits
+//         per weight on the device, as in the file
+//   Q5_1  as Q5_0, value q * d + m; mins float4 [S_O][G]
 //   Q4_K  quants as Q4_0 (nibbles); scales float4 [S_O][B] (d), mins float4 [S_O][B] (dmin),
 //         sub_scales char4 [S_O][B][16]: the 8 six-bit scales sc, then the 8 mins mn;
 //         value of group s = (d * sc_s) * q - dmin * mn_s
 //   Q5_K  as Q4_K with quants as Q8_0 (the codes 0..31)
 //   Q6_K  quants as Q8_0 (the codes 0..63, i.e. the value + 32), scales float4 [S_O][B] (d),
 //         sub_scales char4 [S_O][B][16]: the int8 scale of each 16 elements; value (d * sc) * (q - 32)
-// (The 5- and 6-bit codes take a byte each: simpler kernels for 1.4 to 1.8 times the file's bytes.)
+// (The K-quants' 5- and 6-bit codes take a byte each: simpler kernels for 1.4 to 1.8 times the file's
+// bytes; Q5_0 and Q5_1 are packed.)
 // Two kernels per type, chosen by stage: decode (float: one work-group per output slice, its lanes
 // splitting K; exact: a work-item per output slice and token) and prefill (each work-item computes
 // one output slice for 4 tokens, reading each weight block once for all of them).
@@ -79,7 +82,7 @@ class KernelArgs {
   KernelArgs& tensor(const Tensor& t);  // kArgsPerTensor arguments: memory and extents
   KernelArgs& buffer(cl_mem mem);        // may be nullptr (an unused __global pointer)
   KernelArgs& local(size_t bytes);       // a __local pointer of `bytes` bytes
-  KernelArgs& weights(const MatmulWeights& w);  // its 4 buffers: values, scales, mins, sub_scales
+  KernelArgs& weights(const MatmulWeights& w);  // its 5 buffers: values, scales, mins, sub_scales, high_bits
   template <typename T>
   KernelArgs& value(const T& v) {
     set(sizeof(T), &v);
@@ -115,6 +118,7 @@ class MatmulWeights {
   cl_mem scales() const { return scales_.get(); }  // nullptr for F32 / F16 / BF16
   cl_mem mins() const { return mins_.get(); }      // Q4_1, Q5_1, Q4_K, Q5_K; else nullptr
   cl_mem sub_scales() const { return sub_scales_.get(); }  // K-quants; else nullptr
+  cl_mem high_bits() const { return high_bits_.get(); }    // Q5_0, Q5_1; else nullptr
 
  private:
   MatmulWeights() = default;
@@ -122,7 +126,7 @@ class MatmulWeights {
   DType type_ = DType::kF32;
   int64_t rows_ = 0, k_ = 0;
   size_t device_bytes_ = 0;
-  ClMem values_, scales_, mins_, sub_scales_;
+  ClMem values_, scales_, mins_, sub_scales_, high_bits_;
 };
 
 // How matmul_exact() wants a matmul's input for weights of a type: the float activations (F32, F16,
