@@ -22,12 +22,12 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
+
+from common import running_daemon
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
@@ -168,24 +168,9 @@ def main():
         return 0
 
     load_capnp()
-    tmp = tempfile.mkdtemp(prefix="inferd-bench-")
-    path = os.path.join(tmp, "inferd.sock")
-    log = open(os.path.join(tmp, "inferd.log"), "w")
-    proc = subprocess.Popen([os.path.join(args.build, "bin", "inferd"), "--socket", path, *args.daemon_arg],
-                            stderr=log)
-    try:
-        for _ in range(500):
-            try:
-                with socket.socket(socket.AF_UNIX) as s:
-                    s.connect(path)
-                break
-            except OSError:
-                time.sleep(0.01)
+    with running_daemon(args.build, *args.daemon_arg) as (_, path):
         inproc, decode_cpp = [], []
         decode, ttft, gaps, streams, per_batch = asyncio.run(capnp.run(daemon_rounds(path, args, inproc, decode_cpp)))
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
     llama = None if args.no_llamacpp else llamacpp_streams(args)
 
     d, c, i = statistics.median(decode), statistics.median(decode_cpp), statistics.median(inproc)

@@ -9,13 +9,12 @@ Usage: bench_load.py MODEL.gguf [MODEL.gguf ...]
 """
 import asyncio
 import os
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 
 import capnp
+
+from common import running_daemon
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 api = capnp.load(os.path.join(ROOT, "schemas", "inferd.capnp"), imports=["/usr/include"])
@@ -43,19 +42,5 @@ async def main(sock, models):
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit(__doc__)
-    tmp = tempfile.mkdtemp(prefix="inferd-load-")
-    sock = os.path.join(tmp, "inferd.sock")
-    proc = subprocess.Popen([os.path.join(ROOT, "build", "bin", "inferd"), "--socket", sock],
-                            stderr=open(os.path.join(tmp, "inferd.log"), "w"))
-    try:
-        for _ in range(500):
-            try:
-                with socket.socket(socket.AF_UNIX) as probe:
-                    probe.connect(sock)
-                break
-            except OSError:
-                time.sleep(0.01)
+    with running_daemon(os.path.join(ROOT, "build"), prefix="inferd-load-") as (_, sock):
         asyncio.run(capnp.run(main(sock, sys.argv[1:])))
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)

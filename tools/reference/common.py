@@ -5,8 +5,13 @@ Nothing here imports llama_cpp, so make_synthetic_gguf.py runs where only `gguf`
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import socket
+import subprocess
+import tempfile
+import time
 from dataclasses import dataclass
 
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -107,3 +112,26 @@ def llama_cpp_version() -> str:
     import llama_cpp
 
     return f"llama-cpp-python {llama_cpp.__version__}"
+
+
+@contextlib.contextmanager
+def running_daemon(build_dir: str, *flags: str, prefix: str = "inferd-bench-"):
+    """Starts `build_dir`/bin/inferd on a socket in a fresh temporary directory (its log beside it), waits
+    until it answers, yields (process, socket path) and terminates it on exit."""
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    sock = os.path.join(tmp, "inferd.sock")
+    with open(os.path.join(tmp, "inferd.log"), "w") as log:
+        proc = subprocess.Popen([os.path.join(build_dir, "bin", "inferd"), "--socket", sock, *flags],
+                                stderr=log, stdout=subprocess.DEVNULL)
+    try:
+        for _ in range(500):
+            try:
+                with socket.socket(socket.AF_UNIX) as probe:
+                    probe.connect(sock)
+                break
+            except OSError:
+                time.sleep(0.01)
+        yield proc, sock
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -15,10 +15,9 @@ import argparse
 import glob
 import json
 import os
-import socket
 import subprocess
-import tempfile
-import time
+
+from common import running_daemon
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -32,19 +31,7 @@ def main():
     ap.add_argument("--daemon-arg", action="append", default=[])
     args = ap.parse_args()
 
-    tmp = tempfile.mkdtemp(prefix="inferd-cpu-")
-    sock = os.path.join(tmp, "inferd.sock")
-    log = open(os.path.join(tmp, "inferd.log"), "w")
-    daemon = subprocess.Popen([os.path.join(args.build, "bin", "inferd"), "--socket", sock, *args.daemon_arg],
-                              stderr=log, stdout=subprocess.DEVNULL)
-    try:
-        for _ in range(500):
-            try:
-                with socket.socket(socket.AF_UNIX) as s:
-                    s.connect(sock)
-                break
-            except OSError:
-                time.sleep(0.01)
+    with running_daemon(args.build, *args.daemon_arg, prefix="inferd-cpu-") as (daemon, sock):
         ctl = [os.path.join(args.build, "bin", "inferctl"), "--socket", sock]
         subprocess.run(ctl + ["load", args.model, "--id", "m", "--threads", "2", "--parallel", "16", "--ctx",
                               str(max(2048, args.gen + 64))], capture_output=True, check=True)
@@ -72,9 +59,6 @@ def main():
             print(f"{' '.join(args.daemon_arg) or '(defaults)'}: {(n - 1) * 1000 / r['generate_ms']:.1f} tok/s, "
                   f"daemon {(after - before) / n / 1e3:.1f} us/token, client {(ru.ru_utime + ru.ru_stime) / n * 1e6:.1f} "
                   f"us/token, client wake-ups {ru.ru_nvcsw / n:.2f}/token", flush=True)
-    finally:
-        daemon.terminate()
-        daemon.wait(timeout=30)
     return 0
 
 
