@@ -249,6 +249,7 @@ class ModelHost {
   void schedule() {
     while (schedule_one()) {
     }
+    arm_hang_detector();
   }
 
   // Steps a worker holds at once: one per pipeline stage, else the configured number.
@@ -372,18 +373,23 @@ class ModelHost {
     st.in_flight.push_back(src.id);
     st.worker->ring().publish_submission();
     st.worker->notify_submission();
-    arm_hang_detector(st);
   }
 
-  // The hang detector: the worker of `st` must finish the oldest step in flight within kStepTimeout
-  // from now (re-armed at each submission and completion, so a queued step's time starts when the
-  // step before it ends).
-  void arm_hang_detector(Stage& st) {
-    if (!st.worker || st.in_flight.empty()) return;
+  // The hang detector: the worker running the oldest step in flight must finish it within kStepTimeout
+  // of when it became that worker's oldest (so a queued step's time starts when the step before it
+  // ends, and a pipeline stage's when it gets the step). Armed once per step and stage, when that
+  // changes (schedule() runs after every submission and completion).
+  void arm_hang_detector() {
+    auto st = std::find_if(stages_.begin(), stages_.end(),
+                           [](const Stage& s) { return s.worker && !s.in_flight.empty(); });
+    if (st == stages_.end()) return;
+    const std::pair<uint32_t, uint64_t> oldest{st->index, st->in_flight.front()};
+    if (oldest == timed_) return;
+    timed_ = oldest;
     if (!step_timer_) step_timer_ = std::make_unique<asio::steady_timer>(sup_.io());
     step_timer_->expires_after(kStepTimeout);
-    std::weak_ptr<WorkerProcess> weak = st.worker;
-    const uint64_t step_id = st.in_flight.front();
+    std::weak_ptr<WorkerProcess> weak = st->worker;
+    const uint64_t step_id = oldest.second;
     step_timer_->async_wait([this, weak, step_id](std::error_code ec) {
       auto w = weak.lock();
       if (ec || !w || steps_.empty() || steps_.front().id > step_id) return;  // it has moved on since
@@ -458,7 +464,6 @@ class ModelHost {
         st.worker->kill();
         return;
       }
-      ++steps_done_;
       const auto now = Clock::now();
       // The worker's time on this step: from when it could start it (submitted, or the step before done).
       const auto began = std::max(step.submitted, last_completion_);
@@ -472,7 +477,6 @@ class ModelHost {
         Sequence& s = *it->second;
         s.fed += step.entries[i].chunk;
         s.in_flight -= step.entries[i].chunk;
-        tokens_processed_ += step.entries[i].chunk;
         if (step.entries[i].want) {
           --s.pending;
           ++decoded;
@@ -482,7 +486,6 @@ class ModelHost {
       rate_.push_back({now, decoded});
       while (!rate_.empty() && now - rate_.front().first > std::chrono::seconds(5)) rate_.pop_front();
     }
-    arm_hang_detector(st);  // the next queued step's time starts now
     schedule();
   }
 
@@ -833,7 +836,8 @@ class ModelHost {
   std::function<void(Status)> first_ready_;
   std::function<void()> on_stopped_;
   std::unique_ptr<asio::steady_timer> kill_timer_;
-  std::unique_ptr<asio::steady_timer> step_timer_;  // the hang detector of the step in flight
+  std::unique_ptr<asio::steady_timer> step_timer_;  // the hang detector of the oldest step in flight
+  std::pair<uint32_t, uint64_t> timed_{0, 0};        // the stage and step it times
   bool shutting_down_ = false;
 
   std::deque<std::unique_ptr<Sequence>> queue_;
@@ -841,7 +845,6 @@ class ModelHost {
   std::vector<uint64_t> slots_;  // sequence id per KV slot, 0 = free
   std::deque<Step> steps_;  // in flight, oldest first; at most depth()
   uint64_t next_seq_id_ = 0, next_step_id_ = 0;
-  uint64_t steps_done_ = 0, tokens_processed_ = 0;
   Clock::time_point last_completion_;
   uint64_t step_compute_ns_ = 0, step_wall_ns_ = 0, timed_steps_ = 0;  // for the IPC overhead figure
   uint64_t requests_done_ = 0, requests_failed_ = 0, prompt_tokens_ = 0, generated_tokens_ = 0, replays_ = 0;
