@@ -289,6 +289,22 @@ std::vector<std::string> weight_params(DType type) {
           "__global const float4* wm", "__global const char4* wsub", "__global const ushort* wh"};
 }
 
+// The 32-element block types whose quants are packed nibbles (Q4_0, Q4_1) or nibbles plus a plane of
+// fifth bits (Q5_0, Q5_1): the expression of row r's 4 codes at the loaded slice (ushort4 p, and uint h
+// for the fifth bits), as float4 (IntDot::kFloat) or char4 (kInt8).
+std::string packed_codes(DType type, IntDot form, int r) {
+  const bool int8 = form == IntDot::kInt8;
+  const std::string lane = std::string("p.") + "xyzw"[r];
+  if (type == DType::kQ5_0 || type == DType::kQ5_1) {
+    return std::string(int8 ? "convert_char4" : "convert_float4") + "(inferd_code5_u(" + lane + ", h, " +
+           std::to_string(r) + "))";
+  }
+  return std::string(int8 ? "inferd_nibbles_c(" : "inferd_nibbles(") + lane + ")";
+}
+// The code of value 0 of those types without a min (Q4_0: 8, Q5_0: 16); 0 for those with one.
+int code_zero(DType type) { return type == DType::kQ4_0 ? 8 : type == DType::kQ5_0 ? 16 : 0; }
+bool has_min(DType type) { return type == DType::kQ4_1 || type == DType::kQ5_1; }
+
 // w_load(): the 4 rows of output slice `so` at input slice `si`, dequantized as the CPU engine's
 // to_float (kernels/cpu/scalar.cpp) computes them, into r[0..3].
 std::string weight_loader(DType type) {
@@ -334,50 +350,24 @@ std::string weight_loader(DType type) {
   r[3] = convert_float4(wq[base + 3]) * d.w;
 }
 )";
-    case DType::kQ5_0:
-      return signature + R"(  const int blk = so * (n_si / 8) + si / 8;
-  const ushort4 p = wq[blk * 8 + si % 8];
-  const uint h = wh[blk * 8 + si % 8];
-  const float4 d = ws[blk];
-  r[0] = (inferd_code5(p.x, h, 0) - 16.0f) * d.x;
-  r[1] = (inferd_code5(p.y, h, 1) - 16.0f) * d.y;
-  r[2] = (inferd_code5(p.z, h, 2) - 16.0f) * d.z;
-  r[3] = (inferd_code5(p.w, h, 3) - 16.0f) * d.w;
-}
-)";
-    case DType::kQ5_1:
-      return signature + R"(  const int blk = so * (n_si / 8) + si / 8;
-  const ushort4 p = wq[blk * 8 + si % 8];
-  const uint h = wh[blk * 8 + si % 8];
-  const float4 d = ws[blk];
-  const float4 m = wm[blk];
-  r[0] = inferd_code5(p.x, h, 0) * d.x + m.x;
-  r[1] = inferd_code5(p.y, h, 1) * d.y + m.y;
-  r[2] = inferd_code5(p.z, h, 2) * d.z + m.z;
-  r[3] = inferd_code5(p.w, h, 3) * d.w + m.w;
-}
-)";
     case DType::kQ4_0:
-      return signature + R"(  const int blk = so * (n_si / 8) + si / 8;
-  const ushort4 p = wq[blk * 8 + si % 8];
-  const float4 d = ws[blk];
-  r[0] = (inferd_nibbles(p.x) - 8.0f) * d.x;
-  r[1] = (inferd_nibbles(p.y) - 8.0f) * d.y;
-  r[2] = (inferd_nibbles(p.z) - 8.0f) * d.z;
-  r[3] = (inferd_nibbles(p.w) - 8.0f) * d.w;
-}
-)";
     case DType::kQ4_1:
-      return signature + R"(  const int blk = so * (n_si / 8) + si / 8;
-  const ushort4 p = wq[blk * 8 + si % 8];
-  const float4 d = ws[blk];
-  const float4 m = wm[blk];
-  r[0] = inferd_nibbles(p.x) * d.x + m.x;
-  r[1] = inferd_nibbles(p.y) * d.y + m.y;
-  r[2] = inferd_nibbles(p.z) * d.z + m.z;
-  r[3] = inferd_nibbles(p.w) * d.w + m.w;
-}
-)";
+    case DType::kQ5_0:
+    case DType::kQ5_1: {  // (code - zero) * d, or code * d + m for the types with a min
+      const bool five = type == DType::kQ5_0 || type == DType::kQ5_1, min = has_min(type);
+      std::string body = signature + "  const int blk = so * (n_si / 8) + si / 8;\n" +
+                         "  const ushort4 p = wq[blk * 8 + si % 8];\n" +
+                         (five ? "  const uint h = wh[blk * 8 + si % 8];\n" : "") + "  const float4 d = ws[blk];\n" +
+                         (min ? "  const float4 m = wm[blk];\n" : "");
+      for (int r = 0; r < 4; ++r) {
+        const std::string code = packed_codes(type, IntDot::kFloat, r), lane = std::string(".") + "xyzw"[r];
+        body += "  r[" + std::to_string(r) + "] = " +
+                (min ? code + " * d" + lane + " + m" + lane
+                     : "(" + code + " - " + std::to_string(code_zero(type)) + ".0f) * d" + lane) +
+                ";\n";
+      }
+      return body + "}\n";
+    }
     case DType::kQ4_K:  // q4_k_to_float: ds * q - ms, ds = d * sc, ms = dmin * mn
       return signature + k_prologue + R"(  const ushort4 p = wq[g * 8 + si % 8];
   const float4 ds = ws[sb] * convert_float4(wsub[sb * 16 + g % 8]);
@@ -422,7 +412,6 @@ inline uint4 inferd_code5_u(ushort v, uint h, int r) {
   return (uint4)(u & 15u, (u >> 4) & 15u, (u >> 8) & 15u, u >> 12) |
          (((uint4)(b, b >> 1, b >> 2, b >> 3) & 1u) << 4);
 }
-inline float4 inferd_code5(ushort v, uint h, int r) { return convert_float4(inferd_code5_u(v, h, r)); }
 // The dot products of the 4 weight rows r with one slice x: one output slice's contribution.
 inline float4 inferd_dot4(const float4* r, float4 x) {
   return (float4)(dot(r[0], x), dot(r[1], x), dot(r[2], x), dot(r[3], x));
@@ -734,18 +723,6 @@ std::string weight_int_loader(DType type, IntDot form) {
                                 weight_pointer_type(type) + "* wq, __global const ushort* wh, int blk, int l, " + vec +
                                 "* r) {\n";
   switch (type) {
-    case DType::kQ5_0:    // the signed values
-    case DType::kQ5_1: {  // the codes
-      const std::string offset = type != DType::kQ5_0 ? "" : int8 ? " - (char4)(16)" : " - 16.0f";
-      std::string body = signature + "  const ushort4 p = wq[blk * 8 + l];\n  const uint h = wh[blk * 8 + l];\n";
-      const char* lanes[4] = {"x", "y", "z", "w"};
-      for (int r = 0; r < 4; ++r) {
-        const std::string code = std::string("inferd_code5_u(p.") + lanes[r] + ", h, " + std::to_string(r) + ")";
-        body += "  r[" + std::to_string(r) + "] = " + (int8 ? "convert_char4(" : "convert_float4(") + code + ")" +
-                offset + ";\n";
-      }
-      return body + "}\n";
-    }
     case DType::kQ8_0: {
       const std::string cvt = int8 ? "" : "convert_float4";  // stored as char4 already
       std::string body = signature + "  const int base = (blk * 8 + l) * 4;\n";
@@ -755,14 +732,15 @@ std::string weight_int_loader(DType type, IntDot form) {
       return body + "}\n";
     }
     case DType::kQ4_0:
-    case DType::kQ4_1: {
-      const std::string nibbles = int8 ? "inferd_nibbles_c" : "inferd_nibbles";
-      const std::string offset = type != DType::kQ4_0 ? "" : int8 ? " - (char4)(8)" : " - 8.0f";
+    case DType::kQ4_1:
+    case DType::kQ5_0:    // the signed values
+    case DType::kQ5_1: {  // the codes
+      const int zero = code_zero(type);
+      const std::string offset = zero == 0 ? "" : int8 ? " - (char4)(" + std::to_string(zero) + ")"
+                                                        : " - " + std::to_string(zero) + ".0f";
       std::string body = signature + "  const ushort4 p = wq[blk * 8 + l];\n";
-      const char* lanes[4] = {"x", "y", "z", "w"};
-      for (int r = 0; r < 4; ++r) {
-        body += "  r[" + std::to_string(r) + "] = " + nibbles + "(p." + lanes[r] + ")" + offset + ";\n";
-      }
+      if (type == DType::kQ5_0 || type == DType::kQ5_1) body += "  const uint h = wh[blk * 8 + l];\n";
+      for (int r = 0; r < 4; ++r) body += "  r[" + std::to_string(r) + "] = " + packed_codes(type, form, r) + offset + ";\n";
       return body + "}\n";
     }
     default: return "";
@@ -823,7 +801,7 @@ KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_
   k.params = weight_params(type);
   k.params.push_back("__global const float2* xs");
   const bool blocks = matmul_activations(type) == MatmulActivations::kQ8;
-  const bool q4_1 = type == DType::kQ4_1 || type == DType::kQ5_1;  // a min term
+  const bool q4_1 = has_min(type);  // a min term
   k.helpers = "#define TT " + std::to_string(tokens_per_item) + "  // tokens per work-item\n" + kExactHelpers +
               kMatmulHelpers;
   if (!blocks) {
