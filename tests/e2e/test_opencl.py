@@ -6,6 +6,9 @@ like llama.cpp's -ngl): layers 0-14 on OpenCL and 15-29 on the CPU (`inferctl lo
 --stage-backends opencl,cpu`) and the reverse, each stage's backend in the placement and the workers,
 greedy output equal to the whole model on the CPU; a bad stageBackends is refused and the daemon goes on.
 The int8 form of the exact matmul's dot products (INFERD_OPENCL_INT_DOT=int8) gives the same text.
+Half-precision activations (INFERD_OPENCL_NUMERICS=float INFERD_OPENCL_ACTIVATIONS=f16) show in the
+worker's device string and agree with the CPU backend, teacher-forced, at the float numerics' floor; f16
+with the exact numerics, and unknown values, fail the load with a clear message and the daemon serves on.
 
     test_opencl.py --bin-dir BUILD/bin --model MODEL.gguf
 
@@ -29,6 +32,8 @@ import ctypes.util
 import os
 import subprocess
 import sys
+
+import capnp
 
 import harness
 from harness import Connection, request, run_async
@@ -267,6 +272,77 @@ class OpenClIntDotTest(harness.DaemonTestCase):
                 daemon = harness.Daemon(threads=2, env={"INFERD_OPENCL_INT_DOT": value}).start()
                 try:
                     run_async(body(daemon, value), daemons=[daemon])
+                finally:
+                    daemon.stop()
+
+
+class OpenClHalfActivationsTest(harness.DaemonTestCase):
+    """INFERD_OPENCL_ACTIVATIONS / INFERD_OPENCL_NUMERICS, inherited by the workers."""
+
+    def test_half_activations_agree_with_the_cpu_backend(self):
+        async def body(daemon):
+            conn = await Connection.open(daemon.socket_path)
+            await conn.load(harness.Config.model, id="ocl", contextSize=CONTEXT, backend="opencl")
+            m = await conn.model_status("ocl")
+            device = m.info.workers[0].device
+            print(f"\n[opencl] worker device with half activations: {device}", file=sys.stderr)
+            self.assertRegex(device, r"activations=[a-z_0-9]+\(f16\)", "the device string does not show f16 activations")
+            self.assertIn("numerics float", device)
+            await conn.load(harness.Config.model, id="cpu", contextSize=CONTEXT, backend="cpu")
+            cpu = await conn.generate(request("cpu", PROMPT, max_tokens=N_TOKENS // 2, ignoreEog=True))
+            ocl = await conn.generate(request("ocl", PROMPT, max_tokens=N_TOKENS // 2, ignoreEog=True))
+            self.assertCompleted(cpu, "cpu")
+            self.assertCompleted(ocl, "opencl, half activations")
+            self.assertEqual(len(ocl.tokens), N_TOKENS // 2)
+            prompt_ids = await conn.tokenize("cpu", PROMPT, True, True)
+            agree = 0
+            for i in range(len(cpu.tokens)):
+                out = await conn.generate(request("ocl", tokens=prompt_ids + cpu.tokens[:i], max_tokens=1,
+                                                  ignoreEog=True))
+                self.assertCompleted(out, f"teacher-forced position {i}")
+                agree += out.tokens == [cpu.tokens[i]]
+            print(f"[opencl] half activations: teacher-forced top-1 agreement with the CPU backend "
+                  f"{agree}/{len(cpu.tokens)}; greedy cpu {cpu.text!r} opencl {ocl.text!r}", file=sys.stderr)
+            self.assertGreaterEqual(agree / len(cpu.tokens), 0.9)
+            conn.close()
+
+        daemon = harness.Daemon(threads=2, env={"INFERD_OPENCL_NUMERICS": "float",
+                                                "INFERD_OPENCL_ACTIVATIONS": "f16"}).start()
+        try:
+            run_async(body(daemon), daemons=[daemon])
+        finally:
+            daemon.stop()
+
+    def test_refused_settings_fail_the_load_and_the_daemon_serves_on(self):
+        async def body(daemon, fragment):
+            conn = await Connection.open(daemon.socket_path)
+            load = conn.load(harness.Config.model, id="ocl", contextSize=CONTEXT, backend="opencl")
+            if fragment.startswith("half-precision"):
+                try:
+                    await load
+                except capnp.KjException as e:
+                    self.assertKjError(e, "FAILED", fragment, context="f16 with the exact numerics")
+                else:
+                    # Only a device without cl_khr_fp64 loads: it runs the float numerics, where halves are fine.
+                    device = (await conn.model_status("ocl")).info.workers[0].device
+                    self.assertIn("numerics float", device)
+                    self.assertIn("(f16)", device)
+            else:
+                await self.expect_error(load, "FAILED", fragment, context=f"load refused for {fragment!r}")
+            await conn.load(harness.Config.model, id="cpu", contextSize=CONTEXT, backend="cpu")
+            cpu = await conn.generate(request("cpu", PROMPT, max_tokens=4, ignoreEog=True))
+            self.assertCompleted(cpu, "cpu after the refused load")
+            conn.close()
+
+        cases = [({"INFERD_OPENCL_ACTIVATIONS": "f8"}, "INFERD_OPENCL_ACTIVATIONS"),
+                 ({"INFERD_OPENCL_NUMERICS": "fast"}, "INFERD_OPENCL_NUMERICS"),
+                 # The default (exact) numerics with half activations: refused, with the reason.
+                 ({"INFERD_OPENCL_ACTIVATIONS": "f16"}, "half-precision activations need float numerics")]
+        for env, fragment in cases:
+            with self.subTest(env=env):
+                daemon = harness.Daemon(threads=2, env=env).start()
+                try:
+                    run_async(body(daemon, fragment), daemons=[daemon])
                 finally:
                     daemon.stop()
 

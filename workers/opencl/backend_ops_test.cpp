@@ -47,10 +47,10 @@ std::vector<float> random_values(int64_t n, uint32_t seed, float lo = -1.0f, flo
   return v;
 }
 
-// The device tensors of one run, all in one storage, all with guards.
+// The device tensors of one run, all in one storage and data type, all with guards.
 class Harness {
  public:
-  Harness(Runtime& rt, StorageType storage) : rt_(rt), storage_(storage) {}
+  Harness(Runtime& rt, TensorFormat format) : rt_(rt), format_(format) {}
 
   Runtime& runtime() { return rt_; }
 
@@ -96,7 +96,7 @@ class Harness {
 
  private:
   Result<Tensor*> allocate(const Bhwc& shape) {
-    const TensorDescriptor desc(shape, storage_);
+    const TensorDescriptor desc(shape, format_);
     if (Status fits = desc.fits(rt_.info()); !fits) return Status(Code::kUnimplemented, fits.message());
     auto t = Tensor::allocate(rt_, desc, AllocOptions{kGuardTexels});
     if (!t) return t.status();
@@ -106,7 +106,7 @@ class Harness {
   }
 
   Runtime& rt_;
-  StorageType storage_;
+  TensorFormat format_;
   std::vector<std::unique_ptr<Tensor>> tensors_;
 };
 
@@ -122,9 +122,16 @@ class OpCase {
   virtual std::string params() const = 0;
   virtual std::string type() const { return "f32"; }
   virtual double max_nmse() const { return 1e-7; }
+  // With every tensor in half precision (inputs rounded to half on upload, the output on every
+  // write): each rounding is a relative error of at most 2^-11, an nmse of about 1e-7 per rounding
+  // in the chain; the cases whose chains are long (a softmax over exp) allow more.
+  virtual double max_nmse_f16() const { return 2e-6; }
   // An exact op (ops.h): every output must equal the reference's float (the reference being the CPU
   // engine's own code), not merely be close.
   virtual bool bit_exact() const { return false; }
+  // An op of the exact numerics (ops.h), which reproduce the CPU engine's float activations: it has
+  // no half-precision variant.
+  virtual bool exact_numerics() const { return false; }
   // Runs the op on the device with every tensor in h's storage; `out` receives the output.
   virtual Status run(Ops& ops, Harness& h, std::vector<float>* out) = 0;
   virtual std::vector<float> reference() const = 0;
@@ -150,6 +157,7 @@ class BinaryCase final : public OpCase {
   }
   std::string params() const override { return shape_.to_string(); }
   bool bit_exact() const override { return kind_ != Binary::kSwiglu; }
+  bool exact_numerics() const override { return kind_ == Binary::kSwigluExact; }
   Status run(Ops& ops, Harness& h, std::vector<float>* out) override {
     ASSIGN_OR_RETURN(a, h.input(shape_, a_));
     ASSIGN_OR_RETURN(b, h.input(shape_, b_));
@@ -190,6 +198,7 @@ class RmsNormCase final : public OpCase {
   std::string op() const override { return exact_ ? "rms_norm_exact" : "rms_norm"; }
   std::string params() const override { return shape_.to_string(); }
   bool bit_exact() const override { return exact_; }
+  bool exact_numerics() const override { return exact_; }
   Status run(Ops& ops, Harness& h, std::vector<float>* out) override {
     ASSIGN_OR_RETURN(x, h.input(shape_, x_));
     ASSIGN_OR_RETURN(w, h.input(Bhwc{1, 1, 1, shape_.c}, w_));
@@ -475,6 +484,7 @@ class SwigluHalvesCase final : public OpCase {
   std::string op() const override { return exact_ ? "swiglu_halves_exact" : "swiglu_halves"; }
   std::string params() const override { return "tokens=" + std::to_string(tokens_) + ",c=" + std::to_string(channels_); }
   bool bit_exact() const override { return exact_; }
+  bool exact_numerics() const override { return exact_; }
   Status run(Ops& ops, Harness& h, std::vector<float>* out) override {
     ASSIGN_OR_RETURN(x, h.input(Bhwc{1, 1, tokens_, 2 * channels_}, x_));
     ASSIGN_OR_RETURN(d, h.output(Bhwc{1, 1, tokens_, channels_}));
@@ -528,6 +538,7 @@ class QuantizeQ8Case final : public OpCase {
   std::string op() const override { return "quantize_q8"; }
   std::string params() const override { return "tokens=" + std::to_string(tokens_) + ",k=" + std::to_string(k_); }
   bool bit_exact() const override { return true; }
+  bool exact_numerics() const override { return true; }
   Status run(Ops& ops, Harness& h, std::vector<float>* out) override {
     const Bhwc xs{1, 1, tokens_, static_cast<int32_t>(k_)};
     ASSIGN_OR_RETURN(x, h.input(xs, x_));
@@ -583,6 +594,7 @@ class QuantizeQ8KCase final : public OpCase {
   std::string op() const override { return "quantize_q8_k"; }
   std::string params() const override { return "tokens=" + std::to_string(tokens_) + ",k=" + std::to_string(k_); }
   bool bit_exact() const override { return true; }
+  bool exact_numerics() const override { return true; }
   Status run(Ops& ops, Harness& h, std::vector<float>* out) override {
     const Bhwc xs{1, 1, tokens_, static_cast<int32_t>(k_)};
     ASSIGN_OR_RETURN(x, h.input(xs, x_));
@@ -642,6 +654,7 @@ class MatmulExactCase final : public OpCase {
   }
   std::string type() const override { return dtype_name(type_); }
   bool bit_exact() const override { return true; }
+  bool exact_numerics() const override { return true; }
   Status run(Ops& ops, Harness& h, std::vector<float>* out) override {
     if (!kernels::isa_available(isa_)) {
       return make_error(Code::kUnimplemented, "this CPU cannot run the %s kernels to compare with", kernels::isa_name(isa_));
@@ -730,6 +743,7 @@ class AttentionCase final : public OpCase {
   }
   std::string op() const override { return exact_ ? "rope_kv+attn_exact" : "rope_kv+attention"; }
   bool bit_exact() const override { return exact_; }
+  bool exact_numerics() const override { return exact_; }
   std::string params() const override {
     return std::string(g_.rope_mode == RopeMode::kNeox ? "neox" : "normal") + ",d=" + std::to_string(g_.head_dim) +
            ",kv=" + std::to_string(history_) + "+" + std::to_string(tokens_) + (fused_ ? ",fused" : "") +
@@ -931,9 +945,16 @@ void run_cases(Runtime& rt, const Cases& cases) {
   Ops ops(rt);
   int passed = 0, unsupported = 0;
   for (const auto& c : cases) {
+    for (DataType data_type : kAllDataTypes) {
+    const bool half = data_type == DataType::kFloat16;
+    if (half && c->exact_numerics()) continue;
+    const double max_nmse = half ? c->max_nmse_f16() : c->max_nmse();
+    // Rounding to half makes an op that is bit-exact in float merely close.
+    const bool bit_exact = !half && c->bit_exact();
     for (StorageType storage : kAllStorageTypes) {
-      const std::string what = c->op() + " " + c->params() + " " + storage_name(storage) + " " + c->type();
-      Harness h(rt, storage);
+      const TensorFormat format(storage, data_type);
+      const std::string what = c->op() + " " + c->params() + " " + format.to_string() + " " + c->type();
+      Harness h(rt, format);
       std::vector<float> got;
       const Status s = c->run(ops, h, &got);
       std::string verdict;
@@ -959,9 +980,9 @@ void run_cases(Runtime& rt, const Cases& cases) {
         const double nmse = norm > 0.0 ? err / norm : err;
         char buf[64];
         std::snprintf(buf, sizeof(buf), "nmse=%.2e", nmse);
-        if (bad.empty() && !(nmse <= c->max_nmse())) bad = std::string(buf) + " > " + std::to_string(c->max_nmse());
+        if (bad.empty() && !(nmse <= max_nmse)) bad = std::string(buf) + " > " + std::to_string(max_nmse);
         int differ = 0;
-        for (size_t i = 0; c->bit_exact() && i < std::min(got.size(), ref.size()); ++i) {
+        for (size_t i = 0; bit_exact && i < std::min(got.size(), ref.size()); ++i) {
           if (got[i] == ref[i] || (std::isnan(got[i]) && std::isnan(ref[i]))) continue;
           if (differ++ == 0 && bad.empty()) {
             char first[128];
@@ -971,7 +992,7 @@ void run_cases(Runtime& rt, const Cases& cases) {
           }
         }
         if (differ > 0) bad += " (" + std::to_string(differ) + " of " + std::to_string(ref.size()) + " differ)";
-        if (bad.empty() && c->bit_exact()) std::snprintf(buf, sizeof(buf), "bit-exact");
+        if (bad.empty() && bit_exact) std::snprintf(buf, sizeof(buf), "bit-exact");
         if (bad.empty()) {
           verdict = std::string("OK ") + buf;
           ++passed;
@@ -980,8 +1001,9 @@ void run_cases(Runtime& rt, const Cases& cases) {
           ADD_FAILURE() << what << ": " << bad;
         }
       }
-      std::printf("[backend-ops] %-14s %-28s %-12s %-5s %s\n", c->op().c_str(), c->params().c_str(),
-                  storage_name(storage), c->type().c_str(), verdict.c_str());
+      std::printf("[backend-ops] %-14s %-28s %-17s %-5s %s\n", c->op().c_str(), c->params().c_str(),
+                  format.to_string().c_str(), c->type().c_str(), verdict.c_str());
+    }
     }
   }
   std::printf("[backend-ops] %d passed, %d unsupported, %zu kernels built on %s\n", passed, unsupported,
@@ -1274,6 +1296,36 @@ TEST(BackendOps, MixedStoragesInOneKernel) {
   std::vector<float> got(va.size());
   ASSERT_TRUE(download(*rt, d.value(), got).is_ok());
   for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], va[i] + vb[i]) << i;
+}
+
+// Float and half tensors mix in one kernel (the engine adds a half projection into its float
+// residual stream): each combination of formats is its own kernel, and the result is the float sum
+// of the half-rounded input, rounded as the output's type says.
+TEST(BackendOps, MixedDataTypesInOneKernel) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  const Bhwc shape{1, 1, 5, 7};
+  auto round_half = [](float v) { return kernels::fp16_to_fp32(kernels::fp32_to_fp16(v)); };
+  const std::vector<float> va = random_values(shape.elements(), 3), vb = random_values(shape.elements(), 4);
+  Ops ops(*rt);
+  size_t combinations = 0;
+  for (DataType out_type : kAllDataTypes) {
+    const TensorDescriptor da(shape, StorageType::kBuffer), db(shape, StorageType::kBuffer, DataType::kFloat16),
+        dd(shape, StorageType::kBuffer, out_type);
+    auto a = Tensor::allocate(*rt, da);
+    auto b = Tensor::allocate(*rt, db);
+    auto d = Tensor::allocate(*rt, dd);
+    ASSERT_TRUE(a.is_ok() && b.is_ok() && d.is_ok());
+    ASSERT_TRUE(upload(*rt, a.value(), va).is_ok());
+    ASSERT_TRUE(upload(*rt, b.value(), vb).is_ok());
+    ASSERT_TRUE(ops.add(a.value(), b.value(), d.value()).is_ok());
+    EXPECT_EQ(ops.kernel_count(), ++combinations);
+    std::vector<float> got(va.size());
+    ASSERT_TRUE(download(*rt, d.value(), got).is_ok());
+    for (size_t i = 0; i < got.size(); ++i) {
+      const float sum = va[i] + round_half(vb[i]);
+      EXPECT_EQ(got[i], out_type == DataType::kFloat16 ? round_half(sum) : sum) << i;
+    }
+  }
 }
 
 // Bad shapes and types are error values, never crashes.

@@ -207,17 +207,29 @@ Result<std::unique_ptr<ClEngine>> ClEngine::create(std::shared_ptr<const Model> 
                       mib(e->rt_->info().max_alloc_bytes).c_str());
   }
 
-  // Storages: every activation in one (the widest decides), the logits on their own.
+  // The activations' data type: halves only where the numerics allow them.
   const DeviceInfo& info = e->rt_->info();
+  if (opt.activation_type) {
+    if (*opt.activation_type == DataType::kFloat16 && e->exact()) {
+      return Status(Code::kInvalidArgument,
+                    "half-precision activations need float numerics: the exact numerics reproduce the CPU engine's "
+                    "float activations");
+    }
+    e->act_type_ = *opt.activation_type;
+  } else {
+    e->act_type_ = !e->exact() && info.fp16 ? DataType::kFloat16 : DataType::kFloat32;
+  }
+
+  // Storages: every activation in one (the widest decides), the logits on their own.
   const int32_t widest = std::max({cfg.n_embd + 2 * cfg.n_embd_kv(), 2 * cfg.n_ff, cfg.n_embd});
   const Bhwc widest_shape{1, 1, opt.n_ubatch, widest};
   if (opt.activation_storage) {
-    Status fits = TensorDescriptor(widest_shape, *opt.activation_storage).fits(info);
+    Status fits = TensorDescriptor(widest_shape, *opt.activation_storage, e->act_type_).fits(info);
     if (!fits) return fits.with_context("forced activation storage");
     e->act_storage_ = *opt.activation_storage;
     e->storage_notes_ = " (forced)";
   } else {
-    auto choice = choose_storage(info, widest_shape);
+    auto choice = choose_storage(info, widest_shape, kAnyStorage, e->act_type_);
     if (!choice) return choice.status();
     e->act_storage_ = choice->storage;
     if (!choice->fallbacks.empty()) e->storage_notes_ = " (passed over " + choice->fallbacks.front() + ")";
@@ -325,16 +337,18 @@ Status ClEngine::allocate_activations() {
   act_ = std::make_unique<Activations>();
   Activations& a = *act_;
   const int32_t n = options_.n_ubatch;
-  auto tensor = [&](std::optional<Tensor>& t, int32_t channels) -> Status {
-    auto r = Tensor::allocate(*rt_, TensorDescriptor(Bhwc{1, 1, n, channels}, act_storage_));
+  auto tensor_of = [&](std::optional<Tensor>& t, int32_t channels, DataType type) -> Status {
+    auto r = Tensor::allocate(*rt_, TensorDescriptor(Bhwc{1, 1, n, channels}, act_storage_, type));
     if (!r) return r.status();
     a.bytes += r->desc().data_bytes();
     t.emplace(std::move(r).value());
     return Status::ok();
   };
+  auto tensor = [&](std::optional<Tensor>& t, int32_t channels) { return tensor_of(t, channels, act_type_); };
   const int32_t e = cfg.n_embd, ekv = cfg.n_embd_kv(), f = cfg.n_ff;
-  INFERD_RETURN_IF_ERROR(tensor(a.x[0], e));
-  INFERD_RETURN_IF_ERROR(tensor(a.x[1], e));
+  // The residual stream stays float whatever the other activations are: it sums every layer's output.
+  INFERD_RETURN_IF_ERROR(tensor_of(a.x[0], e, DataType::kFloat32));
+  INFERD_RETURN_IF_ERROR(tensor_of(a.x[1], e, DataType::kFloat32));
   INFERD_RETURN_IF_ERROR(tensor(a.xn, e));
   INFERD_RETURN_IF_ERROR(tensor(a.attn, e));
   INFERD_RETURN_IF_ERROR(tensor(a.proj, e));
@@ -659,7 +673,7 @@ int32_t ClEngine::slot_length(int32_t slot) const {
 std::string ClEngine::describe() const {
   const DeviceInfo& d = rt_->info();
   return "OpenCL: " + d.name + " (" + d.vendor + ", driver " + d.driver_version + "), storage: weights=buffer activations=" +
-         storage_name(act_storage_) + storage_notes_ + " logits=" + storage_name(logits_storage_) +
+         TensorFormat(act_storage_, act_type_).to_string() + storage_notes_ + " logits=" + storage_name(logits_storage_) +
          " kv=buffer(f16), numerics " + numerics_name(numerics_) +
          (exact() ? std::string(" (") + cpu_order_name(cpu_order_) + ", " + int_dot_name(ops_->int_dot()) + " dot)"
                   : numerics_note_) +

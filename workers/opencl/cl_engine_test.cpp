@@ -71,7 +71,8 @@ class ClEngineTest : public ::testing::Test {
 
   // An engine on the test device (INFERD_OPENCL_DEVICE), on its own Runtime.
   std::unique_ptr<ClEngine> make(int32_t n_slots = 1, std::optional<StorageType> storage = std::nullopt,
-                                 Numerics numerics = Numerics::kExact) {
+                                 Numerics numerics = Numerics::kExact,
+                                 std::optional<DataType> activation_type = std::nullopt) {
     const char* selector = std::getenv("INFERD_OPENCL_DEVICE");
     auto rt = Runtime::create_default(RuntimeOptions{}, selector != nullptr ? selector : "");
     EXPECT_TRUE(rt.is_ok()) << rt.status().to_string();
@@ -81,6 +82,7 @@ class ClEngineTest : public ::testing::Test {
     o.n_slots = n_slots;
     o.activation_storage = storage;
     o.numerics = numerics;
+    o.activation_type = activation_type;
     auto e = ClEngine::create(model(), std::move(rt).value(), o);
     EXPECT_TRUE(e.is_ok()) << e.status().to_string();
     if (!e) return nullptr;
@@ -452,6 +454,100 @@ TEST_P(ClEngineNumericsTest, EveryActivationStorageGivesTheSameLogits) {
       EXPECT_EQ(d, 0.0f) << storage_name(storage);
     }
   }
+}
+
+// Half-precision activations (float numerics; the residual stream stays float), in every storage:
+// the same forward pass as float activations up to half rounding (prefill and decode kernels), and
+// over a page of text the next token of the float activations (teacher-forced) nearly everywhere,
+// and the CPU engine's at the float numerics' own rate.
+TEST_F(ClEngineTest, HalfActivationsAgreeWithFloatActivations) {
+  const std::vector<int32_t> tokens = text_tokens(kAgreementTokens);
+  ASSERT_EQ(tokens.size(), static_cast<size_t>(kAgreementTokens));
+  auto run = [&](ClEngine& cl, size_t n, size_t prefill) {
+    std::vector<float> logits;
+    auto p = cl.eval(0, std::span<const int32_t>(tokens.data(), prefill), /*all_logits=*/true);
+    EXPECT_TRUE(p.is_ok()) << p.status().to_string();
+    if (!p) return logits;
+    logits.assign(p->begin(), p->end());
+    for (size_t i = prefill; i < n; ++i) {
+      auto d = cl.eval(0, std::span<const int32_t>(&tokens[i], 1));
+      EXPECT_TRUE(d.is_ok()) << d.status().to_string();
+      if (!d) return logits;
+      logits.insert(logits.end(), d->begin(), d->end());
+    }
+    return logits;
+  };
+  const size_t nv = static_cast<size_t>(model()->config().n_vocab);
+  auto top1 = [&](const std::vector<float>& a, const std::vector<float>& b) {
+    int same = 0;
+    for (size_t i = 0; i < a.size() / nv && i < b.size() / nv; ++i) {
+      same += argmax(std::span<const float>(a).subspan(i * nv, nv)) == argmax(std::span<const float>(b).subspan(i * nv, nv));
+    }
+    return same;
+  };
+
+  // Every storage, 9 tokens of prefill then 3 of decode.
+  auto f32 = make(1, StorageType::kBuffer, Numerics::kFloat, DataType::kFloat32);
+  ASSERT_NE(f32, nullptr);
+  const std::vector<float> short_ref = run(*f32, 12, 9);
+  for (StorageType storage : kAllStorageTypes) {
+    auto cl = make(1, storage, Numerics::kFloat, DataType::kFloat16);
+    if (cl == nullptr) continue;  // make() reported why
+    EXPECT_EQ(cl->activation_type(), DataType::kFloat16);
+    EXPECT_NE(cl->describe().find(std::string("activations=") + storage_name(storage) + "(f16)"), std::string::npos)
+        << cl->describe();
+    const std::vector<float> logits = run(*cl, 12, 9);
+    const float d = max_abs_diff(logits, short_ref);
+    std::printf("[cl-engine] half activations in %s vs float activations: max |logit diff| %.3f, top-1 %d/12\n",
+                storage_name(storage), static_cast<double>(d), top1(logits, short_ref));
+    EXPECT_LT(d, 0.25f) << storage_name(storage);  // measured 0.04 on PoCL
+    EXPECT_GE(top1(logits, short_ref), 11) << storage_name(storage);
+  }
+
+  // A page of text in one prefill, against the float activations and the CPU engine.
+  auto half = make(1, StorageType::kBuffer, Numerics::kFloat, DataType::kFloat16);
+  ASSERT_NE(half, nullptr);
+  const std::vector<float> got = run(*half, tokens.size(), tokens.size());
+  f32->clear_slot(0);
+  const std::vector<float> ref = run(*f32, tokens.size(), tokens.size());
+  EngineOptions co;
+  co.n_ctx = 512;
+  co.n_threads = 2;
+  auto cpu = Engine::create(model(), co);
+  ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
+  auto cpu_logits = cpu.value()->eval(0, tokens, /*all_logits=*/true);
+  ASSERT_TRUE(cpu_logits.is_ok()) << cpu_logits.status().to_string();
+  const std::vector<float> cpu_ref(cpu_logits->begin(), cpu_logits->end());
+  const int vs_float = top1(got, ref), vs_cpu = top1(got, cpu_ref), float_vs_cpu = top1(ref, cpu_ref);
+  std::printf("[cl-engine] half activations, teacher-forced top-1 over %zu positions: %d with float activations "
+              "(max |logit diff| %.3f); %d with the CPU engine (float activations: %d)\n",
+              tokens.size(), vs_float, static_cast<double>(max_abs_diff(got, ref)), vs_cpu, float_vs_cpu);
+  EXPECT_GE(vs_float, static_cast<int>(0.97 * static_cast<double>(tokens.size())));
+  EXPECT_GE(vs_cpu, static_cast<int>(0.93 * static_cast<double>(tokens.size())));
+}
+
+// Halves are chosen only where they pay and allowed only where the numerics allow them: the exact
+// numerics refuse them with a clear error; unset, a device without cl_khr_fp16 keeps floats.
+TEST_F(ClEngineTest, HalfActivationsNeedFloatNumerics) {
+  const char* selector = std::getenv("INFERD_OPENCL_DEVICE");
+  auto rt = Runtime::create_default(RuntimeOptions{}, selector != nullptr ? selector : "");
+  ASSERT_TRUE(rt.is_ok()) << rt.status().to_string();
+  const bool fp16 = rt.value()->info().fp16;
+  ClEngineOptions o;
+  o.n_ctx = 64;
+  o.activation_type = DataType::kFloat16;
+  auto e = ClEngine::create(model(), std::move(rt).value(), o);
+  if (e.is_ok()) {
+    // Only a device without cl_khr_fp64 gets here: it runs the float numerics, where halves are fine.
+    EXPECT_EQ(e.value()->numerics(), Numerics::kFloat);
+  } else {
+    EXPECT_EQ(e.status().code(), Code::kInvalidArgument);
+    EXPECT_NE(e.status().message().find("half-precision activations need float numerics"), std::string::npos)
+        << e.status().message();
+  }
+  auto cl = make(1, std::nullopt, Numerics::kFloat);
+  ASSERT_NE(cl, nullptr);
+  EXPECT_EQ(cl->activation_type(), fp16 ? DataType::kFloat16 : DataType::kFloat32) << cl->describe();
 }
 
 INSTANTIATE_TEST_SUITE_P(Numerics, ClEngineNumericsTest, ::testing::Values(Numerics::kExact, Numerics::kFloat),

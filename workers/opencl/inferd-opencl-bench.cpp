@@ -6,7 +6,9 @@
 // round first builds every kernel (or loads it from the program cache), then the median of R rounds.
 //
 //   inferd-opencl-bench MODEL.gguf [-p 128] [-n 64] [-r 3] [--device SEL] [--storage S] [--float]
-// --float runs the fast float numerics instead of the default exact ones (ClEngineOptions::numerics).
+//                      [--activations f32|f16]
+// --float runs the fast float numerics instead of the default exact ones (ClEngineOptions::numerics);
+// --activations forces the activations' data type (f16 needs --float; default: the engine's choice).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -41,7 +43,8 @@ std::vector<int32_t> random_tokens(int32_t n, int32_t n_vocab, uint32_t seed) {
 int usage() {
   std::fprintf(stderr,
                "usage: inferd-opencl-bench MODEL.gguf [-p PROMPT_TOKENS] [-n GEN_TOKENS] [-r REPETITIONS]\n"
-               "                           [--device SELECTOR] [--storage buffer|image_buffer|texture2d] [--float]\n");
+               "                           [--device SELECTOR] [--storage buffer|image_buffer|texture2d] [--float]\n"
+               "                           [--activations f32|f16]\n");
   return 2;
 }
 
@@ -68,6 +71,15 @@ int main(int argc, char** argv) {
       for (StorageType s : kAllStorageTypes) {
         if (std::strcmp(v, storage_name(s)) == 0) {
           eo.activation_storage = s;
+          found = true;
+        }
+      }
+      if (!found) return usage();
+    } else if (a == "--activations" && (v = next())) {
+      bool found = false;
+      for (DataType t : kAllDataTypes) {
+        if (std::strcmp(v, data_type_name(t)) == 0) {
+          eo.activation_type = t;
           found = true;
         }
       }
@@ -134,6 +146,9 @@ int main(int argc, char** argv) {
   const ProgramCacheStats& cs = e.runtime().cache_stats();
   std::printf("kernels: %zu (programs: %d compiled, %d from the disk cache)\n", e.stats().kernels, cs.compiled,
               cs.disk_hits);
+  std::printf("memory:  weights %.1f MiB, KV cache %.1f MiB, activations %.1f MiB\n",
+              static_cast<double>(e.stats().weight_bytes) / 1048576.0, static_cast<double>(e.stats().kv_bytes) / 1048576.0,
+              static_cast<double>(e.stats().activation_bytes) / 1048576.0);
   std::printf("prefill: %d tokens  %8.2f tok/s (median of %d)\n", n_prompt, median(prefill), reps);
   std::printf("decode:  %d tokens  %8.2f tok/s (median of %d)\n", n_gen, median(decode), reps);
   return 0;

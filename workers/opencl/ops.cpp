@@ -55,7 +55,10 @@ constexpr const char* kBuildOptions = "-cl-std=CL1.2";
 
 std::string storage_key(std::initializer_list<const Tensor*> tensors) {
   std::string key;
-  for (const Tensor* t : tensors) key += std::string(":") + storage_name(t->storage());
+  for (const Tensor* t : tensors) {
+    key += ':';
+    key += t->format().to_string();
+  }
   return key;
 }
 
@@ -127,7 +130,7 @@ inline float inferd_lane(float4 v, int c) { return c == 0 ? v.x : c == 1 ? v.y :
 constexpr const char* kFloatSilu = "inline float4 inferd_silu(float4 g) { return g / (1.0f + exp(-g)); }\n";
 
 KernelTemplate elementwise_template(const std::string& name, const std::string& expr, const char* helpers,
-                                    StorageType a, StorageType b, StorageType dst) {
+                                    TensorFormat a, TensorFormat b, TensorFormat dst) {
   KernelTemplate k;
   k.name = name;
   k.tensors = {{"lhs", a, Access::kRead}, {"rhs", b, Access::kRead}, {"dst", dst, Access::kWrite}};
@@ -145,7 +148,7 @@ KernelTemplate elementwise_template(const std::string& name, const std::string& 
   return k;
 }
 
-KernelTemplate rms_norm_template(StorageType src, StorageType weight, StorageType dst) {
+KernelTemplate rms_norm_template(TensorFormat src, TensorFormat weight, TensorFormat dst) {
   KernelTemplate k;
   k.name = "rms_norm";
   k.tensors = {{"src", src, Access::kRead}, {"weight", weight, Access::kRead}, {"dst", dst, Access::kWrite}};
@@ -166,7 +169,7 @@ KernelTemplate rms_norm_template(StorageType src, StorageType weight, StorageTyp
   return k;
 }
 
-KernelTemplate softmax_template(StorageType src, StorageType mask, StorageType dst) {
+KernelTemplate softmax_template(TensorFormat src, TensorFormat mask, TensorFormat dst) {
   KernelTemplate k;
   k.name = "softmax";
   k.tensors = {{"src", src, Access::kRead}, {"mask", mask, Access::kRead}, {"dst", dst, Access::kWrite}};
@@ -214,7 +217,7 @@ inline float4 inferd_mask_lanes(float4 v, int s, int c) {
 // Angles follow ggml's recurrence theta_i = pos * ts * ts * ... (i factors, rounded after each
 // multiplication) rather than pos * pow(ts, i): the same floats as the CPU reference, so that only
 // sin and cos differ.
-KernelTemplate rope_template(RopeMode mode, StorageType src, StorageType dst) {
+KernelTemplate rope_template(RopeMode mode, TensorFormat src, TensorFormat dst) {
   KernelTemplate k;
   k.name = mode == RopeMode::kNormal ? "rope_normal" : "rope_neox";
   k.tensors = {{"src", src, Access::kRead}, {"dst", dst, Access::kWrite}};
@@ -418,7 +421,7 @@ inline float4 inferd_dot4(const float4* r, float4 x) {
 }
 )";
 
-KernelTemplate matmul_template(DType type, MatmulVariant variant, StorageType x, StorageType y) {
+KernelTemplate matmul_template(DType type, MatmulVariant variant, TensorFormat x, TensorFormat y) {
   KernelTemplate k;
   k.name = variant == MatmulVariant::kDecode ? "matmul_decode" : "matmul_prefill";
   k.tensors = {{"x", x, Access::kRead}, {"y", y, Access::kWrite}};
@@ -474,7 +477,7 @@ KernelTemplate matmul_template(DType type, MatmulVariant variant, StorageType x,
 
 // ---- The forward pass's own kernels ----
 
-KernelTemplate get_rows_template(DType type, StorageType dst) {
+KernelTemplate get_rows_template(DType type, TensorFormat dst) {
   KernelTemplate k;
   k.name = "get_rows";
   k.tensors = {{"dst", dst, Access::kWrite}};
@@ -492,7 +495,7 @@ KernelTemplate get_rows_template(DType type, StorageType dst) {
   return k;
 }
 
-KernelTemplate gather_template(StorageType src, StorageType dst) {
+KernelTemplate gather_template(TensorFormat src, TensorFormat dst) {
   KernelTemplate k;
   k.name = "gather";
   k.tensors = {{"src", src, Access::kRead}, {"dst", dst, Access::kWrite}};
@@ -506,7 +509,7 @@ KernelTemplate gather_template(StorageType src, StorageType dst) {
 
 // silu(gate) * up over the halves of one gate|up tensor; `exact`: kernels::silu's operations
 // (kExactHelpers' inferd_silu4), else the float form.
-KernelTemplate swiglu_halves_template(StorageType src, StorageType dst, bool exact) {
+KernelTemplate swiglu_halves_template(TensorFormat src, TensorFormat dst, bool exact) {
   KernelTemplate k;
   k.name = exact ? "swiglu_halves_exact" : "swiglu_halves";
   k.tensors = {{"gu", src, Access::kRead}, {"dst", dst, Access::kWrite}};
@@ -524,7 +527,7 @@ KernelTemplate swiglu_halves_template(StorageType src, StorageType dst, bool exa
 // llama's rope, one slice of each half for NeoX's. Q heads come first, then KV heads, whose work-items
 // also copy V. The cos and sin come from the host (rope_table: the CPU engine's own values); the
 // rotation is kernels::rope_rotate's: a' = fma(a, cos, -(b * sin)), b' = fma(a, sin, b * cos).
-KernelTemplate rope_kv_template(RopeMode mode, StorageType q, StorageType k_storage, StorageType v) {
+KernelTemplate rope_kv_template(RopeMode mode, TensorFormat q, TensorFormat k_storage, TensorFormat v) {
   KernelTemplate k;
   k.name = mode == RopeMode::kNormal ? "rope_kv_normal" : "rope_kv_neox";
   k.tensors = {{"q", q, Access::kRead}, {"k", k_storage, Access::kRead}, {"v", v, Access::kRead}};
@@ -597,7 +600,7 @@ inline float4 inferd_bias(__global const float* bias, int c) {
 // V. Probabilities stay float: llama.cpp rounds them to half before KQV, which needs the row's sum
 // first (a second pass over K); tried, it did not change the agreement with the CPU engine measurably
 // (whose 8-bit activations dominate the difference; cl_engine_test.cpp).
-KernelTemplate attention_template(int32_t head_dim, StorageType out) {
+KernelTemplate attention_template(int32_t head_dim, TensorFormat out) {
   KernelTemplate k;
   k.name = "attention";
   k.tensors = {{"out", out, Access::kWrite}};
@@ -657,7 +660,7 @@ KernelTemplate attention_template(int32_t head_dim, StorageType out) {
 
 // ---- Exact kernels (ops.h: the CPU engine's arithmetic) ----
 
-KernelTemplate rms_norm_exact_template(StorageType src, StorageType weight, StorageType dst) {
+KernelTemplate rms_norm_exact_template(TensorFormat src, TensorFormat weight, TensorFormat dst) {
   KernelTemplate k;
   k.name = "rms_norm_exact";
   k.tensors = {{"src", src, Access::kRead}, {"weight", weight, Access::kRead}, {"dst", dst, Access::kWrite}};
@@ -686,7 +689,7 @@ KernelTemplate rms_norm_exact_template(StorageType src, StorageType weight, Stor
 }
 
 // Launched as (T, K / 32): a work-item per block (kernels/cpu/scalar.cpp quantize_q8_1).
-KernelTemplate quantize_q8_template(StorageType src, StorageType dst) {
+KernelTemplate quantize_q8_template(TensorFormat src, TensorFormat dst) {
   KernelTemplate k;
   k.name = "quantize_q8";
   k.tensors = {{"x", src, Access::kRead}, {"quants", dst, Access::kWrite}};
@@ -778,7 +781,7 @@ std::string int_dot_macros(IntDot mode) {
          "#define X_SLICE(v) (v)\n#define IDOT(w, x) dot(w, x)\n";
 }
 
-KernelTemplate matmul_exact_k_template(DType type, CpuOrder order, int tokens_per_item, StorageType x, StorageType y);
+KernelTemplate matmul_exact_k_template(DType type, CpuOrder order, int tokens_per_item, TensorFormat x, TensorFormat y);
 
 // The exact matmul. A work-item computes output slice so (4 rows) for TT tokens; the launch is
 // (S_O, ceil(T / TT)), tokens past T read the last token (in bounds) and are not written.
@@ -792,7 +795,7 @@ KernelTemplate matmul_exact_k_template(DType type, CpuOrder order, int tokens_pe
 // The same, kScalar (scalar dot_x_q8_0 / dot_x_q8_1): sum += (d_w * d_a) * isum (+ m_w * s_a) per block.
 // F32 / F16 / BF16: the float input, as dot_float (kX86) or dot_float_weights (kScalar).
 // K-quants: matmul_exact_k_template.
-KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_item, StorageType x, StorageType y,
+KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_item, TensorFormat x, TensorFormat y,
                                      IntDot int_dot, bool native_int_dot) {
   if (is_k_quant(type)) return matmul_exact_k_template(type, order, tokens_per_item, x, y);
   KernelTemplate k;
@@ -998,7 +1001,7 @@ std::string weight_code_loader(DType type) {
 //   Q4_K / Q5_K: y = y + d_a * (d * (float)isum - dmin * (float)(p_0 + p_1 + p_2 + p_3))
 //   Q6_K:        y = y + (d * d_a) * (float)(isum - sum_l off_l)
 // (float)n of an int rounds to nearest even in both: Q6_K's totals may pass 2^24.
-KernelTemplate matmul_exact_k_template(DType type, CpuOrder order, int tokens_per_item, StorageType x, StorageType y) {
+KernelTemplate matmul_exact_k_template(DType type, CpuOrder order, int tokens_per_item, TensorFormat x, TensorFormat y) {
   KernelTemplate k;
   k.name = "matmul_exact_k";
   k.tensors = {{"x", x, Access::kRead}, {"y", y, Access::kWrite}};
@@ -1126,7 +1129,7 @@ inline int inferd_ilane(int4 v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c 
 }
 
 // Launched as (T, K / 256): a work-item per block (kernels/cpu/scalar.cpp quantize_q8_k).
-KernelTemplate quantize_q8_k_template(StorageType src, StorageType dst) {
+KernelTemplate quantize_q8_k_template(TensorFormat src, TensorFormat dst) {
   KernelTemplate k;
   k.name = "quantize_q8_k";
   k.tensors = {{"x", src, Access::kRead}, {"quants", dst, Access::kWrite}};
@@ -1207,7 +1210,7 @@ inline float inferd_qk(const float4* qv, __global const half* kr) {
 // own row of kv_pad floats), become exponentials and then half-rounded probabilities in place; the
 // lanes split the positions for q.k and the exponentials, 16-position chunks for their sums (lane 0
 // adding the chunk sums in double in order, `lanes` chunks a round), and (chain, d) pairs for KQV.
-KernelTemplate attention_exact_template(int32_t head_dim, CpuOrder order, StorageType out) {
+KernelTemplate attention_exact_template(int32_t head_dim, CpuOrder order, TensorFormat out) {
   KernelTemplate k;
   k.name = "attention_exact";
   k.tensors = {{"out", out, Access::kWrite}};
@@ -1692,7 +1695,7 @@ Status Ops::binary(const char* op, const char* expr, const char* helpers, const 
   INFERD_RETURN_IF_ERROR(require_same_shape(op, a, b));
   INFERD_RETURN_IF_ERROR(require_same_shape(op, a, dst));
   auto k = kernel(std::string(op) + storage_key({&a, &b, &dst}),
-                  [&] { return elementwise_template(op, expr, helpers, a.storage(), b.storage(), dst.storage()); });
+                  [&] { return elementwise_template(op, expr, helpers, a.format(), b.format(), dst.format()); });
   if (!k) return k.status();
   KernelArgs args(k.value()->kernel.get());
   args.tensor(a).tensor(b).tensor(dst);
@@ -1726,8 +1729,8 @@ Status Ops::rms_norm_as(const Tensor& x, const Tensor& weight, float eps, Tensor
                       x.shape().c);
   }
   auto k = kernel(op + storage_key({&x, &weight, &dst}), [&] {
-    return exact ? rms_norm_exact_template(x.storage(), weight.storage(), dst.storage())
-                 : rms_norm_template(x.storage(), weight.storage(), dst.storage());
+    return exact ? rms_norm_exact_template(x.format(), weight.format(), dst.format())
+                 : rms_norm_template(x.format(), weight.format(), dst.format());
   });
   if (!k) return k.status();
   const size_t lanes = group_size(*k.value());
@@ -1757,7 +1760,7 @@ Status Ops::rope(const Tensor& x, cl_mem positions, float base, RopeMode mode, T
     return make_error(Code::kInvalidArgument, "rope: %zu bytes of positions for %d tokens", pos_bytes, s.w);
   }
   auto k = kernel(std::string(mode == RopeMode::kNormal ? "rope_normal" : "rope_neox") + storage_key({&x, &dst}),
-                  [&] { return rope_template(mode, x.storage(), dst.storage()); });
+                  [&] { return rope_template(mode, x.format(), dst.format()); });
   if (!k) return k.status();
   // As the CPU reference (ops.cpp rope_head): the float overload of pow.
   const float theta_scale = std::pow(base, -2.0f / static_cast<float>(s.c));
@@ -1778,7 +1781,7 @@ Status Ops::softmax(const Tensor& x, const Tensor& mask, float scale, Tensor& ds
                       s.to_string().c_str());
   }
   auto k = kernel("softmax" + storage_key({&x, &mask, &dst}),
-                  [&] { return softmax_template(x.storage(), mask.storage(), dst.storage()); });
+                  [&] { return softmax_template(x.format(), mask.format(), dst.format()); });
   if (!k) return k.status();
   const size_t lanes = group_size(*k.value());
   KernelArgs args(k.value()->kernel.get());
@@ -1800,7 +1803,7 @@ Status Ops::matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVar
   if (variant == MatmulVariant::kAuto) variant = choose_matmul_variant(xs.w);
   auto k = kernel(std::string("matmul_") + matmul_variant_name(variant) + "_" + dtype_name(w.type()) +
                       storage_key({&x, &y}),
-                  [&] { return matmul_template(w.type(), variant, x.storage(), y.storage()); });
+                  [&] { return matmul_template(w.type(), variant, x.format(), y.format()); });
   if (!k) return k.status();
   KernelArgs args(k.value()->kernel.get());
   args.tensor(x).tensor(y).weights(w);
@@ -1826,7 +1829,7 @@ Status Ops::get_rows(const MatmulWeights& w, cl_mem rows, Tensor& dst) {
   }
   INFERD_RETURN_IF_ERROR(require_bytes(rows, static_cast<size_t>(d.w) * sizeof(cl_int), "get_rows rows"));
   auto k = kernel(std::string("get_rows_") + dtype_name(w.type()) + storage_key({&dst}),
-                  [&] { return get_rows_template(w.type(), dst.storage()); });
+                  [&] { return get_rows_template(w.type(), dst.format()); });
   if (!k) return k.status();
   KernelArgs args(k.value()->kernel.get());
   args.tensor(dst).buffer(rows).weights(w);
@@ -1842,7 +1845,7 @@ Status Ops::gather(const Tensor& src, cl_mem rows, Tensor& dst) {
     return make_error(Code::kInvalidArgument, "gather: src %s, dst %s", s.to_string().c_str(), d.to_string().c_str());
   }
   INFERD_RETURN_IF_ERROR(require_bytes(rows, static_cast<size_t>(d.w) * sizeof(cl_int), "gather rows"));
-  auto k = kernel("gather" + storage_key({&src, &dst}), [&] { return gather_template(src.storage(), dst.storage()); });
+  auto k = kernel("gather" + storage_key({&src, &dst}), [&] { return gather_template(src.format(), dst.format()); });
   if (!k) return k.status();
   KernelArgs args(k.value()->kernel.get());
   args.tensor(src).tensor(dst).buffer(rows);
@@ -1862,7 +1865,7 @@ Status Ops::swiglu_halves_as(const Tensor& gate_up, Tensor& dst, bool exact) {
                       d.to_string().c_str());
   }
   auto k = kernel(op + storage_key({&gate_up, &dst}),
-                  [&] { return swiglu_halves_template(gate_up.storage(), dst.storage(), exact); });
+                  [&] { return swiglu_halves_template(gate_up.format(), dst.format(), exact); });
   if (!k) return k.status();
   KernelArgs args(k.value()->kernel.get());
   args.tensor(gate_up).tensor(dst);
@@ -1904,7 +1907,7 @@ Status Ops::rope_kv(const AttentionGeometry& g, TensorSlice q, TensorSlice k, Te
   }
   const bool normal = g.rope_mode == RopeMode::kNormal;
   auto kn = kernel(std::string(normal ? "rope_kv_normal" : "rope_kv_neox") + storage_key({q.tensor, k.tensor, v.tensor}),
-                   [&] { return rope_kv_template(g.rope_mode, q.tensor->storage(), k.tensor->storage(), v.tensor->storage()); });
+                   [&] { return rope_kv_template(g.rope_mode, q.tensor->format(), k.tensor->format(), v.tensor->format()); });
   if (!kn) return kn.status();
   KernelArgs args(kn.value()->kernel.get());
   args.tensor(*q.tensor).tensor(*k.tensor).tensor(*v.tensor);
@@ -1933,7 +1936,7 @@ Status Ops::attention(const AttentionGeometry& g, cl_mem q, const TokenPlacement
   INFERD_RETURN_IF_ERROR(require_bytes(q, t * static_cast<size_t>(g.n_embd()) * 2, "attention q"));
   INFERD_RETURN_IF_ERROR(require_bytes(cache, g.layer_cache_bytes(), "attention cache"));
   auto k = kernel("attention_hd" + std::to_string(g.head_dim) + storage_key({&out}),
-                  [&] { return attention_template(g.head_dim, out.storage()); });
+                  [&] { return attention_template(g.head_dim, out.format()); });
   if (!k) return k.status();
   // Lanes within the kernel's limit and half the local memory: each keeps a float and a head.
   const size_t per_lane = sizeof(float) + static_cast<size_t>(g.head_dim) * sizeof(float);
@@ -1981,7 +1984,7 @@ Status Ops::quantize_q8(const Tensor& x, Tensor& quants, cl_mem scales) {
   INFERD_RETURN_IF_ERROR(
       require_bytes(scales, static_cast<size_t>(s.w) * static_cast<size_t>(s.c / 32) * 2 * sizeof(float), "quantize_q8 scales"));
   auto k = kernel("quantize_q8" + storage_key({&x, &quants}),
-                  [&] { return quantize_q8_template(x.storage(), quants.storage()); });
+                  [&] { return quantize_q8_template(x.format(), quants.format()); });
   if (!k) return k.status();
   KernelArgs args(k.value()->kernel.get());
   args.tensor(x).tensor(quants).buffer(scales);
@@ -2002,7 +2005,7 @@ Status Ops::quantize_q8_k(const Tensor& x, Tensor& quants, cl_mem blocks) {
       blocks, static_cast<size_t>(s.w) * static_cast<size_t>(s.c / 256) * kQ8KBlockFloats * sizeof(float),
       "quantize_q8_k blocks"));
   auto k = kernel("quantize_q8_k" + storage_key({&x, &quants}),
-                  [&] { return quantize_q8_k_template(x.storage(), quants.storage()); });
+                  [&] { return quantize_q8_k_template(x.format(), quants.format()); });
   if (!k) return k.status();
   KernelArgs args(k.value()->kernel.get());
   args.tensor(x).tensor(quants).buffer(blocks);
@@ -2040,7 +2043,7 @@ Status Ops::matmul_exact(const MatmulWeights& w, const Tensor& x, cl_mem scales,
                       cpu_order_name(order) + "_" + int_dot_name(int_dot) + (native ? "_native" : "") +
                       storage_key({&x, &y}),
                   [&] {
-                    return matmul_exact_template(w.type(), order, tokens_per_item, x.storage(), y.storage(), int_dot,
+                    return matmul_exact_template(w.type(), order, tokens_per_item, x.format(), y.format(), int_dot,
                                                  native);
                   });
   if (!k) return k.status();
@@ -2075,7 +2078,7 @@ Status Ops::attention_exact(const AttentionGeometry& g, cl_mem q, const TokenPla
                       scratch_bytes.value(), per_token);
   }
   auto k = kernel("attention_exact_hd" + std::to_string(g.head_dim) + "_" + cpu_order_name(order) + storage_key({&out}),
-                  [&] { return attention_exact_template(g.head_dim, order, out.storage()); });
+                  [&] { return attention_exact_template(g.head_dim, order, out.format()); });
   if (!k) return k.status();
   const size_t lanes = group_size(*k.value());
   const size_t per_launch = std::min(t, scratch_bytes.value() / per_token);

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "inferd/kernels/cpu.h"
+
 namespace inferd::opencl {
 
 const char* storage_name(StorageType storage) {
@@ -16,37 +18,52 @@ const char* storage_name(StorageType storage) {
   return "?";
 }
 
+const char* data_type_name(DataType type) {
+  switch (type) {
+    case DataType::kFloat32: return "f32";
+    case DataType::kFloat16: return "f16";
+  }
+  return "?";
+}
+
+std::string TensorFormat::to_string() const {
+  std::string text = storage_name(storage);
+  if (data_type != DataType::kFloat32) text += std::string("(") + data_type_name(data_type) + ")";
+  return text;
+}
+
 std::string Bhwc::to_string() const {
   return std::to_string(b) + "x" + std::to_string(h) + "x" + std::to_string(w) + "x" + std::to_string(c);
 }
 
-TensorDescriptor::TensorDescriptor(Bhwc shape, StorageType storage) : shape_(shape), storage_(storage) {
+TensorDescriptor::TensorDescriptor(Bhwc shape, TensorFormat format) : shape_(shape), format_(format) {
   INFERD_ASSERT(shape.b >= 1 && shape.h >= 1 && shape.w >= 1 && shape.c >= 1, "every extent of a shape is >= 1");
 }
 
 int64_t TensorDescriptor::staging_index(int32_t b, int32_t x, int32_t y, int32_t s) const {
-  if (storage_ == StorageType::kTexture2D) {
+  if (storage() == StorageType::kTexture2D) {
     return (int64_t{y} * slices() + s) * texture_width() + int64_t{x} * shape_.b + b;
   }
   return linear_index(b, x, y, s);
 }
 
 Status TensorDescriptor::fits(const DeviceInfo& device) const {
-  const std::string name = storage_name(storage_);
+  const std::string name = format_.to_string();
+  const StorageType kind = storage();
   // Kernels compute texel indices in 32-bit ints (see codegen.h).
   if (texel_count() > INT32_MAX) {
     return make_error(Code::kOutOfRange, "%s: %lld texels exceed 32-bit indexing", name.c_str(),
                       static_cast<long long>(texel_count()));
   }
-  if (storage_ == StorageType::kBuffer || storage_ == StorageType::kImageBuffer) {
+  if (kind == StorageType::kBuffer || kind == StorageType::kImageBuffer) {
     if (data_bytes() > device.max_alloc_bytes) {
       return make_error(Code::kOutOfRange, "%s: %zu bytes > CL_DEVICE_MAX_MEM_ALLOC_SIZE %llu", name.c_str(),
                         data_bytes(), static_cast<unsigned long long>(device.max_alloc_bytes));
     }
   }
-  if (storage_ == StorageType::kBuffer) return Status::ok();
+  if (kind == StorageType::kBuffer) return Status::ok();
   if (!device.image_support) return make_error(Code::kUnimplemented, "%s: the device has no images", name.c_str());
-  if (storage_ == StorageType::kImageBuffer) {
+  if (kind == StorageType::kImageBuffer) {
     if (device.image_max_buffer_size == 0) {
       return make_error(Code::kUnimplemented, "%s: the device has no image buffers (OpenCL < 1.2)", name.c_str());
     }
@@ -67,7 +84,7 @@ Status TensorDescriptor::fits(const DeviceInfo& device) const {
   return Status::ok();
 }
 
-std::string TensorDescriptor::to_string() const { return shape_.to_string() + " " + storage_name(storage_); }
+std::string TensorDescriptor::to_string() const { return shape_.to_string() + " " + format_.to_string(); }
 
 // ---- Choosing a storage --------------------------------------------------------------------------
 
@@ -84,14 +101,15 @@ std::string StorageChoice::to_string() const {
   return text;
 }
 
-Result<StorageChoice> choose_storage(const DeviceInfo& device, const Bhwc& shape, StorageMask kernel_supports) {
+Result<StorageChoice> choose_storage(const DeviceInfo& device, const Bhwc& shape, StorageMask kernel_supports,
+                                     DataType type) {
   StorageChoice choice;
   for (StorageType storage : storage_preference(device)) {
     if ((kernel_supports & storage_bit(storage)) == 0) {
       choice.fallbacks.push_back(std::string(storage_name(storage)) + ": not supported by the kernel");
       continue;
     }
-    Status fits = TensorDescriptor(shape, storage).fits(device);
+    Status fits = TensorDescriptor(shape, storage, type).fits(device);
     if (fits) {
       choice.storage = storage;
       return choice;
@@ -107,7 +125,9 @@ Result<StorageChoice> choose_storage(const DeviceInfo& device, const Bhwc& shape
 
 namespace {
 
-constexpr cl_image_format kRgbaFloat = {CL_RGBA, CL_FLOAT};
+cl_image_format image_format(DataType type) {
+  return {CL_RGBA, static_cast<cl_channel_type>(type == DataType::kFloat16 ? CL_HALF_FLOAT : CL_FLOAT)};
+}
 
 size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
 
@@ -128,29 +148,72 @@ std::vector<float> to_staging(const TensorDescriptor& desc, std::span<const floa
   return staging;
 }
 
-Status read_staging(Runtime& rt, const Tensor& tensor, std::vector<float>& staging) {
+// The texels of `tensor` in its staging order as the device holds them: floats, or halves for a
+// kFloat16 tensor. `bytes` holds data_bytes().
+Status read_raw(Runtime& rt, const Tensor& tensor, void* bytes) {
   const TensorDescriptor& desc = tensor.desc();
-  staging.resize(static_cast<size_t>(desc.texel_count()) * 4);
   if (desc.storage() == StorageType::kTexture2D) {
     const size_t origin[3] = {0, 0, 0};
     const size_t region[3] = {static_cast<size_t>(desc.texture_width()), static_cast<size_t>(desc.texture_height()), 1};
     INFERD_CL_RETURN_IF_ERROR(clEnqueueReadImage(rt.queue(), tensor.memory(), CL_TRUE, origin, region,
-                                                 region[0] * 16, 0, staging.data(), 0, nullptr, nullptr));
+                                                 region[0] * desc.texel_bytes(), 0, bytes, 0, nullptr, nullptr));
     return Status::ok();
   }
-  return rt.read_buffer(tensor.buffer(), 0, desc.data_bytes(), staging.data());
+  return rt.read_buffer(tensor.buffer(), 0, desc.data_bytes(), bytes);
 }
 
-Status write_staging(Runtime& rt, Tensor& tensor, const std::vector<float>& staging) {
+Status write_raw(Runtime& rt, Tensor& tensor, const void* bytes) {
   const TensorDescriptor& desc = tensor.desc();
   if (desc.storage() == StorageType::kTexture2D) {
     const size_t origin[3] = {0, 0, 0};
     const size_t region[3] = {static_cast<size_t>(desc.texture_width()), static_cast<size_t>(desc.texture_height()), 1};
     INFERD_CL_RETURN_IF_ERROR(clEnqueueWriteImage(rt.queue(), tensor.memory(), CL_TRUE, origin, region,
-                                                  region[0] * 16, 0, staging.data(), 0, nullptr, nullptr));
+                                                  region[0] * desc.texel_bytes(), 0, bytes, 0, nullptr, nullptr));
     return Status::ok();
   }
-  return rt.write_buffer(tensor.buffer(), 0, desc.data_bytes(), staging.data());
+  return rt.write_buffer(tensor.buffer(), 0, desc.data_bytes(), bytes);
+}
+
+// The staging texels as floats, converted from halves for a kFloat16 tensor.
+Status read_staging(Runtime& rt, const Tensor& tensor, std::vector<float>& staging) {
+  const TensorDescriptor& desc = tensor.desc();
+  staging.resize(static_cast<size_t>(desc.texel_count()) * 4);
+  if (desc.data_type() == DataType::kFloat32) return read_raw(rt, tensor, staging.data());
+  std::vector<fp16_t> halves(staging.size());
+  INFERD_RETURN_IF_ERROR(read_raw(rt, tensor, halves.data()));
+  kernels::fp16_to_fp32_row(halves.data(), staging.data(), static_cast<int64_t>(halves.size()));
+  return Status::ok();
+}
+
+// Writes float staging texels, rounded to halves (to nearest even) for a kFloat16 tensor.
+Status write_staging(Runtime& rt, Tensor& tensor, const std::vector<float>& staging) {
+  if (tensor.desc().data_type() == DataType::kFloat32) return write_raw(rt, tensor, staging.data());
+  std::vector<fp16_t> halves(staging.size());
+  kernels::fp32_to_fp16_row(staging.data(), halves.data(), static_cast<int64_t>(halves.size()));
+  return write_raw(rt, tensor, halves.data());
+}
+
+// The bits of one element of `type` holding `value` (a half rounded to nearest even), for the fill
+// patterns of buffers and the guard checks.
+uint32_t element_bits(DataType type, float value) {
+  if (type == DataType::kFloat16) return kernels::fp32_to_fp16(value);
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
+}
+size_t element_bytes(DataType type) { return texel_bytes(type) / 4; }
+
+// Fills `bytes` bytes of `buffer` from `offset` with elements of `type` holding `value`.
+Status fill_elements(Runtime& rt, cl_mem buffer, DataType type, float value, size_t offset, size_t bytes) {
+  if (type == DataType::kFloat16) {
+    const fp16_t pattern = kernels::fp32_to_fp16(value);
+    INFERD_CL_RETURN_IF_ERROR(
+        clEnqueueFillBuffer(rt.queue(), buffer, &pattern, sizeof(pattern), offset, bytes, 0, nullptr, nullptr));
+  } else {
+    INFERD_CL_RETURN_IF_ERROR(
+        clEnqueueFillBuffer(rt.queue(), buffer, &value, sizeof(value), offset, bytes, 0, nullptr, nullptr));
+  }
+  return Status::ok();
 }
 
 // The guard rectangles of a guarded kTexture2D: the extra columns (over every row) and the extra
@@ -179,13 +242,14 @@ Result<Tensor> Tensor::allocate(Runtime& rt, const TensorDescriptor& desc, const
     image.image_type = CL_MEM_OBJECT_IMAGE2D;
     image.image_width = static_cast<size_t>(desc.texture_width()) + static_cast<size_t>(options.guard_texels);
     image.image_height = static_cast<size_t>(desc.texture_height()) + static_cast<size_t>(options.guard_texels);
-    tensor.image_.reset(clCreateImage(rt.context(), CL_MEM_READ_WRITE, &kRgbaFloat, &image, nullptr, &err));
+    const cl_image_format format = image_format(desc.data_type());
+    tensor.image_.reset(clCreateImage(rt.context(), CL_MEM_READ_WRITE, &format, &image, nullptr, &err));
     if (err != CL_SUCCESS) return cl_error(err, "clCreateImage(" + desc.to_string() + ")");
     return tensor;
   }
 
   const size_t align = std::max<size_t>(rt.info().mem_base_addr_align_bytes, 16);
-  const size_t guard = round_up(static_cast<size_t>(options.guard_texels) * 16, align);
+  const size_t guard = round_up(static_cast<size_t>(options.guard_texels) * desc.texel_bytes(), align);
   if (guard > 0 && desc.storage() == StorageType::kBuffer) {
     tensor.guard_before_bytes_ = tensor.guard_after_bytes_ = guard;
     auto parent = rt.create_buffer(desc.data_bytes() + 2 * guard);
@@ -206,7 +270,8 @@ Result<Tensor> Tensor::allocate(Runtime& rt, const TensorDescriptor& desc, const
     image.image_type = CL_MEM_OBJECT_IMAGE1D_BUFFER;
     image.image_width = static_cast<size_t>(desc.texel_count());
     image.buffer = tensor.buffer_.get();
-    tensor.image_.reset(clCreateImage(rt.context(), CL_MEM_READ_WRITE, &kRgbaFloat, &image, nullptr, &err));
+    const cl_image_format format = image_format(desc.data_type());
+    tensor.image_.reset(clCreateImage(rt.context(), CL_MEM_READ_WRITE, &format, &image, nullptr, &err));
     if (err != CL_SUCCESS) return cl_error(err, "clCreateImage(" + desc.to_string() + ")");
   }
   return tensor;
@@ -224,7 +289,7 @@ Result<Tensor> Tensor::view(const Bhwc& shape) const {
     INFERD_ASSERT(err == CL_SUCCESS, "clRetainMemObject of a live object failed");
     return ClMem(mem.get());
   };
-  Tensor view(TensorDescriptor(shape, storage()));
+  Tensor view(TensorDescriptor(shape, format()));
   view.parent_ = share(parent_);
   view.buffer_ = share(buffer_);
   view.image_ = share(image_);
@@ -284,52 +349,65 @@ Result<std::vector<float>> download_texels(Runtime& rt, const Tensor& tensor) {
 Status fill(Runtime& rt, Tensor& tensor, float value) {
   const TensorDescriptor& desc = tensor.desc();
   if (desc.storage() == StorageType::kTexture2D) {
-    const float color[4] = {value, value, value, value};
+    const float color[4] = {value, value, value, value};  // converted to the image's channel type
     const size_t origin[3] = {0, 0, 0};
     const size_t region[3] = {static_cast<size_t>(desc.texture_width()), static_cast<size_t>(desc.texture_height()), 1};
     INFERD_CL_RETURN_IF_ERROR(
         clEnqueueFillImage(rt.queue(), tensor.memory(), color, origin, region, 0, nullptr, nullptr));
   } else {
-    INFERD_CL_RETURN_IF_ERROR(clEnqueueFillBuffer(rt.queue(), tensor.buffer(), &value, sizeof(value), 0,
-                                                  desc.data_bytes(), 0, nullptr, nullptr));
+    INFERD_RETURN_IF_ERROR(fill_elements(rt, tensor.buffer(), desc.data_type(), value, 0, desc.data_bytes()));
   }
   return rt.finish();
 }
 
+namespace {
+
+// A guard rectangle of a kTexture2D as host elements of its data type, every one holding `value`.
+std::vector<uint8_t> guard_pixels(DataType type, const Rect& r, float value) {
+  const size_t n = r.w * r.h * 4, size = element_bytes(type);
+  const uint32_t bits = element_bits(type, value);
+  std::vector<uint8_t> bytes(n * size);
+  for (size_t i = 0; i < n; ++i) std::memcpy(&bytes[i * size], &bits, size);  // little-endian host
+  return bytes;
+}
+
+}  // namespace
+
 Status fill_guards(Runtime& rt, Tensor& tensor, float value) {
   if (tensor.guard_texels() == 0) return Status::ok();
+  const DataType type = tensor.desc().data_type();
   if (tensor.storage() == StorageType::kTexture2D) {
     for (const Rect& r : texture_guards(tensor)) {
-      const std::vector<float> values(r.w * r.h * 4, value);
+      const std::vector<uint8_t> pixels = guard_pixels(type, r, value);
       const size_t origin[3] = {r.x, r.y, 0};
       const size_t region[3] = {r.w, r.h, 1};
-      INFERD_CL_RETURN_IF_ERROR(clEnqueueWriteImage(rt.queue(), tensor.memory(), CL_TRUE, origin, region, r.w * 16, 0,
-                                                    values.data(), 0, nullptr, nullptr));
+      INFERD_CL_RETURN_IF_ERROR(clEnqueueWriteImage(rt.queue(), tensor.memory(), CL_TRUE, origin, region,
+                                                    r.w * tensor.desc().texel_bytes(), 0, pixels.data(), 0, nullptr,
+                                                    nullptr));
     }
     return Status::ok();
   }
   // Linear storages: the regions of guard_parent() before and after the data.
   const size_t after = tensor.guard_before_bytes() + tensor.desc().data_bytes();
   if (tensor.guard_before_bytes() > 0) {
-    INFERD_CL_RETURN_IF_ERROR(clEnqueueFillBuffer(rt.queue(), tensor.guard_parent(), &value, sizeof(value), 0,
-                                                  tensor.guard_before_bytes(), 0, nullptr, nullptr));
+    INFERD_RETURN_IF_ERROR(fill_elements(rt, tensor.guard_parent(), type, value, 0, tensor.guard_before_bytes()));
   }
-  INFERD_CL_RETURN_IF_ERROR(clEnqueueFillBuffer(rt.queue(), tensor.guard_parent(), &value, sizeof(value), after,
-                                                tensor.guard_after_bytes(), 0, nullptr, nullptr));
+  INFERD_RETURN_IF_ERROR(fill_elements(rt, tensor.guard_parent(), type, value, after, tensor.guard_after_bytes()));
   return rt.finish();
 }
 
 Status check_guards(Runtime& rt, const Tensor& tensor, float value) {
   if (tensor.guard_texels() == 0) return Status::ok();
-  uint32_t expected;
-  std::memcpy(&expected, &value, sizeof(expected));
-  auto check = [&](const std::vector<float>& got, const char* where) -> Status {
-    for (size_t i = 0; i < got.size(); ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, &got[i], sizeof(bits));
+  const DataType type = tensor.desc().data_type();
+  const size_t size = element_bytes(type);
+  const uint32_t expected = element_bits(type, value);
+  auto check = [&](const std::vector<uint8_t>& got, const char* where) -> Status {
+    for (size_t i = 0; i < got.size() / size; ++i) {
+      uint32_t bits = 0;
+      std::memcpy(&bits, &got[i * size], size);
       if (bits != expected) {
-        return make_error(Code::kCorrupt, "%s: guard overwritten %s (float %zu holds %g)",
-                          tensor.desc().to_string().c_str(), where, i, static_cast<double>(got[i]));
+        return make_error(Code::kCorrupt, "%s: guard overwritten %s (element %zu holds bits 0x%x)",
+                          tensor.desc().to_string().c_str(), where, i, bits);
       }
     }
     return Status::ok();
@@ -338,21 +416,22 @@ Status check_guards(Runtime& rt, const Tensor& tensor, float value) {
     const char* where[] = {"in the columns right of the data", "in the rows below the data"};
     int i = 0;
     for (const Rect& r : texture_guards(tensor)) {
-      std::vector<float> got(r.w * r.h * 4);
+      std::vector<uint8_t> got(r.w * r.h * tensor.desc().texel_bytes());
       const size_t origin[3] = {r.x, r.y, 0};
       const size_t region[3] = {r.w, r.h, 1};
-      INFERD_CL_RETURN_IF_ERROR(clEnqueueReadImage(rt.queue(), tensor.memory(), CL_TRUE, origin, region, r.w * 16, 0,
-                                                   got.data(), 0, nullptr, nullptr));
+      INFERD_CL_RETURN_IF_ERROR(clEnqueueReadImage(rt.queue(), tensor.memory(), CL_TRUE, origin, region,
+                                                   r.w * tensor.desc().texel_bytes(), 0, got.data(), 0, nullptr,
+                                                   nullptr));
       INFERD_RETURN_IF_ERROR(check(got, where[i++]));
     }
     return Status::ok();
   }
-  std::vector<float> got(tensor.guard_before_bytes() / sizeof(float));
+  std::vector<uint8_t> got(tensor.guard_before_bytes());
   if (!got.empty()) {
     INFERD_RETURN_IF_ERROR(rt.read_buffer(tensor.guard_parent(), 0, tensor.guard_before_bytes(), got.data()));
     INFERD_RETURN_IF_ERROR(check(got, "before the data"));
   }
-  got.resize(tensor.guard_after_bytes() / sizeof(float));
+  got.resize(tensor.guard_after_bytes());
   INFERD_RETURN_IF_ERROR(rt.read_buffer(tensor.guard_parent(), tensor.guard_before_bytes() + tensor.desc().data_bytes(),
                                         tensor.guard_after_bytes(), got.data()));
   return check(got, "after the data");

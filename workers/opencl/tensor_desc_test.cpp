@@ -9,6 +9,7 @@
 #include <optional>
 #include <random>
 
+#include "inferd/kernels/cpu.h"
 #include "test_device.h"
 
 namespace inferd::opencl {
@@ -163,6 +164,57 @@ TEST(TensorDevice, UploadDownloadRoundTripsInEveryStorage) {
   }
 }
 
+// A half tensor takes 8 bytes a texel and holds each value rounded to the nearest half (ties to
+// even): what comes back is the host's fp32_to_fp16 of what went in, in every storage; the padding
+// lanes are zero; fill and the guards work in halves.
+TEST(TensorDevice, HalfTensorsHoldHalvesInEveryStorage) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  const Bhwc shapes[] = {{1, 1, 1, 1}, {2, 3, 5, 5}, {1, 1, 2, 576}};
+  const float kSentinel = -1234.5f;  // a half exactly
+  for (StorageType storage : kAllStorageTypes) {
+    for (const Bhwc& shape : shapes) {
+      SCOPED_TRACE(std::string(storage_name(storage)) + " " + shape.to_string());
+      const TensorDescriptor desc(shape, storage, DataType::kFloat16);
+      EXPECT_EQ(desc.data_bytes(), static_cast<size_t>(desc.texel_count()) * 8);
+      EXPECT_EQ(desc.to_string(), shape.to_string() + " " + storage_name(storage) + "(f16)");
+      if (!desc.fits(rt->info())) continue;
+      auto tensor = Tensor::allocate(*rt, desc, AllocOptions{3});
+      ASSERT_TRUE(tensor.is_ok()) << tensor.status().to_string();
+      Tensor& t = tensor.value();
+      ASSERT_TRUE(fill_guards(*rt, t, kSentinel).is_ok());
+      std::vector<float> data = random_values(shape.elements(), 11);
+      data[0] = 1.0f + 1.0f / 4096.0f;  // halfway between two halves: rounds to even (1.0)
+      ASSERT_TRUE(upload(*rt, t, data).is_ok());
+      std::vector<float> back(data.size(), -1.0f);
+      ASSERT_TRUE(download(*rt, t, back).is_ok());
+      EXPECT_EQ(back[0], 1.0f);
+      for (size_t i = 0; i < data.size(); ++i) {
+        ASSERT_EQ(back[i], kernels::fp16_to_fp32(kernels::fp32_to_fp16(data[i]))) << i;
+      }
+      auto texels = download_texels(*rt, t);
+      ASSERT_TRUE(texels.is_ok());
+      for (int32_t b = 0; b < shape.b; ++b) {
+        for (int32_t y = 0; y < shape.h; ++y) {
+          for (int32_t x = 0; x < shape.w; ++x) {
+            for (int32_t c = shape.c; c < desc.slices() * 4; ++c) {
+              ASSERT_EQ((*texels)[static_cast<size_t>(desc.linear_index(b, x, y, c / 4) * 4 + c % 4)], 0.0f);
+            }
+          }
+        }
+      }
+      EXPECT_TRUE(check_guards(*rt, t, kSentinel).is_ok());
+      ASSERT_TRUE(fill(*rt, t, 0.1f).is_ok());
+      ASSERT_TRUE(download(*rt, t, back).is_ok());
+      for (float v : back) ASSERT_EQ(v, kernels::fp16_to_fp32(kernels::fp32_to_fp16(0.1f)));
+      EXPECT_TRUE(check_guards(*rt, t, kSentinel).is_ok());
+      // A view keeps the data type.
+      auto view = t.view(Bhwc{shape.b, shape.h, 1, shape.c});
+      ASSERT_TRUE(view.is_ok());
+      EXPECT_EQ(view->format(), desc.format());
+    }
+  }
+}
+
 TEST(TensorDevice, FillSetsEveryTexel) {
   INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
   for (StorageType storage : kAllStorageTypes) {
@@ -181,15 +233,21 @@ TEST(TensorDevice, FillSetsEveryTexel) {
 TEST(TensorDevice, GuardsCatchOutOfBoundsWrites) {
   INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
   const float kSentinel = -12345.5f;
-  for (StorageType storage : kAllStorageTypes) {
-    SCOPED_TRACE(storage_name(storage));
-    const TensorDescriptor desc(Bhwc{1, 2, 3, 5}, storage);
+  for (const TensorFormat format : {TensorFormat(StorageType::kBuffer), TensorFormat(StorageType::kImageBuffer),
+                                    TensorFormat(StorageType::kTexture2D),
+                                    TensorFormat(StorageType::kBuffer, DataType::kFloat16),
+                                    TensorFormat(StorageType::kImageBuffer, DataType::kFloat16),
+                                    TensorFormat(StorageType::kTexture2D, DataType::kFloat16)}) {
+    SCOPED_TRACE(format.to_string());
+    const StorageType storage = format.storage;
+    const TensorDescriptor desc(Bhwc{1, 2, 3, 5}, format);
     if (!desc.fits(rt->info())) continue;
     auto tensor = Tensor::allocate(*rt, desc, AllocOptions{4});
     ASSERT_TRUE(tensor.is_ok()) << tensor.status().to_string();
     Tensor& t = tensor.value();
     ASSERT_TRUE(fill_guards(*rt, t, kSentinel).is_ok());
-    const std::vector<float> data = random_values(desc.shape().elements(), 3);
+    std::vector<float> data = random_values(desc.shape().elements(), 3);
+    for (float& v : data) v = std::round(v * 64.0f) / 64.0f;  // exact in half and in float
     ASSERT_TRUE(upload(*rt, t, data).is_ok());
     EXPECT_TRUE(check_guards(*rt, t, kSentinel).is_ok());
     std::vector<float> back(data.size());

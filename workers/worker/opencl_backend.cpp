@@ -5,9 +5,12 @@
 // them to `hidden_out` and samples nothing.
 //
 // Environment (for tests and tuning): INFERD_OPENCL_STORAGE=buffer|image_buffer|texture2d forces the
-// activations' storage; INFERD_OPENCL_INT_DOT=float|int8 forces how the exact matmuls form their int8
-// dot products (default: int8 where the device has cl_khr_integer_dot_product); the program binary
-// cache is default_cache_dir() ($XDG_CACHE_HOME or $HOME).
+// activations' storage; INFERD_OPENCL_ACTIVATIONS=f32|f16 their data type (default: f16 with float
+// numerics on a device with cl_khr_fp16); INFERD_OPENCL_NUMERICS=exact|float the numerics (default:
+// exact where the device has cl_khr_fp64); INFERD_OPENCL_INT_DOT=float|int8 forces how the exact
+// matmuls form their int8 dot products (default: int8 where the device has
+// cl_khr_integer_dot_product). A value not in these lists fails the load with a message naming the
+// variable. The program binary cache is default_cache_dir() ($XDG_CACHE_HOME or $HOME).
 #include <cstdlib>
 #include <optional>
 #include <span>
@@ -32,33 +35,35 @@ class OpenClBackend final : public EngineBackend<ClEngine> {
   uint64_t arena_bytes() const override { return engine().stats().activation_bytes; }
 };
 
-Result<std::optional<opencl::StorageType>> storage_from_env() {
-  const char* value = std::getenv("INFERD_OPENCL_STORAGE");
-  if (value == nullptr || *value == '\0') return std::optional<opencl::StorageType>();
-  for (opencl::StorageType s : opencl::kAllStorageTypes) {
-    if (std::string_view(value) == opencl::storage_name(s)) return std::optional<opencl::StorageType>(s);
+// The value of environment variable `name` among `choices` (named by `name_of`); unset when the
+// variable is unset or empty, kInvalidArgument naming the variable and the choices otherwise.
+template <typename T, size_t N, typename NameOf>
+Result<std::optional<T>> choice_from_env(const char* name, const T (&choices)[N], NameOf name_of) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return std::optional<T>();
+  std::string expected;
+  for (const T& c : choices) {
+    if (std::string_view(value) == name_of(c)) return std::optional<T>(c);
+    expected += std::string(expected.empty() ? "" : ", ") + name_of(c);
   }
-  return Status(Code::kInvalidArgument,
-                std::string("INFERD_OPENCL_STORAGE='") + value + "': expected buffer, image_buffer or texture2d");
+  return Status(Code::kInvalidArgument, std::string(name) + "='" + value + "': expected one of " + expected);
 }
 
-Result<std::optional<opencl::IntDot>> int_dot_from_env() {
-  const char* value = std::getenv("INFERD_OPENCL_INT_DOT");
-  if (value == nullptr || *value == '\0') return std::optional<opencl::IntDot>();
-  for (opencl::IntDot d : {opencl::IntDot::kFloat, opencl::IntDot::kInt8}) {
-    if (std::string_view(value) == opencl::int_dot_name(d)) return std::optional<opencl::IntDot>(d);
-  }
-  return Status(Code::kInvalidArgument, std::string("INFERD_OPENCL_INT_DOT='") + value + "': expected float or int8");
-}
+constexpr opencl::IntDot kIntDots[] = {opencl::IntDot::kFloat, opencl::IntDot::kInt8};
+constexpr opencl::Numerics kNumerics[] = {opencl::Numerics::kExact, opencl::Numerics::kFloat};
 
 }  // namespace
 
 Result<std::unique_ptr<StepBackend>> make_opencl_backend(std::shared_ptr<const Model> model,
                                                          const BackendOptions& options) {
   INFERD_RETURN_IF_ERROR(check_engine_backend_options(*model, options));
-  auto storage = storage_from_env();
+  auto storage = choice_from_env("INFERD_OPENCL_STORAGE", opencl::kAllStorageTypes, opencl::storage_name);
   if (!storage) return storage.status();
-  auto int_dot = int_dot_from_env();
+  auto data_type = choice_from_env("INFERD_OPENCL_ACTIVATIONS", opencl::kAllDataTypes, opencl::data_type_name);
+  if (!data_type) return data_type.status();
+  auto numerics = choice_from_env("INFERD_OPENCL_NUMERICS", kNumerics, opencl::numerics_name);
+  if (!numerics) return numerics.status();
+  auto int_dot = choice_from_env("INFERD_OPENCL_INT_DOT", kIntDots, opencl::int_dot_name);
   if (!int_dot) return int_dot.status();
   opencl::RuntimeOptions ro;
   ro.cache_dir = opencl::default_cache_dir();
@@ -70,6 +75,8 @@ Result<std::unique_ptr<StepBackend>> make_opencl_backend(std::shared_ptr<const M
   eo.n_ubatch = options.batch_tokens;
   eo.pad_step = options.pad_step;
   eo.activation_storage = storage.value();
+  eo.activation_type = data_type.value();
+  if (numerics.value()) eo.numerics = *numerics.value();
   eo.int_dot = int_dot.value();
   eo.first_layer = options.first_layer;
   eo.end_layer = options.end_layer;

@@ -17,7 +17,9 @@
 //    concatenated into one matmul each where their types agree. The embedding table is one
 //    MatmulWeights that serves both the lookup (Ops::get_rows) and a tied output projection.
 //  * Activations are logical 1x1xTxC tensors (a token per x) in one storage picked per device
-//    (choose_storage, or forced by ClEngineOptions::activation_storage), allocated once for n_ubatch
+//    (choose_storage, or forced by ClEngineOptions::activation_storage) and one data type (float, or
+//    half with float numerics: ClEngineOptions::activation_type; the residual stream is always
+//    float), allocated once for n_ubatch
 //    tokens; a pass of T tokens runs on views of their first T tokens (Tensor::view), so no kernel is
 //    ever rebuilt for a new batch size. The logits have their own storage choice (a vocabulary is
 //    often too tall for a 2D image) and grow on demand.
@@ -76,6 +78,12 @@ struct ClEngineOptions {
   int32_t pad_step = 64;   // 64 or 128
   // The storage of the activations; unset: the device's first choice that fits (choose_storage).
   std::optional<StorageType> activation_storage;
+  // The data type of the activations other than the residual stream (which stays float, as in
+  // llama.cpp: it accumulates every layer's output); unset: kFloat16 where the numerics are kFloat and
+  // the device has cl_khr_fp16 (a GPU with native halves, where half the activation bytes is half
+  // the traffic), kFloat32 otherwise. kFloat16 with kExact numerics is kInvalidArgument: the exact
+  // ops reproduce the CPU engine's float activations.
+  std::optional<DataType> activation_type;
   Numerics numerics = Numerics::kExact;
   // How the exact matmuls form their int8 dot products (ops.h IntDot); unset: choose_int_dot(device),
   // int8 where the device has cl_khr_integer_dot_product. Same bits either way.
@@ -129,12 +137,14 @@ class ClEngine {
   Runtime& runtime() { return *rt_; }
   const DeviceInfo& device_info() const { return rt_->info(); }
   StorageType activation_storage() const { return act_storage_; }
+  DataType activation_type() const { return act_type_; }
   // The numerics in effect (options().numerics unless the device cannot run them) and, for kExact,
   // the CPU order they reproduce.
   Numerics numerics() const { return numerics_; }
   CpuOrder cpu_order() const { return cpu_order_; }
   // "OpenCL: <device> (<vendor>, driver <version>), storage: weights=buffer activations=buffer
-  // logits=buffer kv=buffer(f16), numerics exact (x86), weights 106.4 MiB" (", layers 0-14" appended
+  // logits=buffer kv=buffer(f16), numerics exact (x86), weights 106.4 MiB" (activations=buffer(f16)
+  // when they are halves; ", layers 0-14" appended
   // for a pipeline stage): the worker's device as the daemon shows it.
   std::string describe() const;
 
@@ -156,6 +166,7 @@ class ClEngine {
   ClEngineOptions options_;
   AttentionGeometry geometry_;
   StorageType act_storage_ = StorageType::kBuffer;
+  DataType act_type_ = DataType::kFloat32;
   StorageType logits_storage_ = StorageType::kBuffer;
   std::string storage_notes_;  // why a preferred storage was passed over, for describe()
   Numerics numerics_ = Numerics::kExact;

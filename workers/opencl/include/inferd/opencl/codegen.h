@@ -15,9 +15,13 @@
 //
 // Translation per storage (w, h, s, b: the tensor's extents; i = ((S*h + Y)*w + X)*b + B):
 //   kBuffer       __global float* t            Read: vload4(i, t)             Write: vstore4(v, i, t)
+//   kBuffer f16   __global half* t             Read: vload_half4(i, t)        Write: vstore_half4_rte(v, i, t)
 //   kImageBuffer  image1d_buffer_t t           Read: read_imagef(t, i)        Write: write_imagef(t, i, v)
 //   kTexture2D    image2d_t t                  Read: read_imagef(t, smp, (int2)(X*b + B, Y*s + S))
 //                                              Write: write_imagef(t, (int2)(X*b + B, Y*s + S), v)
+// (Images of either data type are read and written as float4: the image's channel type converts.)
+// A half tensor is thus read and written as float4 too; no kernel text depends on the data type,
+// and none needs cl_khr_fp16.
 // Images are declared __read_only or __write_only by the tensor's Access; reading a write-only tensor
 // or writing a read-only one is rejected.
 //
@@ -43,7 +47,7 @@ enum class Access { kRead, kWrite };
 
 struct TensorParam {
   std::string name;  // an OpenCL C identifier; also the prefix of its extent parameters
-  StorageType storage = StorageType::kBuffer;
+  TensorFormat format;  // storage and data type
   Access access = Access::kRead;
 };
 

@@ -2,19 +2,27 @@
 //
 // ML Drift's tensor virtualization: a kernel sees a *logical* tensor of shape BHWC (batch, height,
 // width, channels) whose channels are grouped in slices of 4 (S = ceil(C / 4)); a TensorDescriptor
-// also names the *physical* object that stores it, and every storage holds one RGBA float "texel"
-// (a float4) per (b, x, y, s):
+// also names the *physical* object that stores it and the precision of its elements, and every
+// storage holds one RGBA "texel" of 4 elements per (b, x, y, s):
 //
 //   storage        object                          texel of (b, x, y, s)
-//   kBuffer        buffer of B*H*W*S float4        index ((s*H + y)*W + x)*B + b
-//   kImageBuffer   image1d_buffer, RGBA float      the same linear index
+//   kBuffer        buffer of B*H*W*S texels        index ((s*H + y)*W + x)*B + b
+//   kImageBuffer   image1d_buffer, RGBA            the same linear index
 //   kTexture2D     image2d of (W*B) x (H*S), RGBA  (x*B + b, y*S + s)
 //
-// Invariant (the "padding is zero" rule): the channels c >= C of the last slice hold 0.0f. upload()
+//   data type      texel                           buffer element / image channel type
+//   kFloat32       16 bytes                        float  / CL_FLOAT
+//   kFloat16       8 bytes                         IEEE half (read with vload_half4, written with
+//                                                  vstore_half4_rte) / CL_HALF_FLOAT
+// Kernels always compute in float: a half tensor is converted on every Read and rounded to nearest
+// even on every Write, by the accessors (codegen.h). None of this needs cl_khr_fp16, which only adds
+// half *arithmetic*: OpenCL C 1.2 allows half pointers for vload_half/vstore_half, and half images
+// are read and written as float by read_imagef/write_imagef. So a half tensor works on every device
+// (PoCL included) and halves the activations' memory traffic.
+//
+// Invariant (the "padding is zero" rule): the channels c >= C of the last slice hold 0. upload()
 // writes them as zeros and every op writes zeros there, so reductions over slices need no masking of
 // inputs (softmax, whose padding would be exp(0) = 1, masks its own lanes explicitly).
-//
-// Only float32 texels exist so far; half-precision storage (where cl_khr_fp16 allows) is a later step.
 //
 // Thread safety: TensorDescriptor and the choosers are values / pure functions. A Tensor is owned and
 // used by one thread (its Runtime's); the transfer functions enqueue on the Runtime's queue and block.
@@ -34,6 +42,23 @@ enum class StorageType : uint8_t { kBuffer, kImageBuffer, kTexture2D };
 inline constexpr StorageType kAllStorageTypes[] = {StorageType::kBuffer, StorageType::kImageBuffer,
                                                    StorageType::kTexture2D};
 const char* storage_name(StorageType storage);  // "buffer", "image_buffer", "texture2d"
+
+enum class DataType : uint8_t { kFloat32, kFloat16 };
+inline constexpr DataType kAllDataTypes[] = {DataType::kFloat32, DataType::kFloat16};
+const char* data_type_name(DataType type);  // "f32", "f16"
+inline constexpr size_t texel_bytes(DataType type) { return type == DataType::kFloat16 ? 8 : 16; }
+
+// What a kernel needs to know of a tensor to address it: its storage and its data type. Implicit
+// from a StorageType (float32), so that code about float tensors names the storage only.
+struct TensorFormat {
+  StorageType storage = StorageType::kBuffer;
+  DataType data_type = DataType::kFloat32;
+
+  constexpr TensorFormat() = default;
+  constexpr TensorFormat(StorageType s, DataType t = DataType::kFloat32) : storage(s), data_type(t) {}  // NOLINT
+  bool operator==(const TensorFormat&) const = default;
+  std::string to_string() const;  // "buffer", "texture2d(f16)": the data type when it is not f32
+};
 
 // A set of storages (what a kernel can read or write), one bit per StorageType.
 using StorageMask = uint32_t;
@@ -55,13 +80,18 @@ struct Bhwc {
 
 class TensorDescriptor {
  public:
-  TensorDescriptor(Bhwc shape, StorageType storage);
+  TensorDescriptor(Bhwc shape, TensorFormat format);
+  TensorDescriptor(Bhwc shape, StorageType storage, DataType type = DataType::kFloat32)
+      : TensorDescriptor(shape, TensorFormat(storage, type)) {}
 
   const Bhwc& shape() const { return shape_; }
-  StorageType storage() const { return storage_; }
+  const TensorFormat& format() const { return format_; }
+  StorageType storage() const { return format_.storage; }
+  DataType data_type() const { return format_.data_type; }
   int32_t slices() const { return shape_.slices(); }
   int64_t texel_count() const { return int64_t{shape_.b} * shape_.h * shape_.w * slices(); }
-  size_t data_bytes() const { return static_cast<size_t>(texel_count()) * 16; }
+  size_t texel_bytes() const { return opencl::texel_bytes(format_.data_type); }
+  size_t data_bytes() const { return static_cast<size_t>(texel_count()) * texel_bytes(); }
 
   // Linear texel index of kBuffer / kImageBuffer.
   int64_t linear_index(int32_t b, int32_t x, int32_t y, int32_t s) const {
@@ -77,11 +107,11 @@ class TensorDescriptor {
   // OK when this storage can hold the shape on `device`; kUnimplemented when the device lacks the
   // storage (no images), kOutOfRange naming the limit that is exceeded otherwise.
   Status fits(const DeviceInfo& device) const;
-  std::string to_string() const;  // "1x1x7x67 texture2d"
+  std::string to_string() const;  // "1x1x7x67 texture2d", "1x1x7x67 buffer(f16)"
 
  private:
   Bhwc shape_;
-  StorageType storage_;
+  TensorFormat format_;
 };
 
 // ---- Choosing a storage --------------------------------------------------------------------------
@@ -100,9 +130,10 @@ struct StorageChoice {
 };
 
 // The first storage in the device's preference that the kernel supports (`kernel_supports`) and that
-// fits the device's limits for `shape`. kOutOfRange with every reason when none does.
+// fits the device's limits for `shape` in data type `type`. kOutOfRange with every reason when none does.
 Result<StorageChoice> choose_storage(const DeviceInfo& device, const Bhwc& shape,
-                                     StorageMask kernel_supports = kAnyStorage);
+                                     StorageMask kernel_supports = kAnyStorage,
+                                     DataType type = DataType::kFloat32);
 
 // ---- Device tensors ----------------------------------------------------------------------------
 
@@ -136,6 +167,7 @@ class Tensor {
   const TensorDescriptor& desc() const { return desc_; }
   const Bhwc& shape() const { return desc_.shape(); }
   StorageType storage() const { return desc_.storage(); }
+  const TensorFormat& format() const { return desc_.format(); }
   // The object a kernel binds: the buffer, the image1d_buffer or the image2d.
   cl_mem memory() const { return storage() == StorageType::kBuffer ? buffer_.get() : image_.get(); }
   // The buffer behind kBuffer and kImageBuffer (nullptr for kTexture2D).
@@ -159,6 +191,9 @@ class Tensor {
   size_t guard_before_bytes_ = 0, guard_after_bytes_ = 0;
 };
 
+// Transfers convert between the host's floats and the tensor's data type (a half tensor's upload
+// rounds to nearest even, as vstore_half4_rte).
+//
 // Writes a logical tensor (`data` in Bhwc::offset order, shape().elements() floats); the channels of
 // the last slice past C are written as zeros.
 Status upload(Runtime& rt, Tensor& tensor, std::span<const float> data);
@@ -171,7 +206,8 @@ Result<std::vector<float>> download_texels(Runtime& rt, const Tensor& tensor);
 // texel a kernel forgets to write shows up).
 Status fill(Runtime& rt, Tensor& tensor, float value);
 
-// Writes `value` into the guard regions / checks that they still hold it bit for bit. check_guards()
+// Writes `value` (in the tensor's data type) into the guard regions / checks that they still hold it
+// bit for bit. check_guards()
 // returns kCorrupt naming the first overwritten position (an out-of-bounds write by a kernel).
 // Both are no-ops for a tensor allocated without guards.
 Status fill_guards(Runtime& rt, Tensor& tensor, float value);
