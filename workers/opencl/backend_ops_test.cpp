@@ -1134,14 +1134,22 @@ TEST(BackendOps, MatmulQ5_1) {
 
 // Q5_0 and Q5_1 keep 5 bits per weight on the device (nibbles + a plane of fifth bits), plus a float
 // scale (and min) per row and 32 weights: 6 and 7 bits per weight, below the file's 5.5 and 6 + 1.
-TEST(BackendOps, FiveBitWeightsArePackedOnTheDevice) {
+// The 5- and 6-bit codes keep their bits on the device (low nibbles plus a plane of high bits),
+// so weights take about what the file takes. Eighths of a bit per weight, scales and mins included:
+//   Q5_0  4 + 1 + 32/32 (d)                         = 6      (the file: 5.5)
+//   Q5_1  4 + 1 + 32/32 (d) + 32/32 (m)             = 7      (6)
+//   Q5_K  4 + 1 + 32/256 (d) + 32/256 (dmin) + 128/256 (8-bit scales and mins) = 5.75   (5.5)
+//   Q6_K  4 + 2 + 32/256 (d) + 128/256 (scales)     = 6.625  (6.5625)
+// (before they were packed: 8 bits per code, 2 to 3 bits per weight more).
+TEST(BackendOps, FiveAndSixBitWeightsArePackedOnTheDevice) {
   INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
   constexpr int64_t kRows = 64, kK = 512;
-  for (auto [type, bits] : {std::pair{DType::kQ5_0, 6}, std::pair{DType::kQ5_1, 7}}) {
+  for (auto [type, eighths] : {std::pair{DType::kQ5_0, 48}, std::pair{DType::kQ5_1, 56}, std::pair{DType::kQ5_K, 46},
+                               std::pair{DType::kQ6_K, 53}}) {
     const RandomWeights w = random_weights(type, kRows, kK, 5);
     auto up = MatmulWeights::upload(*rt, type, kRows, kK, w.bytes.data());
     ASSERT_TRUE(up.is_ok()) << up.status().to_string();
-    EXPECT_EQ(up->device_bytes(), static_cast<size_t>(kRows * kK * bits / 8)) << dtype_name(type);
+    EXPECT_EQ(up->device_bytes(), static_cast<size_t>(kRows * kK * eighths / 64)) << dtype_name(type);
     EXPECT_NE(up->high_bits(), nullptr);
   }
 }

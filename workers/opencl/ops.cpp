@@ -271,25 +271,41 @@ const char* weight_pointer_type(DType type) {
   switch (type) {
     case DType::kF32: return "float4";
     case DType::kF16: return "half";
-    case DType::kQ8_0:
-    case DType::kQ5_K:
-    case DType::kQ6_K: return "char4";
+    case DType::kQ8_0: return "char4";
     case DType::kBF16:
     case DType::kQ4_0:
     case DType::kQ4_1:
     case DType::kQ5_0:
     case DType::kQ5_1:
-    case DType::kQ4_K: return "ushort4";
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K: return "ushort4";
     default: return nullptr;
   }
 }
 
 bool is_k_quant(DType type) { return type == DType::kQ4_K || type == DType::kQ5_K || type == DType::kQ6_K; }
 
+// The element of the high-bits plane: 16 bits (4 rows x 4 weights x 1 bit) for the 5-bit codes,
+// 32 (x 2 bits) for Q6_K's 6-bit ones; unused (but bound) for the other types.
+const char* high_bits_type(DType type) { return type == DType::kQ6_K ? "uint" : "ushort"; }
+
 // The parameters every weight-reading kernel takes, in KernelArgs::weights() order.
 std::vector<std::string> weight_params(DType type) {
   return {std::string("__global const ") + weight_pointer_type(type) + "* wq", "__global const float4* ws",
-          "__global const float4* wm", "__global const char4* wsub", "__global const ushort* wh"};
+          "__global const float4* wm", "__global const char4* wsub",
+          std::string("__global const ") + high_bits_type(type) + "* wh"};
+}
+
+// The K-quants' codes at the loaded slice (ushort4 p of nibbles, uint h of high bits): row r's 4
+// codes as uint4 (Q4_K: the nibbles; Q5_K: with a fifth bit; Q6_K: with two more bits).
+std::string k_quant_codes(DType type, int r) {
+  const std::string lane = std::string("p.") + "xyzw"[r];
+  switch (type) {
+    case DType::kQ5_K: return "inferd_code5_u(" + lane + ", h, " + std::to_string(r) + ")";
+    case DType::kQ6_K: return "inferd_code6_u(" + lane + ", h, " + std::to_string(r) + ")";
+    default: return "convert_uint4(inferd_nibbles(" + lane + "))";
+  }
 }
 
 // The 32-element block types whose quants are packed nibbles (Q4_0, Q4_1) or nibbles plus a plane of
@@ -313,7 +329,8 @@ bool has_min(DType type) { return type == DType::kQ4_1 || type == DType::kQ5_1; 
 std::string weight_loader(DType type) {
   const std::string signature = std::string("inline void w_load(__global const ") + weight_pointer_type(type) +
                                 "* wq, __global const float4* ws, __global const float4* wm, __global const char4* "
-                                "wsub, __global const ushort* wh, int so, int si, int n_si, float4* r) {\n";
+                                "wsub, __global const " + high_bits_type(type) +
+                                "* wh, int so, int si, int n_si, float4* r) {\n";
   // The 32-element group of (so, si), the K-quant super-block holding it, and the group within it.
   const std::string k_prologue = R"(  const int g = so * (n_si / 8) + si / 8;
   const int sb = so * (n_si / 64) + si / 64;
@@ -372,34 +389,30 @@ std::string weight_loader(DType type) {
       return body + "}\n";
     }
     case DType::kQ4_K:  // q4_k_to_float: ds * q - ms, ds = d * sc, ms = dmin * mn
-      return signature + k_prologue + R"(  const ushort4 p = wq[g * 8 + si % 8];
-  const float4 ds = ws[sb] * convert_float4(wsub[sb * 16 + g % 8]);
-  const float4 ms = wm[sb] * convert_float4(wsub[sb * 16 + 8 + g % 8]);
-  r[0] = inferd_nibbles(p.x) * ds.x - ms.x;
-  r[1] = inferd_nibbles(p.y) * ds.y - ms.y;
-  r[2] = inferd_nibbles(p.z) * ds.z - ms.z;
-  r[3] = inferd_nibbles(p.w) * ds.w - ms.w;
-}
-)";
-    case DType::kQ5_K:
-      return signature + k_prologue + R"(  const int base = (g * 8 + si % 8) * 4;
-  const float4 ds = ws[sb] * convert_float4(wsub[sb * 16 + g % 8]);
-  const float4 ms = wm[sb] * convert_float4(wsub[sb * 16 + 8 + g % 8]);
-  r[0] = convert_float4(wq[base]) * ds.x - ms.x;
-  r[1] = convert_float4(wq[base + 1]) * ds.y - ms.y;
-  r[2] = convert_float4(wq[base + 2]) * ds.z - ms.z;
-  r[3] = convert_float4(wq[base + 3]) * ds.w - ms.w;
-}
-)";
-    case DType::kQ6_K:  // q6_k_to_float: (d * sc) * (q - 32), sc the scale of the 16 elements
-      return signature + k_prologue + R"(  const int base = (g * 8 + si % 8) * 4;
-  const float4 ds = ws[sb] * convert_float4(wsub[sb * 16 + (si % 64) / 4]);
-  r[0] = ds.x * (convert_float4(wq[base]) - 32.0f);
-  r[1] = ds.y * (convert_float4(wq[base + 1]) - 32.0f);
-  r[2] = ds.z * (convert_float4(wq[base + 2]) - 32.0f);
-  r[3] = ds.w * (convert_float4(wq[base + 3]) - 32.0f);
-}
-)";
+    case DType::kQ5_K: {
+      std::string body = signature + k_prologue + "  const ushort4 p = wq[g * 8 + si % 8];\n" +
+                         (type == DType::kQ5_K ? "  const uint h = wh[g * 8 + si % 8];\n" : "") +
+                         "  const float4 ds = ws[sb] * convert_float4(wsub[sb * 16 + g % 8]);\n"
+                         "  const float4 ms = wm[sb] * convert_float4(wsub[sb * 16 + 8 + g % 8]);\n";
+      for (int r = 0; r < 4; ++r) {
+        const std::string lane = std::string(".") + "xyzw"[r];
+        body += "  r[" + std::to_string(r) + "] = convert_float4(" + k_quant_codes(type, r) + ") * ds" + lane +
+                " - ms" + lane + ";\n";
+      }
+      return body + "}\n";
+    }
+    case DType::kQ6_K: {  // q6_k_to_float: (d * sc) * (q - 32), sc the scale of the 16 elements
+      std::string body = signature + k_prologue +
+                         "  const ushort4 p = wq[g * 8 + si % 8];\n"
+                         "  const uint h = wh[g * 8 + si % 8];\n"
+                         "  const float4 ds = ws[sb] * convert_float4(wsub[sb * 16 + (si % 64) / 4]);\n";
+      for (int r = 0; r < 4; ++r) {
+        const std::string lane = std::string(".") + "xyzw"[r];
+        body += "  r[" + std::to_string(r) + "] = ds" + lane + " * (convert_float4(" + k_quant_codes(type, r) +
+                ") - 32.0f);\n";
+      }
+      return body + "}\n";
+    }
     default: return "";
   }
 }
@@ -409,11 +422,17 @@ inline float4 inferd_nibbles(ushort v) {
   const uint u = v;
   return convert_float4((uint4)(u & 15u, (u >> 4) & 15u, (u >> 8) & 15u, u >> 12));
 }
-// The four 5-bit codes of row r (Q5_0 / Q5_1): its nibbles v and its fifth bits, bits 4r..4r+3 of h.
+// The four 5-bit codes of row r (Q5_0, Q5_1, Q5_K): its nibbles v and its fifth bits, bits 4r..4r+3 of h.
 inline uint4 inferd_code5_u(ushort v, uint h, int r) {
   const uint u = v, b = h >> (4 * r);
   return (uint4)(u & 15u, (u >> 4) & 15u, (u >> 8) & 15u, u >> 12) |
          (((uint4)(b, b >> 1, b >> 2, b >> 3) & 1u) << 4);
+}
+// The four 6-bit codes of row r (Q6_K): its nibbles v and its two high bits each, bits 8r..8r+7 of h.
+inline uint4 inferd_code6_u(ushort v, uint h, int r) {
+  const uint u = v, b = h >> (8 * r);
+  return (uint4)(u & 15u, (u >> 4) & 15u, (u >> 8) & 15u, u >> 12) |
+         (((uint4)(b, b >> 2, b >> 4, b >> 6) & 3u) << 4);
 }
 // The dot products of the 4 weight rows r with one slice x: one output slice's contribution.
 inline float4 inferd_dot4(const float4* r, float4 x) {
@@ -964,24 +983,14 @@ KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_
 
 // w_code(): the integer codes of the 4 rows at slice l of 32-element group g (so * G + group).
 std::string weight_code_loader(DType type) {
-  const std::string signature = std::string("inline void w_code(__global const ") + weight_pointer_type(type) +
-                                "* wq, int g, int l, int4* r) {\n";
-  if (type == DType::kQ4_K) {
-    return signature + R"(  const ushort4 p = wq[g * 8 + l];
-  r[0] = convert_int4(inferd_nibbles(p.x));
-  r[1] = convert_int4(inferd_nibbles(p.y));
-  r[2] = convert_int4(inferd_nibbles(p.z));
-  r[3] = convert_int4(inferd_nibbles(p.w));
-}
-)";
+  std::string body = std::string("inline void w_code(__global const ") + weight_pointer_type(type) +
+                     "* wq, __global const " + high_bits_type(type) + "* wh, int g, int l, int4* r) {\n" +
+                     "  const ushort4 p = wq[g * 8 + l];\n" +
+                     (type == DType::kQ4_K ? "" : "  const uint h = wh[g * 8 + l];\n");
+  for (int r = 0; r < 4; ++r) {
+    body += "  r[" + std::to_string(r) + "] = convert_int4(" + k_quant_codes(type, r) + ");\n";
   }
-  return signature + R"(  const int base = (g * 8 + l) * 4;
-  r[0] = convert_int4(wq[base]);
-  r[1] = convert_int4(wq[base + 1]);
-  r[2] = convert_int4(wq[base + 2]);
-  r[3] = convert_int4(wq[base + 3]);
-}
-)";
+  return body + "}\n";
 }
 
 // The exact matmul of K-quant weights against quantize_q8_k()'s blocks (`xk`: d_a and the 16 sums
@@ -1041,7 +1050,7 @@ inline int inferd_ilane(int4 v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c 
     for (int s = 0; s < 8; ++s) {
       for (int l = 0; l < 8; ++l) {
         int4 w[4];
-        w_code(wq, blk * 8 + s, l, w);
+        w_code(wq, wh, blk * 8 + s, l, w);
 )";
   body += q6 ? "        const int4 sc = convert_int4(wsub[blk * 16 + 2 * s + l / 4]);\n"
              : "        const int4 sc = convert_int4(wsub[blk * 16 + s]);\n";
@@ -1514,8 +1523,13 @@ Result<MatmulWeights> MatmulWeights::upload(Runtime& rt, DType type, int64_t row
   const int64_t n_groups = k / 32;
   const int64_t groups_per_block = info->block_size / 32;
   const int64_t n_blocks = k / info->block_size;
-  const bool five_bit = type == DType::kQ5_0 || type == DType::kQ5_1;  // nibbles + a high bit each
-  const bool nibbles = type == DType::kQ4_0 || type == DType::kQ4_1 || type == DType::kQ4_K || five_bit;
+  // Every block type but Q8_0 keeps its codes' low nibbles; the 5- and 6-bit types add a plane of
+  // their high bits: per (group, slice of 4) one ushort (bit 4 * row + i) or, for Q6_K, one uint
+  // (bits 2 * (4 * row + i) and up).
+  const int high_bits = type == DType::kQ5_0 || type == DType::kQ5_1 || type == DType::kQ5_K ? 1
+                        : type == DType::kQ6_K                                                 ? 2
+                                                                                               : 0;
+  const bool nibbles = type != DType::kQ8_0;
   const bool k_quant = is_k_quant(type);
   const bool has_mins = type == DType::kQ4_1 || type == DType::kQ5_1 || type == DType::kQ4_K || type == DType::kQ5_K;
   const size_t per_row_block = static_cast<size_t>(n_so * n_blocks) * 4;
@@ -1524,7 +1538,7 @@ Result<MatmulWeights> MatmulWeights::upload(Runtime& rt, DType type, int64_t row
   std::vector<int8_t> sub(k_quant ? per_row_block * 16 : 0, 0);
   std::vector<int8_t> q8(nibbles ? 0 : static_cast<size_t>(n_so * n_groups * 8 * 16), 0);
   std::vector<uint16_t> q4(nibbles ? static_cast<size_t>(n_so * n_groups * 8 * 4) : 0, 0);
-  std::vector<uint16_t> high(five_bit ? static_cast<size_t>(n_so * n_groups * 8) : 0, 0);
+  std::vector<uint32_t> high(high_bits > 0 ? static_cast<size_t>(n_so * n_groups * 8) : 0, 0);
   DecodedBlock dec;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t so = r / 4, o4 = r % 4;
@@ -1547,7 +1561,10 @@ Result<MatmulWeights> MatmulWeights::upload(Runtime& rt, DType type, int64_t row
               // Q5_0's decoded values are code - 16; the device keeps the code (0..31).
               const int code = codes[4 * j + i4] + (type == DType::kQ5_0 ? 16 : 0);
               packed = static_cast<uint16_t>(packed | ((code & 15) << (4 * i4)));
-              if (five_bit) high[g * 8 + j] = static_cast<uint16_t>(high[g * 8 + j] | ((code >> 4) << (4 * o4 + i4)));
+              if (high_bits > 0) {
+                const auto hi = static_cast<uint32_t>(code >> 4);
+                high[g * 8 + j] |= hi << (high_bits * (4 * o4 + static_cast<int64_t>(i4)));
+              }
             }
             q4[(g * 8 + j) * 4 + static_cast<size_t>(o4)] = packed;
           } else {
@@ -1562,7 +1579,11 @@ Result<MatmulWeights> MatmulWeights::upload(Runtime& rt, DType type, int64_t row
   INFERD_RETURN_IF_ERROR(upload_vector(scales, w.scales_));
   if (!mins.empty()) INFERD_RETURN_IF_ERROR(upload_vector(mins, w.mins_));
   if (!sub.empty()) INFERD_RETURN_IF_ERROR(upload_vector(sub, w.sub_scales_));
-  if (!high.empty()) INFERD_RETURN_IF_ERROR(upload_vector(high, w.high_bits_));
+  if (high_bits == 2) {
+    INFERD_RETURN_IF_ERROR(upload_vector(high, w.high_bits_));
+  } else if (high_bits == 1) {
+    INFERD_RETURN_IF_ERROR(upload_vector(std::vector<uint16_t>(high.begin(), high.end()), w.high_bits_));
+  }
   if (nibbles) {
     INFERD_RETURN_IF_ERROR(upload_vector(q4, w.values_));
   } else {

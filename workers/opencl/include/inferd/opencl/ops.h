@@ -29,11 +29,13 @@
 //   Q4_K  quants as Q4_0 (nibbles); scales float4 [S_O][B] (d), mins float4 [S_O][B] (dmin),
 //         sub_scales char4 [S_O][B][16]: the 8 six-bit scales sc, then the 8 mins mn;
 //         value of group s = (d * sc_s) * q - dmin * mn_s
-//   Q5_K  as Q4_K with quants as Q8_0 (the codes 0..31)
-//   Q6_K  quants as Q8_0 (the codes 0..63, i.e. the value + 32), scales float4 [S_O][B] (d),
-//         sub_scales char4 [S_O][B][16]: the int8 scale of each 16 elements; value (d * sc) * (q - 32)
-// (The K-quants' 5- and 6-bit codes take a byte each: simpler kernels for 1.4 to 1.8 times the file's
-// bytes; Q5_0 and Q5_1 are packed.)
+//   Q5_K  as Q4_K, with the codes' (0..31) fifth bits in high_bits as Q5_0's
+//   Q6_K  quants as Q4_0 (the low nibbles of the codes 0..63, i.e. of the value + 32), high_bits
+//         uint [S_O][G][8]: the two high bits of row r's element i in bits 2 * (4r + i) and up;
+//         scales float4 [S_O][B] (d), sub_scales char4 [S_O][B][16]: the int8 scale of each 16
+//         elements; value (d * sc) * (q - 32)
+// Every code keeps its bits, as in the file: 5.75 bits per weight for Q5_K and 6.6 for Q6_K with
+// their scales (the file: 5.5 and 6.6).
 // Two kernels per type, chosen by stage: decode (float: one work-group per output slice, its lanes
 // splitting K; exact: a work-item per output slice and token) and prefill (each work-item computes
 // one output slice for 4 tokens, reading each weight block once for all of them).
@@ -118,7 +120,7 @@ class MatmulWeights {
   cl_mem scales() const { return scales_.get(); }  // nullptr for F32 / F16 / BF16
   cl_mem mins() const { return mins_.get(); }      // Q4_1, Q5_1, Q4_K, Q5_K; else nullptr
   cl_mem sub_scales() const { return sub_scales_.get(); }  // K-quants; else nullptr
-  cl_mem high_bits() const { return high_bits_.get(); }    // Q5_0, Q5_1; else nullptr
+  cl_mem high_bits() const { return high_bits_.get(); }    // Q5_0, Q5_1, Q5_K, Q6_K; else nullptr
 
  private:
   MatmulWeights() = default;
