@@ -33,8 +33,6 @@ import os
 import subprocess
 import sys
 
-import capnp
-
 import harness
 from harness import Connection, request, run_async
 
@@ -320,7 +318,7 @@ class OpenClHalfActivationsTest(harness.DaemonTestCase):
             if fragment.startswith("half-precision"):
                 try:
                     await load
-                except capnp.KjException as e:
+                except harness.capnp.KjException as e:
                     self.assertKjError(e, "FAILED", fragment, context="f16 with the exact numerics")
                 else:
                     # Only a device without cl_khr_fp64 loads: it runs the float numerics, where halves are fine.

@@ -223,8 +223,11 @@ Result<std::unique_ptr<ClEngine>> ClEngine::create(std::shared_ptr<const Model> 
   // Storages: every activation in one (the widest decides), the logits on their own.
   const int32_t widest = std::max({cfg.n_embd + 2 * cfg.n_embd_kv(), 2 * cfg.n_ff, cfg.n_embd});
   const Bhwc widest_shape{1, 1, opt.n_ubatch, widest};
+  // The residual stream is float in the same storage: with half activations it may be the larger.
+  const Bhwc residual_shape{1, 1, opt.n_ubatch, cfg.n_embd};
   if (opt.activation_storage) {
     Status fits = TensorDescriptor(widest_shape, *opt.activation_storage, e->act_type_).fits(info);
+    if (fits) fits = TensorDescriptor(residual_shape, *opt.activation_storage).fits(info);
     if (!fits) return fits.with_context("forced activation storage");
     e->act_storage_ = *opt.activation_storage;
     e->storage_notes_ = " (forced)";
@@ -232,6 +235,8 @@ Result<std::unique_ptr<ClEngine>> ClEngine::create(std::shared_ptr<const Model> 
     auto choice = choose_storage(info, widest_shape, kAnyStorage, e->act_type_);
     if (!choice) return choice.status();
     e->act_storage_ = choice->storage;
+    Status fits = TensorDescriptor(residual_shape, choice->storage).fits(info);
+    if (!fits) return fits.with_context("residual stream");
     if (!choice->fallbacks.empty()) e->storage_notes_ = " (passed over " + choice->fallbacks.front() + ")";
   }
   auto logits_choice = choose_storage(info, Bhwc{1, 1, opt.n_ubatch, cfg.n_vocab});
@@ -354,7 +359,9 @@ Status ClEngine::allocate_activations() {
   INFERD_RETURN_IF_ERROR(tensor(a.proj, e));
   INFERD_RETURN_IF_ERROR(tensor(a.h, f));
   if (is_last_stage()) {
-    INFERD_RETURN_IF_ERROR(tensor(a.gathered, e));
+    // The gathered rows are the residual stream's: float too, so a token's logits do not depend on
+    // whether the others' are wanted.
+    INFERD_RETURN_IF_ERROR(tensor_of(a.gathered, e, DataType::kFloat32));
     INFERD_RETURN_IF_ERROR(tensor(a.gathered_norm, e));
   }
   // Each layer may group its matmuls differently (types can vary by layer): tensors for every grouping used.

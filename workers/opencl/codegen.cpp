@@ -96,6 +96,7 @@ class Expander {
   }
 
   bool uses_sampler() const { return uses_sampler_; }
+  bool writes_3d() const { return writes_3d_; }
 
  private:
   const TensorParam* find(std::string_view name) const {
@@ -124,6 +125,12 @@ class Expander {
     return "(int2)(" + x + ", " + paren(c[1]) + "*" + n + "_s + " + paren(c[2]) + ")";
   }
 
+  static std::string texture3d_coord(const std::string& n, const std::vector<std::string>& c) {
+    std::string x = paren(c[0]) + "*" + n + "_b";
+    if (c.size() == 4) x += " + " + paren(c[3]);
+    return "(int4)(" + x + ", " + paren(c[1]) + ", " + paren(c[2]) + ", 0)";
+  }
+
   Result<std::string> translate(const TensorParam& t, const std::string& method, const std::vector<std::string>& args,
                                 size_t offset) {
     const std::string& n = t.name;
@@ -149,6 +156,9 @@ class Expander {
         case StorageType::kTexture2D:
           uses_sampler_ = true;
           return "read_imagef(" + n + ", " + std::string(kSamplerName) + ", " + texture_coord(n, args) + ")";
+        case StorageType::kTexture3D:
+          uses_sampler_ = true;
+          return "read_imagef(" + n + ", " + std::string(kSamplerName) + ", " + texture3d_coord(n, args) + ")";
       }
     }
     if (method == "Write") {
@@ -162,6 +172,9 @@ class Expander {
                  ", " + n + ")";
         case StorageType::kImageBuffer: return "write_imagef(" + n + ", " + linear_index(n, coords) + ", " + args[0] + ")";
         case StorageType::kTexture2D: return "write_imagef(" + n + ", " + texture_coord(n, coords) + ", " + args[0] + ")";
+        case StorageType::kTexture3D:
+          writes_3d_ = true;
+          return "write_imagef(" + n + ", " + texture3d_coord(n, coords) + ", " + args[0] + ")";
       }
     }
     return error(offset, "unknown method '$" + n + "." + method + "'");
@@ -169,6 +182,7 @@ class Expander {
 
   const KernelTemplate& kernel_;
   bool uses_sampler_ = false;
+  bool writes_3d_ = false;
 };
 
 std::string declaration(const TensorParam& t) {
@@ -178,6 +192,7 @@ std::string declaration(const TensorParam& t) {
     case StorageType::kBuffer: return std::string(read ? "__global const " : "__global ") + element + t.name;
     case StorageType::kImageBuffer: return std::string(read ? "__read_only" : "__write_only") + " image1d_buffer_t " + t.name;
     case StorageType::kTexture2D: return std::string(read ? "__read_only" : "__write_only") + " image2d_t " + t.name;
+    case StorageType::kTexture3D: return std::string(read ? "__read_only" : "__write_only") + " image3d_t " + t.name;
   }
   return "";
 }
@@ -213,6 +228,8 @@ Result<GeneratedKernel> generate_kernel(const KernelTemplate& kernel) {
   // a * b + c is two roundings unless a kernel writes fma(): OpenCL C otherwise lets the compiler
   // contract it, and the exact kernels (ops.h) reproduce the CPU engine's roundings one by one.
   src += "#pragma OPENCL FP_CONTRACT OFF\n";
+  // OpenCL C 1.2 writes 3D images only through this extension (TensorDescriptor::fits checks it).
+  if (expander.writes_3d()) src += "#pragma OPENCL EXTENSION cl_khr_3d_image_writes : enable\n";
   if (expander.uses_sampler()) {
     src += "__constant sampler_t " + std::string(kSamplerName) +
            " = CLK_NORMALIZED_COORDS_FALSE | CLK_ADDRESS_NONE | CLK_FILTER_NEAREST;\n";

@@ -1734,7 +1734,7 @@ Status Ops::swiglu(const Tensor& gate, const Tensor& up, Tensor& dst) {
   return binary("swiglu", "inferd_silu(va) * vb", kFloatSilu, gate, up, dst);
 }
 Status Ops::swiglu_exact(const Tensor& gate, const Tensor& up, Tensor& dst) {
-  INFERD_RETURN_IF_ERROR(require_exact("swiglu_exact"));
+  INFERD_RETURN_IF_ERROR(require_exact("swiglu_exact", {&gate, &up, &dst}));
   return binary("swiglu_exact", "inferd_silu4(va) * vb", kExactHelpers, gate, up, dst);
 }
 
@@ -1978,24 +1978,32 @@ Status Ops::attention(const AttentionGeometry& g, cl_mem q, const TokenPlacement
 
 bool Ops::exact_supported() const { return rt_.info().fp64; }
 
-Status Ops::require_exact(const char* op) const {
-  if (exact_supported()) return Status::ok();
-  return make_error(Code::kUnimplemented, "%s: the exact kernels need cl_khr_fp64, which %s lacks", op,
-                    rt_.info().name.c_str());
+Status Ops::require_exact(const char* op, std::initializer_list<const Tensor*> tensors) const {
+  if (!exact_supported()) {
+    return make_error(Code::kUnimplemented, "%s: the exact kernels need cl_khr_fp64, which %s lacks", op,
+                      rt_.info().name.c_str());
+  }
+  for (const Tensor* t : tensors) {
+    if (t->format().data_type != DataType::kFloat32) {
+      return make_error(Code::kInvalidArgument, "%s: a %s tensor; the exact kernels reproduce float activations", op,
+                        t->desc().to_string().c_str());
+    }
+  }
+  return Status::ok();
 }
 
 Status Ops::rms_norm_exact(const Tensor& x, const Tensor& weight, float eps, Tensor& dst) {
-  INFERD_RETURN_IF_ERROR(require_exact("rms_norm_exact"));
+  INFERD_RETURN_IF_ERROR(require_exact("rms_norm_exact", {&x, &weight, &dst}));
   return rms_norm_as(x, weight, eps, dst, true);
 }
 
 Status Ops::swiglu_halves_exact(const Tensor& gate_up, Tensor& dst) {
-  INFERD_RETURN_IF_ERROR(require_exact("swiglu_halves_exact"));
+  INFERD_RETURN_IF_ERROR(require_exact("swiglu_halves_exact", {&gate_up, &dst}));
   return swiglu_halves_as(gate_up, dst, true);
 }
 
 Status Ops::quantize_q8(const Tensor& x, Tensor& quants, cl_mem scales) {
-  INFERD_RETURN_IF_ERROR(require_exact("quantize_q8"));
+  INFERD_RETURN_IF_ERROR(require_exact("quantize_q8", {&x, &quants}));
   const Bhwc& s = x.shape();
   if (!is_token_rows(s) || !(quants.shape() == s) || s.c % 32 != 0) {
     return make_error(Code::kInvalidArgument, "quantize_q8: x %s, quants %s (channels must be a multiple of 32)",
@@ -2015,7 +2023,7 @@ Status Ops::quantize_q8(const Tensor& x, Tensor& quants, cl_mem scales) {
 }
 
 Status Ops::quantize_q8_k(const Tensor& x, Tensor& quants, cl_mem blocks) {
-  INFERD_RETURN_IF_ERROR(require_exact("quantize_q8_k"));
+  INFERD_RETURN_IF_ERROR(require_exact("quantize_q8_k", {&x, &quants}));
   const Bhwc& s = x.shape();
   if (!is_token_rows(s) || !(quants.shape() == s) || s.c % 256 != 0) {
     return make_error(Code::kInvalidArgument, "quantize_q8_k: x %s, quants %s (channels must be a multiple of 256)",
@@ -2037,7 +2045,7 @@ Status Ops::quantize_q8_k(const Tensor& x, Tensor& quants, cl_mem blocks) {
 
 Status Ops::matmul_exact(const MatmulWeights& w, const Tensor& x, cl_mem scales, Tensor& y, CpuOrder order,
                          MatmulVariant variant) {
-  INFERD_RETURN_IF_ERROR(require_exact("matmul_exact"));
+  INFERD_RETURN_IF_ERROR(require_exact("matmul_exact", {&x, &y}));
   const Bhwc& xs = x.shape();
   const Bhwc& ys = y.shape();
   if (xs.b != 1 || xs.h != 1 || xs.c != w.k() || !(ys == Bhwc{1, 1, xs.w, static_cast<int32_t>(w.rows())})) {
@@ -2078,7 +2086,7 @@ Status Ops::matmul_exact(const MatmulWeights& w, const Tensor& x, cl_mem scales,
 
 Status Ops::attention_exact(const AttentionGeometry& g, cl_mem q, const TokenPlacement& tokens, int32_t kv_pad,
                             float scale, cl_mem cache, cl_mem scratch, CpuOrder order, Tensor& out) {
-  INFERD_RETURN_IF_ERROR(require_exact("attention_exact"));
+  INFERD_RETURN_IF_ERROR(require_exact("attention_exact", {&out}));
   INFERD_RETURN_IF_ERROR(g.check());
   const Bhwc& o = out.shape();
   if (!is_token_rows(o) || o.c != g.n_embd()) {

@@ -14,6 +14,7 @@ const char* storage_name(StorageType storage) {
     case StorageType::kBuffer: return "buffer";
     case StorageType::kImageBuffer: return "image_buffer";
     case StorageType::kTexture2D: return "texture2d";
+    case StorageType::kTexture3D: return "texture3d";
   }
   return "?";
 }
@@ -73,6 +74,26 @@ Status TensorDescriptor::fits(const DeviceInfo& device) const {
     }
     return Status::ok();
   }
+  if (kind == StorageType::kTexture3D) {
+    if (!device.has_extension("cl_khr_3d_image_writes")) {
+      return make_error(Code::kUnimplemented, "%s: the device lacks cl_khr_3d_image_writes", name.c_str());
+    }
+    const struct {
+      int64_t extent;
+      size_t limit;
+      const char* what;
+      const char* param;
+    } dims[] = {{texture_width(), device.image3d_max_width, "width", "CL_DEVICE_IMAGE3D_MAX_WIDTH"},
+                {texture_height(), device.image3d_max_height, "height", "CL_DEVICE_IMAGE3D_MAX_HEIGHT"},
+                {texture_depth(), device.image3d_max_depth, "depth", "CL_DEVICE_IMAGE3D_MAX_DEPTH"}};
+    for (const auto& d : dims) {
+      if (static_cast<uint64_t>(d.extent) > d.limit) {
+        return make_error(Code::kOutOfRange, "%s: %s %lld > %s %zu", name.c_str(), d.what,
+                          static_cast<long long>(d.extent), d.param, d.limit);
+      }
+    }
+    return Status::ok();
+  }
   if (static_cast<uint64_t>(texture_width()) > device.image2d_max_width) {
     return make_error(Code::kOutOfRange, "%s: width %lld > CL_DEVICE_IMAGE2D_MAX_WIDTH %zu", name.c_str(),
                       static_cast<long long>(texture_width()), device.image2d_max_width);
@@ -90,9 +111,9 @@ std::string TensorDescriptor::to_string() const { return shape_.to_string() + " 
 
 std::vector<StorageType> storage_preference(const DeviceInfo& device) {
   if (device.type == DeviceType::kGpu) {
-    return {StorageType::kTexture2D, StorageType::kImageBuffer, StorageType::kBuffer};
+    return {StorageType::kTexture2D, StorageType::kTexture3D, StorageType::kImageBuffer, StorageType::kBuffer};
   }
-  return {StorageType::kBuffer, StorageType::kImageBuffer, StorageType::kTexture2D};
+  return {StorageType::kBuffer, StorageType::kImageBuffer, StorageType::kTexture2D, StorageType::kTexture3D};
 }
 
 std::string StorageChoice::to_string() const {
@@ -150,13 +171,23 @@ std::vector<float> to_staging(const TensorDescriptor& desc, std::span<const floa
 
 // The texels of `tensor` in its staging order as the device holds them: floats, or halves for a
 // kFloat16 tensor. `bytes` holds data_bytes().
+// The region of a texture's data (its extents, guards excluded).
+struct Region {
+  size_t r[3];
+};
+Region texture_region(const TensorDescriptor& desc) {
+  return {{static_cast<size_t>(desc.texture_width()), static_cast<size_t>(desc.texture_height()),
+           static_cast<size_t>(desc.texture_depth())}};
+}
+
 Status read_raw(Runtime& rt, const Tensor& tensor, void* bytes) {
   const TensorDescriptor& desc = tensor.desc();
-  if (desc.storage() == StorageType::kTexture2D) {
+  if (is_texture(desc.storage())) {
     const size_t origin[3] = {0, 0, 0};
-    const size_t region[3] = {static_cast<size_t>(desc.texture_width()), static_cast<size_t>(desc.texture_height()), 1};
-    INFERD_CL_RETURN_IF_ERROR(clEnqueueReadImage(rt.queue(), tensor.memory(), CL_TRUE, origin, region,
-                                                 region[0] * desc.texel_bytes(), 0, bytes, 0, nullptr, nullptr));
+    const Region region = texture_region(desc);
+    const size_t row_pitch = region.r[0] * desc.texel_bytes();
+    INFERD_CL_RETURN_IF_ERROR(clEnqueueReadImage(rt.queue(), tensor.memory(), CL_TRUE, origin, region.r, row_pitch,
+                                                 row_pitch * region.r[1], bytes, 0, nullptr, nullptr));
     return Status::ok();
   }
   return rt.read_buffer(tensor.buffer(), 0, desc.data_bytes(), bytes);
@@ -164,11 +195,12 @@ Status read_raw(Runtime& rt, const Tensor& tensor, void* bytes) {
 
 Status write_raw(Runtime& rt, Tensor& tensor, const void* bytes) {
   const TensorDescriptor& desc = tensor.desc();
-  if (desc.storage() == StorageType::kTexture2D) {
+  if (is_texture(desc.storage())) {
     const size_t origin[3] = {0, 0, 0};
-    const size_t region[3] = {static_cast<size_t>(desc.texture_width()), static_cast<size_t>(desc.texture_height()), 1};
-    INFERD_CL_RETURN_IF_ERROR(clEnqueueWriteImage(rt.queue(), tensor.memory(), CL_TRUE, origin, region,
-                                                  region[0] * desc.texel_bytes(), 0, bytes, 0, nullptr, nullptr));
+    const Region region = texture_region(desc);
+    const size_t row_pitch = region.r[0] * desc.texel_bytes();
+    INFERD_CL_RETURN_IF_ERROR(clEnqueueWriteImage(rt.queue(), tensor.memory(), CL_TRUE, origin, region.r, row_pitch,
+                                                  row_pitch * region.r[1], bytes, 0, nullptr, nullptr));
     return Status::ok();
   }
   return rt.write_buffer(tensor.buffer(), 0, desc.data_bytes(), bytes);
@@ -216,16 +248,20 @@ Status fill_elements(Runtime& rt, cl_mem buffer, DataType type, float value, siz
   return Status::ok();
 }
 
-// The guard rectangles of a guarded kTexture2D: the extra columns (over every row) and the extra
-// rows under the data columns. {x, y, width, height}.
+// The guard boxes of a guarded texture: the extra columns (over every row and slice), the extra
+// rows under the data columns (over every slice) and, for kTexture3D, the extra slices behind the
+// data. {x, y, z, width, height, depth}.
 struct Rect {
-  size_t x, y, w, h;
+  size_t x, y, z, w, h, d;
+  size_t texels() const { return w * h * d; }
 };
 std::vector<Rect> texture_guards(const Tensor& tensor) {
   const size_t g = static_cast<size_t>(tensor.guard_texels());
   const size_t w = static_cast<size_t>(tensor.desc().texture_width());
   const size_t h = static_cast<size_t>(tensor.desc().texture_height());
-  return {Rect{w, 0, g, h + g}, Rect{0, h, w, g}};
+  if (tensor.storage() == StorageType::kTexture2D) return {Rect{w, 0, 0, g, h + g, 1}, Rect{0, h, 0, w, g, 1}};
+  const size_t d = static_cast<size_t>(tensor.desc().texture_depth());
+  return {Rect{w, 0, 0, g, h + g, d + g}, Rect{0, h, 0, w, g, d + g}, Rect{0, 0, d, w, h, g}};
 }
 
 }  // namespace
@@ -237,11 +273,14 @@ Result<Tensor> Tensor::allocate(Runtime& rt, const TensorDescriptor& desc, const
   tensor.guard_texels_ = options.guard_texels;
   cl_int err = CL_SUCCESS;
 
-  if (desc.storage() == StorageType::kTexture2D) {
+  if (is_texture(desc.storage())) {
+    const size_t g = static_cast<size_t>(options.guard_texels);
+    const bool three_d = desc.storage() == StorageType::kTexture3D;
     cl_image_desc image{};
-    image.image_type = CL_MEM_OBJECT_IMAGE2D;
-    image.image_width = static_cast<size_t>(desc.texture_width()) + static_cast<size_t>(options.guard_texels);
-    image.image_height = static_cast<size_t>(desc.texture_height()) + static_cast<size_t>(options.guard_texels);
+    image.image_type = three_d ? CL_MEM_OBJECT_IMAGE3D : CL_MEM_OBJECT_IMAGE2D;
+    image.image_width = static_cast<size_t>(desc.texture_width()) + g;
+    image.image_height = static_cast<size_t>(desc.texture_height()) + g;
+    image.image_depth = three_d ? static_cast<size_t>(desc.texture_depth()) + g : 1;
     const cl_image_format format = image_format(desc.data_type());
     tensor.image_.reset(clCreateImage(rt.context(), CL_MEM_READ_WRITE, &format, &image, nullptr, &err));
     if (err != CL_SUCCESS) return cl_error(err, "clCreateImage(" + desc.to_string() + ")");
@@ -348,12 +387,12 @@ Result<std::vector<float>> download_texels(Runtime& rt, const Tensor& tensor) {
 
 Status fill(Runtime& rt, Tensor& tensor, float value) {
   const TensorDescriptor& desc = tensor.desc();
-  if (desc.storage() == StorageType::kTexture2D) {
+  if (is_texture(desc.storage())) {
     const float color[4] = {value, value, value, value};  // converted to the image's channel type
     const size_t origin[3] = {0, 0, 0};
-    const size_t region[3] = {static_cast<size_t>(desc.texture_width()), static_cast<size_t>(desc.texture_height()), 1};
+    const Region region = texture_region(desc);
     INFERD_CL_RETURN_IF_ERROR(
-        clEnqueueFillImage(rt.queue(), tensor.memory(), color, origin, region, 0, nullptr, nullptr));
+        clEnqueueFillImage(rt.queue(), tensor.memory(), color, origin, region.r, 0, nullptr, nullptr));
   } else {
     INFERD_RETURN_IF_ERROR(fill_elements(rt, tensor.buffer(), desc.data_type(), value, 0, desc.data_bytes()));
   }
@@ -362,9 +401,9 @@ Status fill(Runtime& rt, Tensor& tensor, float value) {
 
 namespace {
 
-// A guard rectangle of a kTexture2D as host elements of its data type, every one holding `value`.
+// A guard rectangle of a texture as host elements of its data type, every one holding `value`.
 std::vector<uint8_t> guard_pixels(DataType type, const Rect& r, float value) {
-  const size_t n = r.w * r.h * 4, size = element_bytes(type);
+  const size_t n = r.texels() * 4, size = element_bytes(type);
   const uint32_t bits = element_bits(type, value);
   std::vector<uint8_t> bytes(n * size);
   for (size_t i = 0; i < n; ++i) std::memcpy(&bytes[i * size], &bits, size);  // little-endian host
@@ -376,14 +415,14 @@ std::vector<uint8_t> guard_pixels(DataType type, const Rect& r, float value) {
 Status fill_guards(Runtime& rt, Tensor& tensor, float value) {
   if (tensor.guard_texels() == 0) return Status::ok();
   const DataType type = tensor.desc().data_type();
-  if (tensor.storage() == StorageType::kTexture2D) {
+  if (is_texture(tensor.storage())) {
     for (const Rect& r : texture_guards(tensor)) {
       const std::vector<uint8_t> pixels = guard_pixels(type, r, value);
-      const size_t origin[3] = {r.x, r.y, 0};
-      const size_t region[3] = {r.w, r.h, 1};
-      INFERD_CL_RETURN_IF_ERROR(clEnqueueWriteImage(rt.queue(), tensor.memory(), CL_TRUE, origin, region,
-                                                    r.w * tensor.desc().texel_bytes(), 0, pixels.data(), 0, nullptr,
-                                                    nullptr));
+      const size_t origin[3] = {r.x, r.y, r.z};
+      const size_t region[3] = {r.w, r.h, r.d};
+      const size_t row_pitch = r.w * tensor.desc().texel_bytes();
+      INFERD_CL_RETURN_IF_ERROR(clEnqueueWriteImage(rt.queue(), tensor.memory(), CL_TRUE, origin, region, row_pitch,
+                                                    row_pitch * r.h, pixels.data(), 0, nullptr, nullptr));
     }
     return Status::ok();
   }
@@ -412,16 +451,17 @@ Status check_guards(Runtime& rt, const Tensor& tensor, float value) {
     }
     return Status::ok();
   };
-  if (tensor.storage() == StorageType::kTexture2D) {
-    const char* where[] = {"in the columns right of the data", "in the rows below the data"};
+  if (is_texture(tensor.storage())) {
+    const char* where[] = {"in the columns right of the data", "in the rows below the data",
+                           "in the slices behind the data"};
     int i = 0;
     for (const Rect& r : texture_guards(tensor)) {
-      std::vector<uint8_t> got(r.w * r.h * tensor.desc().texel_bytes());
-      const size_t origin[3] = {r.x, r.y, 0};
-      const size_t region[3] = {r.w, r.h, 1};
-      INFERD_CL_RETURN_IF_ERROR(clEnqueueReadImage(rt.queue(), tensor.memory(), CL_TRUE, origin, region,
-                                                   r.w * tensor.desc().texel_bytes(), 0, got.data(), 0, nullptr,
-                                                   nullptr));
+      std::vector<uint8_t> got(r.texels() * tensor.desc().texel_bytes());
+      const size_t origin[3] = {r.x, r.y, r.z};
+      const size_t region[3] = {r.w, r.h, r.d};
+      const size_t row_pitch = r.w * tensor.desc().texel_bytes();
+      INFERD_CL_RETURN_IF_ERROR(clEnqueueReadImage(rt.queue(), tensor.memory(), CL_TRUE, origin, region, row_pitch,
+                                                   row_pitch * r.h, got.data(), 0, nullptr, nullptr));
       INFERD_RETURN_IF_ERROR(check(got, where[i++]));
     }
     return Status::ok();

@@ -40,6 +40,15 @@ TEST(TensorDesc, SlicesAndLayouts) {
   EXPECT_EQ(texture.texture_height(), 6);
   EXPECT_EQ(texture.staging_index(1, 4, 2, 1), (2 * 2 + 1) * 10 + 4 * 2 + 1);
   EXPECT_EQ(texture.staging_index(0, 0, 0, 1), 10);
+
+  // 3D texture: (x*B + b, y, s) in an image of (W*B) x H x S, whose row-major order is the linear one.
+  const TensorDescriptor volume(Bhwc{2, 3, 5, 7}, StorageType::kTexture3D);
+  EXPECT_EQ(volume.texture_width(), 10);
+  EXPECT_EQ(volume.texture_height(), 3);
+  EXPECT_EQ(volume.texture_depth(), 2);
+  EXPECT_EQ(texture.texture_depth(), 1);
+  EXPECT_EQ(volume.staging_index(1, 4, 2, 1), (1 * 3 + 2) * 10 + 4 * 2 + 1);
+  EXPECT_EQ(volume.staging_index(1, 4, 2, 1), volume.linear_index(1, 4, 2, 1));
 }
 
 DeviceInfo fake_gpu() {
@@ -50,6 +59,8 @@ DeviceInfo fake_gpu() {
   d.image_support = true;
   d.image2d_max_width = 16384;
   d.image2d_max_height = 16384;
+  d.image3d_max_width = d.image3d_max_height = d.image3d_max_depth = 2048;
+  d.extensions = {"cl_khr_3d_image_writes"};
   d.image_max_buffer_size = 1 << 27;
   return d;
 }
@@ -61,13 +72,31 @@ TEST(StorageChooser, GpuPrefersTexturesWithinTheirLimits) {
   EXPECT_EQ(hidden->storage, StorageType::kTexture2D);
   EXPECT_TRUE(hidden->fallbacks.empty());
 
-  // Logits of a 151936-token vocabulary: 37984 slices are taller than the texture limit.
+  // Logits of a 151936-token vocabulary: 37984 slices are taller than the 2D texture and deeper than
+  // the 3D one.
   auto logits = choose_storage(gpu, Bhwc{1, 1, 1, 151936});
   ASSERT_TRUE(logits.is_ok());
   EXPECT_EQ(logits->storage, StorageType::kImageBuffer);
-  ASSERT_EQ(logits->fallbacks.size(), 1u);
+  ASSERT_EQ(logits->fallbacks.size(), 2u);
   EXPECT_EQ(logits->fallbacks[0], "texture2d: height 37984 > CL_DEVICE_IMAGE2D_MAX_HEIGHT 16384");
+  EXPECT_EQ(logits->fallbacks[1], "texture3d: depth 37984 > CL_DEVICE_IMAGE3D_MAX_DEPTH 2048");
   EXPECT_NE(logits->to_string().find("passed over texture2d"), std::string::npos);
+
+  // Attention scores of 14 heads over 4096 positions on a device whose 2D textures are 8192 tall:
+  // H*S = 14336 rows do not fit, but 14 rows of 1024 slices deep do.
+  DeviceInfo short_2d = gpu;
+  short_2d.image2d_max_height = 8192;
+  auto scores = choose_storage(short_2d, Bhwc{1, 14, 1, 4096});
+  ASSERT_TRUE(scores.is_ok());
+  EXPECT_EQ(scores->storage, StorageType::kTexture3D);
+  ASSERT_EQ(scores->fallbacks.size(), 1u);
+  // ... unless the device cannot write 3D images: named, then the next storage.
+  short_2d.extensions.clear();
+  scores = choose_storage(short_2d, Bhwc{1, 14, 1, 4096});
+  ASSERT_TRUE(scores.is_ok());
+  EXPECT_EQ(scores->storage, StorageType::kImageBuffer);
+  ASSERT_EQ(scores->fallbacks.size(), 2u);
+  EXPECT_EQ(scores->fallbacks[1], "texture3d: the device lacks cl_khr_3d_image_writes");
 
   // Wider than the texture and longer than an image buffer: a plain buffer.
   DeviceInfo small_buffers = gpu;
@@ -75,9 +104,10 @@ TEST(StorageChooser, GpuPrefersTexturesWithinTheirLimits) {
   auto huge = choose_storage(small_buffers, Bhwc{1, 1, 20000, 64});
   ASSERT_TRUE(huge.is_ok());
   EXPECT_EQ(huge->storage, StorageType::kBuffer);
-  ASSERT_EQ(huge->fallbacks.size(), 2u);
+  ASSERT_EQ(huge->fallbacks.size(), 3u);
   EXPECT_NE(huge->fallbacks[0].find("CL_DEVICE_IMAGE2D_MAX_WIDTH"), std::string::npos);
-  EXPECT_NE(huge->fallbacks[1].find("CL_DEVICE_IMAGE_MAX_BUFFER_SIZE"), std::string::npos);
+  EXPECT_NE(huge->fallbacks[1].find("CL_DEVICE_IMAGE3D_MAX_WIDTH"), std::string::npos);
+  EXPECT_NE(huge->fallbacks[2].find("CL_DEVICE_IMAGE_MAX_BUFFER_SIZE"), std::string::npos);
 }
 
 TEST(StorageChooser, HonoursWhatTheKernelSupports) {
@@ -85,8 +115,9 @@ TEST(StorageChooser, HonoursWhatTheKernelSupports) {
                           storage_bit(StorageType::kBuffer) | storage_bit(StorageType::kImageBuffer));
   ASSERT_TRUE(c.is_ok());
   EXPECT_EQ(c->storage, StorageType::kImageBuffer);
-  ASSERT_EQ(c->fallbacks.size(), 1u);
+  ASSERT_EQ(c->fallbacks.size(), 2u);
   EXPECT_EQ(c->fallbacks[0], "texture2d: not supported by the kernel");
+  EXPECT_EQ(c->fallbacks[1], "texture3d: not supported by the kernel");
 }
 
 TEST(StorageChooser, DevicesWithoutImagesUseBuffers) {
@@ -95,8 +126,9 @@ TEST(StorageChooser, DevicesWithoutImagesUseBuffers) {
   auto c = choose_storage(gpu, Bhwc{1, 1, 4, 64});
   ASSERT_TRUE(c.is_ok());
   EXPECT_EQ(c->storage, StorageType::kBuffer);
-  ASSERT_EQ(c->fallbacks.size(), 2u);
+  ASSERT_EQ(c->fallbacks.size(), 3u);
   EXPECT_EQ(c->fallbacks[0], "texture2d: the device has no images");
+  EXPECT_EQ(c->fallbacks[1], "texture3d: the device has no images");
   EXPECT_EQ(TensorDescriptor(Bhwc{1, 1, 4, 64}, StorageType::kImageBuffer).fits(gpu).code(), Code::kUnimplemented);
 }
 
@@ -170,7 +202,7 @@ TEST(TensorDevice, UploadDownloadRoundTripsInEveryStorage) {
 TEST(TensorDevice, HalfTensorsHoldHalvesInEveryStorage) {
   INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
   const Bhwc shapes[] = {{1, 1, 1, 1}, {2, 3, 5, 5}, {1, 1, 2, 576}};
-  const float kSentinel = -1234.5f;  // a half exactly
+  const float kSentinel = -1234.0f;  // a half exactly (its spacing is 1 in [1024, 2048))
   for (StorageType storage : kAllStorageTypes) {
     for (const Bhwc& shape : shapes) {
       SCOPED_TRACE(std::string(storage_name(storage)) + " " + shape.to_string());
@@ -183,11 +215,16 @@ TEST(TensorDevice, HalfTensorsHoldHalvesInEveryStorage) {
       Tensor& t = tensor.value();
       ASSERT_TRUE(fill_guards(*rt, t, kSentinel).is_ok());
       std::vector<float> data = random_values(shape.elements(), 11);
-      data[0] = 1.0f + 1.0f / 4096.0f;  // halfway between two halves: rounds to even (1.0)
+      // Halfway between two halves (their spacing is 2^-10 in [1, 2)): ties go to the even one.
+      data[0] = 1.0f + 1.0f / 2048.0f;  // between 1 and 1 + 2^-10: to 1
+      if (data.size() > 1) data[1] = 1.0f + 3.0f / 2048.0f;  // between 1 + 2^-10 and 1 + 2^-9: to 1 + 2^-9
       ASSERT_TRUE(upload(*rt, t, data).is_ok());
       std::vector<float> back(data.size(), -1.0f);
       ASSERT_TRUE(download(*rt, t, back).is_ok());
       EXPECT_EQ(back[0], 1.0f);
+      if (data.size() > 1) {
+        EXPECT_EQ(back[1], 1.0f + 1.0f / 512.0f);
+      }
       for (size_t i = 0; i < data.size(); ++i) {
         ASSERT_EQ(back[i], kernels::fp16_to_fp32(kernels::fp32_to_fp16(data[i]))) << i;
       }
@@ -234,10 +271,11 @@ TEST(TensorDevice, GuardsCatchOutOfBoundsWrites) {
   INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
   const float kSentinel = -12345.5f;
   for (const TensorFormat format : {TensorFormat(StorageType::kBuffer), TensorFormat(StorageType::kImageBuffer),
-                                    TensorFormat(StorageType::kTexture2D),
+                                    TensorFormat(StorageType::kTexture2D), TensorFormat(StorageType::kTexture3D),
                                     TensorFormat(StorageType::kBuffer, DataType::kFloat16),
                                     TensorFormat(StorageType::kImageBuffer, DataType::kFloat16),
-                                    TensorFormat(StorageType::kTexture2D, DataType::kFloat16)}) {
+                                    TensorFormat(StorageType::kTexture2D, DataType::kFloat16),
+                                    TensorFormat(StorageType::kTexture3D, DataType::kFloat16)}) {
     SCOPED_TRACE(format.to_string());
     const StorageType storage = format.storage;
     const TensorDescriptor desc(Bhwc{1, 2, 3, 5}, format);
@@ -256,7 +294,7 @@ TEST(TensorDevice, GuardsCatchOutOfBoundsWrites) {
 
     // One texel just past the data.
     const float bad[4] = {1.0f, 2.0f, 3.0f, 4.0f};
-    if (storage == StorageType::kTexture2D) {
+    if (is_texture(storage)) {
       const size_t origin[3] = {static_cast<size_t>(desc.texture_width()), 0, 0};
       const size_t region[3] = {1, 1, 1};
       ASSERT_EQ(clEnqueueWriteImage(rt->queue(), t.memory(), CL_TRUE, origin, region, 0, 0, bad, 0, nullptr, nullptr),

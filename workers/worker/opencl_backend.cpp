@@ -4,7 +4,7 @@
 // a stage after the first reads its hidden states from `hidden_in`, one before the last publishes
 // them to `hidden_out` and samples nothing.
 //
-// Environment (for tests and tuning): INFERD_OPENCL_STORAGE=buffer|image_buffer|texture2d forces the
+// Environment (for tests and tuning): INFERD_OPENCL_STORAGE=buffer|image_buffer|texture2d|texture3d forces the
 // activations' storage; INFERD_OPENCL_ACTIVATIONS=f32|f16 their data type (default: f16 with float
 // numerics on a device with cl_khr_fp16); INFERD_OPENCL_NUMERICS=exact|float the numerics (default:
 // exact where the device has cl_khr_fp64); INFERD_OPENCL_INT_DOT=float|int8 forces how the exact

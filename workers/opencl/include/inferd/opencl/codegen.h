@@ -19,9 +19,12 @@
 //   kImageBuffer  image1d_buffer_t t           Read: read_imagef(t, i)        Write: write_imagef(t, i, v)
 //   kTexture2D    image2d_t t                  Read: read_imagef(t, smp, (int2)(X*b + B, Y*s + S))
 //                                              Write: write_imagef(t, (int2)(X*b + B, Y*s + S), v)
+//   kTexture3D    image3d_t t                  Read: read_imagef(t, smp, (int4)(X*b + B, Y, S, 0))
+//                                              Write: write_imagef(t, (int4)(X*b + B, Y, S, 0), v)
+//                                              (the program enables cl_khr_3d_image_writes)
 // (Images of either data type are read and written as float4: the image's channel type converts.)
-// A half tensor is thus read and written as float4 too; no kernel text depends on the data type,
-// and none needs cl_khr_fp16.
+// A half tensor is thus read and written as float4 too: only the accessors' translation depends on
+// the data type (for buffers), not the kernel's text, and none needs cl_khr_fp16.
 // Images are declared __read_only or __write_only by the tensor's Access; reading a write-only tensor
 // or writing a read-only one is rejected.
 //

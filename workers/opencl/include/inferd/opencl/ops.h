@@ -1,8 +1,8 @@
-// inferd/opencl/ops.h — the OpenCL backend's ops, generated per storage (issue 5).
+// inferd/opencl/ops.h — the OpenCL backend's ops, generated per tensor format (issue 5).
 //
-// Every op is one kernel template (codegen.h) instantiated for the storages of the tensors it is
-// given: the first call with a new combination generates, builds (through the Runtime's program
-// caches) and keeps the kernel; later calls only set arguments and enqueue. Ops enqueue and return:
+// Every op is one kernel template (codegen.h) instantiated for the formats (storage and data type)
+// of the tensors it is given: the first call with a new combination generates, builds (through the
+// Runtime's program caches) and keeps the kernel; later calls only set arguments and enqueue. Ops enqueue and return:
 // the Runtime's queue is in order, and download() / Runtime::finish() wait.
 //
 // Conventions (BHWC, tensor_desc.h): a token is a position x along the width; a row op (rms_norm,
@@ -53,14 +53,16 @@
 //    ggml's expf polynomial instead of the device's exp and divisions and square roots correctly
 //    rounded through double. Every program is built with FP_CONTRACT OFF (codegen.h), so a * b + c
 //    is two roundings unless the kernel writes fma().
-//  * Float: activations stay float and the kernels sum in whatever order is fastest (matmul(),
-//    rms_norm(), attention(), ...): within float summation order of exact arithmetic, not of the
-//    CPU engine (whose 8-bit activations move logits by tenths).
+//  * Float: activations are not quantized (float, or half-precision tensors computed in float) and
+//    the kernels sum in whatever order is fastest (matmul(), rms_norm(), attention(), ...): within
+//    float summation order (and half rounding) of exact arithmetic, not of the CPU engine (whose
+//    8-bit activations move logits by tenths). The exact ops refuse half tensors.
 //
 // Thread safety: an Ops object and its Runtime are used by one thread at a time.
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <span>
 #include <string>
@@ -335,8 +337,9 @@ class Ops {
   size_t group_size(const Kernel& k) const;
   Status launch(const Kernel& k, cl_uint dims, const size_t* global, const size_t* local);
   Status binary(const char* op, const char* expr, const char* helpers, const Tensor& a, const Tensor& b, Tensor& dst);
-  // kUnimplemented naming `op` and the device when it cannot run the exact kernels.
-  Status require_exact(const char* op) const;
+  // kUnimplemented naming `op` and the device when it cannot run the exact kernels; kInvalidArgument
+  // when one of `tensors` is not float32 (the exact ops reproduce the CPU engine's float activations).
+  Status require_exact(const char* op, std::initializer_list<const Tensor*> tensors) const;
   // rms_norm() / rms_norm_exact() and swiglu_halves() / swiglu_halves_exact(): one launcher each, the
   // exact or the float kernel.
   Status rms_norm_as(const Tensor& x, const Tensor& weight, float eps, Tensor& dst, bool exact);

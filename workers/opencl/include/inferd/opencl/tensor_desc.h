@@ -9,6 +9,9 @@
 //   kBuffer        buffer of B*H*W*S texels        index ((s*H + y)*W + x)*B + b
 //   kImageBuffer   image1d_buffer, RGBA            the same linear index
 //   kTexture2D     image2d of (W*B) x (H*S), RGBA  (x*B + b, y*S + s)
+//   kTexture3D     image3d of (W*B) x H x S, RGBA  (x*B + b, y, s)
+// (A 3D texture takes the slices in its depth, so it holds tensors whose H*S is taller than a 2D
+// texture may be; writing it needs cl_khr_3d_image_writes in OpenCL C 1.2.)
 //
 //   data type      texel                           buffer element / image channel type
 //   kFloat32       16 bytes                        float  / CL_FLOAT
@@ -38,10 +41,11 @@
 
 namespace inferd::opencl {
 
-enum class StorageType : uint8_t { kBuffer, kImageBuffer, kTexture2D };
+enum class StorageType : uint8_t { kBuffer, kImageBuffer, kTexture2D, kTexture3D };
 inline constexpr StorageType kAllStorageTypes[] = {StorageType::kBuffer, StorageType::kImageBuffer,
-                                                   StorageType::kTexture2D};
-const char* storage_name(StorageType storage);  // "buffer", "image_buffer", "texture2d"
+                                                   StorageType::kTexture2D, StorageType::kTexture3D};
+const char* storage_name(StorageType storage);  // "buffer", "image_buffer", "texture2d", "texture3d"
+inline constexpr bool is_texture(StorageType s) { return s == StorageType::kTexture2D || s == StorageType::kTexture3D; }
 
 enum class DataType : uint8_t { kFloat32, kFloat16 };
 inline constexpr DataType kAllDataTypes[] = {DataType::kFloat32, DataType::kFloat16};
@@ -63,7 +67,7 @@ struct TensorFormat {
 // A set of storages (what a kernel can read or write), one bit per StorageType.
 using StorageMask = uint32_t;
 constexpr StorageMask storage_bit(StorageType s) { return 1u << static_cast<unsigned>(s); }
-inline constexpr StorageMask kAnyStorage = 0x7;
+inline constexpr StorageMask kAnyStorage = 0xF;
 
 // A logical shape. Every extent is >= 1.
 struct Bhwc {
@@ -97,11 +101,13 @@ class TensorDescriptor {
   int64_t linear_index(int32_t b, int32_t x, int32_t y, int32_t s) const {
     return ((int64_t{s} * shape_.h + y) * shape_.w + x) * shape_.b + b;
   }
-  // kTexture2D: size of the image and texel coordinate of (b, x, y, s).
+  // The textures' extents: kTexture2D (W*B) x (H*S) x 1, kTexture3D (W*B) x H x S.
   int64_t texture_width() const { return int64_t{shape_.w} * shape_.b; }
-  int64_t texture_height() const { return int64_t{shape_.h} * slices(); }
+  int64_t texture_height() const { return storage() == StorageType::kTexture3D ? shape_.h : int64_t{shape_.h} * slices(); }
+  int64_t texture_depth() const { return storage() == StorageType::kTexture3D ? slices() : 1; }
   // Position of (b, x, y, s) in this storage's host staging order: the linear index for the linear
-  // storages, row-major (y*S + s) * width + (x*B + b) for kTexture2D.
+  // storages and for kTexture3D (whose row-major order, ((s*H + y)*W*B + x*B + b), is the same),
+  // row-major (y*S + s) * width + (x*B + b) for kTexture2D.
   int64_t staging_index(int32_t b, int32_t x, int32_t y, int32_t s) const;
 
   // OK when this storage can hold the shape on `device`; kUnimplemented when the device lacks the
@@ -116,9 +122,9 @@ class TensorDescriptor {
 
 // ---- Choosing a storage --------------------------------------------------------------------------
 
-// The device's order of preference: on GPUs kTexture2D, kImageBuffer, kBuffer (reads through the
-// texture cache, ML Drift's default); on CPUs and other devices kBuffer first, since images are
-// emulated in software there.
+// The device's order of preference: on GPUs kTexture2D, kTexture3D, kImageBuffer, kBuffer (reads
+// through the texture cache, ML Drift's default; the 3D texture where the 2D one is too tall); on
+// CPUs and other devices kBuffer first, since images are emulated in software there.
 std::vector<StorageType> storage_preference(const DeviceInfo& device);
 
 struct StorageChoice {
@@ -143,7 +149,8 @@ struct AllocOptions {
   //                 the data, in one parent buffer of which the tensor's buffer is a sub-buffer;
   //   kImageBuffer  the same room after the data only: the image views the start of a larger buffer
   //                 (drivers such as PoCL cannot make an image of a sub-buffer);
-  //   kTexture2D    this many extra columns and rows.
+  //   kTexture2D    this many extra columns and rows;
+  //   kTexture3D    this many extra columns, rows and slices.
   int32_t guard_texels = 0;
 };
 
@@ -168,9 +175,9 @@ class Tensor {
   const Bhwc& shape() const { return desc_.shape(); }
   StorageType storage() const { return desc_.storage(); }
   const TensorFormat& format() const { return desc_.format(); }
-  // The object a kernel binds: the buffer, the image1d_buffer or the image2d.
+  // The object a kernel binds: the buffer, the image1d_buffer, the image2d or the image3d.
   cl_mem memory() const { return storage() == StorageType::kBuffer ? buffer_.get() : image_.get(); }
-  // The buffer behind kBuffer and kImageBuffer (nullptr for kTexture2D).
+  // The buffer behind kBuffer and kImageBuffer (nullptr for the textures).
   cl_mem buffer() const { return buffer_.get(); }
 
   int32_t guard_texels() const { return guard_texels_; }
