@@ -226,22 +226,24 @@ Result<std::unique_ptr<ClEngine>> ClEngine::create(std::shared_ptr<const Model> 
   // The residual stream is float in the same storage: with half activations it may be the larger.
   const Bhwc residual_shape{1, 1, opt.n_ubatch, cfg.n_embd};
   if (opt.activation_storage) {
-    Status fits = TensorDescriptor(widest_shape, *opt.activation_storage, e->act_type_).fits(info);
-    if (fits) fits = TensorDescriptor(residual_shape, *opt.activation_storage).fits(info);
-    if (!fits) return fits.with_context("forced activation storage");
     e->act_storage_ = *opt.activation_storage;
+    if (e->act_storage_ == StorageType::kTexture2DSplit) e->act_parts_ = split_parts(info, widest_shape);
+    Status fits = TensorDescriptor(widest_shape, e->act_format(e->act_type_)).fits(info);
+    if (fits) fits = TensorDescriptor(residual_shape, e->act_format(DataType::kFloat32)).fits(info);
+    if (!fits) return fits.with_context("forced activation storage");
     e->storage_notes_ = " (forced)";
   } else {
     auto choice = choose_storage(info, widest_shape, kAnyStorage, e->act_type_);
     if (!choice) return choice.status();
     e->act_storage_ = choice->storage;
-    Status fits = TensorDescriptor(residual_shape, choice->storage).fits(info);
+    e->act_parts_ = choice->parts;
+    Status fits = TensorDescriptor(residual_shape, e->act_format(DataType::kFloat32)).fits(info);
     if (!fits) return fits.with_context("residual stream");
     if (!choice->fallbacks.empty()) e->storage_notes_ = " (passed over " + choice->fallbacks.front() + ")";
   }
   auto logits_choice = choose_storage(info, Bhwc{1, 1, opt.n_ubatch, cfg.n_vocab});
   if (!logits_choice) return logits_choice.status().with_context("logits");
-  e->logits_storage_ = logits_choice->storage;
+  e->logits_format_ = TensorFormat(logits_choice->storage, DataType::kFloat32, logits_choice->parts);
 
   INFERD_RETURN_IF_ERROR(e->upload_weights());
   INFERD_RETURN_IF_ERROR(e->allocate_activations());
@@ -255,7 +257,8 @@ Status ClEngine::upload_weights() {
   const Model& m = *model_;
   const ModelConfig& cfg = m.config();
   auto norm = [&](const WeightView& w, const char* name) -> Result<Tensor> {
-    auto t = Tensor::allocate(rt, TensorDescriptor(Bhwc{1, 1, 1, static_cast<int32_t>(w.cols)}, act_storage_));
+    auto t = Tensor::allocate(rt, TensorDescriptor(Bhwc{1, 1, 1, static_cast<int32_t>(w.cols)},
+                                                   act_format(DataType::kFloat32)));
     if (!t) return t.status().with_context(name);
     INFERD_RETURN_IF_ERROR(upload(rt, t.value(), std::span<const float>(w.f32(), static_cast<size_t>(w.cols))));
     stats_.weight_bytes += t->desc().data_bytes();
@@ -343,7 +346,7 @@ Status ClEngine::allocate_activations() {
   Activations& a = *act_;
   const int32_t n = options_.n_ubatch;
   auto tensor_of = [&](std::optional<Tensor>& t, int32_t channels, DataType type) -> Status {
-    auto r = Tensor::allocate(*rt_, TensorDescriptor(Bhwc{1, 1, n, channels}, act_storage_, type));
+    auto r = Tensor::allocate(*rt_, TensorDescriptor(Bhwc{1, 1, n, channels}, act_format(type)));
     if (!r) return r.status();
     a.bytes += r->desc().data_bytes();
     t.emplace(std::move(r).value());
@@ -440,10 +443,10 @@ Status ClEngine::ensure_logits(int32_t n_out) {
   capacity = std::min(capacity, options_.n_ubatch);
   a.logits.reset();
   if (a.logits_capacity > 0) {
-    a.bytes -= TensorDescriptor(Bhwc{1, 1, a.logits_capacity, n_vocab()}, logits_storage_).data_bytes();
+    a.bytes -= TensorDescriptor(Bhwc{1, 1, a.logits_capacity, n_vocab()}, logits_format_).data_bytes();
   }
   a.logits_capacity = 0;
-  auto t = Tensor::allocate(*rt_, TensorDescriptor(Bhwc{1, 1, capacity, n_vocab()}, logits_storage_));
+  auto t = Tensor::allocate(*rt_, TensorDescriptor(Bhwc{1, 1, capacity, n_vocab()}, logits_format_));
   if (!t) return t.status().with_context("logits");
   a.bytes += t->desc().data_bytes();
   a.logits.emplace(std::move(t).value());
@@ -680,7 +683,7 @@ int32_t ClEngine::slot_length(int32_t slot) const {
 std::string ClEngine::describe() const {
   const DeviceInfo& d = rt_->info();
   return "OpenCL: " + d.name + " (" + d.vendor + ", driver " + d.driver_version + "), storage: weights=buffer activations=" +
-         TensorFormat(act_storage_, act_type_).to_string() + storage_notes_ + " logits=" + storage_name(logits_storage_) +
+         act_format(act_type_).to_string() + storage_notes_ + " logits=" + logits_format_.to_string() +
          " kv=buffer(f16), numerics " + numerics_name(numerics_) +
          (exact() ? std::string(" (") + cpu_order_name(cpu_order_) + ", " + int_dot_name(ops_->int_dot()) + " dot)"
                   : numerics_note_) +

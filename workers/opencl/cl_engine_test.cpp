@@ -496,8 +496,12 @@ TEST_F(ClEngineTest, HalfActivationsAgreeWithFloatActivations) {
     auto cl = make(1, storage, Numerics::kFloat, DataType::kFloat16);
     if (cl == nullptr) continue;  // make() reported why
     EXPECT_EQ(cl->activation_type(), DataType::kFloat16);
-    EXPECT_NE(cl->describe().find(std::string("activations=") + storage_name(storage) + "(f16)"), std::string::npos)
-        << cl->describe();
+    const std::string shown = std::string("activations=") + storage_name(storage);
+    const size_t at = cl->describe().find(shown);
+    ASSERT_NE(at, std::string::npos) << cl->describe();
+    const std::string rest = cl->describe().substr(at + shown.size());
+    EXPECT_EQ(rest.substr(0, rest.find(' ')).find("(f16)"), rest.find("(f16)")) << cl->describe();
+    EXPECT_NE(rest.substr(0, rest.find(' ')).find("(f16)"), std::string::npos) << cl->describe();
     const std::vector<float> logits = run(*cl, 12, 9);
     const float d = max_abs_diff(logits, short_ref);
     std::printf("[cl-engine] half activations in %s vs float activations: max |logit diff| %.3f, top-1 %d/12\n",

@@ -1,6 +1,7 @@
 #include "inferd/opencl/codegen.h"
 
 #include <cctype>
+#include <set>
 #include <string_view>
 
 namespace inferd::opencl {
@@ -97,6 +98,8 @@ class Expander {
 
   bool uses_sampler() const { return uses_sampler_; }
   bool writes_3d() const { return writes_3d_; }
+  const std::set<int>& split_reads() const { return split_reads_; }
+  const std::set<int>& split_writes() const { return split_writes_; }
 
  private:
   const TensorParam* find(std::string_view name) const {
@@ -123,6 +126,19 @@ class Expander {
     std::string x = paren(c[0]) + "*" + n + "_b";
     if (c.size() == 4) x += " + " + paren(c[3]);
     return "(int2)(" + x + ", " + paren(c[1]) + "*" + n + "_s + " + paren(c[2]) + ")";
+  }
+
+  // The split texture's accessor call: its parts, the slices per part, then x*b + B, y, s.
+  std::string split_call(const char* verb, const TensorParam& t, const std::vector<std::string>& c) {
+    const std::string& n = t.name;
+    const int parts = t.format.parts;
+    (verb[0] == 'r' ? split_reads_ : split_writes_).insert(parts);
+    std::string call = std::string("inferd_") + verb + "_split" + std::to_string(parts) + "(";
+    for (int p = 0; p < parts; ++p) call += n + "_" + std::to_string(p) + ", ";
+    std::string x = paren(c[0]) + "*" + n + "_b";
+    if (c.size() == 4) x += " + " + paren(c[3]);
+    return call + "(" + n + "_s + " + std::to_string(parts - 1) + ") / " + std::to_string(parts) + ", " + x + ", " +
+           paren(c[1]) + ", " + paren(c[2]);
   }
 
   static std::string texture3d_coord(const std::string& n, const std::vector<std::string>& c) {
@@ -159,6 +175,9 @@ class Expander {
         case StorageType::kTexture3D:
           uses_sampler_ = true;
           return "read_imagef(" + n + ", " + std::string(kSamplerName) + ", " + texture3d_coord(n, args) + ")";
+        case StorageType::kTexture2DSplit:
+          uses_sampler_ = true;
+          return split_call("read", t, args) + ")";
       }
     }
     if (method == "Write") {
@@ -175,6 +194,7 @@ class Expander {
         case StorageType::kTexture3D:
           writes_3d_ = true;
           return "write_imagef(" + n + ", " + texture3d_coord(n, coords) + ", " + args[0] + ")";
+        case StorageType::kTexture2DSplit: return split_call("write", t, coords) + ", " + args[0] + ")";
       }
     }
     return error(offset, "unknown method '$" + n + "." + method + "'");
@@ -183,7 +203,28 @@ class Expander {
   const KernelTemplate& kernel_;
   bool uses_sampler_ = false;
   bool writes_3d_ = false;
+  std::set<int> split_reads_, split_writes_;  // the part counts of the split textures read / written
 };
+
+// The accessors of split textures of `parts` parts: a part per band of `sp` slices.
+std::string split_helpers(int parts, bool read) {
+  std::string params;
+  for (int p = 0; p < parts; ++p) {
+    params += std::string(read ? "__read_only" : "__write_only") + " image2d_t i" + std::to_string(p) + ", ";
+  }
+  std::string f = read ? "inline float4 inferd_read_split" : "inline void inferd_write_split";
+  f += std::to_string(parts) + "(" + params + "int sp, int x, int y, int s" + (read ? "" : ", float4 v") + ") {\n" +
+       "  const int p = s / sp;\n  const int2 c = (int2)(x, y * sp + s - p * sp);\n";
+  for (int p = 0; p < parts; ++p) {
+    std::string i = "i";
+    i += std::to_string(p);
+    const std::string op = read ? "return read_imagef(" + i + ", " + std::string(kSamplerName) + ", c);"
+                                : "write_imagef(" + i + ", c, v);";
+    f += p + 1 < parts ? "  if (p == " + std::to_string(p) + ") {\n    " + op + (read ? "" : "\n    return;") + "\n  }\n"
+                       : "  " + op + "\n";
+  }
+  return f + "}\n";
+}
 
 std::string declaration(const TensorParam& t) {
   const bool read = t.access == Access::kRead;
@@ -193,6 +234,14 @@ std::string declaration(const TensorParam& t) {
     case StorageType::kImageBuffer: return std::string(read ? "__read_only" : "__write_only") + " image1d_buffer_t " + t.name;
     case StorageType::kTexture2D: return std::string(read ? "__read_only" : "__write_only") + " image2d_t " + t.name;
     case StorageType::kTexture3D: return std::string(read ? "__read_only" : "__write_only") + " image3d_t " + t.name;
+    case StorageType::kTexture2DSplit: {
+      std::string parts;
+      for (int p = 0; p < t.format.parts; ++p) {
+        parts += std::string(p == 0 ? "" : ", ") + (read ? "__read_only" : "__write_only") + " image2d_t " + t.name + "_" +
+                 std::to_string(p);
+      }
+      return parts;
+    }
   }
   return "";
 }
@@ -234,6 +283,8 @@ Result<GeneratedKernel> generate_kernel(const KernelTemplate& kernel) {
     src += "__constant sampler_t " + std::string(kSamplerName) +
            " = CLK_NORMALIZED_COORDS_FALSE | CLK_ADDRESS_NONE | CLK_FILTER_NEAREST;\n";
   }
+  for (int parts : expander.split_reads()) src += split_helpers(parts, true);
+  for (int parts : expander.split_writes()) src += split_helpers(parts, false);
   src += kernel.helpers;
   if (!kernel.helpers.empty() && kernel.helpers.back() != '\n') src += "\n";
   src += "__kernel void " + kernel.name + "(";
@@ -254,7 +305,8 @@ Result<GeneratedKernel> generate_kernel(const KernelTemplate& kernel) {
   GeneratedKernel out;
   out.name = kernel.name;
   out.source = std::move(src);
-  out.first_param_arg = static_cast<int>(kernel.tensors.size()) * kArgsPerTensor;
+  out.first_param_arg = 0;
+  for (const TensorParam& t : kernel.tensors) out.first_param_arg += args_per_tensor(t.format);
   return out;
 }
 

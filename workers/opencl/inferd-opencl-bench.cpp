@@ -43,7 +43,8 @@ std::vector<int32_t> random_tokens(int32_t n, int32_t n_vocab, uint32_t seed) {
 int usage() {
   std::fprintf(stderr,
                "usage: inferd-opencl-bench MODEL.gguf [-p PROMPT_TOKENS] [-n GEN_TOKENS] [-r REPETITIONS]\n"
-               "                           [--device SELECTOR] [--storage buffer|image_buffer|texture2d|texture3d] [--float]\n"
+               "                           [--device SELECTOR] [--float]\n"
+               "                           [--storage buffer|image_buffer|texture2d|texture3d|texture2d_split]\n"
                "                           [--activations f32|f16]\n");
   return 2;
 }

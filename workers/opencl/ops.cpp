@@ -22,8 +22,7 @@ void KernelArgs::set(size_t size, const void* value) {
 }
 
 KernelArgs& KernelArgs::tensor(const Tensor& t) {
-  const cl_mem mem = t.memory();
-  set(sizeof(mem), &mem);
+  for (const cl_mem mem : t.memories()) set(sizeof(mem), &mem);
   const Bhwc& s = t.shape();
   const cl_int extents[kArgsPerTensor - 1] = {s.w, s.h, s.slices(), s.b, s.c};
   for (cl_int e : extents) set(sizeof(e), &e);

@@ -15,6 +15,7 @@ const char* storage_name(StorageType storage) {
     case StorageType::kImageBuffer: return "image_buffer";
     case StorageType::kTexture2D: return "texture2d";
     case StorageType::kTexture3D: return "texture3d";
+    case StorageType::kTexture2DSplit: return "texture2d_split";
   }
   return "?";
 }
@@ -29,6 +30,11 @@ const char* data_type_name(DataType type) {
 
 std::string TensorFormat::to_string() const {
   std::string text = storage_name(storage);
+  if (storage == StorageType::kTexture2DSplit) {
+    text += '[';
+    text += std::to_string(parts);
+    text += ']';
+  }
   if (data_type != DataType::kFloat32) text += std::string("(") + data_type_name(data_type) + ")";
   return text;
 }
@@ -39,9 +45,15 @@ std::string Bhwc::to_string() const {
 
 TensorDescriptor::TensorDescriptor(Bhwc shape, TensorFormat format) : shape_(shape), format_(format) {
   INFERD_ASSERT(shape.b >= 1 && shape.h >= 1 && shape.w >= 1 && shape.c >= 1, "every extent of a shape is >= 1");
+  format_.parts = std::clamp(format_.parts, 1, std::min(shape_.slices(), kMaxTextureParts));
+  format_.parts = (shape_.slices() + part_slices() - 1) / part_slices();  // no part left empty
 }
 
 int64_t TensorDescriptor::staging_index(int32_t b, int32_t x, int32_t y, int32_t s) const {
+  if (storage() == StorageType::kTexture2DSplit) {
+    const int32_t sp = part_slices();
+    return ((int64_t{s / sp} * shape_.h + y) * sp + s % sp) * texture_width() + int64_t{x} * shape_.b + b;
+  }
   if (storage() == StorageType::kTexture2D) {
     return (int64_t{y} * slices() + s) * texture_width() + int64_t{x} * shape_.b + b;
   }
@@ -111,15 +123,25 @@ std::string TensorDescriptor::to_string() const { return shape_.to_string() + " 
 
 std::vector<StorageType> storage_preference(const DeviceInfo& device) {
   if (device.type == DeviceType::kGpu) {
-    return {StorageType::kTexture2D, StorageType::kTexture3D, StorageType::kImageBuffer, StorageType::kBuffer};
+    return {StorageType::kTexture2D, StorageType::kTexture3D, StorageType::kTexture2DSplit, StorageType::kImageBuffer,
+            StorageType::kBuffer};
   }
-  return {StorageType::kBuffer, StorageType::kImageBuffer, StorageType::kTexture2D, StorageType::kTexture3D};
+  return {StorageType::kBuffer, StorageType::kImageBuffer, StorageType::kTexture2D, StorageType::kTexture3D,
+          StorageType::kTexture2DSplit};
 }
 
 std::string StorageChoice::to_string() const {
-  std::string text = storage_name(storage);
+  std::string text = TensorFormat(storage, DataType::kFloat32, parts).to_string();
   for (const std::string& why : fallbacks) text += " (passed over " + why + ")";
   return text;
+}
+
+int32_t split_parts(const DeviceInfo& device, const Bhwc& shape) {
+  const auto max_height = static_cast<int64_t>(device.image2d_max_height);
+  for (int32_t p = 2; p < kMaxTextureParts; ++p) {
+    if (int64_t{shape.h} * ((shape.slices() + p - 1) / p) <= max_height) return p;
+  }
+  return kMaxTextureParts;
 }
 
 Result<StorageChoice> choose_storage(const DeviceInfo& device, const Bhwc& shape, StorageMask kernel_supports,
@@ -130,9 +152,11 @@ Result<StorageChoice> choose_storage(const DeviceInfo& device, const Bhwc& shape
       choice.fallbacks.push_back(std::string(storage_name(storage)) + ": not supported by the kernel");
       continue;
     }
-    Status fits = TensorDescriptor(shape, storage, type).fits(device);
+    const int32_t parts = storage == StorageType::kTexture2DSplit ? split_parts(device, shape) : 1;
+    Status fits = TensorDescriptor(shape, storage, type, parts).fits(device);
     if (fits) {
       choice.storage = storage;
+      choice.parts = TensorDescriptor(shape, storage, type, parts).parts();
       return choice;
     }
     choice.fallbacks.push_back(fits.message());
@@ -155,7 +179,7 @@ size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
 // The staging order of `desc` with the logical data scattered in and zero padding.
 std::vector<float> to_staging(const TensorDescriptor& desc, std::span<const float> data) {
   const Bhwc& s = desc.shape();
-  std::vector<float> staging(static_cast<size_t>(desc.texel_count()) * 4, 0.0f);
+  std::vector<float> staging(static_cast<size_t>(desc.stored_texels()) * 4, 0.0f);
   for (int32_t b = 0; b < s.b; ++b) {
     for (int32_t y = 0; y < s.h; ++y) {
       for (int32_t x = 0; x < s.w; ++x) {
@@ -186,8 +210,13 @@ Status read_raw(Runtime& rt, const Tensor& tensor, void* bytes) {
     const size_t origin[3] = {0, 0, 0};
     const Region region = texture_region(desc);
     const size_t row_pitch = region.r[0] * desc.texel_bytes();
-    INFERD_CL_RETURN_IF_ERROR(clEnqueueReadImage(rt.queue(), tensor.memory(), CL_TRUE, origin, region.r, row_pitch,
-                                                 row_pitch * region.r[1], bytes, 0, nullptr, nullptr));
+    const size_t part_bytes = row_pitch * region.r[1] * region.r[2];
+    const std::vector<cl_mem> parts = tensor.memories();
+    for (size_t p = 0; p < parts.size(); ++p) {
+      INFERD_CL_RETURN_IF_ERROR(clEnqueueReadImage(rt.queue(), parts[p], CL_TRUE, origin, region.r, row_pitch,
+                                                   row_pitch * region.r[1], static_cast<char*>(bytes) + p * part_bytes,
+                                                   0, nullptr, nullptr));
+    }
     return Status::ok();
   }
   return rt.read_buffer(tensor.buffer(), 0, desc.data_bytes(), bytes);
@@ -199,8 +228,14 @@ Status write_raw(Runtime& rt, Tensor& tensor, const void* bytes) {
     const size_t origin[3] = {0, 0, 0};
     const Region region = texture_region(desc);
     const size_t row_pitch = region.r[0] * desc.texel_bytes();
-    INFERD_CL_RETURN_IF_ERROR(clEnqueueWriteImage(rt.queue(), tensor.memory(), CL_TRUE, origin, region.r, row_pitch,
-                                                  row_pitch * region.r[1], bytes, 0, nullptr, nullptr));
+    const size_t part_bytes = row_pitch * region.r[1] * region.r[2];
+    const std::vector<cl_mem> parts = tensor.memories();
+    for (size_t p = 0; p < parts.size(); ++p) {
+      INFERD_CL_RETURN_IF_ERROR(clEnqueueWriteImage(rt.queue(), parts[p], CL_TRUE, origin, region.r, row_pitch,
+                                                    row_pitch * region.r[1],
+                                                    static_cast<const char*>(bytes) + p * part_bytes, 0, nullptr,
+                                                    nullptr));
+    }
     return Status::ok();
   }
   return rt.write_buffer(tensor.buffer(), 0, desc.data_bytes(), bytes);
@@ -209,7 +244,7 @@ Status write_raw(Runtime& rt, Tensor& tensor, const void* bytes) {
 // The staging texels as floats, converted from halves for a kFloat16 tensor.
 Status read_staging(Runtime& rt, const Tensor& tensor, std::vector<float>& staging) {
   const TensorDescriptor& desc = tensor.desc();
-  staging.resize(static_cast<size_t>(desc.texel_count()) * 4);
+  staging.resize(static_cast<size_t>(desc.stored_texels()) * 4);
   if (desc.data_type() == DataType::kFloat32) return read_raw(rt, tensor, staging.data());
   std::vector<fp16_t> halves(staging.size());
   INFERD_RETURN_IF_ERROR(read_raw(rt, tensor, halves.data()));
@@ -259,7 +294,7 @@ std::vector<Rect> texture_guards(const Tensor& tensor) {
   const size_t g = static_cast<size_t>(tensor.guard_texels());
   const size_t w = static_cast<size_t>(tensor.desc().texture_width());
   const size_t h = static_cast<size_t>(tensor.desc().texture_height());
-  if (tensor.storage() == StorageType::kTexture2D) return {Rect{w, 0, 0, g, h + g, 1}, Rect{0, h, 0, w, g, 1}};
+  if (tensor.storage() != StorageType::kTexture3D) return {Rect{w, 0, 0, g, h + g, 1}, Rect{0, h, 0, w, g, 1}};
   const size_t d = static_cast<size_t>(tensor.desc().texture_depth());
   return {Rect{w, 0, 0, g, h + g, d + g}, Rect{0, h, 0, w, g, d + g}, Rect{0, 0, d, w, h, g}};
 }
@@ -282,8 +317,10 @@ Result<Tensor> Tensor::allocate(Runtime& rt, const TensorDescriptor& desc, const
     image.image_height = static_cast<size_t>(desc.texture_height()) + g;
     image.image_depth = three_d ? static_cast<size_t>(desc.texture_depth()) + g : 1;
     const cl_image_format format = image_format(desc.data_type());
-    tensor.image_.reset(clCreateImage(rt.context(), CL_MEM_READ_WRITE, &format, &image, nullptr, &err));
-    if (err != CL_SUCCESS) return cl_error(err, "clCreateImage(" + desc.to_string() + ")");
+    for (int32_t p = 0; p < desc.parts(); ++p) {
+      tensor.images_.emplace_back(clCreateImage(rt.context(), CL_MEM_READ_WRITE, &format, &image, nullptr, &err));
+      if (err != CL_SUCCESS) return cl_error(err, "clCreateImage(" + desc.to_string() + ")");
+    }
     return tensor;
   }
 
@@ -310,10 +347,17 @@ Result<Tensor> Tensor::allocate(Runtime& rt, const TensorDescriptor& desc, const
     image.image_width = static_cast<size_t>(desc.texel_count());
     image.buffer = tensor.buffer_.get();
     const cl_image_format format = image_format(desc.data_type());
-    tensor.image_.reset(clCreateImage(rt.context(), CL_MEM_READ_WRITE, &format, &image, nullptr, &err));
+    tensor.images_.emplace_back(clCreateImage(rt.context(), CL_MEM_READ_WRITE, &format, &image, nullptr, &err));
     if (err != CL_SUCCESS) return cl_error(err, "clCreateImage(" + desc.to_string() + ")");
   }
   return tensor;
+}
+
+std::vector<cl_mem> Tensor::memories() const {
+  if (storage() == StorageType::kBuffer) return {buffer_.get()};
+  std::vector<cl_mem> out;
+  for (const ClMem& image : images_) out.push_back(image.get());
+  return out;
 }
 
 Result<Tensor> Tensor::view(const Bhwc& shape) const {
@@ -331,7 +375,7 @@ Result<Tensor> Tensor::view(const Bhwc& shape) const {
   Tensor view(TensorDescriptor(shape, format()));
   view.parent_ = share(parent_);
   view.buffer_ = share(buffer_);
-  view.image_ = share(image_);
+  for (const ClMem& image : images_) view.images_.push_back(share(image));
   return view;
 }
 
@@ -369,9 +413,9 @@ Result<std::vector<float>> download_texels(Runtime& rt, const Tensor& tensor) {
   std::vector<float> staging;
   INFERD_RETURN_IF_ERROR(read_staging(rt, tensor, staging));
   const TensorDescriptor& desc = tensor.desc();
-  if (desc.storage() != StorageType::kTexture2D) return staging;
+  if (desc.storage() != StorageType::kTexture2D && desc.storage() != StorageType::kTexture2DSplit) return staging;
   const Bhwc& s = desc.shape();
-  std::vector<float> linear(staging.size());
+  std::vector<float> linear(static_cast<size_t>(desc.texel_count()) * 4);
   for (int32_t b = 0; b < s.b; ++b) {
     for (int32_t y = 0; y < s.h; ++y) {
       for (int32_t x = 0; x < s.w; ++x) {
@@ -391,8 +435,9 @@ Status fill(Runtime& rt, Tensor& tensor, float value) {
     const float color[4] = {value, value, value, value};  // converted to the image's channel type
     const size_t origin[3] = {0, 0, 0};
     const Region region = texture_region(desc);
-    INFERD_CL_RETURN_IF_ERROR(
-        clEnqueueFillImage(rt.queue(), tensor.memory(), color, origin, region.r, 0, nullptr, nullptr));
+    for (cl_mem part : tensor.memories()) {
+      INFERD_CL_RETURN_IF_ERROR(clEnqueueFillImage(rt.queue(), part, color, origin, region.r, 0, nullptr, nullptr));
+    }
   } else {
     INFERD_RETURN_IF_ERROR(fill_elements(rt, tensor.buffer(), desc.data_type(), value, 0, desc.data_bytes()));
   }
@@ -416,13 +461,15 @@ Status fill_guards(Runtime& rt, Tensor& tensor, float value) {
   if (tensor.guard_texels() == 0) return Status::ok();
   const DataType type = tensor.desc().data_type();
   if (is_texture(tensor.storage())) {
-    for (const Rect& r : texture_guards(tensor)) {
-      const std::vector<uint8_t> pixels = guard_pixels(type, r, value);
-      const size_t origin[3] = {r.x, r.y, r.z};
-      const size_t region[3] = {r.w, r.h, r.d};
-      const size_t row_pitch = r.w * tensor.desc().texel_bytes();
-      INFERD_CL_RETURN_IF_ERROR(clEnqueueWriteImage(rt.queue(), tensor.memory(), CL_TRUE, origin, region, row_pitch,
-                                                    row_pitch * r.h, pixels.data(), 0, nullptr, nullptr));
+    for (cl_mem part : tensor.memories()) {
+      for (const Rect& r : texture_guards(tensor)) {
+        const std::vector<uint8_t> pixels = guard_pixels(type, r, value);
+        const size_t origin[3] = {r.x, r.y, r.z};
+        const size_t region[3] = {r.w, r.h, r.d};
+        const size_t row_pitch = r.w * tensor.desc().texel_bytes();
+        INFERD_CL_RETURN_IF_ERROR(clEnqueueWriteImage(rt.queue(), part, CL_TRUE, origin, region, row_pitch,
+                                                      row_pitch * r.h, pixels.data(), 0, nullptr, nullptr));
+      }
     }
     return Status::ok();
   }
@@ -454,15 +501,17 @@ Status check_guards(Runtime& rt, const Tensor& tensor, float value) {
   if (is_texture(tensor.storage())) {
     const char* where[] = {"in the columns right of the data", "in the rows below the data",
                            "in the slices behind the data"};
-    int i = 0;
-    for (const Rect& r : texture_guards(tensor)) {
-      std::vector<uint8_t> got(r.texels() * tensor.desc().texel_bytes());
-      const size_t origin[3] = {r.x, r.y, r.z};
-      const size_t region[3] = {r.w, r.h, r.d};
-      const size_t row_pitch = r.w * tensor.desc().texel_bytes();
-      INFERD_CL_RETURN_IF_ERROR(clEnqueueReadImage(rt.queue(), tensor.memory(), CL_TRUE, origin, region, row_pitch,
-                                                   row_pitch * r.h, got.data(), 0, nullptr, nullptr));
-      INFERD_RETURN_IF_ERROR(check(got, where[i++]));
+    for (cl_mem part : tensor.memories()) {
+      int i = 0;
+      for (const Rect& r : texture_guards(tensor)) {
+        std::vector<uint8_t> got(r.texels() * tensor.desc().texel_bytes());
+        const size_t origin[3] = {r.x, r.y, r.z};
+        const size_t region[3] = {r.w, r.h, r.d};
+        const size_t row_pitch = r.w * tensor.desc().texel_bytes();
+        INFERD_CL_RETURN_IF_ERROR(clEnqueueReadImage(rt.queue(), part, CL_TRUE, origin, region, row_pitch,
+                                                     row_pitch * r.h, got.data(), 0, nullptr, nullptr));
+        INFERD_RETURN_IF_ERROR(check(got, where[i++]));
+      }
     }
     return Status::ok();
   }

@@ -15,6 +15,9 @@
 namespace inferd::opencl {
 namespace {
 
+// The parts of the split textures in these tests: 3, so that the slices (2 to 144) split unevenly.
+constexpr int32_t kTestParts = 3;
+
 TEST(TensorDesc, SlicesAndLayouts) {
   EXPECT_EQ((Bhwc{1, 1, 1, 1}).slices(), 1);
   EXPECT_EQ((Bhwc{1, 1, 1, 4}).slices(), 1);
@@ -49,6 +52,21 @@ TEST(TensorDesc, SlicesAndLayouts) {
   EXPECT_EQ(texture.texture_depth(), 1);
   EXPECT_EQ(volume.staging_index(1, 4, 2, 1), (1 * 3 + 2) * 10 + 4 * 2 + 1);
   EXPECT_EQ(volume.staging_index(1, 4, 2, 1), volume.linear_index(1, 4, 2, 1));
+
+  // Split 2D texture: 17 slices in 3 parts of Sp = 6 slices, each (W*B) x (H*Sp), the parts in a row.
+  const TensorDescriptor split(Bhwc{2, 3, 5, 67}, StorageType::kTexture2DSplit, DataType::kFloat32, 3);
+  EXPECT_EQ(split.parts(), 3);
+  EXPECT_EQ(split.part_slices(), 6);
+  EXPECT_EQ(split.texture_width(), 10);
+  EXPECT_EQ(split.texture_height(), 18);
+  EXPECT_EQ(split.stored_texels(), 3 * 10 * 18);
+  EXPECT_EQ(split.data_bytes(), size_t{3 * 10 * 18 * 16});
+  EXPECT_EQ(split.staging_index(1, 4, 2, 13), ((2 * 3 + 2) * 6 + 1) * 10 + 4 * 2 + 1);  // part 2, slice 1
+  EXPECT_EQ(split.to_string(), "2x3x5x67 texture2d_split[3]");
+  // Parts are clamped to the slices and no part is left empty: 5 slices in 4 parts are 3 of 2.
+  EXPECT_EQ(TensorDescriptor(Bhwc{1, 1, 1, 20}, StorageType::kTexture2DSplit, DataType::kFloat32, 4).parts(), 3);
+  EXPECT_EQ(TensorDescriptor(Bhwc{1, 1, 1, 3}, StorageType::kTexture2DSplit, DataType::kFloat32, 4).parts(), 1);
+  EXPECT_EQ(TensorFormat(StorageType::kBuffer, DataType::kFloat32, 4).parts, 1);
 }
 
 DeviceInfo fake_gpu() {
@@ -73,10 +91,11 @@ TEST(StorageChooser, GpuPrefersTexturesWithinTheirLimits) {
   EXPECT_TRUE(hidden->fallbacks.empty());
 
   // Logits of a 151936-token vocabulary: 37984 slices are taller than the 2D texture and deeper than
-  // the 3D one.
+  // the 3D one, and fit three 2D textures.
   auto logits = choose_storage(gpu, Bhwc{1, 1, 1, 151936});
   ASSERT_TRUE(logits.is_ok());
-  EXPECT_EQ(logits->storage, StorageType::kImageBuffer);
+  EXPECT_EQ(logits->storage, StorageType::kTexture2DSplit) << logits->to_string();
+  EXPECT_EQ(logits->parts, 3);
   ASSERT_EQ(logits->fallbacks.size(), 2u);
   EXPECT_EQ(logits->fallbacks[0], "texture2d: height 37984 > CL_DEVICE_IMAGE2D_MAX_HEIGHT 16384");
   EXPECT_EQ(logits->fallbacks[1], "texture3d: depth 37984 > CL_DEVICE_IMAGE3D_MAX_DEPTH 2048");
@@ -90,13 +109,15 @@ TEST(StorageChooser, GpuPrefersTexturesWithinTheirLimits) {
   ASSERT_TRUE(scores.is_ok());
   EXPECT_EQ(scores->storage, StorageType::kTexture3D);
   ASSERT_EQ(scores->fallbacks.size(), 1u);
-  // ... unless the device cannot write 3D images: named, then the next storage.
+  // ... unless the device cannot write 3D images: named, then two 2D textures of 512 slices each.
   short_2d.extensions.clear();
   scores = choose_storage(short_2d, Bhwc{1, 14, 1, 4096});
   ASSERT_TRUE(scores.is_ok());
-  EXPECT_EQ(scores->storage, StorageType::kImageBuffer);
+  EXPECT_EQ(scores->storage, StorageType::kTexture2DSplit);
+  EXPECT_EQ(scores->parts, 2);
   ASSERT_EQ(scores->fallbacks.size(), 2u);
   EXPECT_EQ(scores->fallbacks[1], "texture3d: the device lacks cl_khr_3d_image_writes");
+  EXPECT_EQ(scores->to_string().substr(0, 19), "texture2d_split[2] ");
 
   // Wider than the texture and longer than an image buffer: a plain buffer.
   DeviceInfo small_buffers = gpu;
@@ -104,10 +125,12 @@ TEST(StorageChooser, GpuPrefersTexturesWithinTheirLimits) {
   auto huge = choose_storage(small_buffers, Bhwc{1, 1, 20000, 64});
   ASSERT_TRUE(huge.is_ok());
   EXPECT_EQ(huge->storage, StorageType::kBuffer);
-  ASSERT_EQ(huge->fallbacks.size(), 3u);
+  ASSERT_EQ(huge->fallbacks.size(), 4u);
   EXPECT_NE(huge->fallbacks[0].find("CL_DEVICE_IMAGE2D_MAX_WIDTH"), std::string::npos);
   EXPECT_NE(huge->fallbacks[1].find("CL_DEVICE_IMAGE3D_MAX_WIDTH"), std::string::npos);
-  EXPECT_NE(huge->fallbacks[2].find("CL_DEVICE_IMAGE_MAX_BUFFER_SIZE"), std::string::npos);
+  EXPECT_NE(huge->fallbacks[2].find("texture2d_split"), std::string::npos);
+  EXPECT_NE(huge->fallbacks[2].find("CL_DEVICE_IMAGE2D_MAX_WIDTH"), std::string::npos);
+  EXPECT_NE(huge->fallbacks[3].find("CL_DEVICE_IMAGE_MAX_BUFFER_SIZE"), std::string::npos);
 }
 
 TEST(StorageChooser, HonoursWhatTheKernelSupports) {
@@ -115,9 +138,10 @@ TEST(StorageChooser, HonoursWhatTheKernelSupports) {
                           storage_bit(StorageType::kBuffer) | storage_bit(StorageType::kImageBuffer));
   ASSERT_TRUE(c.is_ok());
   EXPECT_EQ(c->storage, StorageType::kImageBuffer);
-  ASSERT_EQ(c->fallbacks.size(), 2u);
+  ASSERT_EQ(c->fallbacks.size(), 3u);
   EXPECT_EQ(c->fallbacks[0], "texture2d: not supported by the kernel");
   EXPECT_EQ(c->fallbacks[1], "texture3d: not supported by the kernel");
+  EXPECT_EQ(c->fallbacks[2], "texture2d_split: not supported by the kernel");
 }
 
 TEST(StorageChooser, DevicesWithoutImagesUseBuffers) {
@@ -126,7 +150,7 @@ TEST(StorageChooser, DevicesWithoutImagesUseBuffers) {
   auto c = choose_storage(gpu, Bhwc{1, 1, 4, 64});
   ASSERT_TRUE(c.is_ok());
   EXPECT_EQ(c->storage, StorageType::kBuffer);
-  ASSERT_EQ(c->fallbacks.size(), 3u);
+  ASSERT_EQ(c->fallbacks.size(), 4u);
   EXPECT_EQ(c->fallbacks[0], "texture2d: the device has no images");
   EXPECT_EQ(c->fallbacks[1], "texture3d: the device has no images");
   EXPECT_EQ(TensorDescriptor(Bhwc{1, 1, 4, 64}, StorageType::kImageBuffer).fits(gpu).code(), Code::kUnimplemented);
@@ -168,7 +192,7 @@ TEST(TensorDevice, UploadDownloadRoundTripsInEveryStorage) {
   for (StorageType storage : kAllStorageTypes) {
     for (const Bhwc& shape : shapes) {
       SCOPED_TRACE(std::string(storage_name(storage)) + " " + shape.to_string());
-      const TensorDescriptor desc(shape, storage);
+      const TensorDescriptor desc(shape, storage, DataType::kFloat32, kTestParts);
       if (!desc.fits(rt->info())) continue;
       auto tensor = Tensor::allocate(*rt, desc);
       ASSERT_TRUE(tensor.is_ok()) << tensor.status().to_string();
@@ -206,9 +230,10 @@ TEST(TensorDevice, HalfTensorsHoldHalvesInEveryStorage) {
   for (StorageType storage : kAllStorageTypes) {
     for (const Bhwc& shape : shapes) {
       SCOPED_TRACE(std::string(storage_name(storage)) + " " + shape.to_string());
-      const TensorDescriptor desc(shape, storage, DataType::kFloat16);
+      const TensorDescriptor desc(shape, storage, DataType::kFloat16, kTestParts);
       EXPECT_EQ(desc.data_bytes(), static_cast<size_t>(desc.texel_count()) * 8);
-      EXPECT_EQ(desc.to_string(), shape.to_string() + " " + storage_name(storage) + "(f16)");
+      EXPECT_EQ(desc.to_string(), shape.to_string() + " " + desc.format().to_string());
+      EXPECT_EQ(desc.format().to_string().substr(desc.format().to_string().size() - 5), "(f16)");
       if (!desc.fits(rt->info())) continue;
       auto tensor = Tensor::allocate(*rt, desc, AllocOptions{3});
       ASSERT_TRUE(tensor.is_ok()) << tensor.status().to_string();
@@ -255,7 +280,7 @@ TEST(TensorDevice, HalfTensorsHoldHalvesInEveryStorage) {
 TEST(TensorDevice, FillSetsEveryTexel) {
   INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
   for (StorageType storage : kAllStorageTypes) {
-    const TensorDescriptor desc(Bhwc{1, 2, 3, 5}, storage);
+    const TensorDescriptor desc(Bhwc{1, 2, 3, 5}, storage, DataType::kFloat32, kTestParts);
     if (!desc.fits(rt->info())) continue;
     auto tensor = Tensor::allocate(*rt, desc);
     ASSERT_TRUE(tensor.is_ok()) << tensor.status().to_string();
@@ -270,12 +295,11 @@ TEST(TensorDevice, FillSetsEveryTexel) {
 TEST(TensorDevice, GuardsCatchOutOfBoundsWrites) {
   INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
   const float kSentinel = -12345.5f;
-  for (const TensorFormat format : {TensorFormat(StorageType::kBuffer), TensorFormat(StorageType::kImageBuffer),
-                                    TensorFormat(StorageType::kTexture2D), TensorFormat(StorageType::kTexture3D),
-                                    TensorFormat(StorageType::kBuffer, DataType::kFloat16),
-                                    TensorFormat(StorageType::kImageBuffer, DataType::kFloat16),
-                                    TensorFormat(StorageType::kTexture2D, DataType::kFloat16),
-                                    TensorFormat(StorageType::kTexture3D, DataType::kFloat16)}) {
+  std::vector<TensorFormat> formats;
+  for (DataType type : kAllDataTypes) {
+    for (StorageType storage : kAllStorageTypes) formats.emplace_back(storage, type, kTestParts);
+  }
+  for (const TensorFormat& format : formats) {
     SCOPED_TRACE(format.to_string());
     const StorageType storage = format.storage;
     const TensorDescriptor desc(Bhwc{1, 2, 3, 5}, format);
@@ -322,7 +346,7 @@ TEST(TensorDevice, RejectsMismatchedTransfers) {
 TEST(TensorDevice, ViewsOfFewerTokensShareTheMemory) {
   INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
   for (StorageType storage : kAllStorageTypes) {
-    const TensorDescriptor desc(Bhwc{1, 1, 8, 7}, storage);
+    const TensorDescriptor desc(Bhwc{1, 1, 8, 7}, storage, DataType::kFloat32, kTestParts);
     if (!desc.fits(rt->info())) continue;
     std::optional<Tensor> view;
     {

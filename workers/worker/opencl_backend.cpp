@@ -4,11 +4,11 @@
 // a stage after the first reads its hidden states from `hidden_in`, one before the last publishes
 // them to `hidden_out` and samples nothing.
 //
-// Environment (for tests and tuning): INFERD_OPENCL_STORAGE=buffer|image_buffer|texture2d|texture3d forces the
-// activations' storage; INFERD_OPENCL_ACTIVATIONS=f32|f16 their data type (default: f16 with float
-// numerics on a device with cl_khr_fp16); INFERD_OPENCL_NUMERICS=exact|float the numerics (default:
-// exact where the device has cl_khr_fp64); INFERD_OPENCL_INT_DOT=float|int8 forces how the exact
-// matmuls form their int8 dot products (default: int8 where the device has
+// Environment (for tests and tuning): INFERD_OPENCL_STORAGE=buffer|image_buffer|texture2d|texture3d|
+// texture2d_split forces the activations' storage; INFERD_OPENCL_ACTIVATIONS=f32|f16 their data type
+// (default: f16 with float numerics on a device with cl_khr_fp16); INFERD_OPENCL_NUMERICS=exact|float
+// the numerics (default: exact where the device has cl_khr_fp64); INFERD_OPENCL_INT_DOT=float|int8
+// forces how the exact matmuls form their int8 dot products (default: int8 where the device has
 // cl_khr_integer_dot_product). A value not in these lists fails the load with a message naming the
 // variable. The program binary cache is default_cache_dir() ($XDG_CACHE_HOME or $HOME).
 #include <cstdlib>

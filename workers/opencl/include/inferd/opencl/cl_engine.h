@@ -167,7 +167,9 @@ class ClEngine {
   AttentionGeometry geometry_;
   StorageType act_storage_ = StorageType::kBuffer;
   DataType act_type_ = DataType::kFloat32;
-  StorageType logits_storage_ = StorageType::kBuffer;
+  int32_t act_parts_ = 1;  // kTexture2DSplit: the parts of every activation (clamped per tensor)
+  TensorFormat act_format(DataType type) const { return TensorFormat(act_storage_, type, act_parts_); }
+  TensorFormat logits_format_;
   std::string storage_notes_;  // why a preferred storage was passed over, for describe()
   Numerics numerics_ = Numerics::kExact;
   CpuOrder cpu_order_ = CpuOrder::kX86;

@@ -22,6 +22,9 @@
 //   kTexture3D    image3d_t t                  Read: read_imagef(t, smp, (int4)(X*b + B, Y, S, 0))
 //                                              Write: write_imagef(t, (int4)(X*b + B, Y, S, 0), v)
 //                                              (the program enables cl_khr_3d_image_writes)
+//   kTexture2DSplit  image2d_t t_0 .. t_{P-1}     Read: inferd_read_split<P>(t_0, .., (t_s + P-1)/P, X*b + B, Y, S)
+//                                              Write: inferd_write_split<P>(..., v); the helpers pick the
+//                                              part S / Sp and read or write (x, Y*Sp + S % Sp) in it
 // (Images of either data type are read and written as float4: the image's channel type converts.)
 // A half tensor is thus read and written as float4 too: only the accessors' translation depends on
 // the data type (for buffers), not the kernel's text, and none needs cl_khr_fp16.
@@ -31,8 +34,8 @@
 // Every program starts with #pragma OPENCL FP_CONTRACT OFF: a * b + c rounds twice unless the kernel
 // writes fma() (the exact kernels of ops.h depend on it).
 //
-// Kernel parameters: for each tensor in order, kArgsPerTensor arguments
-//   (memory, int t_w, int t_h, int t_s, int t_b, int t_c)
+// Kernel parameters: for each tensor in order, args_per_tensor(format) arguments
+//   (memory, int t_w, int t_h, int t_s, int t_b, int t_c), a split texture's parts in place of memory
 // then KernelTemplate::params verbatim. KernelArgs (ops.h) binds them.
 //
 // Thread safety: pure functions.
@@ -63,6 +66,8 @@ struct KernelTemplate {
 };
 
 inline constexpr int kArgsPerTensor = 6;
+// A tensor's kernel arguments: its objects (one, or a kTexture2DSplit's parts) and 5 extents.
+inline constexpr int args_per_tensor(const TensorFormat& f) { return kArgsPerTensor - 1 + f.parts; }
 
 struct GeneratedKernel {
   std::string name;

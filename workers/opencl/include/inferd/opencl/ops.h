@@ -83,7 +83,7 @@ class KernelArgs {
  public:
   explicit KernelArgs(cl_kernel kernel) : kernel_(kernel) {}
 
-  KernelArgs& tensor(const Tensor& t);  // kArgsPerTensor arguments: memory and extents
+  KernelArgs& tensor(const Tensor& t);  // args_per_tensor(t.format()) arguments: its objects and extents
   KernelArgs& buffer(cl_mem mem);        // may be nullptr (an unused __global pointer)
   KernelArgs& local(size_t bytes);       // a __local pointer of `bytes` bytes
   KernelArgs& weights(const MatmulWeights& w);  // its 5 buffers: values, scales, mins, sub_scales, high_bits

@@ -10,8 +10,13 @@
 //   kImageBuffer   image1d_buffer, RGBA            the same linear index
 //   kTexture2D     image2d of (W*B) x (H*S), RGBA  (x*B + b, y*S + s)
 //   kTexture3D     image3d of (W*B) x H x S, RGBA  (x*B + b, y, s)
+//   kTexture2DSplit  P image2d objects, part p      part s / Sp at (x*B + b, y*Sp + s % Sp),
+//                  holding slices [p*Sp, (p+1)*Sp)  Sp = ceil(S / P)
+//                  of (W*B) x (H*Sp), RGBA
 // (A 3D texture takes the slices in its depth, so it holds tensors whose H*S is taller than a 2D
-// texture may be; writing it needs cl_khr_3d_image_writes in OpenCL C 1.2.)
+// texture may be; writing it needs cl_khr_3d_image_writes in OpenCL C 1.2. kTexture2DSplit is one
+// tensor in several objects: P 2D textures of the same size, each a band of slices, for a tensor
+// too tall for one 2D texture on a device without 3D writes. The last part's slices past S are zeros.)
 //
 //   data type      texel                           buffer element / image channel type
 //   kFloat32       16 bytes                        float  / CL_FLOAT
@@ -32,6 +37,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iterator>
 #include <span>
 #include <string>
 #include <vector>
@@ -41,33 +47,44 @@
 
 namespace inferd::opencl {
 
-enum class StorageType : uint8_t { kBuffer, kImageBuffer, kTexture2D, kTexture3D };
+enum class StorageType : uint8_t { kBuffer, kImageBuffer, kTexture2D, kTexture3D, kTexture2DSplit };
 inline constexpr StorageType kAllStorageTypes[] = {StorageType::kBuffer, StorageType::kImageBuffer,
-                                                   StorageType::kTexture2D, StorageType::kTexture3D};
-const char* storage_name(StorageType storage);  // "buffer", "image_buffer", "texture2d", "texture3d"
-inline constexpr bool is_texture(StorageType s) { return s == StorageType::kTexture2D || s == StorageType::kTexture3D; }
+                                                   StorageType::kTexture2D, StorageType::kTexture3D,
+                                                   StorageType::kTexture2DSplit};
+// "buffer", "image_buffer", "texture2d", "texture3d", "texture2d_split"
+const char* storage_name(StorageType storage);
+inline constexpr bool is_texture(StorageType s) {
+  return s == StorageType::kTexture2D || s == StorageType::kTexture3D || s == StorageType::kTexture2DSplit;
+}
+// Most objects of one kTexture2DSplit tensor.
+inline constexpr int32_t kMaxTextureParts = 8;
 
 enum class DataType : uint8_t { kFloat32, kFloat16 };
 inline constexpr DataType kAllDataTypes[] = {DataType::kFloat32, DataType::kFloat16};
 const char* data_type_name(DataType type);  // "f32", "f16"
 inline constexpr size_t texel_bytes(DataType type) { return type == DataType::kFloat16 ? 8 : 16; }
 
-// What a kernel needs to know of a tensor to address it: its storage and its data type. Implicit
-// from a StorageType (float32), so that code about float tensors names the storage only.
+// What a kernel needs to know of a tensor to address it: its storage, its data type and, for
+// kTexture2DSplit, its number of parts (1 for every other storage). Implicit from a StorageType
+// (float32), so that code about float tensors names the storage only.
 struct TensorFormat {
   StorageType storage = StorageType::kBuffer;
   DataType data_type = DataType::kFloat32;
+  int32_t parts = 1;
 
   constexpr TensorFormat() = default;
-  constexpr TensorFormat(StorageType s, DataType t = DataType::kFloat32) : storage(s), data_type(t) {}  // NOLINT
+  constexpr TensorFormat(StorageType s, DataType t = DataType::kFloat32, int32_t p = 1)  // NOLINT
+      : storage(s), data_type(t), parts(s == StorageType::kTexture2DSplit ? p : 1) {}
   bool operator==(const TensorFormat&) const = default;
-  std::string to_string() const;  // "buffer", "texture2d(f16)": the data type when it is not f32
+  // "buffer", "texture2d(f16)", "texture2d_split[3]": the parts of a split, the data type when it is
+  // not f32.
+  std::string to_string() const;
 };
 
 // A set of storages (what a kernel can read or write), one bit per StorageType.
 using StorageMask = uint32_t;
 constexpr StorageMask storage_bit(StorageType s) { return 1u << static_cast<unsigned>(s); }
-inline constexpr StorageMask kAnyStorage = 0xF;
+inline constexpr StorageMask kAnyStorage = (1u << std::size(kAllStorageTypes)) - 1;
 
 // A logical shape. Every extent is >= 1.
 struct Bhwc {
@@ -84,30 +101,41 @@ struct Bhwc {
 
 class TensorDescriptor {
  public:
+  // A kTexture2DSplit format's parts are clamped to [1, min(S, kMaxTextureParts)] (no empty part).
   TensorDescriptor(Bhwc shape, TensorFormat format);
-  TensorDescriptor(Bhwc shape, StorageType storage, DataType type = DataType::kFloat32)
-      : TensorDescriptor(shape, TensorFormat(storage, type)) {}
+  TensorDescriptor(Bhwc shape, StorageType storage, DataType type = DataType::kFloat32, int32_t parts = 1)
+      : TensorDescriptor(shape, TensorFormat(storage, type, parts)) {}
 
   const Bhwc& shape() const { return shape_; }
   const TensorFormat& format() const { return format_; }
   StorageType storage() const { return format_.storage; }
   DataType data_type() const { return format_.data_type; }
   int32_t slices() const { return shape_.slices(); }
+  int32_t parts() const { return format_.parts; }
+  // Slices per part: S for every storage but kTexture2DSplit, ceil(S / P) there.
+  int32_t part_slices() const { return (slices() + parts() - 1) / parts(); }
+  // The logical texels, B*H*W*S.
   int64_t texel_count() const { return int64_t{shape_.b} * shape_.h * shape_.w * slices(); }
+  // The texels the objects hold: texel_count(), or P parts of B*H*W*Sp for kTexture2DSplit.
+  int64_t stored_texels() const { return int64_t{shape_.b} * shape_.h * shape_.w * part_slices() * parts(); }
   size_t texel_bytes() const { return opencl::texel_bytes(format_.data_type); }
-  size_t data_bytes() const { return static_cast<size_t>(texel_count()) * texel_bytes(); }
+  size_t data_bytes() const { return static_cast<size_t>(stored_texels()) * texel_bytes(); }
 
   // Linear texel index of kBuffer / kImageBuffer.
   int64_t linear_index(int32_t b, int32_t x, int32_t y, int32_t s) const {
     return ((int64_t{s} * shape_.h + y) * shape_.w + x) * shape_.b + b;
   }
-  // The textures' extents: kTexture2D (W*B) x (H*S) x 1, kTexture3D (W*B) x H x S.
+  // The extents of a texture (of each part): kTexture2D (W*B) x (H*S) x 1, kTexture3D (W*B) x H x S,
+  // kTexture2DSplit (W*B) x (H*Sp) x 1.
   int64_t texture_width() const { return int64_t{shape_.w} * shape_.b; }
-  int64_t texture_height() const { return storage() == StorageType::kTexture3D ? shape_.h : int64_t{shape_.h} * slices(); }
+  int64_t texture_height() const {
+    return storage() == StorageType::kTexture3D ? shape_.h : int64_t{shape_.h} * part_slices();
+  }
   int64_t texture_depth() const { return storage() == StorageType::kTexture3D ? slices() : 1; }
   // Position of (b, x, y, s) in this storage's host staging order: the linear index for the linear
   // storages and for kTexture3D (whose row-major order, ((s*H + y)*W*B + x*B + b), is the same),
-  // row-major (y*S + s) * width + (x*B + b) for kTexture2D.
+  // row-major (y*S + s) * width + (x*B + b) for kTexture2D, and for kTexture2DSplit the parts one
+  // after the other, each row-major: (p*H*Sp + y*Sp + s % Sp) * width + (x*B + b), p = s / Sp.
   int64_t staging_index(int32_t b, int32_t x, int32_t y, int32_t s) const;
 
   // OK when this storage can hold the shape on `device`; kUnimplemented when the device lacks the
@@ -127,8 +155,13 @@ class TensorDescriptor {
 // CPUs and other devices kBuffer first, since images are emulated in software there.
 std::vector<StorageType> storage_preference(const DeviceInfo& device);
 
+// The fewest parts, at least 2, in which a kTexture2DSplit of `shape` fits the device's 2D texture
+// height (kMaxTextureParts when even those do not: fits() then says why).
+int32_t split_parts(const DeviceInfo& device, const Bhwc& shape);
+
 struct StorageChoice {
   StorageType storage = StorageType::kBuffer;
+  int32_t parts = 1;  // kTexture2DSplit: the fewest parts that fit
   // Why each more preferred storage was passed over ("texture2d: height 37984 > CL_DEVICE_IMAGE2D_
   // MAX_HEIGHT 16384"); empty when the first preference was taken.
   std::vector<std::string> fallbacks;
@@ -175,8 +208,11 @@ class Tensor {
   const Bhwc& shape() const { return desc_.shape(); }
   StorageType storage() const { return desc_.storage(); }
   const TensorFormat& format() const { return desc_.format(); }
-  // The object a kernel binds: the buffer, the image1d_buffer, the image2d or the image3d.
-  cl_mem memory() const { return storage() == StorageType::kBuffer ? buffer_.get() : image_.get(); }
+  // The object a kernel binds: the buffer, the image1d_buffer, the image2d or the image3d; the first
+  // part of a kTexture2DSplit.
+  cl_mem memory() const { return storage() == StorageType::kBuffer ? buffer_.get() : images_[0].get(); }
+  // Every object a kernel binds for this tensor, in order (the parts of a kTexture2DSplit).
+  std::vector<cl_mem> memories() const;
   // The buffer behind kBuffer and kImageBuffer (nullptr for the textures).
   cl_mem buffer() const { return buffer_.get(); }
 
@@ -193,7 +229,7 @@ class Tensor {
   TensorDescriptor desc_;
   ClMem parent_;  // guarded kBuffer: guard | data | guard; buffer_ is a sub-buffer of it
   ClMem buffer_;  // kBuffer's data; kImageBuffer's backing buffer (data | guard when guarded)
-  ClMem image_;
+  std::vector<ClMem> images_;  // the image storages' objects: one, or the parts of a kTexture2DSplit
   int32_t guard_texels_ = 0;
   size_t guard_before_bytes_ = 0, guard_after_bytes_ = 0;
 };
