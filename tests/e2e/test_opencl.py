@@ -64,6 +64,19 @@ def opencl_devices():
     return total
 
 
+async def teacher_forced_agreement(test, conn, model_id, reference_tokens):
+    """How many of `reference_tokens` (a greedy run after PROMPT) model `model_id` picks when given the
+    reference's own context at each position, one token each."""
+    prompt_ids = await conn.tokenize(model_id, PROMPT, True, True)
+    agree = 0
+    for i, want in enumerate(reference_tokens):
+        out = await conn.generate(request(model_id, tokens=prompt_ids + reference_tokens[:i], max_tokens=1,
+                                          ignoreEog=True))
+        test.assertCompleted(out, f"teacher-forced position {i}")
+        agree += out.tokens == [want]
+    return agree
+
+
 def worker_has_opencl(bin_dir):
     """Whether inferd-worker links the OpenCL loader (it does exactly when built with the backend)."""
     try:
@@ -132,13 +145,7 @@ class OpenClTest(harness.DaemonTestCase):
                   f"{'none' if first is None else first}", file=sys.stderr)
 
             # Teacher-forced through the API: the CPU run's context at each position, one token each.
-            prompt_ids = await conn.tokenize("cpu", PROMPT, True, True)
-            agree = 0
-            for i in range(N_TOKENS):
-                out = await conn.generate(request("ocl", tokens=prompt_ids + cpu.tokens[:i], max_tokens=1,
-                                                  ignoreEog=True))
-                self.assertCompleted(out, f"teacher-forced position {i}")
-                agree += out.tokens == [cpu.tokens[i]]
+            agree = await teacher_forced_agreement(self, conn, "ocl", cpu.tokens)
             print(f"[opencl] teacher-forced top-1 agreement through the daemon: {agree}/{N_TOKENS} "
                   f"({'exact' if exact else 'float'} numerics)", file=sys.stderr)
             floor = 0.99 if exact else 0.9
@@ -292,13 +299,7 @@ class OpenClHalfActivationsTest(harness.DaemonTestCase):
             self.assertCompleted(cpu, "cpu")
             self.assertCompleted(ocl, "opencl, half activations")
             self.assertEqual(len(ocl.tokens), N_TOKENS // 2)
-            prompt_ids = await conn.tokenize("cpu", PROMPT, True, True)
-            agree = 0
-            for i in range(len(cpu.tokens)):
-                out = await conn.generate(request("ocl", tokens=prompt_ids + cpu.tokens[:i], max_tokens=1,
-                                                  ignoreEog=True))
-                self.assertCompleted(out, f"teacher-forced position {i}")
-                agree += out.tokens == [cpu.tokens[i]]
+            agree = await teacher_forced_agreement(self, conn, "ocl", cpu.tokens)
             print(f"[opencl] half activations: teacher-forced top-1 agreement with the CPU backend "
                   f"{agree}/{len(cpu.tokens)}; greedy cpu {cpu.text!r} opencl {ocl.text!r}", file=sys.stderr)
             self.assertGreaterEqual(agree / len(cpu.tokens), 0.9)

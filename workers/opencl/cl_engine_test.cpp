@@ -92,6 +92,20 @@ class ClEngineTest : public ::testing::Test {
     return std::move(e).value();
   }
 
+  // The CPU engine's logits of every position of `tokens` (2 threads; empty on a failure, reported).
+  std::vector<float> cpu_logits(std::span<const int32_t> tokens, int32_t n_ctx = 512) const {
+    EngineOptions co;
+    co.n_ctx = n_ctx;
+    co.n_threads = 2;
+    auto cpu = Engine::create(model(), co);
+    EXPECT_TRUE(cpu.is_ok()) << cpu.status().to_string();
+    if (!cpu) return {};
+    auto logits = cpu.value()->eval(0, tokens, /*all_logits=*/true);
+    EXPECT_TRUE(logits.is_ok()) << logits.status().to_string();
+    if (!logits) return {};
+    return std::vector<float>(logits->begin(), logits->end());
+  }
+
   std::vector<int32_t> text_tokens(size_t n) const {
     std::ifstream in(kText);
     std::stringstream ss;
@@ -203,21 +217,16 @@ TEST_F(ClEngineTest, FloatNumericsMatchAFloatReference) {
   ASSERT_NE(cl, nullptr);
   auto got = cl->eval(0, tokens, /*all_logits=*/true);
   ASSERT_TRUE(got.is_ok()) << got.status().to_string();
-  EngineOptions co;
-  co.n_ctx = 128;
-  co.n_threads = 2;
-  auto cpu = Engine::create(model(), co);
-  ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
-  auto cpu_logits = cpu.value()->eval(0, tokens, /*all_logits=*/true);
-  ASSERT_TRUE(cpu_logits.is_ok()) << cpu_logits.status().to_string();
+  const std::vector<float> cpu_ref = cpu_logits(tokens, 128);
+  ASSERT_FALSE(cpu_ref.empty());
   const size_t nv = static_cast<size_t>(cl->n_vocab());
   int cl_same = 0, cpu_same = 0;
   for (size_t i = 0; i < tokens.size(); ++i) {
     const int want = argmax(std::span<const float>(ref).subspan(i * nv, nv));
     cl_same += argmax(got->subspan(i * nv, nv)) == want;
-    cpu_same += argmax(cpu_logits->subspan(i * nv, nv)) == want;
+    cpu_same += argmax(std::span<const float>(cpu_ref).subspan(i * nv, nv)) == want;
   }
-  const float d_cl = max_abs_diff(got.value(), ref), d_cpu = max_abs_diff(cpu_logits.value(), ref);
+  const float d_cl = max_abs_diff(got.value(), ref), d_cpu = max_abs_diff(cpu_ref, ref);
   std::printf("[cl-engine] against a float reference over %d positions: OpenCL top-1 %d/%d, max |logit diff| %.2e; "
               "CPU engine top-1 %d/%d, max |logit diff| %.2e\n",
               kTokens, cl_same, kTokens, static_cast<double>(d_cl), cpu_same, kTokens, static_cast<double>(d_cpu));
@@ -237,14 +246,8 @@ TEST_F(ClEngineTest, FloatNumericsMatchAFloatReference) {
 TEST_F(ClEngineTest, TeacherForcedTop1AgreesWithTheCpuEngine) {
   const std::vector<int32_t> tokens = text_tokens(kAgreementTokens);
   ASSERT_EQ(tokens.size(), static_cast<size_t>(kAgreementTokens));
-  EngineOptions co;
-  co.n_ctx = 512;
-  co.n_threads = 2;
-  auto cpu = Engine::create(model(), co);
-  ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
-  auto cpu_logits = cpu.value()->eval(0, tokens, /*all_logits=*/true);
-  ASSERT_TRUE(cpu_logits.is_ok()) << cpu_logits.status().to_string();
-  const std::vector<float> ref(cpu_logits->begin(), cpu_logits->end());
+  const std::vector<float> ref = cpu_logits(tokens);
+  ASSERT_FALSE(ref.empty());
 
   auto cl = make();
   ASSERT_NE(cl, nullptr);
@@ -526,14 +529,8 @@ TEST_F(ClEngineTest, HalfActivationsAgreeWithFloatActivations) {
   EXPECT_LT(d_last, 1e-3f);
   f32->clear_slot(0);
   const std::vector<float> ref = run(*f32, tokens.size(), tokens.size());
-  EngineOptions co;
-  co.n_ctx = 512;
-  co.n_threads = 2;
-  auto cpu = Engine::create(model(), co);
-  ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
-  auto cpu_logits = cpu.value()->eval(0, tokens, /*all_logits=*/true);
-  ASSERT_TRUE(cpu_logits.is_ok()) << cpu_logits.status().to_string();
-  const std::vector<float> cpu_ref(cpu_logits->begin(), cpu_logits->end());
+  const std::vector<float> cpu_ref = cpu_logits(tokens);
+  ASSERT_FALSE(cpu_ref.empty());
   const int vs_float = top1(got, ref), vs_cpu = top1(got, cpu_ref), float_vs_cpu = top1(ref, cpu_ref);
   std::printf("[cl-engine] half activations, teacher-forced top-1 over %zu positions: %d with float activations "
               "(max |logit diff| %.3f); %d with the CPU engine (float activations: %d)\n",
@@ -594,22 +591,18 @@ TEST_F(ClEngineTest, RejectsBadBatches) {
 TEST_F(ClEngineTest, FloatNumericsAgreeWithTheCpuEngine) {
   const std::vector<int32_t> tokens = text_tokens(128);
   ASSERT_EQ(tokens.size(), 128u);
-  EngineOptions co;
-  co.n_ctx = 256;
-  co.n_threads = 2;
-  auto cpu = Engine::create(model(), co);
-  ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
-  auto ref = cpu.value()->eval(0, tokens, /*all_logits=*/true);
-  ASSERT_TRUE(ref.is_ok()) << ref.status().to_string();
+  const std::vector<float> cpu_ref = cpu_logits(tokens, 256);
+  ASSERT_FALSE(cpu_ref.empty());
+  const std::span<const float> ref(cpu_ref);
   auto cl = make(1, std::nullopt, Numerics::kFloat);
   ASSERT_NE(cl, nullptr);
   auto got = cl->eval(0, tokens, /*all_logits=*/true);
   ASSERT_TRUE(got.is_ok()) << got.status().to_string();
   const size_t nv = static_cast<size_t>(cl->n_vocab());
   int agree = 0;
-  for (size_t i = 0; i < tokens.size(); ++i) agree += argmax(got->subspan(i * nv, nv)) == argmax(ref->subspan(i * nv, nv));
+  for (size_t i = 0; i < tokens.size(); ++i) agree += argmax(got->subspan(i * nv, nv)) == argmax(ref.subspan(i * nv, nv));
   std::printf("[cl-engine] float numerics: teacher-forced top-1 agreement with the CPU engine %d/%zu, max |logit diff| %.3f\n",
-              agree, tokens.size(), static_cast<double>(max_abs_diff(got.value(), ref.value())));
+              agree, tokens.size(), static_cast<double>(max_abs_diff(got.value(), ref)));
   EXPECT_GE(agree, static_cast<int>(0.93 * static_cast<double>(tokens.size())));
 }
 

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,18 @@ std::vector<int32_t> random_tokens(int32_t n, int32_t n_vocab, uint32_t seed) {
     t = static_cast<int32_t>((s >> 8) % static_cast<uint32_t>(n_vocab));
   }
   return out;
+}
+
+// Sets `out` to the choice named `value`; false when none is.
+template <typename T, size_t N, typename NameOf>
+bool parse_choice(const char* value, const T (&choices)[N], NameOf name_of, std::optional<T>& out) {
+  for (const T& c : choices) {
+    if (std::strcmp(value, name_of(c)) == 0) {
+      out = c;
+      return true;
+    }
+  }
+  return false;
 }
 
 int usage() {
@@ -68,23 +81,9 @@ int main(int argc, char** argv) {
     } else if (a == "--device" && (v = next())) {
       device = v;
     } else if (a == "--storage" && (v = next())) {
-      bool found = false;
-      for (StorageType s : kAllStorageTypes) {
-        if (std::strcmp(v, storage_name(s)) == 0) {
-          eo.activation_storage = s;
-          found = true;
-        }
-      }
-      if (!found) return usage();
+      if (!parse_choice(v, kAllStorageTypes, storage_name, eo.activation_storage)) return usage();
     } else if (a == "--activations" && (v = next())) {
-      bool found = false;
-      for (DataType t : kAllDataTypes) {
-        if (std::strcmp(v, data_type_name(t)) == 0) {
-          eo.activation_type = t;
-          found = true;
-        }
-      }
-      if (!found) return usage();
+      if (!parse_choice(v, kAllDataTypes, data_type_name, eo.activation_type)) return usage();
     } else if (a == "--float") {
       eo.numerics = Numerics::kFloat;
     } else if (a[0] != '-' && model_path.empty()) {

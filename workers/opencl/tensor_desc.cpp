@@ -193,8 +193,6 @@ std::vector<float> to_staging(const TensorDescriptor& desc, std::span<const floa
   return staging;
 }
 
-// The texels of `tensor` in its staging order as the device holds them: floats, or halves for a
-// kFloat16 tensor. `bytes` holds data_bytes().
 // The region of a texture's data (its extents, guards excluded).
 struct Region {
   size_t r[3];
@@ -204,41 +202,31 @@ Region texture_region(const TensorDescriptor& desc) {
            static_cast<size_t>(desc.texture_depth())}};
 }
 
-Status read_raw(Runtime& rt, const Tensor& tensor, void* bytes) {
+// Copies the texels of `tensor` in its staging order as the device holds them (floats, or halves
+// for a kFloat16 tensor) from the device into `bytes` (`to_host`) or back; `bytes` holds data_bytes().
+Status transfer_raw(Runtime& rt, const Tensor& tensor, void* bytes, bool to_host) {
   const TensorDescriptor& desc = tensor.desc();
-  if (is_texture(desc.storage())) {
-    const size_t origin[3] = {0, 0, 0};
-    const Region region = texture_region(desc);
-    const size_t row_pitch = region.r[0] * desc.texel_bytes();
-    const size_t part_bytes = row_pitch * region.r[1] * region.r[2];
-    const std::vector<cl_mem> parts = tensor.memories();
-    for (size_t p = 0; p < parts.size(); ++p) {
-      INFERD_CL_RETURN_IF_ERROR(clEnqueueReadImage(rt.queue(), parts[p], CL_TRUE, origin, region.r, row_pitch,
-                                                   row_pitch * region.r[1], static_cast<char*>(bytes) + p * part_bytes,
-                                                   0, nullptr, nullptr));
-    }
-    return Status::ok();
+  if (!is_texture(desc.storage())) {
+    return to_host ? rt.read_buffer(tensor.buffer(), 0, desc.data_bytes(), bytes)
+                   : rt.write_buffer(tensor.buffer(), 0, desc.data_bytes(), bytes);
   }
-  return rt.read_buffer(tensor.buffer(), 0, desc.data_bytes(), bytes);
+  const size_t origin[3] = {0, 0, 0};
+  const Region region = texture_region(desc);
+  const size_t row_pitch = region.r[0] * desc.texel_bytes(), slice_pitch = row_pitch * region.r[1];
+  const std::vector<cl_mem> parts = tensor.memories();
+  for (size_t p = 0; p < parts.size(); ++p) {  // a kTexture2DSplit's parts one after the other
+    char* at = static_cast<char*>(bytes) + p * slice_pitch * region.r[2];
+    INFERD_CL_RETURN_IF_ERROR(
+        to_host ? clEnqueueReadImage(rt.queue(), parts[p], CL_TRUE, origin, region.r, row_pitch, slice_pitch, at, 0,
+                                     nullptr, nullptr)
+                : clEnqueueWriteImage(rt.queue(), parts[p], CL_TRUE, origin, region.r, row_pitch, slice_pitch, at, 0,
+                                      nullptr, nullptr));
+  }
+  return Status::ok();
 }
-
+Status read_raw(Runtime& rt, const Tensor& tensor, void* bytes) { return transfer_raw(rt, tensor, bytes, true); }
 Status write_raw(Runtime& rt, Tensor& tensor, const void* bytes) {
-  const TensorDescriptor& desc = tensor.desc();
-  if (is_texture(desc.storage())) {
-    const size_t origin[3] = {0, 0, 0};
-    const Region region = texture_region(desc);
-    const size_t row_pitch = region.r[0] * desc.texel_bytes();
-    const size_t part_bytes = row_pitch * region.r[1] * region.r[2];
-    const std::vector<cl_mem> parts = tensor.memories();
-    for (size_t p = 0; p < parts.size(); ++p) {
-      INFERD_CL_RETURN_IF_ERROR(clEnqueueWriteImage(rt.queue(), parts[p], CL_TRUE, origin, region.r, row_pitch,
-                                                    row_pitch * region.r[1],
-                                                    static_cast<const char*>(bytes) + p * part_bytes, 0, nullptr,
-                                                    nullptr));
-    }
-    return Status::ok();
-  }
-  return rt.write_buffer(tensor.buffer(), 0, desc.data_bytes(), bytes);
+  return transfer_raw(rt, tensor, const_cast<void*>(bytes), false);  // only read from when writing the device
 }
 
 // The staging texels as floats, converted from halves for a kFloat16 tensor.
