@@ -252,6 +252,12 @@ Result<GeneratedKernel> generate_kernel(const KernelTemplate& kernel) {
   if (!is_identifier(kernel.name)) return Status(Code::kInvalidArgument, "bad kernel name '" + kernel.name + "'");
   for (size_t i = 0; i < kernel.tensors.size(); ++i) {
     const std::string& name = kernel.tensors[i].name;
+    const int32_t parts = kernel.tensors[i].format.parts;
+    if (parts < 1 || parts > kMaxTextureParts ||
+        (parts > 1 && kernel.tensors[i].format.storage != StorageType::kTexture2DSplit)) {
+      return Status(Code::kInvalidArgument,
+                    "kernel " + kernel.name + ": tensor '" + name + "' in " + std::to_string(parts) + " parts");
+    }
     if (!is_identifier(name) || name == kSamplerName) {
       return Status(Code::kInvalidArgument, "kernel " + kernel.name + ": bad tensor name '" + name + "'");
     }

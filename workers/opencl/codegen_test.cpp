@@ -262,6 +262,15 @@ TEST(Codegen, RejectsBadDeclarations) {
   k = scale_kernel(StorageType::kBuffer, StorageType::kBuffer);
   k.helpers = "float f() { return $src.Width(); }";
   EXPECT_EQ(generate_kernel(k).status().code(), Code::kInvalidArgument);
+  // Parts only for split textures, and 1 to kMaxTextureParts of them.
+  k = scale_kernel(StorageType::kBuffer, StorageType::kBuffer);
+  k.tensors[0].format.parts = 2;
+  EXPECT_EQ(generate_kernel(k).status().code(), Code::kInvalidArgument);
+  for (int32_t parts : {0, kMaxTextureParts + 1}) {
+    k = scale_kernel(TensorFormat(StorageType::kTexture2DSplit, DataType::kFloat32, 2), StorageType::kBuffer);
+    k.tensors[0].format.parts = parts;
+    EXPECT_EQ(generate_kernel(k).status().code(), Code::kInvalidArgument) << parts;
+  }
 }
 
 }  // namespace

@@ -55,7 +55,8 @@ void print_storage_choices(const DeviceInfo& info) {
       // What every storage would say, so that limits show on devices that prefer buffers too.
       std::string fits;
       for (StorageType storage : kAllStorageTypes) {
-        const Status s = TensorDescriptor(k.shape, storage).fits(info);
+        const int32_t parts = storage == StorageType::kTexture2DSplit ? split_parts(info, k.shape) : 1;
+        const Status s = TensorDescriptor(k.shape, storage, DataType::kFloat32, parts).fits(info);
         fits += (fits.empty() ? "" : "; ") + (s ? std::string(storage_name(storage)) + " fits" : s.message());
       }
       std::printf("  %-28s %-14s %-14s [%s]\n", k.name, k.shape.to_string().c_str(),

@@ -45,6 +45,7 @@ std::string Bhwc::to_string() const {
 
 TensorDescriptor::TensorDescriptor(Bhwc shape, TensorFormat format) : shape_(shape), format_(format) {
   INFERD_ASSERT(shape.b >= 1 && shape.h >= 1 && shape.w >= 1 && shape.c >= 1, "every extent of a shape is >= 1");
+  if (format_.storage != StorageType::kTexture2DSplit) format_.parts = 1;
   format_.parts = std::clamp(format_.parts, 1, std::min(shape_.slices(), kMaxTextureParts));
   format_.parts = (shape_.slices() + part_slices() - 1) / part_slices();  // no part left empty
 }
@@ -212,10 +213,13 @@ Status transfer_raw(Runtime& rt, const Tensor& tensor, void* bytes, bool to_host
   }
   const size_t origin[3] = {0, 0, 0};
   const Region region = texture_region(desc);
-  const size_t row_pitch = region.r[0] * desc.texel_bytes(), slice_pitch = row_pitch * region.r[1];
+  const size_t row_pitch = region.r[0] * desc.texel_bytes();
+  const size_t part_bytes = row_pitch * region.r[1] * region.r[2];
+  // The spec wants a slice pitch of 0 for 2D images.
+  const size_t slice_pitch = region.r[2] > 1 ? row_pitch * region.r[1] : 0;
   const std::vector<cl_mem> parts = tensor.memories();
   for (size_t p = 0; p < parts.size(); ++p) {  // a kTexture2DSplit's parts one after the other
-    char* at = static_cast<char*>(bytes) + p * slice_pitch * region.r[2];
+    char* at = static_cast<char*>(bytes) + p * part_bytes;
     INFERD_CL_RETURN_IF_ERROR(
         to_host ? clEnqueueReadImage(rt.queue(), parts[p], CL_TRUE, origin, region.r, row_pitch, slice_pitch, at, 0,
                                      nullptr, nullptr)
@@ -456,7 +460,8 @@ Status fill_guards(Runtime& rt, Tensor& tensor, float value) {
         const size_t region[3] = {r.w, r.h, r.d};
         const size_t row_pitch = r.w * tensor.desc().texel_bytes();
         INFERD_CL_RETURN_IF_ERROR(clEnqueueWriteImage(rt.queue(), part, CL_TRUE, origin, region, row_pitch,
-                                                      row_pitch * r.h, pixels.data(), 0, nullptr, nullptr));
+                                                      r.d > 1 ? row_pitch * r.h : 0, pixels.data(), 0, nullptr,
+                                                      nullptr));
       }
     }
     return Status::ok();
@@ -497,7 +502,8 @@ Status check_guards(Runtime& rt, const Tensor& tensor, float value) {
         const size_t region[3] = {r.w, r.h, r.d};
         const size_t row_pitch = r.w * tensor.desc().texel_bytes();
         INFERD_CL_RETURN_IF_ERROR(clEnqueueReadImage(rt.queue(), part, CL_TRUE, origin, region, row_pitch,
-                                                     row_pitch * r.h, got.data(), 0, nullptr, nullptr));
+                                                     r.d > 1 ? row_pitch * r.h : 0, got.data(), 0, nullptr,
+                                                     nullptr));
         INFERD_RETURN_IF_ERROR(check(got, where[i++]));
       }
     }

@@ -150,9 +150,10 @@ class TensorDescriptor {
 
 // ---- Choosing a storage --------------------------------------------------------------------------
 
-// The device's order of preference: on GPUs kTexture2D, kTexture3D, kImageBuffer, kBuffer (reads
-// through the texture cache, ML Drift's default; the 3D texture where the 2D one is too tall); on
-// CPUs and other devices kBuffer first, since images are emulated in software there.
+// The device's order of preference: on GPUs kTexture2D, kTexture3D, kTexture2DSplit, kImageBuffer,
+// kBuffer (reads through the texture cache, ML Drift's default; the 3D texture, then several 2D ones,
+// where one 2D texture is too tall); on CPUs and other devices kBuffer first, since images are
+// emulated in software there.
 std::vector<StorageType> storage_preference(const DeviceInfo& device);
 
 // The fewest parts, at least 2, in which a kTexture2DSplit of `shape` fits the device's 2D texture
@@ -183,7 +184,8 @@ struct AllocOptions {
   //   kImageBuffer  the same room after the data only: the image views the start of a larger buffer
   //                 (drivers such as PoCL cannot make an image of a sub-buffer);
   //   kTexture2D    this many extra columns and rows;
-  //   kTexture3D    this many extra columns, rows and slices.
+  //   kTexture3D    this many extra columns, rows and slices;
+  //   kTexture2DSplit  each part this many extra columns and rows.
   int32_t guard_texels = 0;
 };
 
@@ -210,7 +212,10 @@ class Tensor {
   const TensorFormat& format() const { return desc_.format(); }
   // The object a kernel binds: the buffer, the image1d_buffer, the image2d or the image3d; the first
   // part of a kTexture2DSplit.
-  cl_mem memory() const { return storage() == StorageType::kBuffer ? buffer_.get() : images_[0].get(); }
+  cl_mem memory() const {
+    if (storage() == StorageType::kBuffer) return buffer_.get();
+    return images_.empty() ? nullptr : images_[0].get();
+  }
   // Every object a kernel binds for this tensor, in order (the parts of a kTexture2DSplit).
   std::vector<cl_mem> memories() const;
   // The buffer behind kBuffer and kImageBuffer (nullptr for the textures).
