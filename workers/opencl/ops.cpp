@@ -22,7 +22,10 @@ void KernelArgs::set(size_t size, const void* value) {
 }
 
 KernelArgs& KernelArgs::tensor(const Tensor& t) {
-  for (const cl_mem mem : t.memories()) set(sizeof(mem), &mem);
+  for (int32_t p = 0; p < t.desc().parts(); ++p) {
+    const cl_mem mem = t.memory(p);
+    set(sizeof(mem), &mem);
+  }
   const Bhwc& s = t.shape();
   const cl_int extents[kArgsPerTensor - 1] = {s.w, s.h, s.slices(), s.b, s.c};
   for (cl_int e : extents) set(sizeof(e), &e);

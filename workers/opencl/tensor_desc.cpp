@@ -194,13 +194,29 @@ std::vector<float> to_staging(const TensorDescriptor& desc, std::span<const floa
   return staging;
 }
 
-// The region of a texture's data (its extents, guards excluded).
-struct Region {
-  size_t r[3];
+// A box of texels in an image: {x, y, z, width, height, depth}.
+struct Rect {
+  size_t x, y, z, w, h, d;
+  size_t texels() const { return w * h * d; }
 };
-Region texture_region(const TensorDescriptor& desc) {
-  return {{static_cast<size_t>(desc.texture_width()), static_cast<size_t>(desc.texture_height()),
-           static_cast<size_t>(desc.texture_depth())}};
+// The box of a texture's data (of each part; guards excluded).
+Rect texture_region(const TensorDescriptor& desc) {
+  return {0, 0, 0, static_cast<size_t>(desc.texture_width()), static_cast<size_t>(desc.texture_height()),
+          static_cast<size_t>(desc.texture_depth())};
+}
+
+// Copies `box` of `image` to `bytes` (`to_host`) or back, packed row by row and slice by slice.
+Status copy_box(Runtime& rt, cl_mem image, const Rect& box, size_t texel_bytes, void* bytes, bool to_host) {
+  const size_t origin[3] = {box.x, box.y, box.z};
+  const size_t region[3] = {box.w, box.h, box.d};
+  const size_t row_pitch = box.w * texel_bytes;
+  const size_t slice_pitch = box.d > 1 ? row_pitch * box.h : 0;  // the spec wants 0 for 2D images
+  INFERD_CL_RETURN_IF_ERROR(
+      to_host ? clEnqueueReadImage(rt.queue(), image, CL_TRUE, origin, region, row_pitch, slice_pitch, bytes, 0,
+                                   nullptr, nullptr)
+              : clEnqueueWriteImage(rt.queue(), image, CL_TRUE, origin, region, row_pitch, slice_pitch, bytes, 0,
+                                    nullptr, nullptr));
+  return Status::ok();
 }
 
 // Copies the texels of `tensor` in its staging order as the device holds them (floats, or halves
@@ -211,20 +227,11 @@ Status transfer_raw(Runtime& rt, const Tensor& tensor, void* bytes, bool to_host
     return to_host ? rt.read_buffer(tensor.buffer(), 0, desc.data_bytes(), bytes)
                    : rt.write_buffer(tensor.buffer(), 0, desc.data_bytes(), bytes);
   }
-  const size_t origin[3] = {0, 0, 0};
-  const Region region = texture_region(desc);
-  const size_t row_pitch = region.r[0] * desc.texel_bytes();
-  const size_t part_bytes = row_pitch * region.r[1] * region.r[2];
-  // The spec wants a slice pitch of 0 for 2D images.
-  const size_t slice_pitch = region.r[2] > 1 ? row_pitch * region.r[1] : 0;
-  const std::vector<cl_mem> parts = tensor.memories();
-  for (size_t p = 0; p < parts.size(); ++p) {  // a kTexture2DSplit's parts one after the other
-    char* at = static_cast<char*>(bytes) + p * part_bytes;
-    INFERD_CL_RETURN_IF_ERROR(
-        to_host ? clEnqueueReadImage(rt.queue(), parts[p], CL_TRUE, origin, region.r, row_pitch, slice_pitch, at, 0,
-                                     nullptr, nullptr)
-                : clEnqueueWriteImage(rt.queue(), parts[p], CL_TRUE, origin, region.r, row_pitch, slice_pitch, at, 0,
-                                      nullptr, nullptr));
+  const Rect box = texture_region(desc);
+  const size_t part_bytes = box.texels() * desc.texel_bytes();
+  for (int32_t p = 0; p < desc.parts(); ++p) {  // a kTexture2DSplit's parts one after the other
+    INFERD_RETURN_IF_ERROR(copy_box(rt, tensor.memory(p), box, desc.texel_bytes(),
+                                    static_cast<char*>(bytes) + static_cast<size_t>(p) * part_bytes, to_host));
   }
   return Status::ok();
 }
@@ -277,11 +284,7 @@ Status fill_elements(Runtime& rt, cl_mem buffer, DataType type, float value, siz
 
 // The guard boxes of a guarded texture: the extra columns (over every row and slice), the extra
 // rows under the data columns (over every slice) and, for kTexture3D, the extra slices behind the
-// data. {x, y, z, width, height, depth}.
-struct Rect {
-  size_t x, y, z, w, h, d;
-  size_t texels() const { return w * h * d; }
-};
+// data.
 std::vector<Rect> texture_guards(const Tensor& tensor) {
   const size_t g = static_cast<size_t>(tensor.guard_texels());
   const size_t w = static_cast<size_t>(tensor.desc().texture_width());
@@ -343,13 +346,6 @@ Result<Tensor> Tensor::allocate(Runtime& rt, const TensorDescriptor& desc, const
     if (err != CL_SUCCESS) return cl_error(err, "clCreateImage(" + desc.to_string() + ")");
   }
   return tensor;
-}
-
-std::vector<cl_mem> Tensor::memories() const {
-  if (storage() == StorageType::kBuffer) return {buffer_.get()};
-  std::vector<cl_mem> out;
-  for (const ClMem& image : images_) out.push_back(image.get());
-  return out;
 }
 
 Result<Tensor> Tensor::view(const Bhwc& shape) const {
@@ -425,10 +421,12 @@ Status fill(Runtime& rt, Tensor& tensor, float value) {
   const TensorDescriptor& desc = tensor.desc();
   if (is_texture(desc.storage())) {
     const float color[4] = {value, value, value, value};  // converted to the image's channel type
+    const Rect box = texture_region(desc);
     const size_t origin[3] = {0, 0, 0};
-    const Region region = texture_region(desc);
-    for (cl_mem part : tensor.memories()) {
-      INFERD_CL_RETURN_IF_ERROR(clEnqueueFillImage(rt.queue(), part, color, origin, region.r, 0, nullptr, nullptr));
+    const size_t region[3] = {box.w, box.h, box.d};
+    for (int32_t p = 0; p < tensor.desc().parts(); ++p) {
+      const cl_mem part = tensor.memory(p);
+      INFERD_CL_RETURN_IF_ERROR(clEnqueueFillImage(rt.queue(), part, color, origin, region, 0, nullptr, nullptr));
     }
   } else {
     INFERD_RETURN_IF_ERROR(fill_elements(rt, tensor.buffer(), desc.data_type(), value, 0, desc.data_bytes()));
@@ -453,15 +451,11 @@ Status fill_guards(Runtime& rt, Tensor& tensor, float value) {
   if (tensor.guard_texels() == 0) return Status::ok();
   const DataType type = tensor.desc().data_type();
   if (is_texture(tensor.storage())) {
-    for (cl_mem part : tensor.memories()) {
+    for (int32_t p = 0; p < tensor.desc().parts(); ++p) {
+      const cl_mem part = tensor.memory(p);
       for (const Rect& r : texture_guards(tensor)) {
-        const std::vector<uint8_t> pixels = guard_pixels(type, r, value);
-        const size_t origin[3] = {r.x, r.y, r.z};
-        const size_t region[3] = {r.w, r.h, r.d};
-        const size_t row_pitch = r.w * tensor.desc().texel_bytes();
-        INFERD_CL_RETURN_IF_ERROR(clEnqueueWriteImage(rt.queue(), part, CL_TRUE, origin, region, row_pitch,
-                                                      r.d > 1 ? row_pitch * r.h : 0, pixels.data(), 0, nullptr,
-                                                      nullptr));
+        std::vector<uint8_t> pixels = guard_pixels(type, r, value);
+        INFERD_RETURN_IF_ERROR(copy_box(rt, part, r, tensor.desc().texel_bytes(), pixels.data(), false));
       }
     }
     return Status::ok();
@@ -494,16 +488,12 @@ Status check_guards(Runtime& rt, const Tensor& tensor, float value) {
   if (is_texture(tensor.storage())) {
     const char* where[] = {"in the columns right of the data", "in the rows below the data",
                            "in the slices behind the data"};
-    for (cl_mem part : tensor.memories()) {
+    for (int32_t p = 0; p < tensor.desc().parts(); ++p) {
+      const cl_mem part = tensor.memory(p);
       int i = 0;
       for (const Rect& r : texture_guards(tensor)) {
         std::vector<uint8_t> got(r.texels() * tensor.desc().texel_bytes());
-        const size_t origin[3] = {r.x, r.y, r.z};
-        const size_t region[3] = {r.w, r.h, r.d};
-        const size_t row_pitch = r.w * tensor.desc().texel_bytes();
-        INFERD_CL_RETURN_IF_ERROR(clEnqueueReadImage(rt.queue(), part, CL_TRUE, origin, region, row_pitch,
-                                                     r.d > 1 ? row_pitch * r.h : 0, got.data(), 0, nullptr,
-                                                     nullptr));
+        INFERD_RETURN_IF_ERROR(copy_box(rt, part, r, tensor.desc().texel_bytes(), got.data(), true));
         INFERD_RETURN_IF_ERROR(check(got, where[i++]));
       }
     }

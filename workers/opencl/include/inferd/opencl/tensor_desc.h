@@ -210,14 +210,13 @@ class Tensor {
   const Bhwc& shape() const { return desc_.shape(); }
   StorageType storage() const { return desc_.storage(); }
   const TensorFormat& format() const { return desc_.format(); }
-  // The object a kernel binds: the buffer, the image1d_buffer, the image2d or the image3d; the first
-  // part of a kTexture2DSplit.
-  cl_mem memory() const {
-    if (storage() == StorageType::kBuffer) return buffer_.get();
-    return images_.empty() ? nullptr : images_[0].get();
+  // The object a kernel binds: the buffer, the image1d_buffer, the image2d or the image3d; part
+  // `part` (0 .. desc().parts() - 1) of a kTexture2DSplit, each bound in order. nullptr when there is
+  // no such object (a moved-from tensor).
+  cl_mem memory(int32_t part = 0) const {
+    if (storage() == StorageType::kBuffer) return part == 0 ? buffer_.get() : nullptr;
+    return static_cast<size_t>(part) < images_.size() ? images_[static_cast<size_t>(part)].get() : nullptr;
   }
-  // Every object a kernel binds for this tensor, in order (the parts of a kTexture2DSplit).
-  std::vector<cl_mem> memories() const;
   // The buffer behind kBuffer and kImageBuffer (nullptr for the textures).
   cl_mem buffer() const { return buffer_.get(); }
 
