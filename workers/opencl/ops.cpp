@@ -288,9 +288,24 @@ const char* weight_pointer_type(DType type) {
 
 bool is_k_quant(DType type) { return type == DType::kQ4_K || type == DType::kQ5_K || type == DType::kQ6_K; }
 
+// The bits of a code past its low nibble, kept in the high-bits plane (MatmulWeights::high_bits):
+// 1 for the 5-bit types, 2 for Q6_K, 0 for the others (Q8_0 keeps whole bytes, the rest nibbles).
+int high_bits_per_code(DType type) {
+  switch (type) {
+    case DType::kQ5_0:
+    case DType::kQ5_1:
+    case DType::kQ5_K: return 1;
+    case DType::kQ6_K: return 2;
+    default: return 0;
+  }
+}
 // The element of the high-bits plane: 16 bits (4 rows x 4 weights x 1 bit) for the 5-bit codes,
 // 32 (x 2 bits) for Q6_K's 6-bit ones; unused (but bound) for the other types.
-const char* high_bits_type(DType type) { return type == DType::kQ6_K ? "uint" : "ushort"; }
+const char* high_bits_type(DType type) { return high_bits_per_code(type) == 2 ? "uint" : "ushort"; }
+// The statement loading the high bits of slice `index` into h (none for the types without them).
+std::string load_high_bits(DType type, const std::string& index) {
+  return high_bits_per_code(type) == 0 ? "" : "  const uint h = wh[" + index + "];\n";
+}
 
 // The parameters every weight-reading kernel takes, in KernelArgs::weights() order.
 std::vector<std::string> weight_params(DType type) {
@@ -299,28 +314,23 @@ std::vector<std::string> weight_params(DType type) {
           std::string("__global const ") + high_bits_type(type) + "* wh"};
 }
 
-// The K-quants' codes at the loaded slice (ushort4 p of nibbles, uint h of high bits): row r's 4
-// codes as uint4 (Q4_K: the nibbles; Q5_K: with a fifth bit; Q6_K: with two more bits).
-std::string k_quant_codes(DType type, int r) {
+// Row r's 4 codes at the loaded slice (ushort4 p of low nibbles; uint h of high bits, see
+// load_high_bits) as uint4: the nibbles, with one more bit (the 5-bit types) or two (Q6_K).
+std::string codes_u(DType type, int r) {
   const std::string lane = std::string("p.") + "xyzw"[r];
-  switch (type) {
-    case DType::kQ5_K: return "inferd_code5_u(" + lane + ", h, " + std::to_string(r) + ")";
-    case DType::kQ6_K: return "inferd_code6_u(" + lane + ", h, " + std::to_string(r) + ")";
+  switch (high_bits_per_code(type)) {
+    case 1: return "inferd_code5_u(" + lane + ", h, " + std::to_string(r) + ")";
+    case 2: return "inferd_code6_u(" + lane + ", h, " + std::to_string(r) + ")";
     default: return "convert_uint4(inferd_nibbles(" + lane + "))";
   }
 }
 
 // The 32-element block types whose quants are packed nibbles (Q4_0, Q4_1) or nibbles plus a plane of
-// fifth bits (Q5_0, Q5_1): the expression of row r's 4 codes at the loaded slice (ushort4 p, and uint h
-// for the fifth bits), as float4 (IntDot::kFloat) or char4 (kInt8).
+// fifth bits (Q5_0, Q5_1): row r's 4 codes as float4 (IntDot::kFloat) or char4 (kInt8).
 std::string packed_codes(DType type, IntDot form, int r) {
   const bool int8 = form == IntDot::kInt8;
-  const std::string lane = std::string("p.") + "xyzw"[r];
-  if (type == DType::kQ5_0 || type == DType::kQ5_1) {
-    return std::string(int8 ? "convert_char4" : "convert_float4") + "(inferd_code5_u(" + lane + ", h, " +
-           std::to_string(r) + "))";
-  }
-  return std::string(int8 ? "inferd_nibbles_c(" : "inferd_nibbles(") + lane + ")";
+  if (high_bits_per_code(type) > 0) return std::string(int8 ? "convert_char4(" : "convert_float4(") + codes_u(type, r) + ")";
+  return std::string(int8 ? "inferd_nibbles_c(p." : "inferd_nibbles(p.") + "xyzw"[r] + ")";
 }
 // The code of value 0 of those types without a min (Q4_0: 8, Q5_0: 16); 0 for those with one.
 int code_zero(DType type) { return type == DType::kQ4_0 ? 8 : type == DType::kQ5_0 ? 16 : 0; }
@@ -376,10 +386,10 @@ std::string weight_loader(DType type) {
     case DType::kQ4_1:
     case DType::kQ5_0:
     case DType::kQ5_1: {  // (code - zero) * d, or code * d + m for the types with a min
-      const bool five = type == DType::kQ5_0 || type == DType::kQ5_1, min = has_min(type);
+      const bool min = has_min(type);
       std::string body = signature + "  const int blk = so * (n_si / 8) + si / 8;\n" +
-                         "  const ushort4 p = wq[blk * 8 + si % 8];\n" +
-                         (five ? "  const uint h = wh[blk * 8 + si % 8];\n" : "") + "  const float4 d = ws[blk];\n" +
+                         "  const ushort4 p = wq[blk * 8 + si % 8];\n" + load_high_bits(type, "blk * 8 + si % 8") +
+                         "  const float4 d = ws[blk];\n" +
                          (min ? "  const float4 m = wm[blk];\n" : "");
       for (int r = 0; r < 4; ++r) {
         const std::string code = packed_codes(type, IntDot::kFloat, r), lane = std::string(".") + "xyzw"[r];
@@ -393,24 +403,23 @@ std::string weight_loader(DType type) {
     case DType::kQ4_K:  // q4_k_to_float: ds * q - ms, ds = d * sc, ms = dmin * mn
     case DType::kQ5_K: {
       std::string body = signature + k_prologue + "  const ushort4 p = wq[g * 8 + si % 8];\n" +
-                         (type == DType::kQ5_K ? "  const uint h = wh[g * 8 + si % 8];\n" : "") +
+                         load_high_bits(type, "g * 8 + si % 8") +
                          "  const float4 ds = ws[sb] * convert_float4(wsub[sb * 16 + g % 8]);\n"
                          "  const float4 ms = wm[sb] * convert_float4(wsub[sb * 16 + 8 + g % 8]);\n";
       for (int r = 0; r < 4; ++r) {
         const std::string lane = std::string(".") + "xyzw"[r];
-        body += "  r[" + std::to_string(r) + "] = convert_float4(" + k_quant_codes(type, r) + ") * ds" + lane +
+        body += "  r[" + std::to_string(r) + "] = convert_float4(" + codes_u(type, r) + ") * ds" + lane +
                 " - ms" + lane + ";\n";
       }
       return body + "}\n";
     }
     case DType::kQ6_K: {  // q6_k_to_float: (d * sc) * (q - 32), sc the scale of the 16 elements
-      std::string body = signature + k_prologue +
-                         "  const ushort4 p = wq[g * 8 + si % 8];\n"
-                         "  const uint h = wh[g * 8 + si % 8];\n"
+      std::string body = signature + k_prologue + "  const ushort4 p = wq[g * 8 + si % 8];\n" +
+                         load_high_bits(type, "g * 8 + si % 8") +
                          "  const float4 ds = ws[sb] * convert_float4(wsub[sb * 16 + (si % 64) / 4]);\n";
       for (int r = 0; r < 4; ++r) {
         const std::string lane = std::string(".") + "xyzw"[r];
-        body += "  r[" + std::to_string(r) + "] = ds" + lane + " * (convert_float4(" + k_quant_codes(type, r) +
+        body += "  r[" + std::to_string(r) + "] = ds" + lane + " * (convert_float4(" + codes_u(type, r) +
                 ") - 32.0f);\n";
       }
       return body + "}\n";
@@ -744,7 +753,8 @@ std::string weight_int_loader(DType type, IntDot form) {
   const bool int8 = form == IntDot::kInt8;
   const std::string vec = int8 ? "char4" : "float4";
   const std::string signature = std::string("inline void ") + (int8 ? "w_int8" : "w_int") + "(__global const " +
-                                weight_pointer_type(type) + "* wq, __global const ushort* wh, int blk, int l, " + vec +
+                                weight_pointer_type(type) + "* wq, __global const " + high_bits_type(type) +
+                                "* wh, int blk, int l, " + vec +
                                 "* r) {\n";
   switch (type) {
     case DType::kQ8_0: {
@@ -763,7 +773,7 @@ std::string weight_int_loader(DType type, IntDot form) {
       const std::string offset = zero == 0 ? "" : int8 ? " - (char4)(" + std::to_string(zero) + ")"
                                                         : " - " + std::to_string(zero) + ".0f";
       std::string body = signature + "  const ushort4 p = wq[blk * 8 + l];\n";
-      if (type == DType::kQ5_0 || type == DType::kQ5_1) body += "  const uint h = wh[blk * 8 + l];\n";
+      body += load_high_bits(type, "blk * 8 + l");
       for (int r = 0; r < 4; ++r) body += "  r[" + std::to_string(r) + "] = " + packed_codes(type, form, r) + offset + ";\n";
       return body + "}\n";
     }
@@ -988,9 +998,9 @@ std::string weight_code_loader(DType type) {
   std::string body = std::string("inline void w_code(__global const ") + weight_pointer_type(type) +
                      "* wq, __global const " + high_bits_type(type) + "* wh, int g, int l, int4* r) {\n" +
                      "  const ushort4 p = wq[g * 8 + l];\n" +
-                     (type == DType::kQ4_K ? "" : "  const uint h = wh[g * 8 + l];\n");
+                     load_high_bits(type, "g * 8 + l");
   for (int r = 0; r < 4; ++r) {
-    body += "  r[" + std::to_string(r) + "] = convert_int4(" + k_quant_codes(type, r) + ");\n";
+    body += "  r[" + std::to_string(r) + "] = convert_int4(" + codes_u(type, r) + ");\n";
   }
   return body + "}\n";
 }
@@ -1528,9 +1538,7 @@ Result<MatmulWeights> MatmulWeights::upload(Runtime& rt, DType type, int64_t row
   // Every block type but Q8_0 keeps its codes' low nibbles; the 5- and 6-bit types add a plane of
   // their high bits: per (group, slice of 4) one ushort (bit 4 * row + i) or, for Q6_K, one uint
   // (bits 2 * (4 * row + i) and up).
-  const int high_bits = type == DType::kQ5_0 || type == DType::kQ5_1 || type == DType::kQ5_K ? 1
-                        : type == DType::kQ6_K                                                 ? 2
-                                                                                               : 0;
+  const int high_bits = high_bits_per_code(type);
   const bool nibbles = type != DType::kQ8_0;
   const bool k_quant = is_k_quant(type);
   const bool has_mins = type == DType::kQ4_1 || type == DType::kQ5_1 || type == DType::kQ4_K || type == DType::kQ5_K;
