@@ -234,23 +234,12 @@ Result<std::unique_ptr<ClEngine>> ClEngine::create(std::shared_ptr<const Model> 
     e->storage_notes_ = " (forced)";
   } else {
     // The first storage that holds the widest activation and the float residual stream.
-    StorageMask allowed = kAnyStorage;
-    std::vector<std::string> passed_over;
-    for (;;) {
-      auto choice = choose_storage(info, widest_shape, allowed, e->act_type_);
-      if (!choice) return choice.status();
-      for (const std::string& why : choice->fallbacks) {
-        const bool known = std::find(passed_over.begin(), passed_over.end(), why) != passed_over.end();
-        if (!known && why.find("not supported by the kernel") == std::string::npos) passed_over.push_back(why);
-      }
-      e->act_storage_ = choice->storage;
-      e->act_parts_ = choice->parts;
-      const Status fits = TensorDescriptor(residual_shape, e->act_format(DataType::kFloat32)).fits(info);
-      if (fits) break;
-      passed_over.push_back(fits.message() + " (the residual stream)");
-      allowed &= ~storage_bit(choice->storage);
-    }
-    for (const std::string& why : passed_over) e->storage_notes_ += " (passed over " + why + ")";
+    const TensorSpec tensors[] = {{widest_shape, e->act_type_}, {residual_shape, DataType::kFloat32}};
+    auto choice = choose_storage(info, tensors);
+    if (!choice) return choice.status();
+    e->act_storage_ = choice->storage;
+    e->act_parts_ = choice->parts;
+    for (const std::string& why : choice->fallbacks) e->storage_notes_ += " (passed over " + why + ")";
   }
   auto logits_choice = choose_storage(info, Bhwc{1, 1, opt.n_ubatch, cfg.n_vocab});
   if (!logits_choice) return logits_choice.status().with_context("logits");

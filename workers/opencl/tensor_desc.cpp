@@ -147,24 +147,41 @@ int32_t split_parts(const DeviceInfo& device, const Bhwc& shape) {
 
 Result<StorageChoice> choose_storage(const DeviceInfo& device, const Bhwc& shape, StorageMask kernel_supports,
                                      DataType type) {
+  const TensorSpec one[] = {{shape, type}};
+  return choose_storage(device, one, kernel_supports);
+}
+
+Result<StorageChoice> choose_storage(const DeviceInfo& device, std::span<const TensorSpec> tensors,
+                                     StorageMask kernel_supports) {
+  INFERD_ASSERT(!tensors.empty(), "choose_storage needs a tensor");
   StorageChoice choice;
   for (StorageType storage : storage_preference(device)) {
     if ((kernel_supports & storage_bit(storage)) == 0) {
       choice.fallbacks.push_back(std::string(storage_name(storage)) + ": not supported by the kernel");
       continue;
     }
-    const int32_t parts = storage == StorageType::kTexture2DSplit ? split_parts(device, shape) : 1;
-    Status fits = TensorDescriptor(shape, storage, type, parts).fits(device);
+    int32_t parts = 1;
+    if (storage == StorageType::kTexture2DSplit) {
+      for (const TensorSpec& t : tensors) parts = std::max(parts, split_parts(device, t.shape));
+    }
+    Status fits = Status::ok();
+    int32_t used_parts = 1;
+    for (const TensorSpec& t : tensors) {
+      const TensorDescriptor desc(t.shape, storage, t.type, parts);
+      if (fits) fits = desc.fits(device);
+      used_parts = std::max(used_parts, desc.parts());
+    }
     if (fits) {
       choice.storage = storage;
-      choice.parts = TensorDescriptor(shape, storage, type, parts).parts();
+      choice.parts = used_parts;
       return choice;
     }
     choice.fallbacks.push_back(fits.message());
   }
-  std::string reasons;
+  std::string shapes, reasons;
+  for (const TensorSpec& t : tensors) shapes += (shapes.empty() ? "" : " and ") + t.shape.to_string();
   for (const std::string& why : choice.fallbacks) reasons += (reasons.empty() ? "" : "; ") + why;
-  return Status(Code::kOutOfRange, "no storage holds a " + shape.to_string() + " tensor: " + reasons);
+  return Status(Code::kOutOfRange, "no storage holds a " + shapes + " tensor: " + reasons);
 }
 
 // ---- Device tensors ----------------------------------------------------------------------------

@@ -133,6 +133,21 @@ TEST(StorageChooser, GpuPrefersTexturesWithinTheirLimits) {
   EXPECT_NE(huge->fallbacks[3].find("CL_DEVICE_IMAGE_MAX_BUFFER_SIZE"), std::string::npos);
 }
 
+// Tensors sharing one storage: the first storage that holds every one, a split in as many parts as
+// the most demanding needs.
+TEST(StorageChooser, OneStorageForSeveralTensors) {
+  const TensorSpec tensors[] = {{Bhwc{1, 1, 1, 40000}, DataType::kFloat16}, {Bhwc{1, 1, 1, 80000}, DataType::kFloat32}};
+  auto c = choose_storage(fake_gpu(), tensors);
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_EQ(c->storage, StorageType::kTexture2DSplit);
+  EXPECT_EQ(c->parts, 2);
+  ASSERT_EQ(c->fallbacks.size(), 2u);
+  EXPECT_EQ(c->fallbacks[0], "texture2d: height 20000 > CL_DEVICE_IMAGE2D_MAX_HEIGHT 16384");
+  // Alone, the first fits a 2D texture.
+  EXPECT_EQ(choose_storage(fake_gpu(), tensors[0].shape, kAnyStorage, DataType::kFloat16)->storage,
+            StorageType::kTexture2D);
+}
+
 TEST(StorageChooser, HonoursWhatTheKernelSupports) {
   auto c = choose_storage(fake_gpu(), Bhwc{1, 1, 4, 64},
                           storage_bit(StorageType::kBuffer) | storage_bit(StorageType::kImageBuffer));

@@ -175,6 +175,15 @@ Result<StorageChoice> choose_storage(const DeviceInfo& device, const Bhwc& shape
                                      StorageMask kernel_supports = kAnyStorage,
                                      DataType type = DataType::kFloat32);
 
+// A tensor that a storage must hold: its shape and data type.
+struct TensorSpec {
+  Bhwc shape;
+  DataType type = DataType::kFloat32;
+};
+// The same for several tensors that share one storage (a split's parts: the most any of them needs).
+Result<StorageChoice> choose_storage(const DeviceInfo& device, std::span<const TensorSpec> tensors,
+                                     StorageMask kernel_supports = kAnyStorage);
+
 // ---- Device tensors ----------------------------------------------------------------------------
 
 struct AllocOptions {
