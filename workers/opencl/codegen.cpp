@@ -122,10 +122,15 @@ class Expander {
     return index;
   }
 
-  static std::string texture_coord(const std::string& n, const std::vector<std::string>& c) {
+  // A texture's column of (x, y, s[, b]): X*b + B (every texture storage interleaves the batch).
+  static std::string texel_x(const std::string& n, const std::vector<std::string>& c) {
     std::string x = paren(c[0]) + "*" + n + "_b";
     if (c.size() == 4) x += " + " + paren(c[3]);
-    return "(int2)(" + x + ", " + paren(c[1]) + "*" + n + "_s + " + paren(c[2]) + ")";
+    return x;
+  }
+
+  static std::string texture_coord(const std::string& n, const std::vector<std::string>& c) {
+    return "(int2)(" + texel_x(n, c) + ", " + paren(c[1]) + "*" + n + "_s + " + paren(c[2]) + ")";
   }
 
   // The split texture's accessor call: its parts, the slices per part, then x*b + B, y, s.
@@ -135,16 +140,12 @@ class Expander {
     (verb[0] == 'r' ? split_reads_ : split_writes_).insert(parts);
     std::string call = std::string("inferd_") + verb + "_split" + std::to_string(parts) + "(";
     for (int p = 0; p < parts; ++p) call += n + "_" + std::to_string(p) + ", ";
-    std::string x = paren(c[0]) + "*" + n + "_b";
-    if (c.size() == 4) x += " + " + paren(c[3]);
-    return call + "(" + n + "_s + " + std::to_string(parts - 1) + ") / " + std::to_string(parts) + ", " + x + ", " +
-           paren(c[1]) + ", " + paren(c[2]);
+    return call + "(" + n + "_s + " + std::to_string(parts - 1) + ") / " + std::to_string(parts) + ", " +
+           texel_x(n, c) + ", " + paren(c[1]) + ", " + paren(c[2]);
   }
 
   static std::string texture3d_coord(const std::string& n, const std::vector<std::string>& c) {
-    std::string x = paren(c[0]) + "*" + n + "_b";
-    if (c.size() == 4) x += " + " + paren(c[3]);
-    return "(int4)(" + x + ", " + paren(c[1]) + ", " + paren(c[2]) + ", 0)";
+    return "(int4)(" + texel_x(n, c) + ", " + paren(c[1]) + ", " + paren(c[2]) + ", 0)";
   }
 
   Result<std::string> translate(const TensorParam& t, const std::string& method, const std::vector<std::string>& args,
