@@ -16,7 +16,6 @@
 #include "inferd/ipc/hidden_exchange.h"
 #include "inferd/ipc/ring.h"
 #include "inferd/ipc/weights_segment.h"
-#include "inferd/engine.h"
 #include "inferd/model.h"
 #include "inferd/tokenizer.h"
 #include "text_output.h"

@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <utility>
 
-#include "inferd/kernels/dtype.h"
+#include "inferd/dtype.h"
 #include "inferd/kernels/gemm.h"
 #include "isa_tables.h"
 

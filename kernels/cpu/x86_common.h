@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "inferd/kernels/dtype.h"
+#include "inferd/dtype.h"
 
 namespace inferd::kernels {
 namespace {

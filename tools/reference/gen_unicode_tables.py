@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generates workers/engine/tokenizer/unicode_tables.cpp: code point class ranges for the pre-tokenizers.
+"""Generates workers/core/tokenizer/unicode_tables.cpp: code point class ranges for the pre-tokenizers.
 
 Each code point gets one byte: its general-category group (the same grouping as llama.cpp's
 scripts/gen-unicode-data.py: N, L, P, S, M, Z, C, or 0 for unassigned) plus a whitespace bit for the
@@ -7,14 +7,14 @@ code points llama.cpp treats as whitespace (Unicode White_Space, as hard-coded t
 
 Run with the newest Python available (its unicodedata sets the Unicode version; llama.cpp's table is
 Unicode 15.1, i.e. Python >= 3.13):
-    python3.13 tools/reference/gen_unicode_tables.py > workers/engine/tokenizer/unicode_tables.cpp
+    python3.13 tools/reference/gen_unicode_tables.py > workers/core/tokenizer/unicode_tables.cpp
 """
 import sys
 import unicodedata
 
 MAX_CODEPOINTS = 0x110000
 
-# Must match CptClass in workers/engine/tokenizer/unicode.h.
+# Must match CptClass in workers/core/tokenizer/unicode.h.
 K_NUMBER, K_LETTER, K_PUNCT, K_SYMBOL, K_MARK, K_SEPARATOR, K_CONTROL = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20, 0x40
 K_WHITESPACE = 0x80
 

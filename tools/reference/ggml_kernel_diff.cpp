@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "inferd/kernels/cpu.h"
-#include "inferd/kernels/dtype.h"
+#include "inferd/dtype.h"
 
 namespace {
 

@@ -29,7 +29,7 @@
 #include "inferd/kernels/quantize.h"
 #include "inferd/opencl/ops.h"
 #include "inferd/kv_cache.h"
-#include "ops.h"  // the CPU engine's row operations (private to inferd_engine; see CMakeLists.txt)
+#include "ops.h"  // the CPU engine's row operations (private to inferd_backend_cpu; see CMakeLists.txt)
 #include "test_device.h"
 #include "test_weights.h"
 

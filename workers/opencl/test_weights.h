@@ -16,7 +16,7 @@
 #include <random>
 
 #include "inferd/kernels/cpu.h"
-#include "inferd/kernels/dtype.h"
+#include "inferd/dtype.h"
 #include "inferd/kernels/quantize.h"
 
 namespace inferd::opencl::testing {

@@ -17,7 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "inferd/kernels/dtype.h"
+#include "inferd/dtype.h"
 
 namespace inferd::kernels {
 

@@ -25,7 +25,7 @@
 #include <cstdint>
 
 #include "inferd/kernels/cpu.h"
-#include "inferd/kernels/dtype.h"
+#include "inferd/dtype.h"
 
 namespace inferd::kernels {
 

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "inferd/kernels/dtype.h"
+#include "inferd/dtype.h"
 
 namespace inferd::kernels {
 

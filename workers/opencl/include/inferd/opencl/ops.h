@@ -49,7 +49,7 @@
 //    accumulating block by block, with one fma per block and the block's combined scale d_w * d_a,
 //    the integer sum of elements 4i..4i+3 (exact), then ggml's horizontal sum, and the min / offset
 //    terms in their own chains (CpuOrder; each type's steps are written at matmul_exact_template). rms_norm_exact, swiglu_halves_exact and
-//    attention_exact follow the CPU engine's row ops (workers/engine/model/ops.cpp) likewise, with
+//    attention_exact follow the CPU engine's row ops (workers/cpu/ops.cpp) likewise, with
 //    ggml's expf polynomial instead of the device's exp and divisions and square roots correctly
 //    rounded through double. Every program is built with FP_CONTRACT OFF (codegen.h), so a * b + c
 //    is two roundings unless the kernel writes fma().
@@ -68,7 +68,7 @@
 #include <string>
 #include <vector>
 
-#include "inferd/kernels/dtype.h"
+#include "inferd/dtype.h"
 #include "inferd/opencl/cl_runtime.h"
 #include "inferd/opencl/codegen.h"
 #include "inferd/opencl/tensor_desc.h"

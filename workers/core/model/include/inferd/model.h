@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "inferd/gguf.h"
-#include "inferd/kernels/dtype.h"
+#include "inferd/dtype.h"
 #include "inferd/status.h"
 
 namespace inferd {
@@ -38,6 +38,9 @@ struct ModelConfig {
 
   int32_t n_embd_kv() const { return n_head_kv * head_dim; }
 };
+
+// The context a model gets when none is asked for: min(its training context, 4096).
+int32_t default_context(const ModelConfig& config);
 
 // A 2-D weight matrix (`rows` x `cols`, row-major, cols contiguous) or a 1-D vector (rows == 1).
 struct WeightView {

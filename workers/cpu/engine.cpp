@@ -125,10 +125,6 @@ Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {
 }
 Engine::~Engine() = default;
 
-int32_t default_context(const ModelConfig& config) {
-  return std::min(config.n_ctx_train > 0 ? config.n_ctx_train : 4096, 4096);
-}
-
 Status check_engine_shape(int32_t n_ctx, int32_t n_slots, int32_t n_ubatch, int32_t pad_step) {
   if (n_ctx < 1 || n_ctx > (1 << 20)) {
     return make_error(Code::kInvalidArgument, "n_ctx must be in [1, 1048576], got %d", n_ctx);

@@ -1,4 +1,4 @@
-// inferd/kernels/dtype.h — tensor element types and their block layouts.
+// inferd/dtype.h — tensor element types and their block layouts.
 //
 // The numeric values equal ggml's `ggml_type`, so a GGUF tensor's type field maps directly.
 // Block layouts are bit-identical to ggml's (they are a file format: static_asserts below).

@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "inferd/kernels/dtype.h"
+#include "inferd/dtype.h"
 #include "inferd/model.h"
 #include "inferd/status.h"
 

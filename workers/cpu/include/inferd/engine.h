@@ -44,9 +44,6 @@ struct EngineOptions {
   int32_t end_layer = 0;
 };
 
-// The context an engine gets when none is asked for: min(the model's training context, 4096).
-int32_t default_context(const ModelConfig& config);
-
 // The limits every backend's engine shares (KV slots, context, pass size, padding step): kInvalidArgument
 // naming the first value outside them.
 Status check_engine_shape(int32_t n_ctx, int32_t n_slots, int32_t n_ubatch, int32_t pad_step);

@@ -1,5 +1,5 @@
-// Type table for inferd/kernels/dtype.h.
-#include "inferd/kernels/dtype.h"
+// Type table for inferd/dtype.h.
+#include "inferd/dtype.h"
 
 #include "inferd/status.h"
 

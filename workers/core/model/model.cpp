@@ -1,9 +1,9 @@
 #include "inferd/model.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 
-#include "inferd/kernels/cpu.h"
 
 namespace inferd {
 namespace {
@@ -47,8 +47,8 @@ class TensorBinder {
       return make_error(Code::kUnimplemented, "%s: tensor %s has type %s; vectors must be F32", f_.path().c_str(),
                         name.c_str(), dtype_name(t->type));
     }
-    if (rows > 1 && kernels::type_kernels(t->type) == nullptr) {
-      return make_error(Code::kUnimplemented, "%s: tensor %s has type %s, which the CPU engine cannot compute with",
+    if (rows > 1 && !dtype_info(t->type)->weight_type) {
+      return make_error(Code::kUnimplemented, "%s: tensor %s has type %s, which inferd cannot compute with",
                         f_.path().c_str(), name.c_str(), dtype_name(t->type));
     }
     out->data = t->data;
@@ -181,6 +181,10 @@ Result<std::shared_ptr<const Model>> Model::load(std::shared_ptr<const gguf::Ggu
   }
   m->weight_bytes_ = b.bytes();
   return std::shared_ptr<const Model>(std::move(m));
+}
+
+int32_t default_context(const ModelConfig& config) {
+  return std::min(config.n_ctx_train > 0 ? config.n_ctx_train : 4096, 4096);
 }
 
 std::string Model::describe() const {

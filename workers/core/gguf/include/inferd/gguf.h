@@ -26,7 +26,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "inferd/kernels/dtype.h"
+#include "inferd/dtype.h"
 #include "inferd/status.h"
 
 namespace inferd::gguf {

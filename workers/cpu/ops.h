@@ -1,4 +1,4 @@
-// ops.h — the row operations of the llama forward pass (private to inferd_engine).
+// ops.h — the row operations of the llama forward pass (private to inferd_backend_cpu).
 //
 // Each function works on one row (one token, or one head of one token) so that the engine can
 // split work between threads freely. Their floating-point behaviour follows ggml's CPU backend
