@@ -143,6 +143,24 @@ ModelInfo from_rpc(rpc::ModelInfo::Reader r) {
     m.placement.stages.push_back(PlacementStage{s.getWorker(), str(s.getBackend()), s.getFirstLayer(),
                                                 s.getEndLayer(), s.getEmbeddings(), s.getOutput()});
   }
+  for (auto a : placement.getAssignments()) {
+    PlacementAssignment p;
+    p.worker = a.getWorker();
+    p.backend = str(a.getBackend());
+    p.embeddings = a.getEmbeddings();
+    p.first_layer = a.getFirstLayer();
+    p.end_layer = a.getEndLayer();
+    p.output = a.getOutput();
+    for (auto op : a.getOperators()) p.operators.push_back(str(op));
+    p.neuron_begin = a.getNeuronBegin();
+    p.neuron_end = a.getNeuronEnd();
+    p.nodes = a.getNodes();
+    m.placement.assignments.push_back(std::move(p));
+  }
+  for (auto x : placement.getExchanges()) {
+    m.placement.exchanges.push_back(
+        PlacementExchange{x.getFromWorker(), x.getToWorker(), str(x.getTensor()), x.getFloatsPerToken(), str(x.getVia())});
+  }
   for (auto w : r.getWorkers()) m.workers.push_back(from_rpc(w));
   m.load_ms = r.getLoadMs();
   return m;

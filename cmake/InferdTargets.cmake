@@ -40,3 +40,17 @@ function(inferd_add_test)
        "endif()\n")
   set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${labels_script})
 endfunction()
+
+# inferd_add_backend(NAME family TARGET target FACTORY function)
+# Registers a compute backend: `target` implements inferd::Backend (workers/backend/include/inferd/
+# backend.h) and defines `const inferd::BackendFactory& inferd::function()`. The registry generated in
+# workers/registry lists it; nothing else needs to know the backend exists.
+function(inferd_add_backend)
+  cmake_parse_arguments(B "" "NAME;TARGET;FACTORY" "" ${ARGN})
+  if(NOT B_NAME OR NOT B_TARGET OR NOT B_FACTORY)
+    message(FATAL_ERROR "inferd_add_backend needs NAME, TARGET and FACTORY")
+  endif()
+  set_property(GLOBAL APPEND PROPERTY INFERD_BACKENDS "${B_NAME}")
+  set_property(GLOBAL APPEND PROPERTY INFERD_BACKEND_TARGETS "${B_TARGET}")
+  set_property(GLOBAL APPEND PROPERTY INFERD_BACKEND_FACTORIES "${B_FACTORY}")
+endfunction()

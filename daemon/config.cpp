@@ -1,6 +1,6 @@
 #include "config.h"
 
-#include "inferd/ipc/backend_name.h"
+#include "inferd/backend_names.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -28,9 +28,6 @@ constexpr size_t kMaxSocketPathBytes = sizeof(sockaddr_un::sun_path) - 1;
 constexpr uint32_t kMaxUid = 0xfffffffeu;
 
 constexpr std::string_view kLogLevels[] = {"trace", "debug", "info", "warn", "error", "off"};
-// The backends rpc::LoadOptions.backend names. Whether this build and machine have one is checked
-// when the model is loaded; this list only catches typos before the daemon starts.
-constexpr std::string_view kBackends[] = {"cpu", "cuda", "opencl"};
 
 enum class Key {
   kSocket, kWorker, kLogLevel, kThreads, kMaxRestarts, kRestartWindow,
@@ -221,11 +218,11 @@ Result<ModelToLoad> parse_load(std::string_view spec, const Origin& origin) {
         break;
       }
       default: {
-        // "opencl:N" / "cuda:N" pick device N of that backend.
-        const auto backend = ipc::parse_backend_name(value);
-        if (!backend ||
-            std::find(std::begin(kBackends), std::end(kBackends), backend->family) == std::end(kBackends)) {
-          return invalid("unknown backend " + quote(value) + " (expected cpu, cuda, cuda:N, opencl or opencl:N)");
+        // "opencl:N" / "cuda:N" pick device N of that backend. Any family inferd knows: whether this
+        // build and machine have it is checked when the model is loaded; this only catches typos.
+        const auto backend = parse_backend_name(value);
+        if (!backend || find_backend_family(backend->family) == nullptr) {
+          return invalid("unknown backend " + quote(value) + " (expected " + backend_name_forms() + ")");
         }
         model.backend = value;
       }

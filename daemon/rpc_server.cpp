@@ -85,6 +85,31 @@ void fill(rpc::ModelInfo::Builder b, const ModelInfoData& m) {
     stages[i].setEmbeddings(s.embeddings);
     stages[i].setOutput(s.output);
   }
+  auto assignments = placement.initAssignments(static_cast<unsigned>(m.placement_assignments.size()));
+  for (unsigned i = 0; i < m.placement_assignments.size(); ++i) {
+    const auto& a = m.placement_assignments[i];
+    auto o = assignments[i];
+    o.setWorker(a.worker);
+    o.setBackend(a.backend);
+    o.setEmbeddings(a.embeddings);
+    o.setFirstLayer(a.first_layer);
+    o.setEndLayer(a.end_layer);
+    o.setOutput(a.output);
+    auto ops = o.initOperators(static_cast<unsigned>(a.operators.size()));
+    for (unsigned k = 0; k < a.operators.size(); ++k) ops.set(k, a.operators[k]);
+    o.setNeuronBegin(a.neuron_begin);
+    o.setNeuronEnd(a.neuron_end);
+    o.setNodes(a.nodes);
+  }
+  auto exchanges = placement.initExchanges(static_cast<unsigned>(m.placement_exchanges.size()));
+  for (unsigned i = 0; i < m.placement_exchanges.size(); ++i) {
+    const auto& x = m.placement_exchanges[i];
+    exchanges[i].setFromWorker(x.from);
+    exchanges[i].setToWorker(x.to);
+    exchanges[i].setTensor(x.tensor);
+    exchanges[i].setFloatsPerToken(x.floats_per_token);
+    exchanges[i].setVia(x.via);
+  }
   auto workers = b.initWorkers(static_cast<unsigned>(m.workers.size()));
   for (unsigned i = 0; i < m.workers.size(); ++i) {
     const auto& w = m.workers[i];

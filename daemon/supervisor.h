@@ -44,6 +44,26 @@ struct PlacementStageInfo {
   bool embeddings = false, output = false;
 };
 
+// One assignment of the placement plan (inferd/placement.h): which operators a worker runs.
+struct PlacementAssignmentInfo {
+  uint32_t worker = 0;
+  std::string backend;
+  bool embeddings = false;
+  uint32_t first_layer = 0, end_layer = 0;
+  bool output = false;
+  std::vector<std::string> operators;  // only these (empty: every operator of the layers)
+  uint64_t neuron_begin = 0, neuron_end = 0;  // FFN neurons (0, 0: all)
+  uint32_t nodes = 0;                  // graph operators the worker runs
+};
+
+// A tensor that crosses workers, and how.
+struct PlacementExchangeInfo {
+  uint32_t from = 0, to = 0;
+  std::string tensor;
+  uint32_t floats_per_token = 0;
+  std::string via;
+};
+
 struct WorkerInfoData {
   uint32_t index = 0;
   std::string backend;
@@ -67,6 +87,8 @@ struct ModelInfoData {
   std::string chat_template;
   std::vector<PlacementStageInfo> placement;
   std::string placement_summary;
+  std::vector<PlacementAssignmentInfo> placement_assignments;
+  std::vector<PlacementExchangeInfo> placement_exchanges;
   std::vector<WorkerInfoData> workers;
   double load_ms = 0;
 };

@@ -68,7 +68,33 @@ struct PlacementStage {
 
 struct Placement {
   stages @0 :List(PlacementStage);  # in pipeline order
-  summary @1 :Text;                 # e.g. "cpu:0 layers 0-29 + output"
+  summary @1 :Text;                 # e.g. "cpu:0 layers 0-29 + embeddings + output"
+  assignments @2 :List(PlacementAssignment);
+  # The placement plan: which worker runs which operators of the model's graph, in order (a later
+  # assignment takes precedence for what it names). Today's plans are one assignment per stage.
+  exchanges @3 :List(PlacementExchange);
+  # The tensors that cross workers.
+}
+
+struct PlacementAssignment {
+  worker @0 :UInt32;        # index into ModelInfo.workers
+  backend @1 :Text;
+  embeddings @2 :Bool;
+  firstLayer @3 :UInt32;    # layers [firstLayer, endLayer); equal: none
+  endLayer @4 :UInt32;
+  output @5 :Bool;          # the output norm, projection and sampling
+  operators @6 :List(Text); # only these operators of the layers ("attention", "matmul", ...); empty: all
+  neuronBegin @7 :UInt64;   # only FFN neurons [neuronBegin, neuronEnd) of the layers; both 0: all
+  neuronEnd @8 :UInt64;
+  nodes @9 :UInt32;         # graph operators the worker runs
+}
+
+struct PlacementExchange {
+  fromWorker @0 :UInt32;
+  toWorker @1 :UInt32;
+  tensor @2 :Text;          # e.g. "blk.14.ffn_res", the residual stream after layer 14
+  floatsPerToken @3 :UInt32;
+  via @4 :Text;             # e.g. "shared memory (hidden-state exchange)"
 }
 
 enum ModelState {

@@ -113,6 +113,37 @@ std::string format_duration(double ms) {
 // What a table shows for an empty field (e.g. a model still loading).
 std::string or_dash(const std::string& s) { return s.empty() ? "-" : s; }
 
+// The placement plan as table rows: one per assignment ("worker 0 (cpu): embeddings, layers 0-14,
+// 157 operators"), then one per tensor that crosses workers.
+void add_plan_rows(const Placement& p, std::vector<std::vector<std::string>>& rows) {
+  for (const PlacementAssignment& a : p.assignments) {
+    std::string what;
+    auto add = [&](const std::string& s) { what += (what.empty() ? "" : ", ") + s; };
+    if (a.embeddings) add("embeddings");
+    if (a.end_layer > a.first_layer) {
+      add(a.end_layer - a.first_layer == 1 ? "layer " + std::to_string(a.first_layer)
+                                           : "layers " + std::to_string(a.first_layer) + "-" +
+                                                 std::to_string(a.end_layer - 1));
+    }
+    if (a.output) add("output");
+    if (!a.operators.empty()) {
+      std::string ops;
+      for (const std::string& op : a.operators) ops += (ops.empty() ? "" : ", ") + op;
+      what += " (" + ops + " only)";
+    }
+    if (a.neuron_end > 0) {
+      what += " (FFN neurons " + std::to_string(a.neuron_begin) + "-" + std::to_string(a.neuron_end - 1) + ")";
+    }
+    rows.push_back({"plan", "worker " + std::to_string(a.worker) + " (" + a.backend + "): " + what + ", " +
+                                std::to_string(a.nodes) + " operators"});
+  }
+  for (const PlacementExchange& x : p.exchanges) {
+    rows.push_back({"exchange", x.tensor + ": worker " + std::to_string(x.from_worker) + " -> " +
+                                    std::to_string(x.to_worker) + ", " + std::to_string(x.floats_per_token) +
+                                    " floats per token, " + x.via});
+  }
+}
+
 std::string format_double(double v, int decimals) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%.*f", decimals, v);
@@ -349,6 +380,27 @@ Json to_json(const ModelInfo& m) {
                       {"embeddings", s.embeddings},
                       {"output", s.output}});
   }
+  Json assignments = Json::array();
+  for (const PlacementAssignment& a : m.placement.assignments) {
+    assignments.push_back({{"worker", a.worker},
+                           {"backend", a.backend},
+                           {"embeddings", a.embeddings},
+                           {"first_layer", a.first_layer},
+                           {"end_layer", a.end_layer},
+                           {"output", a.output},
+                           {"operators", a.operators},
+                           {"neuron_begin", a.neuron_begin},
+                           {"neuron_end", a.neuron_end},
+                           {"nodes", a.nodes}});
+  }
+  Json exchanges = Json::array();
+  for (const PlacementExchange& x : m.placement.exchanges) {
+    exchanges.push_back({{"from_worker", x.from_worker},
+                         {"to_worker", x.to_worker},
+                         {"tensor", x.tensor},
+                         {"floats_per_token", x.floats_per_token},
+                         {"via", x.via}});
+  }
   Json workers = Json::array();
   for (const WorkerInfo& w : m.workers) workers.push_back(to_json(w));
   return Json{{"id", m.id},
@@ -363,7 +415,11 @@ Json to_json(const ModelInfo& m) {
               {"parallel", m.parallel},
               {"vocab_size", m.vocab_size},
               {"chat_template", m.chat_template},
-              {"placement", {{"summary", m.placement.summary}, {"stages", stages}}},
+              {"placement",
+               {{"summary", m.placement.summary},
+                {"stages", stages},
+                {"assignments", assignments},
+                {"exchanges", exchanges}}},
               {"workers", workers},
               {"load_ms", m.load_ms}};
 }
@@ -493,6 +549,9 @@ void print_model(const ModelInfo& m) {
   t.add({"context", std::to_string(m.context_size) + " tokens x " + std::to_string(m.parallel) + " sequences"});
   t.add({"chat", m.chat_template.empty() ? "-" : m.chat_template});
   t.add({"placement", or_dash(m.placement.summary)});
+  std::vector<std::vector<std::string>> plan_rows;
+  add_plan_rows(m.placement, plan_rows);
+  for (auto& row : plan_rows) t.add(std::move(row));
   std::string pids;
   for (const WorkerInfo& w : m.workers) pids += (pids.empty() ? "" : ", ") + std::to_string(w.pid);
   t.add({"workers", workers_summary(m) + (pids.empty() ? "" : " (pid " + pids + ")")});
@@ -639,6 +698,9 @@ int cmd_status(const Context& ctx) {
                           " in 2 MiB pages)" + (m.arch.empty() ? "" : ", " + m.arch) +
                           (m.name.empty() ? "" : " (" + m.name + ")") + ", " + m.path});
     t.add({"placement", or_dash(m.placement.summary)});
+    std::vector<std::vector<std::string>> plan_rows;
+    add_plan_rows(m.placement, plan_rows);
+    for (auto& row : plan_rows) t.add(std::move(row));
     t.add({"kv", std::to_string(ms.slots_used) + "/" + std::to_string(m.parallel) + " slots, " +
                      std::to_string(ms.kv_tokens_used) + " tokens, " + format_bytes(ms.kv_bytes) + " (ctx " +
                      std::to_string(m.context_size) + ")"});

@@ -215,17 +215,22 @@ class Daemon:
     Use as a context manager or call start()/stop(). The directory is removed by stop() unless the
     daemon failed to stop cleanly (then its log stays for inspection and its path is in the error)."""
 
-    def __init__(self, *args, env=None, socket_path=None, threads=None):
+    def __init__(self, *args, env=None, socket_path=None, threads=None, fault=None):
+        """`fault`: run the test worker inferd-fault-worker with INFERD_TEST_WORKER_FAULT=fault
+        ("start": every worker aborts before ready; "step:N": each worker fails its N-th step)."""
         self.dir = tempfile.mkdtemp(prefix="inferd-e2e-")
         self.socket_path = socket_path or os.path.join(self.dir, "inferd.sock")
         self.log_path = os.path.join(self.dir, "daemon.log")
         self.args = list(args)
         self.env = dict(os.environ)
-        self.env.pop("INFERD_WORKER_FAULT", None)
+        self.env.pop("INFERD_TEST_WORKER_FAULT", None)
         self.env.pop("NOTIFY_SOCKET", None)
         self.env.pop("LISTEN_FDS", None)
         if env:
             self.env.update(env)
+        if fault:
+            self.env["INFERD_TEST_WORKER_FAULT"] = fault
+            self.args += ["--worker", os.path.join(Config.bin_dir, "inferd-fault-worker")]
         self.threads = Config.threads if threads is None else threads
         self.proc = None
 

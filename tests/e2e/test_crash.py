@@ -6,8 +6,8 @@
   clear DISCONNECTED; the worker comes back every time (restart times are printed); the model file is
   never re-read; /dev/shm and the daemon's open descriptors are the same after the loop as before.
 - a request that loses its worker more than 3 times fails with DISCONNECTED.
-- INFERD_WORKER_FAULT=start (every worker aborts before ready): the load fails clearly, the daemon
-  goes on.
+- a worker that aborts before ready, every time (the test worker inferd-fault-worker, fault "start"):
+  the load fails clearly, the daemon goes on.
 - restart intensity: more than --max-restarts crashes in the window mark the model failed.
 - kill -9 of the supervisor: its worker exits too; a new daemon takes over the stale socket.
 
@@ -179,7 +179,7 @@ class CrashTest(harness.DaemonTestCase):
     def test_failed_step_fails_its_requests_and_the_daemon_keeps_serving(self):
         prompt, n = "Once upon a time", 24
         want = harness.inferd_run(prompt, n)
-        daemon = harness.Daemon(env={"INFERD_WORKER_FAULT": "step:5"}).start()
+        daemon = harness.Daemon(fault="step:5").start()
         self.addCleanup(daemon.stop)
 
         async def body():
@@ -201,7 +201,7 @@ class CrashTest(harness.DaemonTestCase):
         run_async(body(), daemons=[daemon])
 
     def test_worker_crash_loop_at_start_fails_the_load(self):
-        daemon = harness.Daemon(env={"INFERD_WORKER_FAULT": "start"}).start()
+        daemon = harness.Daemon(fault="start").start()
         self.addCleanup(daemon.stop)
 
         async def body():

@@ -1,4 +1,4 @@
-#include "ops.h"
+#include "inferd/cpu_ops.h"
 
 #include <algorithm>
 #include <cmath>

@@ -29,9 +29,9 @@
 #include "inferd/kernels/quantize.h"
 #include "inferd/opencl/ops.h"
 #include "inferd/kv_cache.h"
-#include "ops.h"  // the CPU engine's row operations (private to inferd_backend_cpu; see CMakeLists.txt)
+#include "inferd/cpu_ops.h"  // the CPU backend's row operations, the reference
 #include "test_device.h"
-#include "test_weights.h"
+#include "inferd/kernels/test_weights.h"
 
 namespace inferd::opencl {
 namespace {
@@ -344,7 +344,7 @@ class MatmulCase final : public OpCase {
     const size_t row_bytes = dtype_row_bytes(type, k);
     weights_.resize(static_cast<size_t>(rows) * row_bytes);
     for (int64_t r = 0; r < rows; ++r) {
-      testing::encode_weight_row(type, &w[static_cast<size_t>(r * k)], k, seed + static_cast<uint32_t>(r), 1.0f,
+      kernels::testing::encode_weight_row(type, &w[static_cast<size_t>(r * k)], k, seed + static_cast<uint32_t>(r), 1.0f,
                                  &weights_[static_cast<size_t>(r) * row_bytes]);
     }
     // The reference multiplies by exactly the values the device sees: the dequantized weights.
@@ -408,7 +408,7 @@ RandomWeights random_weights(DType type, int64_t rows, int64_t k, uint32_t seed)
   INFERD_ASSERT(tk != nullptr);
   for (int64_t r = 0; r < rows; ++r) {
     void* dst = &out.bytes[static_cast<size_t>(r) * row_bytes];
-    testing::encode_weight_row(type, &w[static_cast<size_t>(r * k)], k, seed + static_cast<uint32_t>(r), 1.0f, dst);
+    kernels::testing::encode_weight_row(type, &w[static_cast<size_t>(r * k)], k, seed + static_cast<uint32_t>(r), 1.0f, dst);
     tk->to_float(dst, &out.values[static_cast<size_t>(r * k)], k);
   }
   return out;

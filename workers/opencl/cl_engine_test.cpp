@@ -29,9 +29,9 @@
 #include "inferd/kernels/cpu.h"
 #include "inferd/kernels/quantize.h"
 #include "inferd/tokenizer.h"
-#include "ops.h"  // the CPU engine's row operations (see CMakeLists.txt)
+#include "inferd/cpu_ops.h"  // the CPU backend's row operations, the reference
 #include "test_device.h"
-#include "test_weights.h"
+#include "inferd/kernels/test_weights.h"
 
 namespace inferd::opencl {
 namespace {
@@ -639,8 +639,8 @@ class GgufBuilder {
       for (float& v : row) v = dist(rng);
       uint8_t* dst = &data[static_cast<size_t>(r) * row_bytes];
       // K-quant rows are random blocks of about the same spread (test_weights.h); other types stay zero.
-      if (testing::can_encode_weights(type)) {
-        testing::encode_weight_row(type, row.data(), cols, seed * 7919u + static_cast<uint32_t>(r), spread, dst);
+      if (kernels::testing::can_encode_weights(type)) {
+        kernels::testing::encode_weight_row(type, row.data(), cols, seed * 7919u + static_cast<uint32_t>(r), spread, dst);
       }
     }
     put_string_to(infos_, name);

@@ -9,6 +9,7 @@
 
 #include "inferd/kernels/cpu.h"
 #include "inferd/kernels/gemm.h"
+#include "inferd/kernels/opencl_sources.h"
 
 namespace inferd::opencl {
 
@@ -49,7 +50,9 @@ KernelArgs& KernelArgs::local(size_t bytes) {
 // ---- Kernel templates ----------------------------------------------------------------------------
 //
 // Each function returns the template of one op for given storages; the bodies are written against
-// the accessors of codegen.h only, so one text serves every storage.
+// the accessors of codegen.h only, so one text serves every storage. The OpenCL C text is in
+// kernels/opencl/*.cl: these functions join its sections, whose notes there say how each kernel is
+// launched and what it computes.
 
 namespace {
 
@@ -64,72 +67,34 @@ std::string storage_key(std::initializer_list<const Tensor*> tensors) {
   return key;
 }
 
-// A tree reduction of `scratch[0 .. get_local_size(0))` into scratch[0] with `op` (a binary
-// function-like macro name or function). get_local_size(0) is a power of two; every lane must reach it.
-std::string reduce_code(const std::string& op) {
-  return "  barrier(CLK_LOCAL_MEM_FENCE);\n"
-         "  for (int off = lsz / 2; off > 0; off >>= 1) {\n"
-         "    if (lid < off) scratch[lid] = " + op + "(scratch[lid], scratch[lid + off]);\n"
-         "    barrier(CLK_LOCAL_MEM_FENCE);\n"
-         "  }\n";
+// One file of kernels/opencl: file("section") is a section's text, file("section", {{"name", value}})
+// the text with its placeholders @name@ filled (inferd/kernels/opencl_sources.h).
+struct ClFile {
+  const char* name;
+  std::string_view operator()(std::string_view section) const { return kernels::opencl_section(name, section); }
+  std::string operator()(std::string_view section,
+                         std::initializer_list<std::pair<std::string_view, std::string_view>> values) const {
+    return kernels::opencl_section(name, section, values);
+  }
+};
+constexpr ClFile kHelpersCl{"helpers.cl"};
+constexpr ClFile kElementwiseCl{"elementwise.cl"};
+constexpr ClFile kNormCl{"norm.cl"};
+constexpr ClFile kRopeKvCl{"rope_kv.cl"};
+constexpr ClFile kAttentionCl{"attention.cl"};
+constexpr ClFile kQuantizeCl{"quantize.cl"};
+constexpr ClFile kWeightsCl{"weights.cl"};
+constexpr ClFile kMatmulFloatCl{"matmul_float.cl"};
+constexpr ClFile kMatmulExactCl{"matmul_exact.cl"};
+
+std::string join(std::initializer_list<std::string_view> parts) {
+  std::string out;
+  for (std::string_view p : parts) out.append(p);
+  return out;
 }
 
-// The (b, x, y) of this work-group's row, for row ops launched as (lanes, rows).
-constexpr const char* kRowPrologue = R"(  const int lid = get_local_id(0);
-  const int lsz = get_local_size(0);
-  const int row = get_global_id(1);
-  const int b = row % $src.Batch();
-  const int x = (row / $src.Batch()) % $src.Width();
-  const int y = row / ($src.Batch() * $src.Width());
-  const int n_s = $src.Slices();
-)";
-
-// Helpers of every exact kernel. The constants and the order of operations are those of
-// kernels/cpu/ggml_math.h and x86_kernels.inc; each line says which function it mirrors.
-constexpr const char* kExactHelpers = R"(#pragma OPENCL EXTENSION cl_khr_fp64 : enable
-// Float division and square root correctly rounded, as the host's: through double, whose 53 bits
-// make rounding twice give the correctly rounded float (OpenCL's float ones may be off by ulps).
-inline float inferd_div(float a, float b) { return (float)((double)a / (double)b); }
-inline float inferd_sqrt(float a) { return (float)sqrt((double)a); }
-// v rounded to IEEE half to nearest even (vstore_half's mode; F16C's), and back.
-inline float inferd_round_half(float v) {
-  ushort h;
-  vstore_half(v, 0, (half*)&h);
-  return vload_half(0, (const half*)&h);
-}
-// exp(x) as one lane of ggml_v_expf (ggml_math::expf_lane).
-inline float inferd_expf(float x) {
-  const float z = fma(x, 0x1.715476p+0f, 0x1.8p23f);
-  const float n = z - 0x1.8p23f;
-  const float b = fma(-n, 0x1.7f7d1cp-20f, fma(-n, 0x1.62e4p-1f, x));
-  if (fabs(n) > 192.0f) return n <= 0.0f ? 0.0f : INFINITY;
-  const float u = b * b;
-  const float j = fma(fma(fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)), u,
-                      fma(0x1.ffffecp-1f, b, 1.0f));
-  return ldexp(j, (int)n);
-}
-// x * sigmoid(x) as ggml_v_silu (ggml_math::silu_lane).
-inline float inferd_silu1(float x) { return inferd_div(x, 1.0f + inferd_expf(0.0f - x)); }
-inline float4 inferd_silu4(float4 x) {
-  return (float4)(inferd_silu1(x.x), inferd_silu1(x.y), inferd_silu1(x.z), inferd_silu1(x.w));
-}
-// The horizontal sum of 8 float lanes (lo: lanes 0..3, hi: 4..7) in x86_kernels.inc's hsum order.
-inline float inferd_hsum8(float4 lo, float4 hi) {
-  const float4 s = lo + hi;
-  return (s.x + s.z) + (s.y + s.w);
-}
-// The sum of 16 lanes in _mm512_reduce_add_ps's order (ggml_math::reduce16).
-inline float inferd_reduce16(float16 v) {
-  const float8 a = v.hi + v.lo;
-  const float4 b = a.hi + a.lo;
-  return (b.x + b.z) + (b.y + b.w);
-}
-// Component c (0..3) of v.
-inline float inferd_lane(float4 v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w; }
-)";
-
-// The float ops' SiLU: the device's exp and division.
-constexpr const char* kFloatSilu = "inline float4 inferd_silu(float4 g) { return g / (1.0f + exp(-g)); }\n";
+// The tree reduction of `scratch` into scratch[0] with `op` (helpers.cl).
+std::string reduce_code(std::string_view op) { return kHelpersCl("reduce", {{"op", op}}); }
 
 KernelTemplate elementwise_template(const std::string& name, const std::string& expr, const char* helpers,
                                     TensorFormat a, TensorFormat b, TensorFormat dst) {
@@ -137,16 +102,7 @@ KernelTemplate elementwise_template(const std::string& name, const std::string& 
   k.name = name;
   k.tensors = {{"lhs", a, Access::kRead}, {"rhs", b, Access::kRead}, {"dst", dst, Access::kWrite}};
   k.helpers = helpers;
-  // Launched as (W * B, H, S): the batch is the fastest-varying part of the first dimension.
-  k.body = R"(  const int xb = get_global_id(0);
-  const int y = get_global_id(1);
-  const int s = get_global_id(2);
-  const int b = xb % $dst.Batch();
-  const int x = xb / $dst.Batch();
-  const float4 va = $lhs.Read(x, y, s, b);
-  const float4 vb = $rhs.Read(x, y, s, b);
-  $dst.Write()" + expr + R"(, x, y, s, b);
-)";
+  k.body = kElementwiseCl("binary", {{"expr", expr}});
   return k;
 }
 
@@ -155,19 +111,9 @@ KernelTemplate rms_norm_template(TensorFormat src, TensorFormat weight, TensorFo
   k.name = "rms_norm";
   k.tensors = {{"src", src, Access::kRead}, {"weight", weight, Access::kRead}, {"dst", dst, Access::kWrite}};
   k.params = {"float eps", "__local float* scratch"};
-  k.body = std::string(kRowPrologue) + R"(  float acc = 0.0f;
-  for (int s = lid; s < n_s; s += lsz) {
-    const float4 v = $src.Read(x, y, s, b);
-    acc += dot(v, v);  // padding lanes are zero
-  }
-  scratch[lid] = acc;
-)" + reduce_code("inferd_add") +
-           R"(  const float scale = rsqrt(scratch[0] / (float)$src.Channels() + eps);
-  for (int s = lid; s < n_s; s += lsz) {
-    $dst.Write($src.Read(x, y, s, b) * scale * $weight.Read(0, 0, s), x, y, s, b);
-  }
-)";
-  k.helpers = "inline float inferd_add(float a, float b) { return a + b; }\n";
+  k.body = join({kHelpersCl("row_prologue"), kNormCl("rms_norm.sum_squares"), reduce_code("inferd_add"),
+                 kNormCl("rms_norm.scale")});
+  k.helpers = kNormCl("add");
   return k;
 }
 
@@ -176,94 +122,18 @@ KernelTemplate softmax_template(TensorFormat src, TensorFormat mask, TensorForma
   k.name = "softmax";
   k.tensors = {{"src", src, Access::kRead}, {"mask", mask, Access::kRead}, {"dst", dst, Access::kWrite}};
   k.params = {"float scale", "__local float* scratch"};
-  k.helpers = R"(inline float inferd_add(float a, float b) { return a + b; }
-// Lanes past the row's `c` channels (the last slice's padding) become -inf: they must not count.
-inline float4 inferd_mask_lanes(float4 v, int s, int c) {
-  const int n = c - 4 * s;
-  if (n < 4) v.w = -INFINITY;
-  if (n < 3) v.z = -INFINITY;
-  if (n < 2) v.y = -INFINITY;
-  return v;
-}
-)";
-  k.body = std::string(kRowPrologue) + R"(  const int c = $src.Channels();
-  const int my = $mask.Height() == 1 ? 0 : y;
-  const int mb = $mask.Batch() == 1 ? 0 : b;
-  float m = -INFINITY;
-  for (int s = lid; s < n_s; s += lsz) {
-    const float4 v = inferd_mask_lanes($src.Read(x, y, s, b) * scale + $mask.Read(x, my, s, mb), s, c);
-    m = fmax(m, fmax(fmax(v.x, v.y), fmax(v.z, v.w)));
-  }
-  scratch[lid] = m;
-)" + reduce_code("fmax") +
-           R"(  const float row_max = scratch[0];
-  barrier(CLK_LOCAL_MEM_FENCE);  // every lane has read scratch[0] before it is reused
-  const bool empty = row_max == -INFINITY;  // the whole row is masked
-  float sum = 0.0f;
-  for (int s = lid; s < n_s && !empty; s += lsz) {
-    const float4 v = inferd_mask_lanes($src.Read(x, y, s, b) * scale + $mask.Read(x, my, s, mb), s, c);
-    const float4 e = exp(v - row_max);
-    sum += (e.x + e.y) + (e.z + e.w);
-  }
-  scratch[lid] = sum;
-)" + reduce_code("inferd_add") +
-           R"(  const float inv = empty ? 0.0f : 1.0f / scratch[0];
-  for (int s = lid; s < n_s; s += lsz) {
-    const float4 v = inferd_mask_lanes($src.Read(x, y, s, b) * scale + $mask.Read(x, my, s, mb), s, c);
-    $dst.Write(empty ? (float4)(0.0f) : exp(v - row_max) * inv, x, y, s, b);
-  }
-)";
+  k.helpers = kNormCl("softmax.helpers");
+  k.body = join({kHelpersCl("row_prologue"), kNormCl("softmax.max"), reduce_code("fmax"), kNormCl("softmax.sum"),
+                 reduce_code("inferd_add"), kNormCl("softmax.normalize")});
   return k;
 }
 
-// Angles follow ggml's recurrence theta_i = pos * ts * ts * ... (i factors, rounded after each
-// multiplication) rather than pos * pow(ts, i): the same floats as the CPU reference, so that only
-// sin and cos differ.
 KernelTemplate rope_template(RopeMode mode, TensorFormat src, TensorFormat dst) {
   KernelTemplate k;
   k.name = mode == RopeMode::kNormal ? "rope_normal" : "rope_neox";
   k.tensors = {{"src", src, Access::kRead}, {"dst", dst, Access::kWrite}};
   k.params = {"__global const int* pos", "float theta_scale"};
-  if (mode == RopeMode::kNormal) {
-    // One work-item per slice: pairs (0,1) and (2,3) of the slice, i.e. pair indices 2s and 2s + 1.
-    k.body = R"(  const int x = get_global_id(0);
-  const int y = get_global_id(1);
-  const int s = get_global_id(2);
-  float theta = (float)pos[x];
-  for (int i = 0; i < 2 * s; ++i) theta *= theta_scale;
-  const float theta1 = theta * theta_scale;
-  float c0, c1;
-  const float s0 = sincos(theta, &c0);
-  const float s1 = sincos(theta1, &c1);
-  const float4 v = $src.Read(x, y, s);
-  float4 o;
-  o.x = fma(v.x, c0, -(v.y * s0));
-  o.y = fma(v.x, s0, v.y * c0);
-  o.z = fma(v.z, c1, -(v.w * s1));
-  o.w = fma(v.z, s1, v.w * c1);
-  $dst.Write(o, x, y, s);
-)";
-  } else {
-    // One work-item per slice of the first half: pairs p = 4s + lane rotate (x[p], x[p + half]).
-    k.body = R"(  const int x = get_global_id(0);
-  const int y = get_global_id(1);
-  const int s = get_global_id(2);
-  const int half_s = $src.Channels() / 8;  // slices per half
-  float theta = (float)pos[x];
-  for (int i = 0; i < 4 * s; ++i) theta *= theta_scale;
-  float4 t;
-  t.x = theta;
-  t.y = t.x * theta_scale;
-  t.z = t.y * theta_scale;
-  t.w = t.z * theta_scale;
-  float4 c;
-  const float4 sn = sincos(t, &c);
-  const float4 lo = $src.Read(x, y, s);
-  const float4 hi = $src.Read(x, y, s + half_s);
-  $dst.Write(fma(lo, c, -(hi * sn)), x, y, s);
-  $dst.Write(fma(lo, sn, hi * c), x, y, s + half_s);
-)";
-  }
+  k.body = kRopeKvCl(mode == RopeMode::kNormal ? "rope.normal" : "rope.neox");
   return k;
 }
 
@@ -302,10 +172,6 @@ int high_bits_per_code(DType type) {
 // The element of the high-bits plane: 16 bits (4 rows x 4 weights x 1 bit) for the 5-bit codes,
 // 32 (x 2 bits) for Q6_K's 6-bit ones; unused (but bound) for the other types.
 const char* high_bits_type(DType type) { return high_bits_per_code(type) == 2 ? "uint" : "ushort"; }
-// The statement loading the high bits of slice `index` into h (none for the types without them).
-std::string load_high_bits(DType type, const std::string& index) {
-  return high_bits_per_code(type) == 0 ? "" : "  const uint h = wh[" + index + "];\n";
-}
 
 // The parameters every weight-reading kernel takes, in KernelArgs::weights() order.
 std::vector<std::string> weight_params(DType type) {
@@ -314,194 +180,21 @@ std::vector<std::string> weight_params(DType type) {
           std::string("__global const ") + high_bits_type(type) + "* wh"};
 }
 
-// Row r's 4 codes at the loaded slice (ushort4 p of low nibbles; uint h of high bits, see
-// load_high_bits) as uint4: the nibbles, with one more bit (the 5-bit types) or two (Q6_K).
-std::string codes_u(DType type, int r) {
-  const std::string lane = std::string("p.") + "xyzw"[r];
-  switch (high_bits_per_code(type)) {
-    case 1: return "inferd_code5_u(" + lane + ", h, " + std::to_string(r) + ")";
-    case 2: return "inferd_code6_u(" + lane + ", h, " + std::to_string(r) + ")";
-    default: return "convert_uint4(inferd_nibbles(" + lane + "))";
-  }
-}
-
-// The 32-element block types whose quants are packed nibbles (Q4_0, Q4_1) or nibbles plus a plane of
-// fifth bits (Q5_0, Q5_1): row r's 4 codes as float4 (IntDot::kFloat) or char4 (kInt8).
-std::string packed_codes(DType type, IntDot form, int r) {
-  const bool int8 = form == IntDot::kInt8;
-  if (high_bits_per_code(type) > 0) return std::string(int8 ? "convert_char4(" : "convert_float4(") + codes_u(type, r) + ")";
-  return std::string(int8 ? "inferd_nibbles_c(p." : "inferd_nibbles(p.") + "xyzw"[r] + ")";
-}
-// The code of value 0 of those types without a min (Q4_0: 8, Q5_0: 16); 0 for those with one.
-int code_zero(DType type) { return type == DType::kQ4_0 ? 8 : type == DType::kQ5_0 ? 16 : 0; }
 bool has_min(DType type) { return type == DType::kQ4_1 || type == DType::kQ5_1; }
 
-// w_load(): the 4 rows of output slice `so` at input slice `si`, dequantized as the CPU engine's
-// to_float (kernels/cpu/scalar.cpp) computes them, into r[0..3].
-std::string weight_loader(DType type) {
-  const std::string signature = std::string("inline void w_load(__global const ") + weight_pointer_type(type) +
-                                "* wq, __global const float4* ws, __global const float4* wm, __global const char4* "
-                                "wsub, __global const " + high_bits_type(type) +
-                                "* wh, int so, int si, int n_si, float4* r) {\n";
-  // The 32-element group of (so, si), the K-quant super-block holding it, and the group within it.
-  const std::string k_prologue = R"(  const int g = so * (n_si / 8) + si / 8;
-  const int sb = so * (n_si / 64) + si / 64;
-)";
-  switch (type) {
-    case DType::kF32:
-      return signature + R"(  const int base = (so * n_si + si) * 4;
-  r[0] = wq[base];
-  r[1] = wq[base + 1];
-  r[2] = wq[base + 2];
-  r[3] = wq[base + 3];
+// weights.cl's loader `loader` ("w_load", "w_int", "w_int8", "w_code") of `type`.
+std::string_view weight_loader(const char* loader, DType type) {
+  return kWeightsCl(std::string(loader) + "." + dtype_name(type));
 }
-)";
-    case DType::kF16:
-      return signature + R"(  const int base = (so * n_si + si) * 4;
-  r[0] = vload_half4(base, wq);
-  r[1] = vload_half4(base + 1, wq);
-  r[2] = vload_half4(base + 2, wq);
-  r[3] = vload_half4(base + 3, wq);
-}
-)";
-    case DType::kBF16:
-      return signature + R"(  const int base = (so * n_si + si) * 4;
-  r[0] = as_float4(convert_uint4(wq[base]) << 16);
-  r[1] = as_float4(convert_uint4(wq[base + 1]) << 16);
-  r[2] = as_float4(convert_uint4(wq[base + 2]) << 16);
-  r[3] = as_float4(convert_uint4(wq[base + 3]) << 16);
-}
-)";
-    case DType::kQ8_0:
-      return signature + R"(  const int blk = so * (n_si / 8) + si / 8;
-  const int base = (blk * 8 + si % 8) * 4;
-  const float4 d = ws[blk];
-  r[0] = convert_float4(wq[base]) * d.x;
-  r[1] = convert_float4(wq[base + 1]) * d.y;
-  r[2] = convert_float4(wq[base + 2]) * d.z;
-  r[3] = convert_float4(wq[base + 3]) * d.w;
-}
-)";
-    case DType::kQ4_0:
-    case DType::kQ4_1:
-    case DType::kQ5_0:
-    case DType::kQ5_1: {  // (code - zero) * d, or code * d + m for the types with a min
-      const bool min = has_min(type);
-      std::string body = signature + "  const int blk = so * (n_si / 8) + si / 8;\n" +
-                         "  const ushort4 p = wq[blk * 8 + si % 8];\n" + load_high_bits(type, "blk * 8 + si % 8") +
-                         "  const float4 d = ws[blk];\n" +
-                         (min ? "  const float4 m = wm[blk];\n" : "");
-      for (int r = 0; r < 4; ++r) {
-        const std::string code = packed_codes(type, IntDot::kFloat, r), lane = std::string(".") + "xyzw"[r];
-        body += "  r[" + std::to_string(r) + "] = " +
-                (min ? code + " * d" + lane + " + m" + lane
-                     : "(" + code + " - " + std::to_string(code_zero(type)) + ".0f) * d" + lane) +
-                ";\n";
-      }
-      return body + "}\n";
-    }
-    case DType::kQ4_K:  // q4_k_to_float: ds * q - ms, ds = d * sc, ms = dmin * mn
-    case DType::kQ5_K: {
-      std::string body = signature + k_prologue + "  const ushort4 p = wq[g * 8 + si % 8];\n" +
-                         load_high_bits(type, "g * 8 + si % 8") +
-                         "  const float4 ds = ws[sb] * convert_float4(wsub[sb * 16 + g % 8]);\n"
-                         "  const float4 ms = wm[sb] * convert_float4(wsub[sb * 16 + 8 + g % 8]);\n";
-      for (int r = 0; r < 4; ++r) {
-        const std::string lane = std::string(".") + "xyzw"[r];
-        body += "  r[" + std::to_string(r) + "] = convert_float4(" + codes_u(type, r) + ") * ds" + lane +
-                " - ms" + lane + ";\n";
-      }
-      return body + "}\n";
-    }
-    case DType::kQ6_K: {  // q6_k_to_float: (d * sc) * (q - 32), sc the scale of the 16 elements
-      std::string body = signature + k_prologue + "  const ushort4 p = wq[g * 8 + si % 8];\n" +
-                         load_high_bits(type, "g * 8 + si % 8") +
-                         "  const float4 ds = ws[sb] * convert_float4(wsub[sb * 16 + (si % 64) / 4]);\n";
-      for (int r = 0; r < 4; ++r) {
-        const std::string lane = std::string(".") + "xyzw"[r];
-        body += "  r[" + std::to_string(r) + "] = ds" + lane + " * (convert_float4(" + codes_u(type, r) +
-                ") - 32.0f);\n";
-      }
-      return body + "}\n";
-    }
-    default: return "";
-  }
-}
-
-constexpr const char* kMatmulHelpers = R"(// The 4 nibbles of v, lowest first, as floats.
-inline float4 inferd_nibbles(ushort v) {
-  const uint u = v;
-  return convert_float4((uint4)(u & 15u, (u >> 4) & 15u, (u >> 8) & 15u, u >> 12));
-}
-// The four 5-bit codes of row r (Q5_0, Q5_1, Q5_K): its nibbles v and its fifth bits, bits 4r..4r+3 of h.
-inline uint4 inferd_code5_u(ushort v, uint h, int r) {
-  const uint u = v, b = h >> (4 * r);
-  return (uint4)(u & 15u, (u >> 4) & 15u, (u >> 8) & 15u, u >> 12) |
-         (((uint4)(b, b >> 1, b >> 2, b >> 3) & 1u) << 4);
-}
-// The four 6-bit codes of row r (Q6_K): its nibbles v and its two high bits each, bits 8r..8r+7 of h.
-inline uint4 inferd_code6_u(ushort v, uint h, int r) {
-  const uint u = v, b = h >> (8 * r);
-  return (uint4)(u & 15u, (u >> 4) & 15u, (u >> 8) & 15u, u >> 12) |
-         (((uint4)(b, b >> 2, b >> 4, b >> 6) & 3u) << 4);
-}
-// The dot products of the 4 weight rows r with one slice x: one output slice's contribution.
-inline float4 inferd_dot4(const float4* r, float4 x) {
-  return (float4)(dot(r[0], x), dot(r[1], x), dot(r[2], x), dot(r[3], x));
-}
-)";
 
 KernelTemplate matmul_template(DType type, MatmulVariant variant, TensorFormat x, TensorFormat y) {
   KernelTemplate k;
   k.name = variant == MatmulVariant::kDecode ? "matmul_decode" : "matmul_prefill";
   k.tensors = {{"x", x, Access::kRead}, {"y", y, Access::kWrite}};
   k.params = weight_params(type);
-  k.helpers = std::string(kMatmulHelpers) + weight_loader(type);
-  if (variant == MatmulVariant::kDecode) {
-    // Launched as (lanes * S_O, T) with work-groups (lanes, 1): a group per (output slice, token).
-    k.params.push_back("__local float4* scratch");
-    k.body = R"(  const int lid = get_local_id(0);
-  const int lsz = get_local_size(0);
-  const int so = get_group_id(0);
-  const int t = get_global_id(1);
-  const int n_si = $x.Slices();
-  float4 r[4];
-  float4 acc = (float4)(0.0f);
-  for (int si = lid; si < n_si; si += lsz) {
-    w_load(wq, ws, wm, wsub, wh, so, si, n_si, r);
-    acc += inferd_dot4(r, $x.Read(t, 0, si));
-  }
-  scratch[lid] = acc;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int off = lsz / 2; off > 0; off >>= 1) {
-    if (lid < off) scratch[lid] += scratch[lid + off];
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
-  if (lid == 0) $y.Write(scratch[0], t, 0, so);
-)";
-  } else {
-    // Launched as (S_O, ceil(T / 4)): a work-item per (output slice, 4 tokens). Tokens past T read
-    // the last token (in bounds) and are not written.
-    k.body = R"(  const int so = get_global_id(0);
-  const int t0 = get_global_id(1) * 4;
-  const int n_t = $x.Width();
-  const int n_si = $x.Slices();
-  const int t1 = min(t0 + 1, n_t - 1), t2 = min(t0 + 2, n_t - 1), t3 = min(t0 + 3, n_t - 1);
-  float4 r[4];
-  float4 a0 = (float4)(0.0f), a1 = (float4)(0.0f), a2 = (float4)(0.0f), a3 = (float4)(0.0f);
-  for (int si = 0; si < n_si; ++si) {
-    w_load(wq, ws, wm, wsub, wh, so, si, n_si, r);
-    a0 += inferd_dot4(r, $x.Read(t0, 0, si));
-    a1 += inferd_dot4(r, $x.Read(t1, 0, si));
-    a2 += inferd_dot4(r, $x.Read(t2, 0, si));
-    a3 += inferd_dot4(r, $x.Read(t3, 0, si));
-  }
-  $y.Write(a0, t0, 0, so);
-  if (t0 + 1 < n_t) $y.Write(a1, t0 + 1, 0, so);
-  if (t0 + 2 < n_t) $y.Write(a2, t0 + 2, 0, so);
-  if (t0 + 3 < n_t) $y.Write(a3, t0 + 3, 0, so);
-)";
-  }
+  k.helpers = join({kWeightsCl("codes"), weight_loader("w_load", type)});
+  if (variant == MatmulVariant::kDecode) k.params.push_back("__local float4* scratch");
+  k.body = kMatmulFloatCl(variant == MatmulVariant::kDecode ? "decode" : "prefill");
   return k;
 }
 
@@ -513,15 +206,8 @@ KernelTemplate get_rows_template(DType type, TensorFormat dst) {
   k.tensors = {{"dst", dst, Access::kWrite}};
   k.params = weight_params(type);
   k.params.insert(k.params.begin(), "__global const int* rows");
-  k.helpers = std::string(kMatmulHelpers) + weight_loader(type);
-  // Launched as (T, S): w_load() dequantizes the 4 rows of the row's output slice; one is kept.
-  k.body = R"(  const int t = get_global_id(0);
-  const int si = get_global_id(1);
-  const int row = rows[t];
-  float4 r[4];
-  w_load(wq, ws, wm, wsub, wh, row / 4, si, $dst.Slices(), r);
-  $dst.Write(r[row % 4], t, 0, si);
-)";
+  k.helpers = join({kWeightsCl("codes"), weight_loader("w_load", type)});
+  k.body = kMatmulFloatCl("get_rows");
   return k;
 }
 
@@ -530,33 +216,20 @@ KernelTemplate gather_template(TensorFormat src, TensorFormat dst) {
   k.name = "gather";
   k.tensors = {{"src", src, Access::kRead}, {"dst", dst, Access::kWrite}};
   k.params = {"__global const int* rows"};
-  k.body = R"(  const int o = get_global_id(0);
-  const int s = get_global_id(1);
-  $dst.Write($src.Read(rows[o], 0, s), o, 0, s);
-)";
+  k.body = kElementwiseCl("gather");
   return k;
 }
 
-// silu(gate) * up over the halves of one gate|up tensor; `exact`: kernels::silu's operations
-// (kExactHelpers' inferd_silu4), else the float form.
+// `exact`: kernels::silu's operations (helpers.cl's exact_helpers), else the float form.
 KernelTemplate swiglu_halves_template(TensorFormat src, TensorFormat dst, bool exact) {
   KernelTemplate k;
   k.name = exact ? "swiglu_halves_exact" : "swiglu_halves";
   k.tensors = {{"gu", src, Access::kRead}, {"dst", dst, Access::kWrite}};
-  k.helpers = exact ? kExactHelpers : kFloatSilu;
-  k.body = std::string(R"(  const int t = get_global_id(0);
-  const int s = get_global_id(1);
-  const float4 g = $gu.Read(t, 0, s);
-  const float4 u = $gu.Read(t, 0, s + $dst.Slices());
-  $dst.Write()") + (exact ? "inferd_silu4" : "inferd_silu") + R"((g) * u, t, 0, s);
-)";
+  k.helpers = kHelpersCl(exact ? "exact_helpers" : "float_silu");
+  k.body = kElementwiseCl("swiglu_halves", {{"silu", exact ? "inferd_silu4" : "inferd_silu"}});
   return k;
 }
 
-// One work-item per (token, head, unit): a unit is one slice (two rotated pairs) of a head for
-// llama's rope, one slice of each half for NeoX's. Q heads come first, then KV heads, whose work-items
-// also copy V. The cos and sin come from the host (rope_table: the CPU engine's own values); the
-// rotation is kernels::rope_rotate's: a' = fma(a, cos, -(b * sin)), b' = fma(a, sin, b * cos).
 KernelTemplate rope_kv_template(RopeMode mode, TensorFormat q, TensorFormat k_storage, TensorFormat v) {
   KernelTemplate k;
   k.name = mode == RopeMode::kNormal ? "rope_kv_normal" : "rope_kv_neox";
@@ -564,72 +237,15 @@ KernelTemplate rope_kv_template(RopeMode mode, TensorFormat q, TensorFormat k_st
   k.params = {"int q_slice", "int k_slice", "int v_slice", "__global const float* bias",
               "__global const int* pos", "__global const int* slot", "__global const float* rope", "int n_head",
               "int n_head_kv", "int head_dim", "int n_ctx", "__global half* q_out", "__global half* cache"};
-  k.helpers = R"(// The bias of channels [c, c + 4) of Q|K|V, or 0.
-inline float4 inferd_bias(__global const float* bias, int c) {
-  return bias != 0 ? vload4(0, bias + c) : (float4)(0.0f);
-}
-)";
-  std::string body = R"(  const int t = get_global_id(0);
-  const int hh = get_global_id(1);
-  const int s = get_global_id(2);
-  const int hd4 = head_dim / 4;
-  const int n_embd = n_head * head_dim, n_embd_kv = n_head_kv * head_dim;
-  const bool is_q = hh < n_head;
-  const int head = is_q ? hh : hh - n_head;
-  __global half* kv_row = cache + ((((size_t)slot[t] * 2) * n_head_kv + head) * n_ctx + pos[t]) * head_dim;
-  __global half* v_row = kv_row + (size_t)n_head_kv * n_ctx * head_dim;
-  __global half* q_row = q_out + ((size_t)t * n_head + head) * head_dim;
-  __global const float* trig = rope + (size_t)t * head_dim;  // (cos, sin) of the token's head_dim / 2 angles
-)";
-  if (mode == RopeMode::kNormal) {
-    body += R"(  const float4 cs = vload4(s, trig);  // angles 2s and 2s + 1
-  float4 x;
-  if (is_q) {
-    x = $q.Read(t, 0, q_slice + head * hd4 + s) + inferd_bias(bias, head * head_dim + 4 * s);
-  } else {
-    x = $k.Read(t, 0, k_slice + head * hd4 + s) + inferd_bias(bias, n_embd + head * head_dim + 4 * s);
-    const float4 vx = $v.Read(t, 0, v_slice + head * hd4 + s) + inferd_bias(bias, n_embd + n_embd_kv + head * head_dim + 4 * s);
-    vstore_half4(vx, s, v_row);
-  }
-  float4 o;
-  o.x = fma(x.x, cs.x, -(x.y * cs.y));
-  o.y = fma(x.x, cs.y, x.y * cs.x);
-  o.z = fma(x.z, cs.z, -(x.w * cs.w));
-  o.w = fma(x.z, cs.w, x.w * cs.z);
-  vstore_half4(o, s, is_q ? q_row : kv_row);
-)";
-  } else {
-    body += R"(  const int half_s = head_dim / 8;
-  const float4 t0 = vload4(2 * s, trig), t1 = vload4(2 * s + 1, trig);  // angles 4s .. 4s + 3
-  const float4 c = (float4)(t0.x, t0.z, t1.x, t1.z);
-  const float4 sn = (float4)(t0.y, t0.w, t1.y, t1.w);
-  float4 lo, hi;
-  if (is_q) {
-    lo = $q.Read(t, 0, q_slice + head * hd4 + s) + inferd_bias(bias, head * head_dim + 4 * s);
-    hi = $q.Read(t, 0, q_slice + head * hd4 + s + half_s) + inferd_bias(bias, head * head_dim + 4 * (s + half_s));
-  } else {
-    const int kb = n_embd + head * head_dim, vb = n_embd + n_embd_kv + head * head_dim;
-    lo = $k.Read(t, 0, k_slice + head * hd4 + s) + inferd_bias(bias, kb + 4 * s);
-    hi = $k.Read(t, 0, k_slice + head * hd4 + s + half_s) + inferd_bias(bias, kb + 4 * (s + half_s));
-    vstore_half4($v.Read(t, 0, v_slice + head * hd4 + s) + inferd_bias(bias, vb + 4 * s), s, v_row);
-    vstore_half4($v.Read(t, 0, v_slice + head * hd4 + s + half_s) + inferd_bias(bias, vb + 4 * (s + half_s)),
-                 s + half_s, v_row);
-  }
-  __global half* out = is_q ? q_row : kv_row;
-  vstore_half4(fma(lo, c, -(hi * sn)), s, out);
-  vstore_half4(fma(lo, sn, hi * c), s + half_s, out);
-)";
-  }
-  k.body = body;
+  k.helpers = kRopeKvCl("rope_kv.helpers");
+  k.body = join({kRopeKvCl("rope_kv.head"), kRopeKvCl(mode == RopeMode::kNormal ? "rope_kv.normal" : "rope_kv.neox")});
   return k;
 }
 
-// Launched as (lanes * n_head, T) in work-groups of (lanes, 1); lane j takes positions j, j + lanes,
-// ... with an online softmax (running maximum m, sum l, and the weighted sum of V rows), then the
-// lanes' states are rescaled to the group's maximum and summed in local memory. One pass over K and
-// V. Probabilities stay float: llama.cpp rounds them to half before KQV, which needs the row's sum
-// first (a second pass over K); tried, it did not change the agreement with the CPU engine measurably
-// (whose 8-bit activations dominate the difference; cl_engine_test.cpp).
+std::string define_hd4(int32_t head_dim) {
+  return kAttentionCl("define_hd4", {{"hd4", std::to_string(head_dim / 4)}});
+}
+
 KernelTemplate attention_template(int32_t head_dim, TensorFormat out) {
   KernelTemplate k;
   k.name = "attention";
@@ -637,54 +253,8 @@ KernelTemplate attention_template(int32_t head_dim, TensorFormat out) {
   k.params = {"__global const half* q", "__global const half* cache", "__global const int* pos",
               "__global const int* slot", "int n_head", "int n_head_kv", "int n_ctx", "int kv_pad", "float scale",
               "__local float* lane_sum", "__local float4* lane_acc"};
-  k.helpers = "#define HD4 " + std::to_string(head_dim / 4) + "  // slices per head\n";
-  k.body = R"(  const int lid = get_local_id(0);
-  const int lsz = get_local_size(0);
-  const int h = get_group_id(0);
-  const int t = get_global_id(1);
-  const int end = min(kv_pad, pos[t] + 1);  // positions past the token's own are masked
-  const int g = h / (n_head / n_head_kv);
-  const size_t hd = HD4 * 4;
-  __global const half* kc = cache + (((size_t)slot[t] * 2 * n_head_kv + g) * n_ctx) * hd;
-  __global const half* vc = kc + (size_t)n_head_kv * n_ctx * hd;
-  __global const half* qp = q + ((size_t)t * n_head + h) * hd;
-  float4 qv[HD4], acc[HD4];
-  for (int i = 0; i < HD4; ++i) {
-    qv[i] = vload_half4(i, qp);
-    acc[i] = (float4)(0.0f);
-  }
-  float m = -INFINITY, l = 0.0f;
-  for (int p = lid; p < end; p += lsz) {
-    __global const half* kr = kc + (size_t)p * hd;
-    float sc = 0.0f;
-    for (int i = 0; i < HD4; ++i) sc += dot(qv[i], vload_half4(i, kr));
-    sc *= scale;
-    const float m_new = fmax(m, sc);
-    const float corr = exp(m - m_new);  // 0 on the lane's first position (m = -inf)
-    const float e = exp(sc - m_new);
-    l = l * corr + e;
-    __global const half* vr = vc + (size_t)p * hd;
-    for (int i = 0; i < HD4; ++i) acc[i] = acc[i] * corr + e * vload_half4(i, vr);
-    m = m_new;
-  }
-  lane_sum[lid] = m;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  float mx = -INFINITY;
-  for (int j = 0; j < lsz; ++j) mx = fmax(mx, lane_sum[j]);
-  const float f = m == -INFINITY ? 0.0f : exp(m - mx);  // a lane without positions adds nothing
-  barrier(CLK_LOCAL_MEM_FENCE);  // every lane has read the maxima
-  lane_sum[lid] = l * f;
-  for (int i = 0; i < HD4; ++i) lane_acc[lid * HD4 + i] = acc[i] * f;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  float total = 0.0f;
-  for (int j = 0; j < lsz; ++j) total += lane_sum[j];
-  const float inv = 1.0f / total;  // > 0: position 0 is never masked
-  for (int i = lid; i < HD4; i += lsz) {
-    float4 o = (float4)(0.0f);
-    for (int j = 0; j < lsz; ++j) o += lane_acc[j * HD4 + i];
-    $out.Write(o * inv, t, 0, h * HD4 + i);
-  }
-)";
+  k.helpers = define_hd4(head_dim);
+  k.body = kAttentionCl("attention");
   return k;
 }
 
@@ -695,137 +265,33 @@ KernelTemplate rms_norm_exact_template(TensorFormat src, TensorFormat weight, Te
   k.name = "rms_norm_exact";
   k.tensors = {{"src", src, Access::kRead}, {"weight", weight, Access::kRead}, {"dst", dst, Access::kWrite}};
   k.params = {"float eps", "__local float* scratch"};
-  k.helpers = kExactHelpers;
-  // One lane sums the row: the order of a double sum matters as much as a float one's.
-  k.body = std::string(kRowPrologue) + R"(  if (lid == 0) {
-    double sum = 0.0;  // ops::rms_norm: float squares, summed in double in channel order
-    for (int s = 0; s < n_s; ++s) {
-      const float4 v = $src.Read(x, y, s, b);  // padding lanes add +0
-      sum += (double)(v.x * v.x);
-      sum += (double)(v.y * v.y);
-      sum += (double)(v.z * v.z);
-      sum += (double)(v.w * v.w);
-    }
-    const float mean = (float)(sum / (double)$src.Channels());
-    scratch[0] = inferd_div(1.0f, inferd_sqrt(mean + eps));
-  }
-  barrier(CLK_LOCAL_MEM_FENCE);
-  const float scale = scratch[0];
-  for (int s = lid; s < n_s; s += lsz) {
-    $dst.Write($src.Read(x, y, s, b) * scale * $weight.Read(0, 0, s), x, y, s, b);
-  }
-)";
+  k.helpers = kHelpersCl("exact_helpers");
+  k.body = join({kHelpersCl("row_prologue"), kNormCl("rms_norm_exact")});
   return k;
 }
 
-// Launched as (T, K / 32): a work-item per block (kernels/cpu/scalar.cpp quantize_q8_1).
 KernelTemplate quantize_q8_template(TensorFormat src, TensorFormat dst) {
   KernelTemplate k;
   k.name = "quantize_q8";
   k.tensors = {{"x", src, Access::kRead}, {"quants", dst, Access::kWrite}};
   k.params = {"__global float2* scales"};
-  k.helpers = kExactHelpers;
-  k.body = R"(  const int t = get_global_id(0);
-  const int blk = get_global_id(1);
-  float4 v[8];
-  float amax = 0.0f;
-  for (int j = 0; j < 8; ++j) {
-    v[j] = $x.Read(t, 0, 8 * blk + j);
-    const float4 a = fabs(v[j]);
-    amax = fmax(fmax(fmax(fmax(amax, a.x), a.y), a.z), a.w);
-  }
-  const float id = amax != 0.0f ? inferd_div(127.0f, amax) : 0.0f;
-  const float d = inferd_div(amax, 127.0f);
-  float sum = 0.0f;  // of integers, below 2^13: exact
-  for (int j = 0; j < 8; ++j) {
-    const float4 q = rint(v[j] * id);  // to nearest even, as nearbyint
-    sum += (q.x + q.y) + (q.z + q.w);
-    $quants.Write(q, t, 0, 8 * blk + j);
-  }
-  scales[t * ($x.Channels() / 32) + blk] = (float2)(inferd_round_half(d), inferd_round_half(d * sum));
-)";
+  k.helpers = kHelpersCl("exact_helpers");
+  k.body = kQuantizeCl("quantize_q8");
   return k;
 }
 
-// w_int() / w_int8(): the integer quants of the 4 rows of block `blk` (so * blocks + b) at its slice l,
-// as floats (IntDot::kFloat) or as char4 (kInt8): the signed values, or the codes of the types with a min.
-std::string weight_int_loader(DType type, IntDot form) {
-  const bool int8 = form == IntDot::kInt8;
-  const std::string vec = int8 ? "char4" : "float4";
-  const std::string signature = std::string("inline void ") + (int8 ? "w_int8" : "w_int") + "(__global const " +
-                                weight_pointer_type(type) + "* wq, __global const " + high_bits_type(type) +
-                                "* wh, int blk, int l, " + vec +
-                                "* r) {\n";
-  switch (type) {
-    case DType::kQ8_0: {
-      const std::string cvt = int8 ? "" : "convert_float4";  // stored as char4 already
-      std::string body = signature + "  const int base = (blk * 8 + l) * 4;\n";
-      for (int r = 0; r < 4; ++r) {
-        body += "  r[" + std::to_string(r) + "] = " + cvt + "(wq[base + " + std::to_string(r) + "]);\n";
-      }
-      return body + "}\n";
-    }
-    case DType::kQ4_0:
-    case DType::kQ4_1:
-    case DType::kQ5_0:    // the signed values
-    case DType::kQ5_1: {  // the codes
-      const int zero = code_zero(type);
-      const std::string offset = zero == 0 ? "" : int8 ? " - (char4)(" + std::to_string(zero) + ")"
-                                                        : " - " + std::to_string(zero) + ".0f";
-      std::string body = signature + "  const ushort4 p = wq[blk * 8 + l];\n";
-      body += load_high_bits(type, "blk * 8 + l");
-      for (int r = 0; r < 4; ++r) body += "  r[" + std::to_string(r) + "] = " + packed_codes(type, form, r) + offset + ";\n";
-      return body + "}\n";
-    }
-    default: return "";
-  }
+std::string define_tt(int tokens_per_item) {
+  return kMatmulExactCl("define_tt", {{"tt", std::to_string(tokens_per_item)}});
 }
 
-// The int8 form of the block types' integer dots (IntDot::kInt8), with w_int8() (weight_int_loader):
-// inferd_idot() is cl_khr_integer_dot_product's dot(char4, char4) where the host saw the device
-// report 4x8-bit inputs (INFERD_NATIVE_IDOT, defined by the generator; the extension alone may offer
-// only the packed form), else the same sum in int arithmetic.
-constexpr const char* kIntDotHelpers = R"(#ifdef INFERD_NATIVE_IDOT
-#pragma OPENCL EXTENSION cl_khr_integer_dot_product : enable
-inline int inferd_idot(char4 a, char4 b) { return dot(a, b); }
-#else
-inline int inferd_idot(char4 a, char4 b) {
-  const int4 p = convert_int4(a) * convert_int4(b);
-  return (p.x + p.y) + (p.z + p.w);
-}
-#endif
-// The 4 nibbles of v, lowest first, as char4.
-inline char4 inferd_nibbles_c(ushort v) {
-  const uint u = v;
-  return convert_char4((uint4)(u & 15u, (u >> 4) & 15u, (u >> 8) & 15u, u >> 12));
-}
-)";
-
-// The block types' slice dot, as the matmul bodies spell it: WVEC r[4]; W_SLICE(wq, blk, l, r);
-// XVEC xv = X_SLICE(quants); IDOT(r[i], xv) is the float of the integer dot.
-std::string int_dot_macros(IntDot mode) {
-  if (mode == IntDot::kInt8) {
-    return "#define WVEC char4\n#define XVEC char4\n#define W_SLICE(wq, blk, l, r) w_int8(wq, wh, blk, l, r)\n"
-           "#define X_SLICE(v) convert_char4(v)\n#define IDOT(w, x) ((float)inferd_idot(w, x))\n";
-  }
-  return "#define WVEC float4\n#define XVEC float4\n#define W_SLICE(wq, blk, l, r) w_int(wq, wh, blk, l, r)\n"
-         "#define X_SLICE(v) (v)\n#define IDOT(w, x) dot(w, x)\n";
+std::string define_q8k_floats() {
+  return kQuantizeCl("define_q8k_floats", {{"floats", std::to_string(kQ8KBlockFloats)}});
 }
 
 KernelTemplate matmul_exact_k_template(DType type, CpuOrder order, int tokens_per_item, TensorFormat x, TensorFormat y);
 
-// The exact matmul. A work-item computes output slice so (4 rows) for TT tokens; the launch is
-// (S_O, ceil(T / TT)), tokens past T read the last token (in bounds) and are not written.
-//
-// 32-element block types (Q8_0, Q4_0, Q5_0 against Q8_0; Q4_1, Q5_1 against Q8_1), kX86
-// (dot_signed_q8_0, dot_unsigned_q8_1): per row 8 lanes; lane l of block b adds
-// fma(d_w * d_a, isum, acc) where isum, the integer dot of the block's elements 4l..4l+3 (slice l;
-// weights as signed values, or as codes for the types with a min), is computed by dot() in float:
-// every product and partial sum is an integer below 2^24, so any order gives it exactly. Then hsum,
-// and for Q4_1 / Q5_1 the min chain fma(m_w, s_a, acc_min) added last.
-// The same, kScalar (scalar dot_x_q8_0 / dot_x_q8_1): sum += (d_w * d_a) * isum (+ m_w * s_a) per block.
-// F32 / F16 / BF16: the float input, as dot_float (kX86) or dot_float_weights (kScalar).
-// K-quants: matmul_exact_k_template.
+// The exact matmul (matmul_exact.cl says what each variant sums in which order). `native_int_dot`:
+// IntDot::kInt8 through the device's dot(char4, char4).
 KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_item, TensorFormat x, TensorFormat y,
                                      IntDot int_dot, bool native_int_dot) {
   if (is_k_quant(type)) return matmul_exact_k_template(type, order, tokens_per_item, x, y);
@@ -836,192 +302,29 @@ KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_
   k.params.push_back("__global const float2* xs");
   const bool blocks = matmul_activations(type) == MatmulActivations::kQ8;
   const bool q4_1 = has_min(type);  // a min term
-  k.helpers = "#define TT " + std::to_string(tokens_per_item) + "  // tokens per work-item\n" + kExactHelpers +
-              kMatmulHelpers;
+  k.helpers = join({define_tt(tokens_per_item), kHelpersCl("exact_helpers"), kWeightsCl("codes")});
   if (!blocks) {
-    k.helpers += weight_loader(type);
+    k.helpers += weight_loader("w_load", type);
   } else if (int_dot == IntDot::kInt8) {
-    k.helpers += std::string(native_int_dot ? "#define INFERD_NATIVE_IDOT 1\n" : "") + kIntDotHelpers +
-                 weight_int_loader(type, int_dot) + int_dot_macros(int_dot);
+    k.helpers += join({native_int_dot ? kMatmulExactCl("int_dot.native") : "", kMatmulExactCl("int_dot.helpers"),
+                       weight_loader("w_int8", type), kMatmulExactCl("int_dot.int8")});
   } else {
-    k.helpers += weight_int_loader(type, int_dot) + int_dot_macros(int_dot);
+    k.helpers += join({weight_loader("w_int", type), kMatmulExactCl("int_dot.float")});
   }
-  std::string body = R"(  const int so = get_global_id(0);
-  const int t0 = get_global_id(1) * TT;
-  const int n_t = $x.Width();
-  int tt[TT];
-  for (int i = 0; i < TT; ++i) tt[i] = min(t0 + i, n_t - 1);
-)";
+  const ClFile& cl = kMatmulExactCl;
   if (blocks && order == CpuOrder::kX86) {
-    body += R"(  const int n_b = $x.Slices() / 8;
-  float acc[TT][4][8];
-  float4 acc_min[TT];
-  for (int i = 0; i < TT; ++i) {
-    acc_min[i] = (float4)(0.0f);
-    for (int r = 0; r < 4; ++r) {
-      for (int l = 0; l < 8; ++l) acc[i][r][l] = 0.0f;
-    }
-  }
-  for (int b = 0; b < n_b; ++b) {
-    const int blk = so * n_b + b;
-    float4 sc[TT];
-    for (int i = 0; i < TT; ++i) sc[i] = ws[blk] * xs[tt[i] * n_b + b].x;  // d_w * d_a, per row
-    for (int l = 0; l < 8; ++l) {
-      WVEC r[4];
-      W_SLICE(wq, blk, l, r);
-      for (int i = 0; i < TT; ++i) {
-        const XVEC xv = X_SLICE($x.Read(tt[i], 0, 8 * b + l));
-        acc[i][0][l] = fma(sc[i].x, IDOT(r[0], xv), acc[i][0][l]);
-        acc[i][1][l] = fma(sc[i].y, IDOT(r[1], xv), acc[i][1][l]);
-        acc[i][2][l] = fma(sc[i].z, IDOT(r[2], xv), acc[i][2][l]);
-        acc[i][3][l] = fma(sc[i].w, IDOT(r[3], xv), acc[i][3][l]);
-      }
-    }
-)";
-    if (q4_1) {
-      body += "    for (int i = 0; i < TT; ++i) acc_min[i] = fma(wm[blk], (float4)(xs[tt[i] * n_b + b].y), acc_min[i]);\n";
-    }
-    body += R"(  }
-  for (int i = 0; i < TT && t0 + i < n_t; ++i) {
-    float4 o;
-    o.x = inferd_hsum8(vload4(0, acc[i][0]), vload4(1, acc[i][0]));
-    o.y = inferd_hsum8(vload4(0, acc[i][1]), vload4(1, acc[i][1]));
-    o.z = inferd_hsum8(vload4(0, acc[i][2]), vload4(1, acc[i][2]));
-    o.w = inferd_hsum8(vload4(0, acc[i][3]), vload4(1, acc[i][3]));
-)";
-    body += q4_1 ? "    $y.Write(o + acc_min[i], t0 + i, 0, so);\n  }\n" : "    $y.Write(o, t0 + i, 0, so);\n  }\n";
+    k.body = join({cl("head"), cl("q8_x86"), q4_1 ? cl("q8_x86.min_chain") : "", cl("q8_x86.hsum"),
+                   cl(q4_1 ? "q8_x86.write_with_min" : "q8_x86.write")});
   } else if (blocks) {
-    body += R"(  const int n_b = $x.Slices() / 8;
-  float4 sum[TT];
-  for (int i = 0; i < TT; ++i) sum[i] = (float4)(0.0f);
-  for (int b = 0; b < n_b; ++b) {
-    const int blk = so * n_b + b;
-    float4 isum[TT];
-    for (int i = 0; i < TT; ++i) isum[i] = (float4)(0.0f);
-    for (int l = 0; l < 8; ++l) {
-      WVEC r[4];
-      W_SLICE(wq, blk, l, r);
-      for (int i = 0; i < TT; ++i) {
-        const XVEC xv = X_SLICE($x.Read(tt[i], 0, 8 * b + l));
-        isum[i] += (float4)(IDOT(r[0], xv), IDOT(r[1], xv), IDOT(r[2], xv), IDOT(r[3], xv));  // integers: exact
-      }
-    }
-    for (int i = 0; i < TT; ++i) {
-      const float2 a = xs[tt[i] * n_b + b];
-)";
-    body += q4_1 ? "      sum[i] = sum[i] + (ws[blk] * a.x * isum[i] + wm[blk] * a.y);\n"
-                 : "      sum[i] = sum[i] + ws[blk] * a.x * isum[i];\n";
-    body += R"(    }
-  }
-  for (int i = 0; i < TT && t0 + i < n_t; ++i) $y.Write(sum[i], t0 + i, 0, so);
-)";
-  } else if (order == CpuOrder::kX86) {
-    // dot_float: acc0 = (a0, a1) and acc1 = (a2, a3), 8 lanes each, over steps of 16 elements.
-    body += R"(  const int k = $x.Channels();
-  const int n_si = $x.Slices();
-  float4 a0[TT][4], a1[TT][4], a2[TT][4], a3[TT][4];
-  for (int i = 0; i < TT; ++i) {
-    for (int r = 0; r < 4; ++r) a0[i][r] = a1[i][r] = a2[i][r] = a3[i][r] = (float4)(0.0f);
-  }
-  int e = 0;
-  for (; e + 16 <= k; e += 16) {
-    const int s = e / 4;
-    float4 w0[4], w1[4], w2[4], w3[4];
-    w_load(wq, ws, wm, wsub, wh, so, s, n_si, w0);
-    w_load(wq, ws, wm, wsub, wh, so, s + 1, n_si, w1);
-    w_load(wq, ws, wm, wsub, wh, so, s + 2, n_si, w2);
-    w_load(wq, ws, wm, wsub, wh, so, s + 3, n_si, w3);
-    for (int i = 0; i < TT; ++i) {
-      const float4 x0 = $x.Read(tt[i], 0, s), x1 = $x.Read(tt[i], 0, s + 1);
-      const float4 x2 = $x.Read(tt[i], 0, s + 2), x3 = $x.Read(tt[i], 0, s + 3);
-      for (int r = 0; r < 4; ++r) {
-        a0[i][r] = fma(w0[r], x0, a0[i][r]);
-        a1[i][r] = fma(w1[r], x1, a1[i][r]);
-        a2[i][r] = fma(w2[r], x2, a2[i][r]);
-        a3[i][r] = fma(w3[r], x3, a3[i][r]);
-      }
-    }
-  }
-  if (e + 8 <= k) {
-    const int s = e / 4;
-    float4 w0[4], w1[4];
-    w_load(wq, ws, wm, wsub, wh, so, s, n_si, w0);
-    w_load(wq, ws, wm, wsub, wh, so, s + 1, n_si, w1);
-    for (int i = 0; i < TT; ++i) {
-      const float4 x0 = $x.Read(tt[i], 0, s), x1 = $x.Read(tt[i], 0, s + 1);
-      for (int r = 0; r < 4; ++r) {
-        a0[i][r] = fma(w0[r], x0, a0[i][r]);
-        a1[i][r] = fma(w1[r], x1, a1[i][r]);
-      }
-    }
-    e += 8;
-  }
-  for (int i = 0; i < TT && t0 + i < n_t; ++i) {
-    float o[4];
-    for (int r = 0; r < 4; ++r) o[r] = inferd_hsum8(a0[i][r] + a2[i][r], a1[i][r] + a3[i][r]);
-    for (int f = e; f < k; ++f) {  // the last k % 8 products, one fma each (GCC contracts the tail)
-      float4 w[4];
-      w_load(wq, ws, wm, wsub, wh, so, f / 4, n_si, w);
-      const float xf = inferd_lane($x.Read(tt[i], 0, f / 4), f % 4);
-      for (int r = 0; r < 4; ++r) o[r] = fma(inferd_lane(w[r], f % 4), xf, o[r]);
-    }
-    $y.Write((float4)(o[0], o[1], o[2], o[3]), t0 + i, 0, so);
-  }
-)";
+    k.body = join({cl("head"), cl("q8_scalar"), cl(q4_1 ? "q8_scalar.sum_with_min" : "q8_scalar.sum"),
+                   cl("q8_scalar.write")});
   } else {
-    body += R"(  const int k = $x.Channels();
-  const int n_si = $x.Slices();
-  float4 sum[TT];
-  for (int i = 0; i < TT; ++i) sum[i] = (float4)(0.0f);
-  for (int s = 0; s < n_si; ++s) {
-    float4 w[4];
-    w_load(wq, ws, wm, wsub, wh, so, s, n_si, w);
-    const int n = min(4, k - 4 * s);
-    for (int i = 0; i < TT; ++i) {
-      const float4 xv = $x.Read(tt[i], 0, s);
-      for (int c = 0; c < n; ++c) {
-        const float4 column = (float4)(inferd_lane(w[0], c), inferd_lane(w[1], c), inferd_lane(w[2], c),
-                                       inferd_lane(w[3], c));
-        sum[i] = sum[i] + column * inferd_lane(xv, c);
-      }
-    }
+    k.body = join({cl("head"), cl(order == CpuOrder::kX86 ? "float_x86" : "float_scalar")});
   }
-  for (int i = 0; i < TT && t0 + i < n_t; ++i) $y.Write(sum[i], t0 + i, 0, so);
-)";
-  }
-  k.body = body;
   return k;
 }
 
-// w_code(): the integer codes of the 4 rows at slice l of 32-element group g (so * G + group).
-std::string weight_code_loader(DType type) {
-  std::string body = std::string("inline void w_code(__global const ") + weight_pointer_type(type) +
-                     "* wq, __global const " + high_bits_type(type) + "* wh, int g, int l, int4* r) {\n" +
-                     "  const ushort4 p = wq[g * 8 + l];\n" +
-                     load_high_bits(type, "g * 8 + l");
-  for (int r = 0; r < 4; ++r) {
-    body += "  r[" + std::to_string(r) + "] = convert_int4(" + codes_u(type, r) + ");\n";
-  }
-  return body + "}\n";
-}
-
-// The exact matmul of K-quant weights against quantize_q8_k()'s blocks (`xk`: d_a and the 16 sums
-// bsum_g of 16 quants a), per 256-element super-block of a row, the integers exact (int):
-//   sumi_l = sum over the 8 groups s of 32 of sc(s, l) * sum_{e = 4l..4l+3} q[32s + e] * a[32s + e],
-//            l = 0..7, with the unsigned codes q (Q6_K: value + 32) and sc(s, l) = sc_s for Q4_K / Q5_K,
-//            the scale of the 16 elements that hold them for Q6_K (scales[2s + l / 4]);
-//   p_j    = mn_2j * (bsum_4j + bsum_4j+1) + mn_2j+1 * (bsum_4j+2 + bsum_4j+3), j = 0..3 (Q4_K, Q5_K);
-//   off_l  = 32 * (sc_2l * bsum_2l + sc_2l+1 * bsum_2l+1) (Q6_K: the -32 of the values).
-// kX86 (x86_kernels.inc), per super-block:
-//   Q4_K / Q5_K (dot_k_min, k_min_float_step): acc_l = fma(d_a * d, (float)sumi_l, acc_l); with
-//     neg = -(d_a * dmin), Q4_K accm_j = fma(neg, (float)p_j, accm_j), Q5_K summs = fma(neg,
-//     (float)(p_0 + p_1 + p_2 + p_3), summs); at the end (k_min_result) y = hsum(acc) +
-//     ((accm_0 + accm_2) + (accm_1 + accm_3)), resp. y = hsum(acc) + summs.
-//   Q6_K (dot_q6_k_nr, q6_k_float_step): acc_l = fma(d * d_a, (float)(sumi_l - off_l), acc_l); y = hsum(acc).
-// kScalar (scalar.cpp dot_kq_min, dot_q6_k), with isum = sum_l sumi_l:
-//   Q4_K / Q5_K: y = y + d_a * (d * (float)isum - dmin * (float)(p_0 + p_1 + p_2 + p_3))
-//   Q6_K:        y = y + (d * d_a) * (float)(isum - sum_l off_l)
-// (float)n of an int rounds to nearest even in both: Q6_K's totals may pass 2^24.
+// The exact matmul of K-quant weights against quantize_q8_k()'s blocks (matmul_exact.cl's k.*).
 KernelTemplate matmul_exact_k_template(DType type, CpuOrder order, int tokens_per_item, TensorFormat x, TensorFormat y) {
   KernelTemplate k;
   k.name = "matmul_exact_k";
@@ -1030,207 +333,34 @@ KernelTemplate matmul_exact_k_template(DType type, CpuOrder order, int tokens_pe
   k.params.push_back("__global const float* xk");
   const bool q6 = type == DType::kQ6_K;
   const bool x86 = order == CpuOrder::kX86;
-  k.helpers = "#define TT " + std::to_string(tokens_per_item) + "  // tokens per work-item\n" +
-              "#define Q8K_FLOATS " + std::to_string(kQ8KBlockFloats) + "\n" + kExactHelpers + kMatmulHelpers +
-              weight_code_loader(type) + R"(inline int inferd_idot(int4 a, int4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
-inline int inferd_ilane(int4 v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w; }
-)";
-  std::string body = R"(  const int so = get_global_id(0);
-  const int t0 = get_global_id(1) * TT;
-  const int n_t = $x.Width();
-  int tt[TT];
-  for (int i = 0; i < TT; ++i) tt[i] = min(t0 + i, n_t - 1);
-  const int n_b = $x.Slices() / 64;  // super-blocks per row
-  float acc[TT][4][8];   // kX86: the 8 lanes per row
-  float accm[TT][4][4];  // kX86 Q4_K: the min lanes
-  float sum[TT][4];      // kX86 Q5_K: the min chain; kScalar: the row's sum
-  for (int i = 0; i < TT; ++i) {
-    for (int r = 0; r < 4; ++r) {
-      sum[i][r] = 0.0f;
-      for (int l = 0; l < 8; ++l) acc[i][r][l] = 0.0f;
-      for (int j = 0; j < 4; ++j) accm[i][r][j] = 0.0f;
-    }
-  }
-  for (int b = 0; b < n_b; ++b) {
-    const int blk = so * n_b + b;
-    int sumi[TT][4][8];
-    for (int i = 0; i < TT; ++i) {
-      for (int r = 0; r < 4; ++r) {
-        for (int l = 0; l < 8; ++l) sumi[i][r][l] = 0;
-      }
-    }
-    for (int s = 0; s < 8; ++s) {
-      for (int l = 0; l < 8; ++l) {
-        int4 w[4];
-        w_code(wq, wh, blk * 8 + s, l, w);
-)";
-  body += q6 ? "        const int4 sc = convert_int4(wsub[blk * 16 + 2 * s + l / 4]);\n"
-             : "        const int4 sc = convert_int4(wsub[blk * 16 + s]);\n";
-  body += R"(        for (int i = 0; i < TT; ++i) {
-          const int4 a = convert_int4($x.Read(tt[i], 0, 64 * b + 8 * s + l));
-          sumi[i][0][l] += sc.x * inferd_idot(w[0], a);
-          sumi[i][1][l] += sc.y * inferd_idot(w[1], a);
-          sumi[i][2][l] += sc.z * inferd_idot(w[2], a);
-          sumi[i][3][l] += sc.w * inferd_idot(w[3], a);
-        }
-      }
-    }
-    int4 ssc[16];  // Q4_K / Q5_K: sc_0..7, mn_0..7; Q6_K: the 16 scales
-    for (int g = 0; g < 16; ++g) ssc[g] = convert_int4(wsub[blk * 16 + g]);
-    const float4 d = ws[blk];
-)";
-  if (!q6) body += "    const float4 dmin = wm[blk];\n";
-  body += R"(    for (int i = 0; i < TT; ++i) {
-      __global const float* xb = xk + (tt[i] * n_b + b) * Q8K_FLOATS;
-      const float da = xb[0];
-      int bs[16];
-      for (int g = 0; g < 16; ++g) bs[g] = (int)xb[1 + g];
-      for (int r = 0; r < 4; ++r) {
-        const float dr = inferd_lane(d, r);
-)";
+  const ClFile& cl = kMatmulExactCl;
+  k.helpers = join({define_tt(tokens_per_item), define_q8k_floats(), kHelpersCl("exact_helpers"), kWeightsCl("codes"),
+                    weight_loader("w_code", type), cl("k.helpers")});
+  std::string body = join({cl("head"), cl("k.sums"), cl(q6 ? "k.scale_q6" : "k.scale"), cl("k.dots"),
+                           q6 ? "" : cl("k.dmin"), cl("k.rows")});
   if (q6) {
-    body += R"(        int off[8];
-        for (int l = 0; l < 8; ++l) {
-          off[l] = 32 * (inferd_ilane(ssc[2 * l], r) * bs[2 * l] + inferd_ilane(ssc[2 * l + 1], r) * bs[2 * l + 1]);
-        }
-)";
-    body += x86 ? R"(        const float scale = dr * da;
-        for (int l = 0; l < 8; ++l) acc[i][r][l] = fma(scale, (float)(sumi[i][r][l] - off[l]), acc[i][r][l]);
-)"
-                : R"(        int isum = 0;
-        for (int l = 0; l < 8; ++l) isum += sumi[i][r][l] - off[l];
-        sum[i][r] = sum[i][r] + (dr * da) * (float)isum;
-)";
+    body += join({cl("k.q6_offsets"), cl(x86 ? "k.q6_x86" : "k.q6_scalar")});
+  } else if (!x86) {
+    body += join({cl("k.mins"), cl("k.mins_scalar")});
   } else {
-    body += R"(        int p[4];
-        for (int j = 0; j < 4; ++j) {
-          p[j] = inferd_ilane(ssc[8 + 2 * j], r) * (bs[4 * j] + bs[4 * j + 1]) +
-                 inferd_ilane(ssc[9 + 2 * j], r) * (bs[4 * j + 2] + bs[4 * j + 3]);
-        }
-)";
-    if (!x86) {
-      body += R"(        int isum = 0;
-        for (int l = 0; l < 8; ++l) isum += sumi[i][r][l];
-        const float msum = (float)(p[0] + p[1] + p[2] + p[3]);
-        sum[i][r] = sum[i][r] + da * (dr * (float)isum - inferd_lane(dmin, r) * msum);
-)";
-    } else {
-      body += "        const float neg = -(da * inferd_lane(dmin, r));\n";
-      body += type == DType::kQ4_K
-                  ? "        for (int j = 0; j < 4; ++j) accm[i][r][j] = fma(neg, (float)p[j], accm[i][r][j]);\n"
-                  : "        sum[i][r] = fma(neg, (float)(p[0] + p[1] + p[2] + p[3]), sum[i][r]);\n";
-      body += R"(        const float scale = da * dr;
-        for (int l = 0; l < 8; ++l) acc[i][r][l] = fma(scale, (float)sumi[i][r][l], acc[i][r][l]);
-)";
-    }
+    body += join({cl("k.mins"), cl("k.mins_x86"), cl(type == DType::kQ4_K ? "k.mins_x86_q4_k" : "k.mins_x86_q5_k"),
+                  cl("k.acc_x86")});
   }
-  body += R"(      }
-    }
-  }
-  for (int i = 0; i < TT && t0 + i < n_t; ++i) {
-    float o[4];
-    for (int r = 0; r < 4; ++r) {
-)";
-  if (!x86) {
-    body += "      o[r] = sum[i][r];\n";
-  } else if (q6) {
-    body += "      o[r] = inferd_hsum8(vload4(0, acc[i][r]), vload4(1, acc[i][r]));\n";
-  } else if (type == DType::kQ4_K) {
-    body += "      o[r] = inferd_hsum8(vload4(0, acc[i][r]), vload4(1, acc[i][r])) +\n"
-            "             ((accm[i][r][0] + accm[i][r][2]) + (accm[i][r][1] + accm[i][r][3]));\n";
-  } else {
-    body += "      o[r] = inferd_hsum8(vload4(0, acc[i][r]), vload4(1, acc[i][r])) + sum[i][r];\n";
-  }
-  body += R"(    }
-    $y.Write((float4)(o[0], o[1], o[2], o[3]), t0 + i, 0, so);
-  }
-)";
-  k.body = body;
+  const char* out = !x86 ? "k.out_scalar" : q6 ? "k.out_q6" : type == DType::kQ4_K ? "k.out_q4_k" : "k.out_q5_k";
+  k.body = body + join({cl("k.out"), cl(out), cl("k.write")});
   return k;
 }
 
-// Launched as (T, K / 256): a work-item per block (kernels/cpu/scalar.cpp quantize_q8_k).
 KernelTemplate quantize_q8_k_template(TensorFormat src, TensorFormat dst) {
   KernelTemplate k;
   k.name = "quantize_q8_k";
   k.tensors = {{"x", src, Access::kRead}, {"quants", dst, Access::kWrite}};
   k.params = {"__global float* blocks"};
-  k.helpers = std::string("#define Q8K_FLOATS ") + std::to_string(kQ8KBlockFloats) + "\n" + kExactHelpers;
-  k.body = R"(  const int t = get_global_id(0);
-  const int blk = get_global_id(1);
-  __global float* out = blocks + (t * ($x.Channels() / 256) + blk) * Q8K_FLOATS;
-  float amax = 0.0f, mx = 0.0f;  // the first element of largest magnitude, and it with its sign
-  for (int j = 0; j < 64; ++j) {
-    const float4 v = $x.Read(t, 0, 64 * blk + j);
-    for (int c = 0; c < 4; ++c) {
-      const float e = inferd_lane(v, c);
-      if (fabs(e) > amax) {
-        amax = fabs(e);
-        mx = e;
-      }
-    }
-  }
-  const float iscale = amax != 0.0f ? inferd_div(-127.0f, mx) : 0.0f;
-  for (int g = 0; g < 16; ++g) {
-    float bsum = 0.0f;  // of integers below 2^12: exact
-    for (int j = 0; j < 4; ++j) {
-      // nearest_int(iscale * x) is rint (the 1.5 * 2^23 trick rounds to even), clamped at 127.
-      const float4 q = fmin(rint($x.Read(t, 0, 64 * blk + 4 * g + j) * iscale), 127.0f) + 0.0f;
-      bsum += (q.x + q.y) + (q.z + q.w);
-      $quants.Write(q, t, 0, 64 * blk + 4 * g + j);
-    }
-    out[1 + g] = bsum;
-  }
-  out[0] = amax != 0.0f ? inferd_div(1.0f, iscale) : 0.0f;
-)";
+  k.helpers = join({define_q8k_floats(), kHelpersCl("exact_helpers")});
+  k.body = kQuantizeCl("quantize_q8_k");
   return k;
 }
 
-// q.k of one position as kernels::dot_f32_f16 computes it. The products of halves are exact in
-// float, so fma and a * b + c agree; only the order of the sums matters.
-std::string qk_helper(CpuOrder order) {
-  if (order == CpuOrder::kScalar) {
-    return R"(inline float inferd_qk(const float4* qv, __global const half* kr) {
-  float sum = 0.0f;
-  for (int s = 0; s < HD4; ++s) {
-    const float4 p = qv[s] * vload_half4(s, kr);
-    sum = (((sum + p.x) + p.y) + p.z) + p.w;
-  }
-  return sum;
-}
-)";
-  }
-  return R"(// dot_f32_with: two accumulators of 8 lanes over steps of 16, an 8-element step into the first,
-// hsum of their sum, then the last 4 products (head_dim % 8 == 4) one by one.
-inline float inferd_qk(const float4* qv, __global const half* kr) {
-  float4 a0 = (float4)(0.0f), a1 = (float4)(0.0f), a2 = (float4)(0.0f), a3 = (float4)(0.0f);
-  int s = 0;
-  for (; s + 4 <= HD4; s += 4) {
-    a0 = fma(qv[s], vload_half4(s, kr), a0);
-    a1 = fma(qv[s + 1], vload_half4(s + 1, kr), a1);
-    a2 = fma(qv[s + 2], vload_half4(s + 2, kr), a2);
-    a3 = fma(qv[s + 3], vload_half4(s + 3, kr), a3);
-  }
-  if (s + 2 <= HD4) {
-    a0 = fma(qv[s], vload_half4(s, kr), a0);
-    a1 = fma(qv[s + 1], vload_half4(s + 1, kr), a1);
-    s += 2;
-  }
-  float sum = inferd_hsum8(a0 + a2, a1 + a3);
-  if (s < HD4) {
-    const float4 p = qv[s] * vload_half4(s, kr);
-    sum = (((sum + p.x) + p.y) + p.z) + p.w;
-  }
-  return sum;
-}
-)";
-}
-
-// Launched as (lanes * n_head, tokens of this launch) in work-groups of (lanes, 1): a group per
-// (token, head), as ops::attention_head. The scores of the group's positions go to `scores` (its
-// own row of kv_pad floats), become exponentials and then half-rounded probabilities in place; the
-// lanes split the positions for q.k and the exponentials, 16-position chunks for their sums (lane 0
-// adding the chunk sums in double in order, `lanes` chunks a round), and (chain, d) pairs for KQV.
 KernelTemplate attention_exact_template(int32_t head_dim, CpuOrder order, TensorFormat out) {
   KernelTemplate k;
   k.name = "attention_exact";
@@ -1240,80 +370,9 @@ KernelTemplate attention_exact_template(int32_t head_dim, CpuOrder order, Tensor
               "int n_head_kv",            "int n_ctx",                  "int kv_pad",
               "float scale",              "__global float* scores",     "__local float* scratch",
               "__local float* chains"};
-  k.helpers = "#define HD4 " + std::to_string(head_dim / 4) + "  // slices per head\n" + kExactHelpers +
-              qk_helper(order);
-  k.body = R"(  const int lid = get_local_id(0);
-  const int lsz = get_local_size(0);
-  const int h = get_group_id(0);
-  const int tl = get_group_id(1);
-  const int t = first_token + tl;
-  const int n_kv = pos[t] + 1;  // positions past the token's own are masked
-  const int g = h / (n_head / n_head_kv);
-  const size_t hd = HD4 * 4;
-  __global const half* kc = cache + (((size_t)slot[t] * 2 * n_head_kv + g) * n_ctx) * hd;
-  __global const half* vc = kc + (size_t)n_head_kv * n_ctx * hd;
-  __global const half* qp = q + ((size_t)t * n_head + h) * hd;
-  __global float* sc = scores + ((size_t)tl * n_head + h) * kv_pad;
-  float4 qv[HD4];
-  for (int i = 0; i < HD4; ++i) qv[i] = vload_half4(i, qp);
-  float m = -INFINITY;
-  for (int p = lid; p < n_kv; p += lsz) {
-    const float s = inferd_qk(qv, kc + (size_t)p * hd) * scale;
-    sc[p] = s;
-    m = fmax(m, s);
-  }
-  scratch[lid] = m;
-)" + reduce_code("fmax") + R"(  const float mx = scratch[0];
-  // Every lane has read scratch[0] before it is reused, and every score is visible to every lane.
-  barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
-  // kernels::exp_sum: 16-position chunks (the last padded with zeros), each reduced as
-  // _mm512_reduce_add_ps, the chunk sums added in double in chunk order.
-  const int n_chunks = (n_kv + 15) / 16;
-  double total = 0.0;  // lane 0's
-  for (int first = 0; first < n_chunks; first += lsz) {
-    const int c = first + lid;
-    float cs = 0.0f;
-    if (c < n_chunks) {
-      float e[16];
-      for (int l = 0; l < 16; ++l) {
-        const int p = 16 * c + l;
-        e[l] = p < n_kv ? inferd_expf(sc[p] - mx) : 0.0f;
-        if (p < n_kv) sc[p] = e[l];
-      }
-      cs = inferd_reduce16(vload16(0, e));
-    }
-    scratch[lid] = cs;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (lid == 0) {
-      const int n = min(lsz, n_chunks - first);
-      for (int i = 0; i < n; ++i) total += (double)scratch[i];
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
-  if (lid == 0) scratch[0] = (float)(1.0 / total);
-  barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
-  const float inv = scratch[0];
-  for (int p = lid; p < n_kv; p += lsz) sc[p] = inferd_round_half(sc[p] * inv);  // as llama.cpp before KQV
-  barrier(CLK_GLOBAL_MEM_FENCE);
-  // KQV: chain i of dimension d sums positions j = i (mod 16) in order (tinyBLAS's 16 lanes); the
-  // products of two halves are exact.
-  for (int c = lid; c < 16 * HD4 * 4; c += lsz) {
-    const int i = c / (HD4 * 4), d = c % (HD4 * 4);
-    float acc = 0.0f;
-    for (int j = i; j < n_kv; j += 16) acc = fma(sc[j], vload_half(d, vc + (size_t)j * hd), acc);
-    chains[c] = acc;
-  }
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int s = lid; s < HD4; s += lsz) {
-    float o[4];
-    for (int l = 0; l < 4; ++l) {
-      float v[16];
-      for (int i = 0; i < 16; ++i) v[i] = chains[i * HD4 * 4 + 4 * s + l];
-      o[l] = inferd_reduce16(vload16(0, v));
-    }
-    $out.Write((float4)(o[0], o[1], o[2], o[3]), t, 0, h * HD4 + s);
-  }
-)";
+  k.helpers = join({define_hd4(head_dim), kHelpersCl("exact_helpers"),
+                    kAttentionCl(order == CpuOrder::kScalar ? "qk.scalar" : "qk.x86")});
+  k.body = join({kAttentionCl("attention_exact.scores"), reduce_code("fmax"), kAttentionCl("attention_exact.kqv")});
   return k;
 }
 
@@ -1741,11 +800,11 @@ Status Ops::add(const Tensor& a, const Tensor& b, Tensor& dst) { return binary("
 Status Ops::mul(const Tensor& a, const Tensor& b, Tensor& dst) { return binary("mul", "va * vb", "", a, b, dst); }
 // silu(0) * 0 = 0 keeps the padding zero.
 Status Ops::swiglu(const Tensor& gate, const Tensor& up, Tensor& dst) {
-  return binary("swiglu", "inferd_silu(va) * vb", kFloatSilu, gate, up, dst);
+  return binary("swiglu", "inferd_silu(va) * vb", kHelpersCl("float_silu").data(), gate, up, dst);
 }
 Status Ops::swiglu_exact(const Tensor& gate, const Tensor& up, Tensor& dst) {
   INFERD_RETURN_IF_ERROR(require_exact("swiglu_exact", {&gate, &up, &dst}));
-  return binary("swiglu_exact", "inferd_silu4(va) * vb", kExactHelpers, gate, up, dst);
+  return binary("swiglu_exact", "inferd_silu4(va) * vb", kHelpersCl("exact_helpers").data(), gate, up, dst);
 }
 
 Status Ops::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& dst) {

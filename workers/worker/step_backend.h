@@ -1,10 +1,10 @@
 // step_backend.h — what a worker process runs: one forward step at a time over the KV slots it owns.
 //
-// A backend receives a validated-by-itself ring Submission (tokens of one or more sequences) and
-// fills a Completion (a sampled token per sequence that asked for one). The CPU backend (this folder)
-// runs the engine; the CUDA and OpenCL workers implement the same interface in their own folders.
+// A StepBackend receives a ring Submission (tokens of one or more sequences), validates it itself, and
+// fills a Completion (a sampled token per sequence that asked for one). The one implementation is a
+// ModelRunner on a registered backend (make_stage_runner); tests wrap it (WorkerHooks, worker.h).
 //
-// Contract for every backend (the supervisor relies on it):
+// Contract for every step backend (the supervisor relies on it):
 //  * A sequence whose first token in a step has position 0 starts afresh in its slot (a new request
 //    or a replay after a worker restart); otherwise its first position must equal the slot's length.
 //  * Every token of a step is added to its sequence's sampling history before that sequence samples.
@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 
+#include "inferd/backend_factory.h"
 #include "inferd/ipc/hidden_exchange.h"
 #include "inferd/ipc/ring.h"
 #include "inferd/model.h"
@@ -39,8 +40,7 @@ struct BackendOptions {
   int32_t end_layer = 0;
   const ipc::HiddenExchange* hidden_in = nullptr;
   const ipc::HiddenExchange* hidden_out = nullptr;
-  // GPU backends: which device, as "--backend opencl:N" names it ("" = the backend's default; for
-  // OpenCL a decimal index into every platform's devices, opencl::select_device()).
+  // GPU backends: which device, as "--backend opencl:N" names it ("" = the backend's default).
   std::string device;
 };
 
@@ -48,14 +48,15 @@ class StepBackend {
  public:
   virtual ~StepBackend() = default;
   virtual Status step(const ipc::Submission& submission, ipc::Completion& completion) = 0;
+  // The device as the daemon shows it (the backend's describe(), ", layers a-b" for a stage).
   virtual std::string device() const = 0;
   virtual uint64_t kv_bytes() const = 0;
   virtual uint64_t arena_bytes() const = 0;
 };
 
-Result<std::unique_ptr<StepBackend>> make_cpu_backend(std::shared_ptr<const Model> model, const BackendOptions& options);
-// The OpenCL backend (opencl_backend.cpp; built when INFERD_HAVE_OPENCL): whole models or pipeline stages.
-Result<std::unique_ptr<StepBackend>> make_opencl_backend(std::shared_ptr<const Model> model,
-                                                         const BackendOptions& options);
+// The model (or the stage `options` names) on a backend made by `factory` (its environment settings
+// read), behind the StepBackend contract: StepLogic's validation and sampling around the runner.
+Result<std::unique_ptr<StepBackend>> make_stage_runner(std::shared_ptr<const Model> model, const BackendFactory& factory,
+                                                       const BackendOptions& options);
 
 }  // namespace inferd::worker

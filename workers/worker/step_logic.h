@@ -13,7 +13,7 @@
 #include <span>
 #include <vector>
 
-#include "inferd/engine.h"
+#include "inferd/model_runner.h"
 #include "inferd/ipc/ring.h"
 #include "inferd/sampler.h"
 #include "inferd/status.h"

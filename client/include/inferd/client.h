@@ -77,9 +77,31 @@ struct PlacementStage {
   bool output = false;
 };
 
+// One assignment of the placement plan: which operators of the model's graph a worker runs.
+struct PlacementAssignment {
+  uint32_t worker = 0;
+  std::string backend;
+  bool embeddings = false;
+  uint32_t first_layer = 0, end_layer = 0;  // layers [first_layer, end_layer)
+  bool output = false;
+  std::vector<std::string> operators;       // only these operators of the layers; empty: all
+  uint64_t neuron_begin = 0, neuron_end = 0;  // only these FFN neurons; 0, 0: all
+  uint32_t nodes = 0;                       // graph operators the worker runs
+};
+
+// A tensor that crosses workers.
+struct PlacementExchange {
+  uint32_t from_worker = 0, to_worker = 0;
+  std::string tensor;  // e.g. "blk.14.ffn_res"
+  uint32_t floats_per_token = 0;
+  std::string via;     // e.g. "shared memory (hidden-state exchange)"
+};
+
 struct Placement {
   std::vector<PlacementStage> stages;  // in pipeline order
-  std::string summary;                 // e.g. "cpu:0 layers 0-29 + output"
+  std::string summary;                 // e.g. "cpu:0 layers 0-29 + embeddings + output"
+  std::vector<PlacementAssignment> assignments;  // the plan, in order
+  std::vector<PlacementExchange> exchanges;
 };
 
 enum class ModelState { kLoading, kReady, kRecovering, kFailed };

@@ -1,6 +1,8 @@
 #include "inferd/status.h"
 
 #include <cerrno>
+#include <cstdarg>
+#include <cstdio>
 #include <cstring>
 
 namespace inferd {
@@ -39,8 +41,13 @@ Status Status::with_context(const std::string& context) const {
   return Status(rep_->code, context + ": " + rep_->message);
 }
 
-void assert_fail(const char* expr, const char* file, int line, const char* msg) {
-  std::fprintf(stderr, "inferd: assertion failed: %s at %s:%d %s\n", expr, file, line, msg);
+void assert_fail(const char* expr, const char* file, int line, const char* fmt, ...) {
+  std::fprintf(stderr, "inferd: assertion failed: %s at %s:%d", expr, file, line);
+  va_list args;
+  va_start(args, fmt);
+  std::vfprintf(stderr, fmt, args);
+  va_end(args);
+  std::fputc('\n', stderr);
   std::fflush(stderr);
   std::abort();
 }

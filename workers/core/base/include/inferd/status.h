@@ -99,15 +99,18 @@ class [[nodiscard]] Result {
   std::variant<T, Status> v_;
 };
 
-[[noreturn]] void assert_fail(const char* expr, const char* file, int line, const char* msg);
+// Prints the expression, where, and the printf-style message with its values (the operands), then aborts.
+[[noreturn]] void assert_fail(const char* expr, const char* file, int line, const char* fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 }  // namespace inferd
 
-// A bug in this code: print the expression and where, then abort.
+// A bug in this code: print the expression, where, and an optional printf-style message with the values
+// involved, then abort: INFERD_ASSERT(a == b, "a %d, b %d", a, b).
 #define INFERD_ASSERT(cond, ...)                                                       \
   do {                                                                                 \
     if (__builtin_expect(!(cond), 0)) ::inferd::assert_fail(#cond, __FILE__, __LINE__, \
-                                                            "" __VA_ARGS__);           \
+                                                            " " __VA_ARGS__);           \
   } while (0)
 
 // Propagate a non-OK Status from an expression returning Status.

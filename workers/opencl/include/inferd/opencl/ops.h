@@ -48,7 +48,7 @@
 //    and matmul_exact() sums what the CPU's integer dot kernels sum: per row 8 float lanes, lane i
 //    accumulating block by block, with one fma per block and the block's combined scale d_w * d_a,
 //    the integer sum of elements 4i..4i+3 (exact), then ggml's horizontal sum, and the min / offset
-//    terms in their own chains (CpuOrder; each type's steps are written at matmul_exact_template). rms_norm_exact, swiglu_halves_exact and
+//    terms in their own chains (CpuOrder; each type's steps are written in kernels/opencl/matmul_exact.cl). rms_norm_exact, swiglu_halves_exact and
 //    attention_exact follow the CPU engine's row ops (workers/cpu/ops.cpp) likewise, with
 //    ggml's expf polynomial instead of the device's exp and divisions and square roots correctly
 //    rounded through double. Every program is built with FP_CONTRACT OFF (codegen.h), so a * b + c

@@ -1,5 +1,5 @@
-// test_weights.h — weight rows of every type the OpenCL matmul reads, for inferd_opencl_test's cases
-// and synthetic models.
+// inferd/kernels/test_weights.h — weight rows of every type the backends compute with, for tests: the
+// backend-ops suite's cases, the OpenCL tests' synthetic models.
 //
 // F32 and F16 come from the given floats, BF16 by truncating them to their top 16 bits, the
 // 32-element block types through kernels::quantize_row_ref. The K-quants have no reference
@@ -19,7 +19,7 @@
 #include "inferd/dtype.h"
 #include "inferd/kernels/quantize.h"
 
-namespace inferd::opencl::testing {
+namespace inferd::kernels::testing {
 
 // Whether encode_weight_row() can write `type`.
 inline bool can_encode_weights(DType type) {
@@ -80,4 +80,4 @@ inline void encode_weight_row(DType type, const float* values, int64_t n, uint32
   }
 }
 
-}  // namespace inferd::opencl::testing
+}  // namespace inferd::kernels::testing

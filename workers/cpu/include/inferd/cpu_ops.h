@@ -1,6 +1,7 @@
-// ops.h — the row operations of the llama forward pass (private to inferd_backend_cpu).
+// inferd/cpu_ops.h — the CPU backend's row operations of the llama forward pass, and the reference other
+// backends' tests compare with.
 //
-// Each function works on one row (one token, or one head of one token) so that the engine can
+// Each function works on one row (one token, or one head of one token) so that the backend can
 // split work between threads freely. Their floating-point behaviour follows ggml's CPU backend
 // (accumulation types and order, half-precision rounding of attention operands) because the
 // engine is compared with llama.cpp token by token; where an operation differs from ggml, the

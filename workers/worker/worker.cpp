@@ -1,17 +1,4 @@
-// inferd-worker: one backend instance, spawned and supervised by inferd. Not meant to be run by hand.
-//
-//   inferd-worker --backend cpu --control-fd 3 --weights-fd 4 --ring-fd 5 --submit-efd 6 --complete-efd 7
-//                 [--hidden-in-fd 8] [--hidden-out-fd 9]      (pipeline stages: ipc/hidden_exchange.h)
-//
-// The supervisor passes five inherited descriptors: the control socket (schemas/worker.capnp frames),
-// the sealed weights segment, the ring segment and two eventfds (supervisor -> worker "a submission is
-// ready", worker -> supervisor "a completion is ready"). The worker says Hello, receives Configure,
-// attaches everything, says Ready, then serves steps until the supervisor says Shutdown or goes away.
-// It dies with the supervisor (PR_SET_PDEATHSIG), so it can never outlive it.
-//
-// Fault injection for the recovery tests: INFERD_WORKER_FAULT=start makes the worker abort before it
-// is ready (a worker crashing in a loop); INFERD_WORKER_FAULT=step:N makes its N-th step (from 1) fail
-// with the error "injected fault" (a backend error that does not kill the worker).
+// The worker process: one backend instance, spawned and supervised by inferd (worker.h).
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -29,12 +16,13 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include "inferd/ipc/backend_name.h"
+#include "inferd/backend_names.h"
+#include "inferd/backend_registry.h"
 #include "inferd/ipc/frame.h"
 #include "inferd/ipc/ring.h"
 #include "inferd/ipc/weights_segment.h"
 #include "inferd/schemas/worker.capnp.h"
-#include "step_backend.h"
+#include "worker.h"
 
 namespace inferd::worker {
 namespace {
@@ -73,7 +61,7 @@ Status send_failed(int fd, const std::string& why) {
   return ipc::write_frame(fd, msg);
 }
 
-int run(const Args& args) {
+int run(const Args& args, const WorkerHooks& hooks) {
   const auto t0 = Clock::now();
   const int ctl = args.control_fd;
   {
@@ -100,30 +88,17 @@ int run(const Args& args) {
   const std::string model_id = cfg.getModelId();
   spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ [worker " + std::to_string(::getpid()) + " " + model_id + "] %v");
 
-  const char* fault = std::getenv("INFERD_WORKER_FAULT");
-  if (fault && std::string(fault) == "start") {
-    spdlog::warn("INFERD_WORKER_FAULT=start: aborting before ready");
-    std::abort();
-  }
+  if (hooks.configured) hooks.configured();
 
   auto fail = [&](const Status& s) {
     spdlog::error("{}", s.to_string());
     (void)send_failed(ctl, s.to_string());
     return 1;
   };
-  // "cpu", or "opencl" / "opencl:N" (device N) where this worker is built with OpenCL.
-  const auto name = ipc::parse_backend_name(args.backend);
-  const std::string device = name ? name->device : "";
-  const bool opencl = args.backend.rfind("opencl", 0) == 0;
-  if (opencl) {
-#ifdef INFERD_HAVE_OPENCL
-    if (!name || name->family != "opencl") {
-      return fail(Status(Code::kInvalidArgument, "backend '" + args.backend + "': expected opencl:N, N a device index"));
-    }
-#else
-    return fail(Status(Code::kUnimplemented, "backend '" + args.backend + "' is not built into this worker"));
-#endif
-  } else if (args.backend != "cpu") {
+  // A registered backend's family, with a device index where it has devices: "cpu", "opencl:1".
+  const auto name = parse_backend_name(args.backend);
+  const BackendFactory* factory = name ? find_backend(name->family) : nullptr;
+  if (factory == nullptr) {
     return fail(Status(Code::kUnimplemented, "backend '" + args.backend + "' is not built into this worker"));
   }
   auto weights = ipc::WeightsSegment::attach(ipc::UniqueFd(args.weights_fd));
@@ -154,14 +129,12 @@ int run(const Args& args) {
   }
   bo.hidden_in = hidden_in.get();
   bo.hidden_out = hidden_out.get();
-  bo.device = device;
-#ifdef INFERD_HAVE_OPENCL
-  auto backend = opencl ? make_opencl_backend(model.value(), bo) : make_cpu_backend(model.value(), bo);
-#else
-  auto backend = make_cpu_backend(model.value(), bo);
-#endif
+  bo.device = name->device;
+  auto backend = make_stage_runner(model.value(), *factory, bo);
   if (!backend) return fail(backend.status());
-  StepBackend& be = *backend.value();
+  std::unique_ptr<StepBackend> step_backend = std::move(backend).value();
+  if (hooks.wrap) step_backend = hooks.wrap(std::move(step_backend));
+  StepBackend& be = *step_backend;
   {
     capnp::MallocMessageBuilder msg;
     auto ready = msg.initRoot<wire::FromWorker>().initReady();
@@ -175,8 +148,6 @@ int run(const Args& args) {
 
   const ipc::RingSegment& r = *ring.value();
   uint64_t steps = 0, tokens = 0;
-  uint64_t fail_step = 0;  // INFERD_WORKER_FAULT=step:N
-  if (fault && std::string(fault).rfind("step:", 0) == 0) fail_step = std::strtoull(fault + 5, nullptr, 10);
   pollfd fds[2] = {{ctl, POLLIN, 0}, {args.submit_efd, POLLIN, 0}};
   for (;;) {
     int n = ::poll(fds, 2, -1);
@@ -198,8 +169,7 @@ int run(const Args& args) {
         out->id = sub->id;
         out->n_outputs = 0;
         out->error[0] = '\0';
-        Status st = steps + 1 == fail_step ? Status(Code::kFailed, "injected fault (INFERD_WORKER_FAULT)")
-                                           : be.step(*sub, *out);
+        Status st = be.step(*sub, *out);
         out->status = static_cast<int32_t>(st.code());
         if (!st) {
           out->n_outputs = 0;
@@ -236,17 +206,16 @@ int run(const Args& args) {
 }
 
 }  // namespace
-}  // namespace inferd::worker
 
-int main(int argc, char** argv) {
+int worker_main(int argc, char** argv, const WorkerHooks& hooks) {
   // Die with the supervisor; if it is already gone (we were reparented), exit at once.
   // (The supervisor also sets it between fork and exec and checks that it is still the parent.)
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   ::signal(SIGPIPE, SIG_IGN);
   // Logs go to stderr, which the worker shares with the supervisor (and so with journald).
   spdlog::set_default_logger(spdlog::stderr_color_mt("worker"));
-  inferd::worker::Args args;
-  if (!inferd::worker::parse_args(argc, argv, &args)) {
+  Args args;
+  if (!parse_args(argc, argv, &args)) {
     std::fprintf(stderr,
                  "inferd-worker is started by inferd, not by hand.\n"
                  "usage: inferd-worker --backend cpu --control-fd N --weights-fd N --ring-fd N --submit-efd N "
@@ -261,9 +230,11 @@ int main(int argc, char** argv) {
     if (fd >= 0) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
   }
   try {
-    return inferd::worker::run(args);
+    return run(args, hooks);
   } catch (const std::exception& e) {  // Cap'n Proto reports malformed control messages by throwing
     spdlog::error("control channel: {}", e.what());
     return 1;
   }
 }
+
+}  // namespace inferd::worker

@@ -1,0 +1,489 @@
+#include "scheduler.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+
+namespace inferd::daemon {
+namespace {
+
+using Clock = SchedulerClock;
+
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+constexpr uint32_t kMaxStopStrings = 16;
+constexpr size_t kMaxStopBytes = 256;
+
+}  // namespace
+
+struct Scheduler::Sequence {
+  uint64_t id = 0;
+  std::shared_ptr<GenerationStream> stream;
+  std::vector<int32_t> history;  // prompt, then generated tokens
+  uint32_t n_prompt = 0;
+  SamplingParams sampling;
+  uint32_t max_tokens = 0;
+  bool ignore_eog = false;
+  TextOutput text;
+  int32_t slot = -1;
+  size_t fed = 0;        // tokens of history in the worker's KV cache
+  size_t in_flight = 0;  // positions after `fed` in steps not completed yet (the last ones may be
+                         // tokens still being sampled)
+  uint32_t pending = 0;  // tokens asked of in-flight steps and not received yet
+  uint32_t replays = 0;
+  Clock::time_point t_arrival, t_admitted, t_first, t_last;
+  bool has_first = false;
+
+  uint32_t n_generated() const { return static_cast<uint32_t>(history.size()) - n_prompt; }
+  size_t sent() const { return fed + in_flight; }
+};
+
+Scheduler::Scheduler(SchedulerOptions options, const Tokenizer& tokenizer, ChatTemplate chat_template,
+                     SchedulerHost& host, std::vector<StagePort*> stages)
+    : opt_(std::move(options)),
+      tokenizer_(tokenizer),
+      chat_template_(chat_template),
+      host_(host),
+      ports_(std::move(stages)),
+      stages_(ports_.size()),
+      slots_(opt_.parallel, 0),
+      submission_(std::make_unique<ipc::Submission>()) {
+  INFERD_ASSERT(!ports_.empty());
+}
+
+Scheduler::~Scheduler() = default;
+
+Status Scheduler::enqueue(GenerateParams p, std::shared_ptr<GenerationStream> stream) {
+  INFERD_RETURN_IF_ERROR(validate(p.sampling));
+  if (p.stop.size() > kMaxStopStrings) {
+    return Status(Code::kInvalidArgument, "at most " + std::to_string(kMaxStopStrings) + " stop strings");
+  }
+  for (const auto& s : p.stop) {
+    if (s.size() > kMaxStopBytes) {
+      return Status(Code::kInvalidArgument, "a stop string is longer than " + std::to_string(kMaxStopBytes) + " bytes");
+    }
+  }
+  std::vector<int32_t> prompt;
+  switch (p.input) {
+    case GenerateParams::Input::kPrompt:
+      prompt = tokenizer_.encode(p.prompt, p.add_special, p.parse_special);
+      break;
+    case GenerateParams::Input::kMessages: {
+      auto text = apply_chat_template(chat_template_, p.messages);
+      if (!text) return text.status();
+      prompt = tokenizer_.encode(text.value(), p.add_special, true);
+      break;
+    }
+    case GenerateParams::Input::kTokens:
+      for (size_t i = 0; i < p.tokens.size(); ++i) {
+        if (p.tokens[i] < 0 || p.tokens[i] >= tokenizer_.n_vocab()) {
+          return Status(Code::kInvalidArgument, "token " + std::to_string(i) + " is " + std::to_string(p.tokens[i]) +
+                                                    ", outside the vocabulary [0, " +
+                                                    std::to_string(tokenizer_.n_vocab()) + ")");
+        }
+      }
+      prompt = std::move(p.tokens);
+      break;
+  }
+  if (prompt.empty()) return Status(Code::kInvalidArgument, "the prompt is empty");
+  if (prompt.size() >= opt_.context_size) {
+    return Status(Code::kOutOfRange, "the prompt is " + std::to_string(prompt.size()) + " tokens but model " +
+                                         opt_.model_id + "'s context holds " + std::to_string(opt_.context_size) +
+                                         " (the prompt must leave room for at least one generated token)");
+  }
+  if (queue_.size() >= opt_.max_queue) {
+    return Status(Code::kOverloaded, "model " + opt_.model_id + " has " + std::to_string(queue_.size()) +
+                                         " requests waiting (max-queue); retry later");
+  }
+  auto seq = std::make_unique<Sequence>();
+  seq->id = ++next_seq_id_;
+  seq->stream = std::move(stream);
+  seq->n_prompt = static_cast<uint32_t>(prompt.size());
+  seq->history = std::move(prompt);
+  seq->sampling = p.sampling;
+  if (seq->sampling.seed == SamplingParams::kSeedFromClock) {
+    seq->sampling.seed = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+    if (seq->sampling.seed == SamplingParams::kSeedFromClock) seq->sampling.seed = 0;
+  }
+  seq->max_tokens = p.max_tokens;
+  seq->ignore_eog = p.ignore_eog;
+  seq->text = TextOutput(std::move(p.stop));
+  seq->t_arrival = host_.now();
+  queue_.push_back(std::move(seq));
+  schedule();
+  return Status::ok();
+}
+
+void Scheduler::schedule() {
+  while (schedule_one()) {
+  }
+  arm_hang_detector();
+}
+
+// Steps a worker holds at once: one per pipeline stage, else the configured number.
+size_t Scheduler::depth() const { return ports_.size() == 1 ? opt_.steps_in_flight : 1; }
+
+// Whether a sequence goes on after its pending tokens, unless one of them ends it by its value.
+bool Scheduler::continues_after_pending(const Sequence& s) const {
+  return (s.max_tokens == 0 || s.n_generated() + s.pending < s.max_tokens) &&
+         s.history.size() + s.pending < opt_.context_size;
+}
+
+// Builds and submits one step; false when none can start now.
+bool Scheduler::schedule_one() {
+  if (stopped_ || steps_.size() >= depth()) return false;
+  for (size_t i = 0; i < ports_.size(); ++i) {
+    if (!ports_[i]->ready() || stages_[i].in_flight.size() >= depth()) return false;
+  }
+  const auto now = host_.now();
+  // Cancelled sequences leave at a step boundary; their slots are free for this very step (a step
+  // still in flight may write into such a slot: a sequence admitted now starts it afresh after).
+  for (auto it = active_.begin(); it != active_.end();) {
+    if (it->second->stream->cancelled()) {
+      Sequence& s = *it->second;
+      spdlog::info("request {} on {}: cancelled by the client after {} tokens", s.id, opt_.model_id, s.n_generated());
+      slots_[static_cast<size_t>(s.slot)] = 0;
+      ++requests_done_;
+      it = active_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  std::erase_if(queue_, [](const auto& s) { return s->stream->cancelled(); });
+  for (size_t slot = 0; slot < slots_.size() && !queue_.empty(); ++slot) {
+    if (slots_[slot] != 0) continue;
+    auto seq = std::move(queue_.front());
+    queue_.pop_front();
+    seq->slot = static_cast<int32_t>(slot);
+    seq->t_admitted = now;
+    slots_[slot] = seq->id;
+    active_.emplace(seq->id, std::move(seq));
+  }
+  if (active_.empty()) return false;
+
+  ipc::Submission* sub = submission_.get();
+  Step step;
+  step.id = next_step_id_ + 1;
+  sub->id = step.id;
+  sub->n_seqs = 0;
+  sub->n_tokens = 0;
+  uint32_t budget = opt_.batch_tokens;
+  // Positions of a sequence not sent to the worker yet; the last `pending` are being sampled.
+  auto unsent = [](const Sequence& s) { return s.history.size() + s.pending - s.sent(); };
+  auto add = [&](Sequence& s) {
+    if (budget == 0) return;
+    const size_t sent = s.sent();
+    uint32_t chunk = 0;
+    bool want = false, sampled = false;
+    if (sent < s.history.size()) {  // known tokens: a prompt chunk, or a decode step
+      INFERD_ASSERT(s.pending == 0, "sequence %llu has %u pending tokens", static_cast<unsigned long long>(s.id),
+                    s.pending);
+      chunk = static_cast<uint32_t>(std::min<size_t>(s.history.size() - sent, budget));
+      want = sent + chunk == s.history.size();
+    } else {  // the token the worker is sampling for it now: queue the step after, ahead
+      INFERD_ASSERT(s.pending > 0 && sent + 1 == s.history.size() + s.pending);
+      if (!continues_after_pending(s)) return;
+      chunk = 1;
+      want = sampled = true;
+    }
+    if (chunk == 0) return;
+    ipc::StepSeq& e = sub->seqs[sub->n_seqs];
+    e = {};
+    e.slot = static_cast<uint32_t>(s.slot);
+    e.flags = want ? ipc::kSeqWantToken : 0;
+    e.n_sampled = s.n_generated() + s.pending;
+    e.seed = s.sampling.seed;
+    e.temperature = s.sampling.temperature;
+    e.top_p = s.sampling.top_p;
+    e.min_p = s.sampling.min_p;
+    e.repeat_penalty = s.sampling.repeat_penalty;
+    e.frequency_penalty = s.sampling.frequency_penalty;
+    e.presence_penalty = s.sampling.presence_penalty;
+    e.top_k = s.sampling.top_k;
+    e.repeat_last_n = s.sampling.repeat_last_n;
+    for (uint32_t i = 0; i < chunk; ++i) {
+      ipc::StepToken& t = sub->tokens[sub->n_tokens++];
+      t.token = sampled ? ipc::kTokenSampled : s.history[sent + i];
+      t.pos = static_cast<int32_t>(sent + i);
+      t.seq = sub->n_seqs;
+    }
+    step.entries.push_back({s.id, chunk, want});
+    s.in_flight += chunk;
+    if (want) ++s.pending;
+    ++sub->n_seqs;
+    budget -= chunk;
+  };
+  // Decoding sequences first (one token each), then prompt chunks in admission order.
+  for (auto& [id, s] : active_) {
+    if (unsent(*s) == 1) add(*s);
+  }
+  for (auto& [id, s] : active_) {
+    if (budget == 0) break;
+    if (unsent(*s) > 1) add(*s);
+  }
+  if (sub->n_tokens == 0) return false;
+  next_step_id_ = step.id;
+  step.n_tokens = sub->n_tokens;
+  step.submitted = now;
+  steps_.push_back(std::move(step));
+  submit_to(0);
+  return true;
+}
+
+// Copies the current step into a stage's ring and wakes its worker.
+void Scheduler::submit_to(size_t stage) {
+  const ipc::Submission& src = *submission_;
+  ipc::Submission* dst = ports_[stage]->submission_slot();
+  INFERD_ASSERT(dst != nullptr);  // at most depth() steps in flight, depth() <= the ring's capacity
+  dst->id = src.id;
+  dst->n_seqs = src.n_seqs;
+  dst->n_tokens = src.n_tokens;
+  std::memcpy(dst->seqs, src.seqs, sizeof(ipc::StepSeq) * src.n_seqs);
+  std::memcpy(dst->tokens, src.tokens, sizeof(ipc::StepToken) * src.n_tokens);
+  stages_[stage].in_flight.push_back(src.id);
+  ports_[stage]->publish_submission();
+}
+
+// The hang detector: the worker running the oldest step in flight must finish it within step_timeout of
+// when it became that worker's oldest (so a queued step's time starts when the step before it ends, and
+// a pipeline stage's when it gets the step). Armed once per step and stage, when that changes
+// (schedule() runs after every submission and completion).
+void Scheduler::arm_hang_detector() {
+  size_t stage = 0;
+  while (stage < ports_.size() && stages_[stage].in_flight.empty()) ++stage;
+  if (stage == ports_.size()) return;
+  const std::pair<size_t, uint64_t> oldest{stage, stages_[stage].in_flight.front()};
+  if (oldest == timed_) return;
+  timed_ = oldest;
+  host_.arm_timer(opt_.step_timeout, [this, oldest] {
+    const StageState& st = stages_[oldest.first];
+    // It has moved on since (the step completed or was abandoned).
+    if (st.in_flight.empty() || st.in_flight.front() != oldest.second || steps_.empty() ||
+        steps_.front().id > oldest.second) {
+      return;
+    }
+    spdlog::error("model {}: worker {} has not finished step {} in {} s; killing it", opt_.model_id,
+                  ports_[oldest.first]->pid(), oldest.second,
+                  std::chrono::duration_cast<std::chrono::seconds>(opt_.step_timeout).count());
+    ports_[oldest.first]->kill();
+  });
+}
+
+void Scheduler::on_completion(size_t stage_index) {
+  StagePort& port = *ports_[stage_index];
+  StageState& st = stages_[stage_index];
+  if (!port.ready()) return;
+  while (const ipc::Completion* c = port.next_completion()) {
+    if (st.in_flight.empty() || c->id != st.in_flight.front()) {
+      spdlog::error("model {}: worker {} answered step {} (it was given {}); killing it", opt_.model_id, port.pid(),
+                    c->id, st.in_flight.empty() ? 0 : st.in_flight.front());
+      port.kill();  // a worker that answers steps it was not given is broken
+      return;
+    }
+    st.in_flight.pop_front();
+    ++st.steps;
+    step_compute_ns_ += c->compute_ns;
+    if (steps_.empty() || steps_.front().id != c->id) {  // the step was abandoned when another stage died
+      port.release_completion();
+      continue;
+    }
+    st.tokens += steps_.front().n_tokens;
+    if (c->status != 0) {
+      std::string why(c->error, strnlen(c->error, sizeof(c->error)));
+      port.release_completion();
+      Step step = std::move(steps_.front());
+      steps_.pop_front();
+      spdlog::error("model {}: step {} failed on worker {}: {}", opt_.model_id, step.id, stage_index, why);
+      for (const auto& e : step.entries) fail_sequence(e.seq, Status(Code::kFailed, "the worker failed: " + why));
+      if (!steps_.empty()) {
+        // The steps queued after it continue from its positions and sampled tokens, so the worker
+        // will refuse or miscompute them: their answers are dropped and every other sequence starts
+        // again from position 0 (its tokens so far are kept; nothing is streamed twice).
+        steps_.clear();
+        restart_sequences();
+      }
+      continue;
+    }
+    if (stage_index + 1 < ports_.size()) {  // hand the step to the next pipeline stage
+      const bool bad = c->n_outputs != 0;
+      port.release_completion();
+      if (bad) {
+        spdlog::error("model {}: pipeline stage {} sampled tokens; killing it", opt_.model_id, stage_index);
+        port.kill();
+        return;
+      }
+      submit_to(stage_index + 1);
+      continue;
+    }
+    Step step = std::move(steps_.front());
+    steps_.pop_front();
+    std::vector<int32_t> tokens(step.entries.size(), -1);
+    bool bad = c->n_outputs > step.entries.size();
+    for (uint32_t i = 0; !bad && i < c->n_outputs; ++i) {
+      const ipc::StepOutput& o = c->outputs[i];
+      if (o.seq >= step.entries.size() || !step.entries[o.seq].want || o.token < 0 || o.token >= tokenizer_.n_vocab()) {
+        bad = true;
+      } else {
+        tokens[o.seq] = o.token;
+      }
+    }
+    for (size_t i = 0; !bad && i < step.entries.size(); ++i) bad = step.entries[i].want && tokens[i] < 0;
+    port.release_completion();
+    if (bad) {
+      spdlog::error("model {}: worker sent a malformed completion; killing it", opt_.model_id);
+      port.kill();
+      return;
+    }
+    const auto now = host_.now();
+    // The worker's time on this step: from when it could start it (submitted, or the step before done).
+    const auto began = std::max(step.submitted, last_completion_);
+    last_completion_ = now;
+    step_wall_ns_ += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now - began).count());
+    ++timed_steps_;
+    uint32_t decoded = 0;
+    for (size_t i = 0; i < step.entries.size(); ++i) {
+      auto it = active_.find(step.entries[i].seq);
+      if (it == active_.end()) continue;  // cancelled or failed meanwhile
+      Sequence& s = *it->second;
+      s.fed += step.entries[i].chunk;
+      s.in_flight -= step.entries[i].chunk;
+      if (step.entries[i].want) {
+        --s.pending;
+        ++decoded;
+        accept_token(s, tokens[i], now);
+      }
+    }
+    rate_.push_back({now, decoded});
+    while (!rate_.empty() && now - rate_.front().first > std::chrono::seconds(5)) rate_.pop_front();
+  }
+  schedule();
+}
+
+void Scheduler::stage_lost(size_t stage) {
+  stages_[stage].in_flight.clear();
+  steps_.clear();  // whatever steps were running are abandoned; the other stages' answers are dropped
+}
+
+void Scheduler::replay(const std::string& why) {
+  restart_sequences();
+  std::vector<uint64_t> give_up;
+  for (auto& [id, s] : active_) {
+    if (++s->replays > kMaxReplays) give_up.push_back(id);
+  }
+  for (uint64_t id : give_up) {
+    fail_sequence(id, Status(Code::kDisconnected, "the worker died " + std::to_string(kMaxReplays + 1) +
+                                                      " times during this request (last: " + why + "); retry"));
+  }
+  replays_ += active_.size();
+}
+
+// Forgets every sequence's in-flight positions, so the next steps resubmit it from position 0 (which
+// clears its KV slot and recreates its sampler at the same draw).
+void Scheduler::restart_sequences() {
+  for (auto& [id, s] : active_) {
+    s->fed = s->in_flight = 0;
+    s->pending = 0;
+  }
+}
+
+void Scheduler::accept_token(Sequence& s, int32_t token, Clock::time_point now) {
+  if (!s.has_first) {
+    s.has_first = true;
+    s.t_first = now;
+  }
+  s.t_last = now;
+  if (!s.ignore_eog && tokenizer_.is_eog(token)) return finish(s.id, FinishReason::kEndOfGeneration);
+  s.history.push_back(token);
+  ++generated_tokens_;
+  std::string text = s.text.push(tokenizer_.token_to_piece(token, false));
+  s.stream->push(std::span<const int32_t>(&token, 1), text);
+  if (s.text.stopped()) return finish(s.id, FinishReason::kStop);
+  if (s.max_tokens != 0 && s.n_generated() >= s.max_tokens) return finish(s.id, FinishReason::kMaxTokens);
+  if (s.history.size() >= opt_.context_size) return finish(s.id, FinishReason::kContextFull);
+}
+
+void Scheduler::finish(uint64_t id, FinishReason reason) {
+  auto it = active_.find(id);
+  INFERD_ASSERT(it != active_.end());
+  Sequence& s = *it->second;
+  std::string tail = s.text.finish();
+  if (!tail.empty()) s.stream->push({}, tail);
+  GenerateSummary sum;
+  sum.reason = reason;
+  sum.prompt_tokens = s.n_prompt;
+  sum.generated_tokens = s.n_generated();
+  sum.seed = s.sampling.seed;
+  sum.queue_ms = ms_between(s.t_arrival, s.t_admitted);
+  sum.time_to_first_token_ms = s.has_first ? ms_between(s.t_arrival, s.t_first) : 0;
+  sum.prompt_ms = s.has_first ? ms_between(s.t_admitted, s.t_first) : 0;
+  sum.generate_ms = s.has_first ? ms_between(s.t_first, s.t_last) : 0;
+  sum.replays = s.replays;
+  static const char* kReasons[] = {"end of generation", "max tokens", "stop string", "context full"};
+  spdlog::info("request {} on {}: {} prompt + {} generated tokens, {} | queue {:.1f} ms, first token {:.1f} ms, "
+               "{:.1f} tok/s{}",
+               s.id, opt_.model_id, sum.prompt_tokens, sum.generated_tokens, kReasons[static_cast<int>(reason)],
+               sum.queue_ms, sum.time_to_first_token_ms,
+               sum.generate_ms > 0 ? (sum.generated_tokens - 1) * 1000.0 / sum.generate_ms : 0.0,
+               s.replays ? ", replayed " + std::to_string(s.replays) + "x" : "");
+  s.stream->finish(sum);
+  slots_[static_cast<size_t>(s.slot)] = 0;
+  prompt_tokens_ += s.n_prompt;
+  ++requests_done_;
+  active_.erase(it);
+}
+
+void Scheduler::fail_sequence(uint64_t id, const Status& why) {
+  auto it = active_.find(id);
+  if (it == active_.end()) return;
+  Sequence& s = *it->second;
+  spdlog::warn("request {} on {}: {}", s.id, opt_.model_id, why.to_string());
+  s.stream->finish(why);
+  slots_[static_cast<size_t>(s.slot)] = 0;
+  ++requests_failed_;
+  active_.erase(it);
+}
+
+void Scheduler::fail_all(const Status& why) {
+  std::vector<uint64_t> ids;
+  for (auto& [id, s] : active_) ids.push_back(id);
+  for (uint64_t id : ids) fail_sequence(id, why);
+  for (auto& s : queue_) {
+    s->stream->finish(why);
+    ++requests_failed_;
+  }
+  queue_.clear();
+}
+
+SchedulerStats Scheduler::stats() const {
+  SchedulerStats st;
+  for (auto& [id, s] : active_) {
+    ++st.slots_used;
+    st.kv_tokens_used += s->fed;
+  }
+  st.requests_active = static_cast<uint32_t>(active_.size());
+  st.requests_queued = static_cast<uint32_t>(queue_.size());
+  st.requests_done = requests_done_;
+  st.requests_failed = requests_failed_;
+  st.prompt_tokens = prompt_tokens_;
+  st.generated_tokens = generated_tokens_;
+  st.replays = replays_;
+  if (timed_steps_ > 0) {
+    st.step_compute_us = static_cast<double>(step_compute_ns_) / 1e3 / static_cast<double>(timed_steps_);
+    // Clamped: the worker starts a queued step before the supervisor sees the one before complete.
+    st.step_overhead_us = std::max(0.0, (static_cast<double>(step_wall_ns_) - static_cast<double>(step_compute_ns_)) /
+                                            1e3 / static_cast<double>(timed_steps_));
+  }
+  if (rate_.size() >= 2) {
+    uint64_t n = 0;
+    for (size_t i = 1; i < rate_.size(); ++i) n += rate_[i].second;
+    const double secs = std::chrono::duration<double>(rate_.back().first - rate_.front().first).count();
+    if (secs > 0) st.decode_tokens_per_second = static_cast<double>(n) / secs;
+  }
+  return st;
+}
+
+}  // namespace inferd::daemon

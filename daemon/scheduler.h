@@ -1,0 +1,181 @@
+// daemon/scheduler.h — one model's scheduler: admission queue, KV slots, continuous batching, steps in
+// flight, replay after a worker's death, and the hang detector.
+//
+// Scheduling (continuous batching): a step holds one token for every sequence that is decoding, then
+// prompt chunks of the sequences still prefilling, up to batch_tokens; queued requests are admitted into
+// free slots between steps. A single worker is kept `steps_in_flight` steps ahead: the step after a
+// decode step is queued before that step's token is known, naming its input ipc::kTokenSampled, so the
+// worker never waits for the supervisor between tokens. Such a step is only queued for a sequence that
+// goes on unless the pending token ends it (end of generation, a stop string); if it does, what the step
+// computed for it is dropped. Pipeline stages run one step at a time, handed from stage to stage.
+//
+// Recovery: when a worker dies (stage_lost, then replay), every sequence is replayed from position 0 on every stage
+// (prompt + the tokens already streamed), its sampler resumed at the same draw, so the client's stream
+// goes on with neither duplicated nor missing tokens; a request replayed more than kMaxReplays times
+// fails with DISCONNECTED. A step a worker fails fails the requests in it; the steps queued behind it
+// are dropped and every other sequence restarts from position 0. A worker that answers a step it was not
+// given, or names a token out of range, is killed (StagePort::kill).
+//
+// The scheduler is deterministic: it acts only when called, reads time from its SchedulerHost and arms
+// its one timer (the hang detector) through it, and reaches workers only through StagePorts. The daemon
+// plugs in worker processes (supervisor.cpp); unit tests plug in fake workers and a manual clock
+// (scheduler_test.cpp) and step it call by call, faults included.
+//
+// Thread safety: every method runs on one thread (the supervisor's io_context).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "chat_template.h"
+#include "generation.h"
+#include "inferd/ipc/ring.h"
+#include "inferd/status.h"
+#include "inferd/tokenizer.h"
+#include "text_output.h"
+
+namespace inferd::daemon {
+
+using SchedulerClock = std::chrono::steady_clock;
+
+// One pipeline stage's worker, as the scheduler drives it.
+class StagePort {
+ public:
+  virtual ~StagePort() = default;
+  // A worker is running and ready for steps.
+  virtual bool ready() const = 0;
+  // The next free submission entry of its ring (nullptr when the ring is full), then publish it.
+  virtual ipc::Submission* submission_slot() = 0;
+  virtual void publish_submission() = 0;
+  // The oldest unread completion (nullptr when none), then release it.
+  virtual const ipc::Completion* next_completion() = 0;
+  virtual void release_completion() = 0;
+  // The worker is broken (a malformed answer, a step that hangs): end it. stage_lost() follows.
+  virtual void kill() = 0;
+  virtual int pid() const = 0;
+};
+
+// What the scheduler needs of its surroundings: the time, and one timer.
+class SchedulerHost {
+ public:
+  virtual ~SchedulerHost() = default;
+  virtual SchedulerClock::time_point now() const = 0;
+  // Calls `fire` once after `delay`, replacing any timer armed before.
+  virtual void arm_timer(std::chrono::milliseconds delay, std::function<void()> fire) = 0;
+};
+
+struct SchedulerOptions {
+  std::string model_id;        // for messages and logs
+  uint32_t context_size = 0;   // tokens per sequence
+  uint32_t parallel = 1;       // KV slots
+  uint32_t batch_tokens = 512;
+  uint32_t max_queue = 64;
+  uint32_t steps_in_flight = 2;  // per worker, when there is one stage
+  // A step that takes longer than this means the worker hangs (a GPU fault, a deadlock): it is killed
+  // and its requests replayed. Far above any real step (512 tokens of an 8B model on 2 cores take ~1 min).
+  std::chrono::milliseconds step_timeout = std::chrono::minutes(10);
+};
+
+inline constexpr uint32_t kMaxReplays = 3;  // a request survives this many worker deaths
+
+struct SchedulerStats {
+  uint32_t slots_used = 0;
+  uint64_t kv_tokens_used = 0;
+  uint32_t requests_active = 0, requests_queued = 0;
+  uint64_t requests_done = 0, requests_failed = 0, prompt_tokens = 0, generated_tokens = 0, replays = 0;
+  double decode_tokens_per_second = 0;
+  double step_compute_us = 0, step_overhead_us = 0;
+};
+
+class Scheduler {
+ public:
+  // `stages` in pipeline order, borrowed; `tokenizer` too.
+  Scheduler(SchedulerOptions options, const Tokenizer& tokenizer, ChatTemplate chat_template, SchedulerHost& host,
+            std::vector<StagePort*> stages);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Validates and tokenizes a request and queues it; its tokens and end arrive on `stream`. Bad input
+  // (kInvalidArgument), a prompt the context cannot hold (kOutOfRange) and a full queue (kOverloaded)
+  // are returned here and nothing is queued.
+  Status enqueue(GenerateParams params, std::shared_ptr<GenerationStream> stream);
+  // Queues steps until every worker has its share in flight; also admits queued requests and lets
+  // cancelled ones go. Call after anything that may free or need a worker.
+  void schedule();
+
+  // A stage's worker signalled completions: read them all.
+  void on_completion(size_t stage);
+  // A stage's worker is gone: the steps in flight are abandoned (the other stages' answers to them are
+  // dropped).
+  void stage_lost(size_t stage);
+  // Its replacement is coming: every sequence starts again from position 0 (its tokens so far are kept,
+  // nothing is streamed twice); one replayed more than kMaxReplays times fails with DISCONNECTED.
+  void replay(const std::string& why);
+  // Fails every request, queued or active, with `why`.
+  void fail_all(const Status& why);
+  // No further steps (a failed model, a shutdown); requests are failed by fail_all.
+  void stop() { stopped_ = true; }
+
+  SchedulerStats stats() const;
+  size_t steps_in_flight() const { return steps_.size(); }
+  // Steps a stage answered, and the tokens of those its answer counted for (not abandoned).
+  uint64_t stage_steps(size_t stage) const { return stages_[stage].steps; }
+  uint64_t stage_tokens(size_t stage) const { return stages_[stage].tokens; }
+
+ private:
+  struct Sequence;
+  struct StepEntry {
+    uint64_t seq;
+    uint32_t chunk;
+    bool want;
+  };
+  struct Step {
+    uint64_t id = 0;
+    std::vector<StepEntry> entries;  // in the submission's seq order
+    uint32_t n_tokens = 0;
+    SchedulerClock::time_point submitted;
+  };
+  struct StageState {
+    std::deque<uint64_t> in_flight;  // ids of the steps this stage was given and has not answered
+    uint64_t steps = 0, tokens = 0;
+  };
+
+  size_t depth() const;
+  bool continues_after_pending(const Sequence& s) const;
+  bool schedule_one();
+  void submit_to(size_t stage);
+  void arm_hang_detector();
+  void restart_sequences();
+  void accept_token(Sequence& s, int32_t token, SchedulerClock::time_point now);
+  void finish(uint64_t id, FinishReason reason);
+  void fail_sequence(uint64_t id, const Status& why);
+
+  SchedulerOptions opt_;
+  const Tokenizer& tokenizer_;
+  ChatTemplate chat_template_;
+  SchedulerHost& host_;
+  std::vector<StagePort*> ports_;
+  std::vector<StageState> stages_;
+  bool stopped_ = false;
+
+  std::deque<std::unique_ptr<Sequence>> queue_;
+  std::map<uint64_t, std::unique_ptr<Sequence>> active_;
+  std::vector<uint64_t> slots_;  // sequence id per KV slot, 0 = free
+  std::deque<Step> steps_;       // in flight, oldest first; at most depth()
+  std::unique_ptr<ipc::Submission> submission_;  // the newest step, as sent to each stage
+  uint64_t next_seq_id_ = 0, next_step_id_ = 0;
+  std::pair<size_t, uint64_t> timed_{0, 0};  // the stage and step the hang detector times
+  SchedulerClock::time_point last_completion_;
+  uint64_t step_compute_ns_ = 0, step_wall_ns_ = 0, timed_steps_ = 0;  // for the IPC overhead figure
+  uint64_t requests_done_ = 0, requests_failed_ = 0, prompt_tokens_ = 0, generated_tokens_ = 0, replays_ = 0;
+  std::deque<std::pair<SchedulerClock::time_point, uint32_t>> rate_;
+};
+
+}  // namespace inferd::daemon

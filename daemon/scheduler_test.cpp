@@ -1,0 +1,352 @@
+// The scheduler stepped call by call against fake workers and a manual clock: no processes, no sleeps.
+#include "scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <deque>
+
+#include "inferd/gguf.h"
+
+namespace inferd::daemon {
+namespace {
+
+// A worker as the scheduler sees it: steps it was given (oldest first) and answers the test writes.
+class FakeStage final : public StagePort {
+ public:
+  bool up = true;
+  bool killed = false;
+  size_t capacity = 4;  // ring entries
+  std::deque<ipc::Submission> given;
+  std::deque<ipc::Completion> answers;
+
+  bool ready() const override { return up; }
+  ipc::Submission* submission_slot() override { return given.size() < capacity ? &slot_ : nullptr; }
+  void publish_submission() override { given.push_back(slot_); }
+  const ipc::Completion* next_completion() override { return answers.empty() ? nullptr : &answers.front(); }
+  void release_completion() override { answers.pop_front(); }
+  void kill() override {
+    killed = true;
+    up = false;
+  }
+  int pid() const override { return 4242; }
+
+  // Answers the oldest step: token `token + seq` for every sequence that wants one (a last stage), or
+  // no tokens (a stage before the last).
+  ipc::Submission answer(int32_t token, bool samples = true) {
+    EXPECT_FALSE(given.empty());
+    ipc::Submission s = given.front();
+    given.pop_front();
+    ipc::Completion c{};
+    c.id = s.id;
+    for (uint32_t i = 0; samples && i < s.n_seqs; ++i) {
+      if (!(s.seqs[i].flags & ipc::kSeqWantToken)) continue;
+      ipc::StepOutput& o = c.outputs[c.n_outputs++];
+      o = {};
+      o.seq = i;
+      o.token = token + static_cast<int32_t>(i);
+    }
+    answers.push_back(c);
+    return s;
+  }
+  // Fails the oldest step with `why`.
+  void fail(const char* why) {
+    ipc::Completion c{};
+    c.id = given.front().id;
+    given.pop_front();
+    c.status = static_cast<int32_t>(Code::kFailed);
+    std::snprintf(c.error, sizeof(c.error), "%s", why);
+    answers.push_back(c);
+  }
+
+ private:
+  ipc::Submission slot_{};
+};
+
+class ManualHost final : public SchedulerHost {
+ public:
+  SchedulerClock::time_point t = SchedulerClock::time_point(std::chrono::seconds(1000));
+  std::function<void()> timer;
+  std::chrono::milliseconds delay{0};
+
+  SchedulerClock::time_point now() const override { return t; }
+  void arm_timer(std::chrono::milliseconds d, std::function<void()> fire) override {
+    delay = d;
+    timer = std::move(fire);
+  }
+  void fire() {
+    ASSERT_TRUE(timer);
+    auto f = std::exchange(timer, nullptr);
+    t += delay;
+    f();
+  }
+};
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto file = gguf::GgufFile::open(INFERD_TEST_DATA_DIR "/models/mixed-small.gguf");
+    ASSERT_TRUE(file.is_ok()) << file.status().to_string();
+    auto tok = Tokenizer::from_gguf(*file.value());
+    ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
+    tokenizer_ = std::move(tok).value();
+  }
+  static void TearDownTestSuite() { tokenizer_.reset(); }
+
+  void make(size_t n_stages = 1, uint32_t parallel = 2, uint32_t max_queue = 4, uint32_t steps_in_flight = 2) {
+    stages_.clear();
+    std::vector<StagePort*> ports;
+    for (size_t i = 0; i < n_stages; ++i) {
+      stages_.push_back(std::make_unique<FakeStage>());
+      ports.push_back(stages_.back().get());
+    }
+    SchedulerOptions o;
+    o.model_id = "m";
+    o.context_size = 64;
+    o.parallel = parallel;
+    o.batch_tokens = 16;
+    o.max_queue = max_queue;
+    o.steps_in_flight = steps_in_flight;
+    o.step_timeout = std::chrono::milliseconds(1000);
+    sched_ = std::make_unique<Scheduler>(o, *tokenizer_, ChatTemplate::kChatml, host_, ports);
+  }
+
+  // A request for `prompt` (token ids), `max_tokens` greedy tokens.
+  std::shared_ptr<GenerationStream> request(std::vector<int32_t> prompt, uint32_t max_tokens, Status* status = nullptr) {
+    GenerateParams p;
+    p.model = "m";
+    p.input = GenerateParams::Input::kTokens;
+    p.tokens = std::move(prompt);
+    p.max_tokens = max_tokens;
+    p.ignore_eog = true;
+    auto stream = std::make_shared<GenerationStream>();
+    Status s = sched_->enqueue(std::move(p), stream);
+    if (status) {
+      *status = s;
+    } else {
+      EXPECT_TRUE(s.is_ok()) << s.to_string();
+    }
+    return stream;
+  }
+
+  FakeStage& stage(size_t i = 0) { return *stages_[i]; }
+
+  static std::vector<int32_t> tokens_of(const ipc::Submission& s) {
+    std::vector<int32_t> out;
+    for (uint32_t i = 0; i < s.n_tokens; ++i) out.push_back(s.tokens[i].token);
+    return out;
+  }
+
+  static std::unique_ptr<Tokenizer> tokenizer_;
+  ManualHost host_;
+  std::vector<std::unique_ptr<FakeStage>> stages_;
+  std::unique_ptr<Scheduler> sched_;
+};
+
+std::unique_ptr<Tokenizer> SchedulerTest::tokenizer_;
+
+TEST_F(SchedulerTest, APromptIsPrefilledThenDecodedWithAStepQueuedAhead) {
+  make();
+  auto stream = request({10, 11, 12}, 3);
+  // The prompt, and at once the step after it, whose input is the token the worker is sampling.
+  ASSERT_EQ(stage().given.size(), 2u);
+  const ipc::Submission prefill = stage().given[0];
+  EXPECT_EQ(tokens_of(prefill), (std::vector<int32_t>{10, 11, 12}));
+  EXPECT_EQ(prefill.tokens[0].pos, 0);
+  EXPECT_TRUE(prefill.seqs[0].flags & ipc::kSeqWantToken);
+  const ipc::Submission ahead = stage().given[1];
+  EXPECT_EQ(tokens_of(ahead), std::vector<int32_t>{ipc::kTokenSampled});
+  EXPECT_EQ(ahead.tokens[0].pos, 3);
+  EXPECT_EQ(ahead.seqs[0].n_sampled, 1u);
+
+  stage().answer(100);
+  sched_->on_completion(0);
+  EXPECT_EQ(stream->take().tokens, std::vector<int32_t>{100});
+  ASSERT_EQ(stage().given.size(), 2u);  // the next step ahead is queued
+  stage().answer(101);
+  sched_->on_completion(0);
+  ASSERT_EQ(stage().given.size(), 1u);  // the third token ends it: nothing queued after it
+  stage().answer(102);
+  sched_->on_completion(0);
+  GenerationStream::Batch b = stream->take();
+  EXPECT_EQ(b.tokens, (std::vector<int32_t>{101, 102}));
+  ASSERT_TRUE(b.end.has_value());
+  ASSERT_TRUE(b.end->is_ok());
+  EXPECT_EQ(b.end->value().reason, FinishReason::kMaxTokens);
+  EXPECT_EQ(b.end->value().generated_tokens, 3u);
+  EXPECT_TRUE(stage().given.empty());
+  EXPECT_EQ(sched_->stats().requests_done, 1u);
+}
+
+TEST_F(SchedulerTest, ContinuousBatchingDecodesFirstThenPromptChunks) {
+  make(1, 2, 4, /*steps_in_flight=*/1);
+  auto a = request({1, 2, 3}, 4);
+  stage().answer(50);
+  auto b = request({4, 5, 6, 7, 8}, 4);  // admitted while a decodes
+  sched_->on_completion(0);
+  ASSERT_EQ(stage().given.size(), 1u);
+  const ipc::Submission s = stage().given.front();
+  ASSERT_EQ(s.n_seqs, 2u);
+  EXPECT_EQ(tokens_of(s), (std::vector<int32_t>{50, 4, 5, 6, 7, 8}));  // a's decode token, then b's prompt
+  EXPECT_EQ(s.seqs[0].slot, 0u);
+  EXPECT_EQ(s.seqs[1].slot, 1u);
+  EXPECT_EQ(s.tokens[0].pos, 3);
+  EXPECT_EQ(s.tokens[1].pos, 0);
+}
+
+TEST_F(SchedulerTest, AWorkersDeathReplaysEverySequenceFromPositionZero) {
+  make(1, 1, 4, 1);
+  auto stream = request({10, 11}, 4);
+  stage().answer(100);
+  sched_->on_completion(0);
+  stage().answer(101);
+  sched_->on_completion(0);
+  EXPECT_EQ(stream->take().tokens, (std::vector<int32_t>{100, 101}));
+  ASSERT_EQ(stage().given.size(), 1u);  // the third token's step, lost with the worker
+  stage().up = false;
+  stage().given.clear();
+  sched_->stage_lost(0);
+  sched_->replay("killed by the test");
+  stage().up = true;  // the restarted worker
+  sched_->schedule();
+  ASSERT_EQ(stage().given.size(), 1u);
+  const ipc::Submission s = stage().given.front();
+  EXPECT_EQ(tokens_of(s), (std::vector<int32_t>{10, 11, 100, 101}));  // prompt + streamed tokens
+  EXPECT_EQ(s.tokens[0].pos, 0);
+  EXPECT_EQ(s.seqs[0].n_sampled, 2u);  // the sampler resumes after two draws
+  stage().answer(102);
+  sched_->on_completion(0);
+  stage().answer(103);
+  sched_->on_completion(0);
+  GenerationStream::Batch b = stream->take();
+  EXPECT_EQ(b.tokens, (std::vector<int32_t>{102, 103}));  // neither duplicated nor missing
+  ASSERT_TRUE(b.end && b.end->is_ok());
+  EXPECT_EQ(b.end->value().replays, 1u);
+  EXPECT_EQ(sched_->stats().replays, 1u);
+}
+
+TEST_F(SchedulerTest, ARequestThatLosesItsWorkerTooOftenFails) {
+  make(1, 1, 4, 1);
+  auto stream = request({10, 11}, 8);
+  for (uint32_t i = 0; i <= kMaxReplays; ++i) {
+    stage().given.clear();
+    sched_->stage_lost(0);
+    sched_->replay("killed by the test");
+    sched_->schedule();
+  }
+  GenerationStream::Batch b = stream->take();
+  ASSERT_TRUE(b.end.has_value());
+  EXPECT_EQ(b.end->status().code(), Code::kDisconnected);
+  EXPECT_NE(b.end->status().message().find("killed by the test"), std::string::npos);
+  EXPECT_EQ(sched_->stats().requests_failed, 1u);
+}
+
+TEST_F(SchedulerTest, AFailedStepFailsItsRequestsAndTheOthersStartAgain) {
+  make(1, 2, 4, 2);
+  auto a = request({1, 2}, 4);
+  // Two steps in flight for a: the prompt, and the one ahead. The first fails in the worker.
+  ASSERT_EQ(stage().given.size(), 2u);
+  stage().fail("injected fault");
+  sched_->on_completion(0);
+  GenerationStream::Batch ea = a->take();
+  ASSERT_TRUE(ea.end.has_value());
+  EXPECT_EQ(ea.end->status().code(), Code::kFailed);
+  EXPECT_NE(ea.end->status().message().find("injected fault"), std::string::npos);
+  // The step queued behind it is dropped; a new request runs normally from position 0.
+  stage().answer(7);
+  sched_->on_completion(0);
+  auto b = request({3, 4}, 1);
+  ASSERT_FALSE(stage().given.empty());
+  EXPECT_EQ(stage().given.back().tokens[0].pos, 0);
+  stage().answer(60);
+  sched_->on_completion(0);
+  GenerationStream::Batch eb = b->take();
+  EXPECT_EQ(eb.tokens, std::vector<int32_t>{60});
+  ASSERT_TRUE(eb.end && eb.end->is_ok());
+}
+
+TEST_F(SchedulerTest, TheHangDetectorKillsAWorkerThatDoesNotAnswer) {
+  make(1, 1, 4, 1);
+  auto stream = request({1, 2}, 2);
+  ASSERT_TRUE(host_.timer);
+  EXPECT_EQ(host_.delay, std::chrono::milliseconds(1000));
+  host_.fire();
+  EXPECT_TRUE(stage().killed);
+}
+
+TEST_F(SchedulerTest, TheHangDetectorLeavesAWorkerThatMovedOn) {
+  make(1, 1, 4, 1);
+  auto stream = request({1, 2}, 2);
+  auto stale = host_.timer;  // armed for the first step
+  stage().answer(5);
+  sched_->on_completion(0);  // re-armed for the second
+  stale();
+  EXPECT_FALSE(stage().killed);
+}
+
+TEST_F(SchedulerTest, AMalformedAnswerKillsTheWorker) {
+  make(1, 1, 4, 1);
+  request({1, 2}, 2);
+  stage().answer(tokenizer_->n_vocab());  // outside the vocabulary
+  sched_->on_completion(0);
+  EXPECT_TRUE(stage().killed);
+
+  make(1, 1, 4, 1);
+  request({1, 2}, 2);
+  ipc::Completion c{};
+  c.id = 99;  // a step it was not given
+  stage().answers.push_back(c);
+  sched_->on_completion(0);
+  EXPECT_TRUE(stage().killed);
+}
+
+TEST_F(SchedulerTest, AFullQueueIsOverloadedAndBadRequestsAreRefused) {
+  make(1, 1, /*max_queue=*/1, 1);
+  request({1}, 4);  // active
+  request({2}, 4);  // queued
+  Status s;
+  request({3}, 4, &s);
+  EXPECT_EQ(s.code(), Code::kOverloaded);
+  request(std::vector<int32_t>(64, 1), 4, &s);
+  EXPECT_EQ(s.code(), Code::kOutOfRange);  // no room for a generated token
+  request({}, 4, &s);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  request({-1}, 4, &s);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+}
+
+TEST_F(SchedulerTest, ACancelledRequestLeavesAtAStepBoundaryAndFreesItsSlot) {
+  make(1, 1, 4, 1);
+  auto a = request({1, 2}, 8);
+  auto b = request({3, 4}, 1);  // waits for the slot
+  a->cancel();
+  stage().answer(9);
+  sched_->on_completion(0);
+  ASSERT_EQ(stage().given.size(), 1u);
+  EXPECT_EQ(tokens_of(stage().given.front()), (std::vector<int32_t>{3, 4}));
+  EXPECT_EQ(stage().given.front().seqs[0].slot, 0u);
+}
+
+TEST_F(SchedulerTest, PipelineStagesHandEachStepOn) {
+  make(/*n_stages=*/2, 1, 4, 2);
+  auto stream = request({1, 2, 3}, 1);
+  ASSERT_EQ(stage(0).given.size(), 1u);  // one step at a time through a pipeline
+  EXPECT_TRUE(stage(1).given.empty());
+  stage(0).answer(0, /*samples=*/false);
+  sched_->on_completion(0);
+  ASSERT_EQ(stage(1).given.size(), 1u);
+  EXPECT_EQ(tokens_of(stage(1).given.front()), (std::vector<int32_t>{1, 2, 3}));
+  stage(1).answer(77);
+  sched_->on_completion(1);
+  GenerationStream::Batch b = stream->take();
+  EXPECT_EQ(b.tokens, std::vector<int32_t>{77});
+  ASSERT_TRUE(b.end && b.end->is_ok());
+  // A stage before the last that samples is broken.
+  auto again = request({4}, 1);
+  stage(0).answer(5, /*samples=*/true);
+  sched_->on_completion(0);
+  EXPECT_TRUE(stage(0).killed);
+}
+
+}  // namespace
+}  // namespace inferd::daemon

@@ -1,0 +1,185 @@
+// Attention over the KV cache rope_kv writes: float (one pass, online softmax) and exact (the CPU
+// engine's ops::attention_head) (workers/opencl/ops.cpp).
+// Only the marked sections are embedded (format: inferd/kernels/opencl_sources.h); notes outside them are not.
+
+// Both kernels' first helper line: @hd4@ = head_dim / 4.
+//@ define_hd4
+#define HD4 @hd4@  // slices per head
+//@ end
+
+// attention: launched as (lanes * n_head, T) in work-groups of (lanes, 1); lane j takes positions
+// j, j + lanes, ... with an online softmax (running maximum m, sum l, and the weighted sum of V rows),
+// then the lanes' states are rescaled to the group's maximum and summed in local memory. One pass
+// over K and V. Probabilities stay float: llama.cpp rounds them to half before KQV, which needs the
+// row's sum first (a second pass over K); tried, it did not change the agreement with the CPU engine
+// measurably (whose 8-bit activations dominate the difference; cl_engine_test.cpp).
+//@ attention
+  const int lid = get_local_id(0);
+  const int lsz = get_local_size(0);
+  const int h = get_group_id(0);
+  const int t = get_global_id(1);
+  const int end = min(kv_pad, pos[t] + 1);  // positions past the token's own are masked
+  const int g = h / (n_head / n_head_kv);
+  const size_t hd = HD4 * 4;
+  __global const half* kc = cache + (((size_t)slot[t] * 2 * n_head_kv + g) * n_ctx) * hd;
+  __global const half* vc = kc + (size_t)n_head_kv * n_ctx * hd;
+  __global const half* qp = q + ((size_t)t * n_head + h) * hd;
+  float4 qv[HD4], acc[HD4];
+  for (int i = 0; i < HD4; ++i) {
+    qv[i] = vload_half4(i, qp);
+    acc[i] = (float4)(0.0f);
+  }
+  float m = -INFINITY, l = 0.0f;
+  for (int p = lid; p < end; p += lsz) {
+    __global const half* kr = kc + (size_t)p * hd;
+    float sc = 0.0f;
+    for (int i = 0; i < HD4; ++i) sc += dot(qv[i], vload_half4(i, kr));
+    sc *= scale;
+    const float m_new = fmax(m, sc);
+    const float corr = exp(m - m_new);  // 0 on the lane's first position (m = -inf)
+    const float e = exp(sc - m_new);
+    l = l * corr + e;
+    __global const half* vr = vc + (size_t)p * hd;
+    for (int i = 0; i < HD4; ++i) acc[i] = acc[i] * corr + e * vload_half4(i, vr);
+    m = m_new;
+  }
+  lane_sum[lid] = m;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  float mx = -INFINITY;
+  for (int j = 0; j < lsz; ++j) mx = fmax(mx, lane_sum[j]);
+  const float f = m == -INFINITY ? 0.0f : exp(m - mx);  // a lane without positions adds nothing
+  barrier(CLK_LOCAL_MEM_FENCE);  // every lane has read the maxima
+  lane_sum[lid] = l * f;
+  for (int i = 0; i < HD4; ++i) lane_acc[lid * HD4 + i] = acc[i] * f;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  float total = 0.0f;
+  for (int j = 0; j < lsz; ++j) total += lane_sum[j];
+  const float inv = 1.0f / total;  // > 0: position 0 is never masked
+  for (int i = lid; i < HD4; i += lsz) {
+    float4 o = (float4)(0.0f);
+    for (int j = 0; j < lsz; ++j) o += lane_acc[j * HD4 + i];
+    $out.Write(o * inv, t, 0, h * HD4 + i);
+  }
+//@ end
+
+// attention_exact's q.k of one position as kernels::dot_f32_f16 computes it, per CpuOrder. The
+// products of halves are exact in float, so fma and a * b + c agree; only the order of the sums matters.
+//@ qk.scalar
+inline float inferd_qk(const float4* qv, __global const half* kr) {
+  float sum = 0.0f;
+  for (int s = 0; s < HD4; ++s) {
+    const float4 p = qv[s] * vload_half4(s, kr);
+    sum = (((sum + p.x) + p.y) + p.z) + p.w;
+  }
+  return sum;
+}
+//@ end
+
+//@ qk.x86
+// dot_f32_with: two accumulators of 8 lanes over steps of 16, an 8-element step into the first,
+// hsum of their sum, then the last 4 products (head_dim % 8 == 4) one by one.
+inline float inferd_qk(const float4* qv, __global const half* kr) {
+  float4 a0 = (float4)(0.0f), a1 = (float4)(0.0f), a2 = (float4)(0.0f), a3 = (float4)(0.0f);
+  int s = 0;
+  for (; s + 4 <= HD4; s += 4) {
+    a0 = fma(qv[s], vload_half4(s, kr), a0);
+    a1 = fma(qv[s + 1], vload_half4(s + 1, kr), a1);
+    a2 = fma(qv[s + 2], vload_half4(s + 2, kr), a2);
+    a3 = fma(qv[s + 3], vload_half4(s + 3, kr), a3);
+  }
+  if (s + 2 <= HD4) {
+    a0 = fma(qv[s], vload_half4(s, kr), a0);
+    a1 = fma(qv[s + 1], vload_half4(s + 1, kr), a1);
+    s += 2;
+  }
+  float sum = inferd_hsum8(a0 + a2, a1 + a3);
+  if (s < HD4) {
+    const float4 p = qv[s] * vload_half4(s, kr);
+    sum = (((sum + p.x) + p.y) + p.z) + p.w;
+  }
+  return sum;
+}
+//@ end
+
+// attention_exact: launched as (lanes * n_head, tokens of this launch) in work-groups of (lanes, 1):
+// a group per (token, head), as ops::attention_head. The scores of the group's positions go to
+// `scores` (its own row of kv_pad floats), become exponentials and then half-rounded probabilities in
+// place; the lanes split the positions for q.k and the exponentials, 16-position chunks for their
+// sums (lane 0 adding the chunk sums in double in order, `lanes` chunks a round), and (chain, d)
+// pairs for KQV. The body is attention_exact.scores, helpers.cl's reduce(fmax), attention_exact.kqv.
+//@ attention_exact.scores
+  const int lid = get_local_id(0);
+  const int lsz = get_local_size(0);
+  const int h = get_group_id(0);
+  const int tl = get_group_id(1);
+  const int t = first_token + tl;
+  const int n_kv = pos[t] + 1;  // positions past the token's own are masked
+  const int g = h / (n_head / n_head_kv);
+  const size_t hd = HD4 * 4;
+  __global const half* kc = cache + (((size_t)slot[t] * 2 * n_head_kv + g) * n_ctx) * hd;
+  __global const half* vc = kc + (size_t)n_head_kv * n_ctx * hd;
+  __global const half* qp = q + ((size_t)t * n_head + h) * hd;
+  __global float* sc = scores + ((size_t)tl * n_head + h) * kv_pad;
+  float4 qv[HD4];
+  for (int i = 0; i < HD4; ++i) qv[i] = vload_half4(i, qp);
+  float m = -INFINITY;
+  for (int p = lid; p < n_kv; p += lsz) {
+    const float s = inferd_qk(qv, kc + (size_t)p * hd) * scale;
+    sc[p] = s;
+    m = fmax(m, s);
+  }
+  scratch[lid] = m;
+//@ end
+
+//@ attention_exact.kqv
+  const float mx = scratch[0];
+  // Every lane has read scratch[0] before it is reused, and every score is visible to every lane.
+  barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
+  // kernels::exp_sum: 16-position chunks (the last padded with zeros), each reduced as
+  // _mm512_reduce_add_ps, the chunk sums added in double in chunk order.
+  const int n_chunks = (n_kv + 15) / 16;
+  double total = 0.0;  // lane 0's
+  for (int first = 0; first < n_chunks; first += lsz) {
+    const int c = first + lid;
+    float cs = 0.0f;
+    if (c < n_chunks) {
+      float e[16];
+      for (int l = 0; l < 16; ++l) {
+        const int p = 16 * c + l;
+        e[l] = p < n_kv ? inferd_expf(sc[p] - mx) : 0.0f;
+        if (p < n_kv) sc[p] = e[l];
+      }
+      cs = inferd_reduce16(vload16(0, e));
+    }
+    scratch[lid] = cs;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid == 0) {
+      const int n = min(lsz, n_chunks - first);
+      for (int i = 0; i < n; ++i) total += (double)scratch[i];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  if (lid == 0) scratch[0] = (float)(1.0 / total);
+  barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
+  const float inv = scratch[0];
+  for (int p = lid; p < n_kv; p += lsz) sc[p] = inferd_round_half(sc[p] * inv);  // as llama.cpp before KQV
+  barrier(CLK_GLOBAL_MEM_FENCE);
+  // KQV: chain i of dimension d sums positions j = i (mod 16) in order (tinyBLAS's 16 lanes); the
+  // products of two halves are exact.
+  for (int c = lid; c < 16 * HD4 * 4; c += lsz) {
+    const int i = c / (HD4 * 4), d = c % (HD4 * 4);
+    float acc = 0.0f;
+    for (int j = i; j < n_kv; j += 16) acc = fma(sc[j], vload_half(d, vc + (size_t)j * hd), acc);
+    chains[c] = acc;
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int s = lid; s < HD4; s += lsz) {
+    float o[4];
+    for (int l = 0; l < 4; ++l) {
+      float v[16];
+      for (int i = 0; i < 16; ++i) v[i] = chains[i * HD4 * 4 + 4 * s + l];
+      o[l] = inferd_reduce16(vload16(0, v));
+    }
+    $out.Write((float4)(o[0], o[1], o[2], o[3]), t, 0, h * HD4 + s);
+  }
+//@ end

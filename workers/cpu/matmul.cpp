@@ -1,0 +1,149 @@
+#include "matmul.h"
+
+#include <algorithm>
+
+#include "inferd/kernels/cpu.h"
+#include "inferd/kernels/gemm.h"
+#include "inferd/status.h"
+#include "inferd/cpu_ops.h"
+
+namespace inferd::cpu {
+
+const DType kActTypes[kActKinds] = {DType::kF32, DType::kQ8_0, DType::kQ8_1, DType::kQ8_K};
+
+int act_index(DType t) {
+  switch (t) {
+    case DType::kF32: return 0;
+    case DType::kQ8_0: return 1;
+    case DType::kQ8_1: return 2;
+    case DType::kQ8_K: return 3;
+    default: INFERD_ASSERT(false, "unexpected activation type %s", dtype_name(t)); return 0;
+  }
+}
+
+DType act_type_of(DType weight_type) {
+  const kernels::TypeKernels* tk = kernels::type_kernels(weight_type);
+  INFERD_ASSERT(tk != nullptr, "no CPU kernels for %s", dtype_name(weight_type));
+  return tk->act_type;
+}
+
+void encode_row(int kind, const float* src, uint8_t* dst, int64_t k) {
+  // A kernel table whose act_type is kind `kind` (used for quantize_act only).
+  static const DType kWeightFor[kActKinds] = {DType::kF32, DType::kQ8_0, DType::kQ4_1, DType::kQ4_K};
+  static const kernels::TypeKernels* const kQuantizers[kActKinds] = {
+      kernels::type_kernels(kWeightFor[0]), kernels::type_kernels(kWeightFor[1]), kernels::type_kernels(kWeightFor[2]),
+      kernels::type_kernels(kWeightFor[3])};
+  kQuantizers[kind]->quantize_act(src, dst, k);
+}
+
+void matmul_rows(const MatmulJob& j, int64_t m, int max_nr, int64_t r0, int64_t r1) {
+  if (j.residual != nullptr && j.residual != j.out) {
+    INFERD_ASSERT(j.accumulate);
+    for (int64_t t = 0; t < m; ++t) {
+      std::copy(j.residual + t * j.out_stride + r0, j.residual + t * j.out_stride + r1, j.out + t * j.out_stride + r0);
+    }
+  }
+  const kernels::TypeKernels* tk = kernels::type_kernels(j.w->type);
+  const int a = act_index(tk->act_type);
+  // The GEMM path uses the register-tiled kernel where one exists (same bits as `dot`).
+  if (max_nr > 1) {
+    if (kernels::GemmFn gemm = kernels::gemm_kernel(j.w->type)) {
+      gemm({j.w->type, j.w->cols, j.w->data, j.w->row_bytes, r0, r1, j.act[a], j.act_row_bytes[a], m, j.out,
+            j.out_stride, j.accumulate, j.bias});
+      return;
+    }
+  }
+  const uint8_t* act = j.act[a];
+  const size_t stride = j.act_row_bytes[a];
+  const int64_t k = j.w->cols;
+  auto store = [&](int64_t t, int64_t r, float v) {
+    float* o = j.out + t * j.out_stride + r;
+    *o = j.accumulate ? *o + v : v + (j.bias ? j.bias[r] : 0.0f);
+  };
+  // Decode: four weight rows at a time (four independent accumulation chains; same bits as `dot`).
+  if (max_nr == 1 && tk->dot_w4 != nullptr) {
+    // The kernels prefetch the rows two calls ahead as they stream; the first two calls of a chunk
+    // have nobody to do that for them, so ask for those 8 rows at once here (one burst of misses in
+    // parallel instead of a cold start, at every chunk of every matmul of every layer).
+    const int64_t warm = std::min<int64_t>(r1, r0 + 8);
+    for (int64_t r = r0; r < warm; ++r) {
+      const char* row = reinterpret_cast<const char*>(j.w->row(r));
+      for (size_t off = 0; off < j.w->row_bytes; off += 64) __builtin_prefetch(row + off, 0, 3);
+    }
+    float y4[4];
+    for (int64_t t = 0; t < m; ++t) {
+      const uint8_t* at = act + static_cast<size_t>(t) * stride;
+      int64_t r = r0;
+      for (; r + 4 <= r1; r += 4) {
+        tk->dot_w4(k, j.w->row(r), j.w->row_bytes, at, y4);
+        for (int i = 0; i < 4; ++i) store(t, r + i, y4[i]);
+      }
+      for (; r < r1; ++r) {
+        tk->dot(k, j.w->row(r), at, stride, 1, y4);
+        store(t, r, y4[0]);
+      }
+    }
+    return;
+  }
+  const int64_t rb = max_nr == 1 ? r1 - r0
+                                 : std::max<int64_t>(1, static_cast<int64_t>((32 * 1024) / std::max<size_t>(j.w->row_bytes, 1)));
+  float y[kernels::kMaxDotRows];
+  for (int64_t rb0 = r0; rb0 < r1; rb0 += rb) {
+    const int64_t rb1 = std::min(r1, rb0 + rb);
+    for (int64_t t0 = 0; t0 < m; t0 += max_nr) {
+      const int nr = static_cast<int>(std::min<int64_t>(max_nr, m - t0));
+      const uint8_t* a0 = act + static_cast<size_t>(t0) * stride;
+      for (int64_t r = rb0; r < rb1; ++r) {
+        tk->dot(k, j.w->row(r), a0, stride, nr, y);
+        const float b = j.bias ? j.bias[r] : 0.0f;
+        for (int i = 0; i < nr; ++i) {
+          float* o = j.out + (t0 + i) * j.out_stride + r;
+          *o = j.accumulate ? *o + y[i] : y[i] + b;
+        }
+      }
+    }
+  }
+}
+
+void gate_up_rows(const WeightView& wg, const WeightView& wu, uint8_t* const* act, const size_t* act_row_bytes,
+                  float* h, int64_t m, int max_nr, int64_t n_ff, int64_t r0, int64_t r1) {
+  const kernels::TypeKernels* tg = kernels::type_kernels(wg.type);
+  const kernels::TypeKernels* tu = kernels::type_kernels(wu.type);
+  const int ag = act_index(tg->act_type), au = act_index(tu->act_type);
+  const int64_t k = wg.cols;
+  const int64_t rb = max_nr == 1 ? r1 - r0
+                                 : std::max<int64_t>(1, static_cast<int64_t>((32 * 1024) / (wg.row_bytes + wu.row_bytes)));
+  float g[kernels::kMaxDotRows], u[kernels::kMaxDotRows];
+  // Decode: four rows of gate and of up at a time (same bits as `dot`, see TypeKernels::dot_w4).
+  if (max_nr == 1 && tg->dot_w4 != nullptr && tu->dot_w4 != nullptr) {
+    for (int64_t t = 0; t < m; ++t) {
+      const uint8_t* ag_t = act[ag] + static_cast<size_t>(t) * act_row_bytes[ag];
+      const uint8_t* au_t = act[au] + static_cast<size_t>(t) * act_row_bytes[au];
+      int64_t r = r0;
+      for (; r + 4 <= r1; r += 4) {
+        tg->dot_w4(k, wg.row(r), wg.row_bytes, ag_t, g);
+        tu->dot_w4(k, wu.row(r), wu.row_bytes, au_t, u);
+        for (int i = 0; i < 4; ++i) h[t * n_ff + r + i] = ops::silu(g[i]) * u[i];
+      }
+      for (; r < r1; ++r) {
+        tg->dot(k, wg.row(r), ag_t, act_row_bytes[ag], 1, g);
+        tu->dot(k, wu.row(r), au_t, act_row_bytes[au], 1, u);
+        h[t * n_ff + r] = ops::silu(g[0]) * u[0];
+      }
+    }
+    return;
+  }
+  for (int64_t rb0 = r0; rb0 < r1; rb0 += rb) {
+    const int64_t rb1 = std::min(r1, rb0 + rb);
+    for (int64_t t0 = 0; t0 < m; t0 += max_nr) {
+      const int nr = static_cast<int>(std::min<int64_t>(max_nr, m - t0));
+      for (int64_t r = rb0; r < rb1; ++r) {
+        tg->dot(k, wg.row(r), act[ag] + static_cast<size_t>(t0) * act_row_bytes[ag], act_row_bytes[ag], nr, g);
+        tu->dot(k, wu.row(r), act[au] + static_cast<size_t>(t0) * act_row_bytes[au], act_row_bytes[au], nr, u);
+        for (int i = 0; i < nr; ++i) h[(t0 + i) * n_ff + r] = ops::silu(g[i]) * u[i];
+      }
+    }
+  }
+}
+
+}  // namespace inferd::cpu

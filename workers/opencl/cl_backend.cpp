@@ -1,0 +1,801 @@
+#include "inferd/opencl/cl_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+
+namespace inferd::opencl {
+
+namespace {
+
+using graph::Graph;
+using graph::Node;
+using graph::Op;
+using graph::TensorId;
+
+std::string mib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
+Result<std::unique_ptr<MatmulWeights>> upload_matrix(Runtime& rt, const std::string& name, DType type, int64_t rows,
+                                                     int64_t cols, const void* data) {
+  if (!MatmulWeights::supports(type)) {
+    return make_error(Code::kUnimplemented, "tensor %s has type %s, which the OpenCL backend cannot read yet",
+                      name.c_str(), dtype_name(type));
+  }
+  auto w = MatmulWeights::upload(rt, type, rows, cols, data);
+  if (!w) return w.status().with_context(name);
+  return std::make_unique<MatmulWeights>(std::move(w).value());
+}
+
+// Several matrices of one type and width stacked into one (their rows one after the other), as one
+// matmul computes them all.
+Result<std::unique_ptr<MatmulWeights>> upload_stacked(Runtime& rt, const std::string& name,
+                                                      std::initializer_list<const WeightView*> parts) {
+  const WeightView& first = **parts.begin();
+  int64_t rows = 0;
+  for (const WeightView* p : parts) rows += p->rows;
+  std::vector<uint8_t> host(static_cast<size_t>(rows) * first.row_bytes);
+  size_t at = 0;
+  for (const WeightView* p : parts) {
+    INFERD_ASSERT(p->type == first.type && p->cols == first.cols && p->row_bytes == first.row_bytes);
+    const size_t bytes = static_cast<size_t>(p->rows) * p->row_bytes;
+    std::memcpy(host.data() + at, p->data, bytes);
+    at += bytes;
+  }
+  return upload_matrix(rt, name, first.type, rows, first.cols, host.data());
+}
+
+// What compute() does for a node (decided once, in prepare()).
+enum class Action : uint8_t {
+  kSkip,        // computed by another node (a member of a stacked Q|K|V matmul)
+  kEmbed,
+  kRmsNorm,
+  kMatmul,      // one matrix, or a stacked Q|K|V into one tensor
+  kGateUp,      // matmul_swiglu: stacked gate|up then swiglu_halves, or two matmuls then swiglu
+  kRopeKv,
+  kAttention,
+  kSwiglu,
+  kAdd,
+  kGetRows,
+};
+
+}  // namespace
+
+const char* numerics_name(Numerics numerics) { return numerics == Numerics::kExact ? "exact" : "float"; }
+
+struct OpenClBackend::Impl {
+  std::unique_ptr<Runtime> rt;
+  std::unique_ptr<Ops> ops;
+  OpenClOptions opt;
+  Numerics numerics = Numerics::kExact;
+  std::string numerics_note;  // why the options' numerics were not used, for describe()
+  CpuOrder cpu_order = CpuOrder::kX86;
+  DataType act_type = DataType::kFloat32;
+  StorageType act_storage = StorageType::kBuffer;
+  int32_t act_parts = 1;  // kTexture2DSplit: the parts of every activation (clamped per tensor)
+  std::string storage_notes;  // why a preferred storage was passed over, for describe()
+  TensorFormat logits_format;
+  AttentionGeometry geometry;
+  BackendShape shape;
+  OpenClStats stats;
+
+  bool has_cache = false;  // the graph has attention (RoPE, a KV cache)
+  bool exact() const { return numerics == Numerics::kExact; }
+  TensorFormat act_format(DataType type) const { return TensorFormat(act_storage, type, act_parts); }
+
+  // Weights: matrices by their view (a tied embedding serves the lookup and the projection), stacked
+  // groups by the node that computes them, norm vectors by their view.
+  std::map<const WeightView*, std::unique_ptr<MatmulWeights>> matrices;
+  std::map<int, std::unique_ptr<MatmulWeights>> stacked;
+  std::map<const WeightView*, Tensor> vectors;
+
+  // Device activations: each a tensor for the largest step, of T or O rows (a step uses a view).
+  struct Phys {
+    int32_t channels = 0;
+    DataType type = DataType::kFloat32;
+    bool outputs_rows = false;  // O rows (the gathered rows and what follows), else T
+    bool logits = false;        // the logits' own storage, grown on demand
+    std::optional<Tensor> full, view;
+  };
+  std::vector<Phys> phys;
+  // A graph tensor's device home: a physical tensor and the first slice of its channels there.
+  struct Bound {
+    int phys = -1;
+    int32_t slice = 0;
+  };
+  std::vector<Bound> bound;
+
+  struct NodePlan {
+    Action action = Action::kSkip;
+    const MatmulWeights* w = nullptr;   // kMatmul / kEmbed / kGateUp (stacked, or gate)
+    const MatmulWeights* w2 = nullptr;  // kGateUp unstacked: up
+    const Tensor* vec = nullptr;        // kRmsNorm: the weight
+    int tmp = -1, tmp2 = -1;            // kGateUp: gate|up (stacked) or gate and up
+    ClMem bias;                         // kRopeKv: Q|K|V biases, or null
+    int32_t cache = -1;                 // kRopeKv / kAttention: the layer's cache
+  };
+  std::vector<NodePlan> plan;
+  std::vector<ClMem> caches;  // per layer of the graph
+
+  // Exact numerics: the Q8 (Q8_K) quants of a matmul input, one tensor per input width, and the shared
+  // per-block buffers; which graph tensor they hold this step.
+  std::map<int32_t, int> q8_of_width, q8k_of_width;
+  TensorId q8_holds = graph::kNone, q8k_holds = graph::kNone;
+  TensorId gathered_out = graph::kNone, gathered_in = graph::kNone;  // the get_rows node's tensors
+  int32_t logits_capacity = 0;
+
+  ClMem ids, pos, slots, rows;  // int32 per token: token id, position, slot; rows for the gather
+  ClMem rope;                   // [max_tokens][head_dim] floats: rope_table() of the step's positions
+  ClMem q_half;                 // [max_tokens][n_embd] halves, rope_kv -> attention
+  ClMem q8_scales;              // exact: [max_tokens][widest / 32] (d, s) of the Q8 quants
+  ClMem q8k_blocks;             // exact, K-quants: [max_tokens][widest / 256][kQ8KBlockFloats]
+  ClMem scores;                 // exact: Ops::attention_exact's scratch
+  size_t buffer_bytes = 0;
+  std::vector<float> host_rope;
+  std::vector<int32_t> host_pos;
+
+  Status plan_graph(const Graph& g);
+  Status allocate(const Graph& g);
+  Status ensure_logits(int32_t n_out);
+  Status bind_views(int32_t tokens, int32_t outputs);
+  Tensor& dev(TensorId id);
+  TensorSlice slice(TensorId id) { return TensorSlice{&dev(id), bound[static_cast<size_t>(id)].slice}; }
+  Status matmul(const MatmulWeights& w, TensorId x, Tensor& y, int32_t step_tokens);
+  Status run_node(const Graph& g, size_t ni, const graph::StepIO& io, const TokenPlacement& tokens);
+};
+
+OpenClBackend::OpenClBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+OpenClBackend::~OpenClBackend() = default;
+
+Result<std::unique_ptr<OpenClBackend>> OpenClBackend::create(std::unique_ptr<Runtime> runtime,
+                                                             const OpenClOptions& options) {
+  INFERD_ASSERT(runtime != nullptr);
+  auto impl = std::make_unique<Impl>();
+  impl->rt = std::move(runtime);
+  impl->ops = std::make_unique<Ops>(*impl->rt);
+  impl->opt = options;
+  if (options.int_dot) impl->ops->set_int_dot(*options.int_dot);
+  impl->numerics = options.numerics;
+  impl->cpu_order = host_cpu_order();
+  if (impl->numerics == Numerics::kExact && !impl->ops->exact_supported()) {
+    impl->numerics = Numerics::kFloat;
+    impl->numerics_note = " (exact needs cl_khr_fp64)";
+  }
+  // The activations' data type: halves only where the numerics allow them.
+  const DeviceInfo& info = impl->rt->info();
+  if (options.activation_type) {
+    if (*options.activation_type == DataType::kFloat16 && impl->exact()) {
+      return Status(Code::kInvalidArgument,
+                    "half-precision activations need float numerics: the exact numerics reproduce the CPU engine's "
+                    "float activations");
+    }
+    impl->act_type = *options.activation_type;
+  } else {
+    impl->act_type = !impl->exact() && info.fp16 ? DataType::kFloat16 : DataType::kFloat32;
+  }
+  return std::unique_ptr<OpenClBackend>(new OpenClBackend(std::move(impl)));
+}
+
+Runtime& OpenClBackend::runtime() { return *impl_->rt; }
+const DeviceInfo& OpenClBackend::device_info() const { return impl_->rt->info(); }
+const OpenClStats& OpenClBackend::stats() const { return impl_->stats; }
+StorageType OpenClBackend::activation_storage() const { return impl_->act_storage; }
+DataType OpenClBackend::activation_type() const { return impl_->act_type; }
+Numerics OpenClBackend::numerics() const { return impl_->numerics; }
+CpuOrder OpenClBackend::cpu_order() const { return impl_->cpu_order; }
+
+BackendMemory OpenClBackend::memory() const {
+  return BackendMemory{impl_->stats.weight_bytes, impl_->stats.kv_bytes, impl_->stats.activation_bytes};
+}
+
+std::string OpenClBackend::describe() const {
+  const Impl& I = *impl_;
+  const DeviceInfo& d = I.rt->info();
+  return "OpenCL: " + d.name + " (" + d.vendor + ", driver " + d.driver_version + "), storage: weights=buffer activations=" +
+         I.act_format(I.act_type).to_string() + I.storage_notes + " logits=" + I.logits_format.to_string() +
+         " kv=buffer(f16), numerics " + numerics_name(I.numerics) +
+         (I.exact() ? std::string(" (") + cpu_order_name(I.cpu_order) + ", " + int_dot_name(I.ops->int_dot()) + " dot)"
+                    : I.numerics_note) +
+         ", weights " + mib(I.stats.weight_bytes);
+}
+
+bool OpenClBackend::supports(const Graph& g, const Node& n) const {
+  auto type_ok = [&](TensorId w) { return MatmulWeights::supports(g.tensor(w).weight_type()); };
+  // The node that reads `id`, when exactly one does.
+  auto only_reader = [&](TensorId id) -> const Node* {
+    const Node* reader = nullptr;
+    for (const Node& m : g.nodes()) {
+      for (TensorId in : m.in) {
+        if (in != id) continue;
+        if (reader != nullptr && reader != &m) return nullptr;
+        reader = &m;
+      }
+    }
+    return reader;
+  };
+  switch (n.op) {
+    case Op::kEmbed: return type_ok(n.in[1]);
+    case Op::kRmsNorm: return g.tensor(n.in[1]).weight_type() == DType::kF32;
+    case Op::kMatmul: {
+      if (!type_ok(n.in[1])) return false;
+      if (n.in[2] == graph::kNone) return true;
+      // A bias is added by the rope_kv that reads this matmul's output (Q, K or V).
+      const Node* r = only_reader(n.out[0]);
+      return r != nullptr && r->op == Op::kRopeKv && (r->in[0] == n.out[0] || r->in[1] == n.out[0] || r->in[2] == n.out[0]);
+    }
+    case Op::kMatmulSwiglu: return type_ok(n.in[1]) && type_ok(n.in[2]);
+    case Op::kRopeKv: {
+      AttentionGeometry geo{g.heads.n_head, g.heads.n_head_kv, g.heads.head_dim, 1, 1, g.heads.rope_base,
+                            g.heads.rope_style == RopeStyle::kNeox ? RopeMode::kNeox : RopeMode::kNormal};
+      return geo.check().is_ok();
+    }
+    case Op::kAttention: {
+      const int p = g.producer(n.in[0]);  // attention reads the halves rope_kv writes for Q
+      return p >= 0 && g.nodes()[static_cast<size_t>(p)].op == Op::kRopeKv;
+    }
+    case Op::kSwiglu:
+    case Op::kAdd:
+    case Op::kGetRows: return true;
+    case Op::kRope:
+    case Op::kKvWrite:
+    case Op::kMatmulAdd: return false;
+  }
+  return false;
+}
+
+// Decides each node's action and weights (uploading them) and each tensor's device home.
+Status OpenClBackend::Impl::plan_graph(const Graph& g) {
+  Runtime& r = *rt;
+  const size_t n_nodes = g.nodes().size();
+  plan.clear();
+  plan.resize(n_nodes);
+  bound.assign(g.tensors().size(), Bound{});
+  phys.clear();
+  matrices.clear();
+  stacked.clear();
+  vectors.clear();
+  stats.weight_bytes = 0;
+  gathered_out = gathered_in = graph::kNone;
+
+  auto matrix = [&](TensorId id) -> Result<const MatmulWeights*> {
+    const graph::Tensor& t = g.tensor(id);
+    auto it = matrices.find(t.weight);
+    if (it != matrices.end()) return it->second.get();
+    auto w = upload_matrix(r, t.name, t.weight->type, t.weight->rows, t.weight->cols, t.weight->data);
+    if (!w) return w.status();
+    stats.weight_bytes += w.value()->device_bytes();
+    return matrices.emplace(t.weight, std::move(w).value()).first->second.get();
+  };
+
+  // Liveness: how many readers each tensor has left, and each physical tensor's live graph tensors.
+  std::vector<int> readers(g.tensors().size(), 0);
+  for (const Node& n : g.nodes()) {
+    for (TensorId id : n.in) {
+      if (id != graph::kNone) ++readers[static_cast<size_t>(id)];
+    }
+  }
+  for (TensorId id : g.outputs()) ++readers[static_cast<size_t>(id)];
+  std::vector<int> live;    // per physical tensor: graph tensors bound to it and still to be read
+  std::vector<int> free_list;
+  auto new_phys = [&](int32_t channels, DataType type, bool outputs_rows, bool logits) {
+    for (size_t k = 0; k < free_list.size(); ++k) {
+      Phys& p = phys[static_cast<size_t>(free_list[k])];
+      if (p.channels == channels && p.type == type && p.outputs_rows == outputs_rows && !logits && !p.logits) {
+        const int id = free_list[k];
+        free_list.erase(free_list.begin() + static_cast<std::ptrdiff_t>(k));
+        return id;
+      }
+    }
+    phys.push_back(Phys{channels, type, outputs_rows, logits, std::nullopt, std::nullopt});
+    live.push_back(0);
+    return static_cast<int>(phys.size() - 1);
+  };
+  auto type_of = [&](const graph::Tensor& t) { return t.role == graph::Role::kOther ? act_type : DataType::kFloat32; };
+  auto home = [&](TensorId id, int p, int32_t slice) {
+    bound[static_cast<size_t>(id)] = Bound{p, slice};
+    ++live[static_cast<size_t>(p)];
+  };
+  auto place = [&](TensorId id) {
+    const graph::Tensor& t = g.tensor(id);
+    home(id, new_phys(static_cast<int32_t>(t.cols), type_of(t), t.rows == graph::Rows::kOutputs,
+                      t.role == graph::Role::kLogits),
+         0);
+  };
+  auto release = [&](TensorId id) {
+    const int p = bound[static_cast<size_t>(id)].phys;
+    if (p >= 0 && --live[static_cast<size_t>(p)] == 0 && !phys[static_cast<size_t>(p)].logits) free_list.push_back(p);
+  };
+  auto temp = [&](int32_t channels) {  // scratch inside one node, released after it
+    const int p = new_phys(channels, act_type, false, false);
+    free_list.push_back(p);
+    return p;
+  };
+  for (TensorId id : g.inputs()) {
+    if (g.tensor(id).elem == graph::Elem::kFloat) place(id);  // uploaded each step (hidden states, ...)
+  }
+
+  const int32_t e4 = geometry.n_embd() / 4, ekv4 = geometry.n_embd_kv() / 4;
+  for (size_t ni = 0; ni < n_nodes; ++ni) {
+    const Node& n = g.nodes()[ni];
+    NodePlan& np = plan[ni];
+    auto in_layer = [&](const Status& s) { return n.layer >= 0 ? s.with_context("layer " + std::to_string(n.layer)) : s; };
+    switch (n.op) {
+      case Op::kEmbed: {
+        np.action = Action::kEmbed;
+        auto w = matrix(n.in[1]);
+        if (!w) return w.status();
+        np.w = w.value();
+        place(n.out[0]);
+        break;
+      }
+      case Op::kRmsNorm:
+        np.action = Action::kRmsNorm;  // its weight is uploaded once the storage is chosen (allocate())
+        place(n.out[0]);
+        break;
+      case Op::kMatmul: {
+        if (bound[static_cast<size_t>(n.out[0])].phys >= 0) break;  // stacked with an earlier one: kSkip
+        np.action = Action::kMatmul;
+        // Q|K|V read by one rope_kv, of one input and type: one stacked matmul into one tensor.
+        const Node* reader = nullptr;
+        for (size_t j = ni + 1; j < n_nodes && reader == nullptr; ++j) {
+          const Node& m = g.nodes()[j];
+          if (m.op == Op::kRopeKv && m.in[0] == n.out[0]) reader = &m;
+        }
+        if (reader != nullptr) {
+          const int pk = g.producer(reader->in[1]), pv = g.producer(reader->in[2]);
+          const Node* k = pk >= 0 ? &g.nodes()[static_cast<size_t>(pk)] : nullptr;
+          const Node* v = pv >= 0 ? &g.nodes()[static_cast<size_t>(pv)] : nullptr;
+          const DType t = g.tensor(n.in[1]).weight_type();
+          if (k && v && k->op == Op::kMatmul && v->op == Op::kMatmul && k->in[0] == n.in[0] && v->in[0] == n.in[0] &&
+              g.tensor(k->in[1]).weight_type() == t && g.tensor(v->in[1]).weight_type() == t &&
+              g.use_count(n.out[0]) == 1 && g.use_count(k->out[0]) == 1 && g.use_count(v->out[0]) == 1 &&
+              static_cast<size_t>(pk) > ni && static_cast<size_t>(pv) > ni) {
+            const std::string name = "blk." + std::to_string(n.layer) + ".attn_q|k|v.weight";
+            auto w = upload_stacked(r, name, {g.tensor(n.in[1]).weight, g.tensor(k->in[1]).weight,
+                                                   g.tensor(v->in[1]).weight});
+            if (!w) return in_layer(w.status());
+            stats.weight_bytes += w.value()->device_bytes();
+            np.w = w.value().get();
+            stacked.emplace(static_cast<int>(ni), std::move(w).value());
+            const int p = new_phys(e4 * 4 + 2 * ekv4 * 4, act_type, false, false);
+            home(n.out[0], p, 0);
+            home(k->out[0], p, e4);
+            home(v->out[0], p, e4 + ekv4);
+            break;
+          }
+        }
+        auto w = matrix(n.in[1]);
+        if (!w) return in_layer(w.status());
+        np.w = w.value();
+        place(n.out[0]);
+        break;
+      }
+      case Op::kMatmulSwiglu: {
+        np.action = Action::kGateUp;
+        const graph::Tensor& wg = g.tensor(n.in[1]);
+        const graph::Tensor& wu = g.tensor(n.in[2]);
+        const int32_t f = static_cast<int32_t>(wg.fixed_rows);
+        place(n.out[0]);
+        if (wg.weight_type() == wu.weight_type() && f % 4 == 0) {
+          const std::string name = "blk." + std::to_string(n.layer) + ".ffn_gate|up.weight";
+          auto w = upload_stacked(r, name, {wg.weight, wu.weight});
+          if (!w) return in_layer(w.status());
+          stats.weight_bytes += w.value()->device_bytes();
+          np.w = w.value().get();
+          stacked.emplace(static_cast<int>(ni), std::move(w).value());
+          np.tmp = temp(2 * f);
+        } else {
+          auto a = matrix(n.in[1]);
+          if (!a) return in_layer(a.status());
+          auto b = matrix(n.in[2]);
+          if (!b) return in_layer(b.status());
+          np.w = a.value();
+          np.w2 = b.value();
+          np.tmp = new_phys(f, act_type, false, false);
+          np.tmp2 = new_phys(f, act_type, false, false);
+          free_list.push_back(np.tmp);
+          free_list.push_back(np.tmp2);
+        }
+        break;
+      }
+      case Op::kRopeKv: {
+        np.action = Action::kRopeKv;
+        np.cache = n.layer - g.first_layer;
+        // Q|K|V biases (qwen2) of the matmuls that computed Q, K and V.
+        const int64_t e = geometry.n_embd(), ekv = geometry.n_embd_kv();
+        std::vector<float> bias(static_cast<size_t>(e + 2 * ekv), 0.0f);
+        bool any = false;
+        const int64_t at[3] = {0, e, e + ekv};
+        for (int i = 0; i < 3; ++i) {
+          const int p = g.producer(n.in[static_cast<size_t>(i)]);
+          if (p < 0) continue;
+          const Node& m = g.nodes()[static_cast<size_t>(p)];
+          if (m.op != Op::kMatmul || m.in[2] == graph::kNone) continue;
+          const graph::Tensor& b = g.tensor(m.in[2]);
+          std::memcpy(bias.data() + at[i], b.weight->f32(), static_cast<size_t>(b.cols) * sizeof(float));
+          any = true;
+        }
+        if (any) {
+          auto b = r.create_buffer(bias.size() * sizeof(float), CL_MEM_READ_ONLY, bias.data());
+          if (!b) return b.status();
+          np.bias = std::move(b).value();
+          stats.weight_bytes += bias.size() * sizeof(float);
+        }
+        break;  // out[0] is the step's Q halves (q_half), out[1] the layer's cache
+      }
+      case Op::kAttention:
+        np.action = Action::kAttention;
+        np.cache = n.layer - g.first_layer;
+        place(n.out[0]);
+        break;
+      case Op::kSwiglu:
+      case Op::kAdd:
+        np.action = n.op == Op::kAdd ? Action::kAdd : Action::kSwiglu;
+        place(n.out[0]);
+        break;
+      case Op::kGetRows:
+        np.action = Action::kGetRows;
+        gathered_out = n.out[0];
+        gathered_in = n.in[0];
+        place(n.out[0]);
+        break;
+      case Op::kRope:
+      case Op::kKvWrite:
+      case Op::kMatmulAdd:
+        return Status(Code::kUnimplemented, std::string("the OpenCL backend cannot run ") + graph::op_name(n.op));
+    }
+    for (TensorId id : n.in) {
+      if (id != graph::kNone && --readers[static_cast<size_t>(id)] == 0) release(id);
+    }
+  }
+  return Status::ok();
+}
+
+Status OpenClBackend::Impl::allocate(const Graph& g) {
+  Runtime& r = *rt;
+  const DeviceInfo& info = r.info();
+  const int32_t n = shape.max_tokens;
+  // Storages: every activation in one (the widest decides) and the float residual stream; the logits on
+  // their own.
+  int32_t widest = 0, widest_residual = 0;
+  for (const Phys& p : phys) {
+    if (p.logits) continue;
+    widest = std::max(widest, p.channels);
+    if (p.type == DataType::kFloat32) widest_residual = std::max(widest_residual, p.channels);
+  }
+  const Bhwc widest_shape{1, 1, n, std::max(widest, 1)};
+  const Bhwc residual_shape{1, 1, n, std::max(widest_residual, 1)};
+  storage_notes.clear();
+  act_parts = 1;
+  if (opt.activation_storage) {
+    act_storage = *opt.activation_storage;
+    if (act_storage == StorageType::kTexture2DSplit) act_parts = split_parts(info, widest_shape);
+    Status fits = TensorDescriptor(widest_shape, act_format(act_type)).fits(info);
+    if (fits) fits = TensorDescriptor(residual_shape, act_format(DataType::kFloat32)).fits(info);
+    if (!fits) return fits.with_context("forced activation storage");
+    storage_notes = " (forced)";
+  } else {
+    const TensorSpec tensors[] = {{widest_shape, act_type}, {residual_shape, DataType::kFloat32}};
+    auto choice = choose_storage(info, tensors);
+    if (!choice) return choice.status();
+    act_storage = choice->storage;
+    act_parts = choice->parts;
+    for (const std::string& why : choice->fallbacks) storage_notes += " (passed over " + why + ")";
+  }
+  if (g.n_vocab > 0) {
+    auto logits_choice = choose_storage(info, Bhwc{1, 1, n, g.n_vocab});
+    if (!logits_choice) return logits_choice.status().with_context("logits");
+    logits_format = TensorFormat(logits_choice->storage, DataType::kFloat32, logits_choice->parts);
+  }
+  // Norm weights: float vectors in the activations' storage.
+  for (size_t ni = 0; ni < g.nodes().size(); ++ni) {
+    const Node& nd = g.nodes()[ni];
+    if (nd.op != Op::kRmsNorm) continue;
+    const graph::Tensor& w = g.tensor(nd.in[1]);
+    auto it = vectors.find(w.weight);
+    if (it == vectors.end()) {
+      auto v = Tensor::allocate(r, TensorDescriptor(Bhwc{1, 1, 1, static_cast<int32_t>(w.cols)},
+                                                    act_format(DataType::kFloat32)));
+      if (!v) return v.status().with_context(w.name);
+      INFERD_RETURN_IF_ERROR(upload(r, v.value(), std::span<const float>(w.weight->f32(), static_cast<size_t>(w.cols))));
+      stats.weight_bytes += v->desc().data_bytes();
+      it = vectors.emplace(w.weight, std::move(v).value()).first;
+    }
+    plan[ni].vec = &it->second;
+  }
+  stats.activation_bytes = 0;
+  logits_capacity = 0;
+  for (Phys& p : phys) {
+    p.full.reset();
+    p.view.reset();
+    if (p.logits) continue;  // ensure_logits()
+    auto t = Tensor::allocate(r, TensorDescriptor(Bhwc{1, 1, n, p.channels}, act_format(p.type)));
+    if (!t) return t.status();
+    stats.activation_bytes += t->desc().data_bytes();
+    p.full.emplace(std::move(t).value());
+  }
+  // Exact numerics: Q8 (Q8_K) quants per matmul input width, and their per-block buffers.
+  q8_of_width.clear();
+  q8k_of_width.clear();
+  int32_t widest_input = 0;
+  bool k_quants = false;
+  if (exact()) {
+    for (const Node& nd : g.nodes()) {
+      if (nd.op != Op::kMatmul && nd.op != Op::kMatmulSwiglu) continue;
+      const int32_t c = static_cast<int32_t>(g.tensor(nd.in[0]).cols);
+      widest_input = std::max(widest_input, c);
+      for (int i : {1, 2}) {
+        if (nd.in[static_cast<size_t>(i)] == graph::kNone || (i == 2 && nd.op == Op::kMatmul)) continue;
+        const MatmulActivations kind = matmul_activations(g.tensor(nd.in[static_cast<size_t>(i)]).weight_type());
+        auto& table = kind == MatmulActivations::kQ8K ? q8k_of_width : q8_of_width;
+        if (kind == MatmulActivations::kFloat || table.count(c)) continue;
+        k_quants = k_quants || kind == MatmulActivations::kQ8K;
+        auto t = Tensor::allocate(r, TensorDescriptor(Bhwc{1, 1, n, c}, act_format(act_type)));
+        if (!t) return t.status();
+        stats.activation_bytes += t->desc().data_bytes();
+        phys.push_back(Phys{c, act_type, false, false, std::move(t).value(), std::nullopt});
+        table.emplace(c, static_cast<int>(phys.size() - 1));
+      }
+    }
+  }
+  buffer_bytes = 0;
+  auto buffer = [&](ClMem& mem, size_t bytes, cl_mem_flags flags) -> Status {
+    auto b = r.create_buffer(bytes, flags);
+    if (!b) return b.status();
+    mem = std::move(b).value();
+    buffer_bytes += bytes;
+    return Status::ok();
+  };
+  const size_t tokens = static_cast<size_t>(n);
+  for (ClMem* ints : {&ids, &pos, &slots, &rows}) INFERD_RETURN_IF_ERROR(buffer(*ints, tokens * sizeof(cl_int), CL_MEM_READ_ONLY));
+  if (has_cache) {  // RoPE and attention
+    INFERD_RETURN_IF_ERROR(buffer(rope, tokens * static_cast<size_t>(geometry.head_dim) * sizeof(float), CL_MEM_READ_ONLY));
+    INFERD_RETURN_IF_ERROR(buffer(q_half, tokens * static_cast<size_t>(geometry.n_embd()) * 2, CL_MEM_READ_WRITE));
+  }
+  if (exact()) {
+    if (widest_input > 0) {
+      INFERD_RETURN_IF_ERROR(buffer(q8_scales, tokens * static_cast<size_t>(widest_input / 32) * 2 * sizeof(float),
+                                    CL_MEM_READ_WRITE));
+    }
+    if (k_quants) {
+      INFERD_RETURN_IF_ERROR(buffer(q8k_blocks,
+                                    tokens * static_cast<size_t>(widest_input / 256) * kQ8KBlockFloats * sizeof(float),
+                                    CL_MEM_READ_WRITE));
+    }
+    // The scores of every token of a step over the whole context, within a budget: a longer step runs
+    // attention in several launches (Ops::attention_exact).
+    if (has_cache) {
+      constexpr size_t kScoresBudget = size_t{64} << 20;
+      const int32_t kv_max = (shape.n_ctx + shape.pad_step - 1) / shape.pad_step * shape.pad_step;
+      const size_t per_token = Ops::attention_scratch_bytes(geometry, 1, kv_max);
+      const size_t tokens_fit = std::clamp<size_t>(kScoresBudget / per_token, 1, tokens);
+      INFERD_RETURN_IF_ERROR(buffer(scores, tokens_fit * per_token, CL_MEM_READ_WRITE));
+    }
+  }
+  stats.activation_bytes += buffer_bytes;
+  return Status::ok();
+}
+
+Status OpenClBackend::Impl::ensure_logits(int32_t n_out) {
+  if (n_out <= logits_capacity) return Status::ok();
+  int32_t capacity = 1;
+  while (capacity < n_out) capacity *= 2;
+  capacity = std::min(capacity, shape.max_tokens);
+  for (Phys& p : phys) {
+    if (!p.logits) continue;
+    if (p.full) stats.activation_bytes -= p.full->desc().data_bytes();
+    p.full.reset();
+    p.view.reset();
+    auto t = Tensor::allocate(*rt, TensorDescriptor(Bhwc{1, 1, capacity, p.channels}, logits_format));
+    if (!t) return t.status().with_context("logits");
+    stats.activation_bytes += t->desc().data_bytes();
+    p.full.emplace(std::move(t).value());
+  }
+  logits_capacity = capacity;
+  return Status::ok();
+}
+
+Status OpenClBackend::Impl::bind_views(int32_t tokens, int32_t outputs) {
+  for (Phys& p : phys) {
+    p.view.reset();
+    if (!p.full) continue;
+    const int32_t width = p.logits || p.outputs_rows ? outputs : tokens;
+    if (width == 0) continue;
+    auto v = p.full->view(Bhwc{1, 1, width, p.channels});
+    if (!v) return v.status();
+    p.view.emplace(std::move(v).value());
+  }
+  return Status::ok();
+}
+
+Tensor& OpenClBackend::Impl::dev(TensorId id) {
+  const Bound& b = bound[static_cast<size_t>(id)];
+  INFERD_ASSERT(b.phys >= 0, "tensor %d has no device home", id);
+  Phys& p = phys[static_cast<size_t>(b.phys)];
+  INFERD_ASSERT(p.view.has_value(), "tensor %d is not bound this step", id);
+  return *p.view;
+}
+
+Status OpenClBackend::prepare(const Graph& g, const BackendShape& shape) {
+  Impl& I = *impl_;
+  I.shape = shape;
+  AttentionGeometry& geo = I.geometry;
+  geo.n_head = g.heads.n_head;
+  geo.n_head_kv = g.heads.n_head_kv;
+  geo.head_dim = g.heads.head_dim;
+  geo.n_slots = shape.n_slots;
+  geo.n_ctx = shape.n_ctx;
+  geo.rope_base = g.heads.rope_base;
+  geo.rope_mode = g.heads.rope_style == RopeStyle::kNeox ? RopeMode::kNeox : RopeMode::kNormal;
+  I.has_cache = false;
+  for (const graph::Tensor& t : g.tensors()) I.has_cache = I.has_cache || t.kind == graph::TensorKind::kKvCache;
+  if (I.has_cache) {
+    INFERD_RETURN_IF_ERROR(geo.check());
+    if (geo.layer_cache_bytes() > I.rt->info().max_alloc_bytes) {
+      return make_error(Code::kOutOfRange,
+                        "a layer's KV cache (%s for %d slots of %d tokens) exceeds the device's largest buffer (%s)",
+                        mib(geo.layer_cache_bytes()).c_str(), shape.n_slots, shape.n_ctx,
+                        mib(I.rt->info().max_alloc_bytes).c_str());
+    }
+  }
+  INFERD_RETURN_IF_ERROR(I.plan_graph(g));
+  INFERD_RETURN_IF_ERROR(I.allocate(g));
+  I.caches.clear();
+  I.stats.kv_bytes = 0;
+  if (I.has_cache) {
+    for (int32_t l = g.first_layer; l < g.end_layer; ++l) {
+      auto cache = I.rt->create_buffer(geo.layer_cache_bytes());
+      if (!cache) return cache.status().with_context("KV cache of layer " + std::to_string(l));
+      I.caches.push_back(std::move(cache).value());
+      I.stats.kv_bytes += geo.layer_cache_bytes();
+    }
+  }
+  return I.rt->finish();
+}
+
+// y = W x, with x quantized first as the CPU backend quantizes it (exact numerics), once per input.
+Status OpenClBackend::Impl::matmul(const MatmulWeights& w, TensorId x, Tensor& y, int32_t step_tokens) {
+  Tensor& in = dev(x);
+  if (!exact()) return ops->matmul(w, in, y);
+  const CpuOrder order = matmul_order(cpu_order, w.type(), step_tokens);
+  const MatmulActivations kind = matmul_activations(w.type());
+  if (kind == MatmulActivations::kFloat) return ops->matmul_exact(w, in, nullptr, y, order);
+  const bool k = kind == MatmulActivations::kQ8K;
+  auto& table = k ? q8k_of_width : q8_of_width;
+  auto it = table.find(in.shape().c);
+  INFERD_ASSERT(it != table.end(), "no quants for a matmul input of %d channels", in.shape().c);
+  Phys& qp = phys[static_cast<size_t>(it->second)];
+  std::optional<Tensor> narrow;  // an input of O rows (the output projection's) uses O rows of the quants
+  if (qp.view->shape().w != in.shape().w) {
+    auto v = qp.full->view(in.shape());
+    if (!v) return v.status();
+    narrow.emplace(std::move(v).value());
+  }
+  Tensor& quants = narrow ? *narrow : *qp.view;
+  TensorId& holds = k ? q8k_holds : q8_holds;
+  cl_mem scales = k ? q8k_blocks.get() : q8_scales.get();
+  if (holds != x) {  // the per-block buffer is shared by every width: requantize when another input took it
+    INFERD_RETURN_IF_ERROR(k ? ops->quantize_q8_k(in, quants, scales) : ops->quantize_q8(in, quants, scales));
+    holds = x;
+  }
+  return ops->matmul_exact(w, quants, scales, y, order);
+}
+
+Status OpenClBackend::Impl::run_node(const Graph& g, size_t ni, const graph::StepIO& io, const TokenPlacement& tokens) {
+  const Node& n = g.nodes()[ni];
+  const NodePlan& np = plan[ni];
+  const int32_t t_count = io.shape.tokens;
+  auto out = [&]() -> Tensor& { return dev(n.out[0]); };
+  switch (np.action) {
+    case Action::kSkip: return Status::ok();
+    case Action::kEmbed: return ops->get_rows(*np.w, ids.get(), out());
+    case Action::kRmsNorm:
+      return exact() ? ops->rms_norm_exact(dev(n.in[0]), *np.vec, n.eps, out())
+                     : ops->rms_norm(dev(n.in[0]), *np.vec, n.eps, out());
+    case Action::kMatmul: {
+      const TensorSlice s = slice(n.out[0]);
+      INFERD_ASSERT(s.first_slice == 0);
+      return matmul(*np.w, n.in[0], dev(n.out[0]), t_count);
+    }
+    case Action::kGateUp: {
+      Tensor& h = out();
+      Tensor& a = *phys[static_cast<size_t>(np.tmp)].view;
+      INFERD_RETURN_IF_ERROR(matmul(*np.w, n.in[0], a, t_count));
+      if (np.w2 == nullptr) return exact() ? ops->swiglu_halves_exact(a, h) : ops->swiglu_halves(a, h);
+      Tensor& b = *phys[static_cast<size_t>(np.tmp2)].view;
+      INFERD_RETURN_IF_ERROR(matmul(*np.w2, n.in[0], b, t_count));
+      return exact() ? ops->swiglu_exact(a, b, h) : ops->swiglu(a, b, h);
+    }
+    case Action::kRopeKv:
+      return ops->rope_kv(geometry, slice(n.in[0]), slice(n.in[1]), slice(n.in[2]), np.bias.get(), tokens, q_half.get(),
+                          caches[static_cast<size_t>(np.cache)].get());
+    case Action::kAttention: {
+      const float kq_scale = 1.0f / std::sqrt(static_cast<float>(geometry.head_dim));
+      cl_mem cache = caches[static_cast<size_t>(np.cache)].get();
+      return exact() ? ops->attention_exact(geometry, q_half.get(), tokens, io.shape.kv_pad, kq_scale, cache,
+                                            scores.get(), cpu_order, out())
+                     : ops->attention(geometry, q_half.get(), tokens, io.shape.kv_pad, kq_scale, cache, out());
+    }
+    case Action::kSwiglu:
+      return exact() ? ops->swiglu_exact(dev(n.in[0]), dev(n.in[1]), out()) : ops->swiglu(dev(n.in[0]), dev(n.in[1]), out());
+    case Action::kAdd: return ops->add(dev(n.in[0]), dev(n.in[1]), out());
+    case Action::kGetRows:
+      if (io.shape.outputs == t_count) return Status::ok();  // every row: dev() reads the source itself
+      return ops->gather(dev(n.in[0]), rows.get(), out());
+  }
+  return Status::ok();
+}
+
+Status OpenClBackend::compute(const Graph& g, graph::StepIO& io) {
+  Impl& I = *impl_;
+  Runtime& rt = *I.rt;
+  const int32_t t_count = io.shape.tokens, n_out = io.shape.outputs;
+  const size_t ints = static_cast<size_t>(t_count) * sizeof(cl_int);
+  // Blocking writes: the caller's host data may change after compute() returns.
+  for (size_t i = 0; i < g.inputs().size(); ++i) {
+    const TensorId id = g.inputs()[i];
+    const graph::HostTensor& h = io.inputs[i];
+    if (id == g.io.token_ids) {
+      INFERD_RETURN_IF_ERROR(rt.write_buffer(I.ids.get(), 0, ints, h.data));
+    } else if (id == g.io.positions) {
+      INFERD_RETURN_IF_ERROR(rt.write_buffer(I.pos.get(), 0, ints, h.data));
+      if (I.has_cache) {  // the rotary angles of the step's positions, as the CPU computes them
+        I.host_pos.assign(static_cast<const int32_t*>(h.data), static_cast<const int32_t*>(h.data) + t_count);
+        I.host_rope = rope_table(I.host_pos, I.geometry.head_dim, I.geometry.rope_base);
+        INFERD_RETURN_IF_ERROR(rt.write_buffer(I.rope.get(), 0, I.host_rope.size() * sizeof(float), I.host_rope.data()));
+      }
+    } else if (id == g.io.slots) {
+      INFERD_RETURN_IF_ERROR(rt.write_buffer(I.slots.get(), 0, ints, h.data));
+    } else if (id == g.io.out_rows) {
+      if (n_out > 0 && n_out < t_count) {
+        INFERD_RETURN_IF_ERROR(rt.write_buffer(I.rows.get(), 0, static_cast<size_t>(n_out) * sizeof(cl_int), h.data));
+      }
+    }
+  }
+  if (n_out > 0) INFERD_RETURN_IF_ERROR(I.ensure_logits(n_out));
+  INFERD_RETURN_IF_ERROR(I.bind_views(t_count, n_out));
+  for (size_t i = 0; i < g.inputs().size(); ++i) {
+    const TensorId id = g.inputs()[i];
+    if (g.tensor(id).elem != graph::Elem::kFloat) continue;
+    const graph::HostTensor& h = io.inputs[i];
+    INFERD_RETURN_IF_ERROR(upload(rt, I.dev(id), std::span<const float>(static_cast<const float*>(h.data), h.count))
+                               .with_context(id == g.io.hidden_in ? "hidden states" : g.tensor(id).name.c_str()));
+  }
+  // Every row wanted: the rows "gathered" are the source's own (no copy).
+  const bool all_rows = n_out == t_count;
+  Impl::Bound saved{};
+  if (all_rows && I.gathered_out != graph::kNone) {
+    saved = I.bound[static_cast<size_t>(I.gathered_out)];
+    I.bound[static_cast<size_t>(I.gathered_out)] = I.bound[static_cast<size_t>(I.gathered_in)];
+  }
+  I.q8_holds = I.q8k_holds = graph::kNone;
+  const TokenPlacement tokens{I.pos.get(), I.slots.get(), I.rope.get()};
+  Status st;
+  for (size_t ni = 0; ni < g.nodes().size() && st; ++ni) {
+    const Node& n = g.nodes()[ni];
+    if (g.tensor(n.out[0]).rows == graph::Rows::kOutputs && n_out == 0) continue;  // no logits wanted
+    st = I.run_node(g, ni, io, tokens);
+    if (!st && n.layer >= 0) st = st.with_context("layer " + std::to_string(n.layer));
+  }
+  bool downloaded = false;
+  for (size_t i = 0; i < g.outputs().size(); ++i) {
+    const TensorId id = g.outputs()[i];
+    const graph::Tensor& t = g.tensor(id);
+    std::vector<float>& dst = *io.outputs[i];
+    dst.resize(static_cast<size_t>(Graph::rows(t, io.shape)) * static_cast<size_t>(t.cols));
+    if (dst.empty()) continue;
+    if (st) st = download(rt, I.dev(id), dst).with_context(id == g.io.hidden_out ? "hidden states" : t.name.c_str());
+    downloaded = true;
+  }
+  if (all_rows && I.gathered_out != graph::kNone) I.bound[static_cast<size_t>(I.gathered_out)] = saved;
+  INFERD_RETURN_IF_ERROR(st);
+  (choose_matmul_variant(t_count) == MatmulVariant::kDecode ? I.stats.decode_passes : I.stats.prefill_passes)++;
+  I.stats.kernels = I.ops->kernel_count();
+  return downloaded ? Status::ok() : rt.finish();
+}
+
+}  // namespace inferd::opencl

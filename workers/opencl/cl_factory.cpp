@@ -1,0 +1,94 @@
+// The OpenCL backend's registration (backend_factory.h). Device: a decimal index into every platform's
+// devices (Runtime::create_default). Settings, each also read from the worker's environment:
+//   storage      INFERD_OPENCL_STORAGE      buffer | image_buffer | texture2d | texture3d | texture2d_split
+//                                           (default: the device's first choice, choose_storage)
+//   activations  INFERD_OPENCL_ACTIVATIONS  f32 | f16 (default: f16 with float numerics on a device with
+//                                           cl_khr_fp16)
+//   numerics     INFERD_OPENCL_NUMERICS     exact | float (default: exact where the device has cl_khr_fp64)
+//   int_dot      INFERD_OPENCL_INT_DOT      float | int8 (default: int8 where the device has
+//                                           cl_khr_integer_dot_product)
+// A value outside these lists is kInvalidArgument naming the setting and its variable. The program
+// binary cache is default_cache_dir() ($XDG_CACHE_HOME or $HOME).
+#include <optional>
+#include <string_view>
+
+#include "inferd/backend_factory.h"
+#include "inferd/opencl/cl_backend.h"
+
+namespace inferd {
+
+namespace {
+
+using namespace opencl;
+
+const std::map<std::string, std::string> kEnvironment = {{"storage", "INFERD_OPENCL_STORAGE"},
+                                                         {"activations", "INFERD_OPENCL_ACTIVATIONS"},
+                                                         {"numerics", "INFERD_OPENCL_NUMERICS"},
+                                                         {"int_dot", "INFERD_OPENCL_INT_DOT"}};
+constexpr IntDot kIntDots[] = {IntDot::kFloat, IntDot::kInt8};
+constexpr Numerics kNumerics[] = {Numerics::kExact, Numerics::kFloat};
+
+// Setting `key` among `choices` (named by `name_of`); unset when absent, kInvalidArgument naming the
+// setting, its variable and the choices otherwise.
+template <typename T, size_t N, typename NameOf>
+Result<std::optional<T>> choice(const BackendConfig& config, const std::string& key, const T (&choices)[N],
+                                NameOf name_of) {
+  auto it = config.settings.find(key);
+  if (it == config.settings.end()) return std::optional<T>();
+  std::string expected;
+  for (const T& c : choices) {
+    if (it->second == name_of(c)) return std::optional<T>(c);
+    expected += std::string(expected.empty() ? "" : ", ") + name_of(c);
+  }
+  return Status(Code::kInvalidArgument, kEnvironment.at(key) + " (" + key + ") = '" + it->second +
+                                            "': expected one of " + expected);
+}
+
+Result<std::unique_ptr<Backend>> create(const BackendConfig& config) {
+  for (const auto& [key, value] : config.settings) {
+    if (!kEnvironment.count(key)) return Status(Code::kInvalidArgument, "the OpenCL backend has no setting '" + key + "'");
+  }
+  OpenClOptions o;
+  auto storage = choice(config, "storage", kAllStorageTypes, storage_name);
+  if (!storage) return storage.status();
+  auto data_type = choice(config, "activations", kAllDataTypes, data_type_name);
+  if (!data_type) return data_type.status();
+  auto numerics = choice(config, "numerics", kNumerics, numerics_name);
+  if (!numerics) return numerics.status();
+  auto int_dot = choice(config, "int_dot", kIntDots, int_dot_name);
+  if (!int_dot) return int_dot.status();
+  o.activation_storage = storage.value();
+  o.activation_type = data_type.value();
+  if (numerics.value()) o.numerics = *numerics.value();
+  o.int_dot = int_dot.value();
+  RuntimeOptions ro;
+  ro.cache_dir = default_cache_dir();
+  auto runtime = Runtime::create_default(ro, config.device);
+  if (!runtime) return runtime.status();
+  auto b = OpenClBackend::create(std::move(runtime).value(), o);
+  if (!b) return b.status();
+  return std::unique_ptr<Backend>(std::move(b).value());
+}
+
+// The backend-ops suite's configurations: both numerics, every activation storage, halves, the int8 dots.
+std::vector<BackendVariant> variants() {
+  std::vector<BackendVariant> v;
+  auto add = [&](std::string name, std::map<std::string, std::string> settings) {
+    v.push_back({std::move(name), BackendConfig{"", 0, std::move(settings)}});
+  };
+  for (StorageType s : kAllStorageTypes) add(std::string("opencl_exact_") + storage_name(s), {{"storage", storage_name(s)}});
+  add("opencl_exact_int8", {{"int_dot", "int8"}, {"storage", "buffer"}});
+  add("opencl_float_buffer", {{"numerics", "float"}, {"activations", "f32"}, {"storage", "buffer"}});
+  add("opencl_float_texture2d", {{"numerics", "float"}, {"activations", "f32"}, {"storage", "texture2d"}});
+  add("opencl_float_f16", {{"numerics", "float"}, {"activations", "f16"}, {"storage", "buffer"}});
+  return v;
+}
+
+}  // namespace
+
+const BackendFactory& opencl_backend_factory() {
+  static const BackendFactory factory{"opencl", create, kEnvironment, variants};
+  return factory;
+}
+
+}  // namespace inferd

@@ -1,0 +1,107 @@
+// inferd/opencl/cl_backend.h — the OpenCL backend: graphs (inferd/graph.h) on an OpenCL device, op by op
+// through Ops (ops.h).
+//
+// prepare() does once what a graph needs (ML Drift's way):
+//  * Weights are converted from the model's WeightViews (which point into the shared weights segment)
+//    into the layouts the kernels read (MatmulWeights); only the weights the graph reads — a pipeline
+//    stage uploads its own layers. Matmuls that share an input and a weight type are merged into one
+//    where the graph lets them: Q|K|V stacked into one matrix when their only use is one rope_kv, gate|up
+//    for matmul_swiglu. The embedding table is one MatmulWeights serving the lookup and a tied output
+//    projection. Q/K/V biases (qwen2) are added by rope_kv.
+//  * Activations are logical 1x1xTxC tensors (a token per x) in one storage picked per device
+//    (choose_storage, or forced by OpenClOptions::activation_storage) and one data type (float, or half
+//    with float numerics; the residual stream is always float), allocated for the largest step and
+//    reused by liveness (a tensor's memory goes back to a pool after its last reader; a node never
+//    writes the memory it reads, as images require). A step of T tokens runs on views of their first T
+//    tokens, so no kernel is ever rebuilt for a new batch size. The logits have their own storage.
+//  * The KV cache is one half-precision buffer per layer of the graph, [slot][k|v][kv_head][position]
+//    [head_dim], allocated for every slot and the whole context; rope_kv writes each step's K/V rows in
+//    place at their (slot, position); attention runs over the KV length padded to the pad step.
+// compute() is stage-aware: the decode matmul kernels for steps of fewer than 4 tokens, the prefill
+// kernels otherwise (choose_matmul_variant).
+//
+// Numerics (OpenClOptions::numerics, ops.h): kExact computes the CPU backend's float operations in its
+// order, so its logits equal the CPU backend's bit for bit (activations quantized to Q8_0 / Q8_1 /
+// Q8_K before matmuls with block weights, the dot kernels' lane order, RMSNorm's double sum, ggml's
+// expf, RoPE by the host's cos and sin); it needs cl_khr_fp64, and a device without it runs kFloat
+// (describe() says why). kFloat keeps activations unquantized and sums in the fastest order.
+//
+// Operators: embed, rms_norm, matmul (a bias only where a rope_kv adds it), matmul_swiglu, rope_kv,
+// attention (of a rope_kv's Q), swiglu, add, get_rows. rope and kv_write alone and matmul_add are
+// unsupported (fuse() leaves a graph's adds separate on this backend).
+//
+// Thread safety: one thread at a time (the Runtime's queue is in order).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "inferd/backend.h"
+#include "inferd/opencl/cl_runtime.h"
+#include "inferd/opencl/ops.h"
+#include "inferd/opencl/tensor_desc.h"
+
+namespace inferd::opencl {
+
+// How the backend rounds (see above).
+enum class Numerics { kExact, kFloat };
+const char* numerics_name(Numerics numerics);
+
+struct OpenClOptions {
+  // The storage of the activations; unset: the device's first choice that fits (choose_storage).
+  std::optional<StorageType> activation_storage;
+  // The data type of the activations other than the residual stream (which stays float, as in
+  // llama.cpp: it accumulates every layer's output); unset: kFloat16 where the numerics are kFloat and
+  // the device has cl_khr_fp16, kFloat32 otherwise. kFloat16 with kExact numerics is kInvalidArgument.
+  std::optional<DataType> activation_type;
+  Numerics numerics = Numerics::kExact;
+  // How the exact matmuls form their int8 dot products (ops.h IntDot); unset: choose_int_dot(device).
+  std::optional<IntDot> int_dot;
+};
+
+struct OpenClStats {
+  int64_t decode_passes = 0;    // steps that ran the decode (GEMV) matmul kernels
+  int64_t prefill_passes = 0;   // steps that ran the prefill matmul kernels
+  size_t weight_bytes = 0;      // device memory of the converted weights
+  size_t kv_bytes = 0;
+  size_t activation_bytes = 0;  // activation tensors and per-step buffers, logits included
+  size_t kernels = 0;           // distinct kernels built
+};
+
+class OpenClBackend final : public Backend {
+ public:
+  // kInvalidArgument for half activations with the exact numerics.
+  static Result<std::unique_ptr<OpenClBackend>> create(std::unique_ptr<Runtime> runtime, const OpenClOptions& options);
+  ~OpenClBackend() override;
+  OpenClBackend(const OpenClBackend&) = delete;
+  OpenClBackend& operator=(const OpenClBackend&) = delete;
+
+  std::string_view family() const override { return "opencl"; }
+  // "OpenCL: <device> (<vendor>, driver <version>), storage: weights=buffer activations=buffer
+  // logits=buffer kv=buffer(f16), numerics exact (x86, float dot), weights 106.4 MiB".
+  std::string describe() const override;
+  bool supports(const graph::Graph& g, const graph::Node& node) const override;
+  Status prepare(const graph::Graph& g, const BackendShape& shape) override;
+  Status compute(const graph::Graph& g, graph::StepIO& io) override;
+  BackendMemory memory() const override;
+  bool exact() const override { return numerics() == Numerics::kExact; }
+
+  Runtime& runtime();
+  const DeviceInfo& device_info() const;
+  const OpenClStats& stats() const;
+  StorageType activation_storage() const;
+  DataType activation_type() const;
+  // The numerics in effect (options().numerics unless the device cannot run them) and, for kExact, the
+  // CPU order they reproduce.
+  Numerics numerics() const;
+  CpuOrder cpu_order() const;
+
+ private:
+  struct Impl;
+  explicit OpenClBackend(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace inferd::opencl
