@@ -10,13 +10,15 @@ scripts/build.sh -DINFERD_WERROR=$werror
 
 # Sanitized build (ASan + UBSan) of the code that reads untrusted input: the GGUF reader (and its
 # corrupt-file set), the tokenizer, the sampling parameter checks, the shared-memory formats (weights
-# segment, rings), the daemon's configuration parser, stop strings and chat templates.
+# segment, rings), the daemon's configuration parser and scheduler, stop strings, chat templates, the
+# model graph and placement plans, and backend names.
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DINFERD_SANITIZE=address,undefined \
       -DINFERD_WERROR=$werror >/dev/null
 # Only the binaries of sanitize-labelled tests, and the daemon, are built here.
 cmake --build build-asan -j "$(nproc)" --target inferd_gguf_test inferd_gguf_corrupt_test inferd_tokenizer_test \
       inferd_sampling_test inferd_ipc_test inferd_daemon_support_test inferd_supervisor_test \
       inferd_client_test inferd_step_logic_test inferd_kernels_cpu_test inferd_kernels_gemm_test \
+      inferd_graph_test inferd_backend_names_test \
       inferd inferd-worker inferd-run
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -L sanitize)
 

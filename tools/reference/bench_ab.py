@@ -38,8 +38,9 @@ def daemon_decode(build: str, client: str, model: str, args) -> float:
         subprocess.run(base + ["load", model, "--id", "ab", "--parallel", "1"], check=True, capture_output=True)
         subprocess.run(base + ["generate", "-m", "ab", "-p", "Hello", "-n", "8"], check=True, capture_output=True)
         out = subprocess.run(base + ["--json", "generate", "-m", "ab", "-p", PROMPT, "-n", str(args.daemon_gen),
-                                     "--ignore-eog"], check=True, capture_output=True, text=True).stdout
-        r = json.loads(out.strip().splitlines()[-1])
+                                     "--temp", "0", "--ignore-eog", "-q"], check=True, capture_output=True,
+                             text=True).stdout
+        r = json.loads(out)["result"]
         return (r["generated_tokens"] - 1) * 1000.0 / r["generate_ms"]
 
 
