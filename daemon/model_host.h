@@ -67,7 +67,9 @@ class ModelHost : public SchedulerHost {
     }
     const ipc::Completion* next_completion() override { return worker->ring().next_completion(); }
     void release_completion() override { worker->ring().release_completion(); }
-    void kill() override { worker->kill(); }
+    void kill() override {
+      if (worker) worker->kill();
+    }
     int pid() const override { return worker ? worker->pid() : -1; }
   };
 

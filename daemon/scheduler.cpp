@@ -259,13 +259,13 @@ void Scheduler::arm_hang_detector() {
   const std::pair<size_t, uint64_t> oldest{stage, stages_[stage].in_flight.front()};
   if (oldest == timed_) return;
   timed_ = oldest;
-  host_.arm_timer(opt_.step_timeout, [this, oldest] {
+  std::weak_ptr<bool> alive = alive_;
+  host_.arm_timer(opt_.step_timeout, [this, alive, oldest] {
+    if (alive.expired()) return;  // the scheduler is gone
     const StageState& st = stages_[oldest.first];
-    // It has moved on since (the step completed or was abandoned).
-    if (st.in_flight.empty() || st.in_flight.front() != oldest.second || steps_.empty() ||
-        steps_.front().id > oldest.second) {
-      return;
-    }
+    // It has moved on since: the step completed, or its worker died. (A step abandoned because another
+    // stage died or a step before it failed is still owed by this worker: a hang in it is a hang.)
+    if (st.in_flight.empty() || st.in_flight.front() != oldest.second) return;
     spdlog::error("model {}: worker {} has not finished step {} in {} s; killing it", opt_.model_id,
                   ports_[oldest.first]->pid(), oldest.second,
                   std::chrono::duration_cast<std::chrono::seconds>(opt_.step_timeout).count());

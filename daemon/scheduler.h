@@ -158,6 +158,7 @@ class Scheduler {
   void fail_sequence(uint64_t id, const Status& why);
 
   SchedulerOptions opt_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // the hang detector's callback checks it
   const Tokenizer& tokenizer_;
   ChatTemplate chat_template_;
   SchedulerHost& host_;

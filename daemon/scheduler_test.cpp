@@ -284,6 +284,30 @@ TEST_F(SchedulerTest, TheHangDetectorLeavesAWorkerThatMovedOn) {
   EXPECT_FALSE(stage().killed);
 }
 
+// Regression: a step abandoned because the one before it failed is still owed by the worker; a worker
+// that hangs in it must be killed, not waited for forever.
+TEST_F(SchedulerTest, TheHangDetectorKillsAWorkerHungOnAnAbandonedStep) {
+  make(1, 1, 4, 2);
+  auto a = request({1, 2}, 8);
+  ASSERT_EQ(stage().given.size(), 2u);  // the prompt, and the step ahead
+  stage().fail("injected fault");
+  sched_->on_completion(0);  // a fails; the step ahead is abandoned but still in the worker
+  auto b = request({3, 4}, 8);  // a new step goes in behind it
+  ASSERT_TRUE(host_.timer);
+  host_.fire();  // the worker never answers the abandoned step
+  EXPECT_TRUE(stage().killed);
+}
+
+TEST_F(SchedulerTest, TheHangDetectorOfAGoneSchedulerDoesNothing) {
+  make(1, 1, 4, 1);
+  request({1, 2}, 2);
+  auto timer = host_.timer;
+  FakeStage* s = &stage();
+  sched_.reset();
+  timer();
+  EXPECT_FALSE(s->killed);
+}
+
 TEST_F(SchedulerTest, AMalformedAnswerKillsTheWorker) {
   make(1, 1, 4, 1);
   request({1, 2}, 2);

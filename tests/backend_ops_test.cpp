@@ -198,9 +198,12 @@ void add_norms(std::vector<Case>& cases) {
 
 // get_rows: the rows whose logits are wanted, some of them or all.
 void add_get_rows(std::vector<Case>& cases) {
-  for (auto rows : {std::vector<int32_t>{1, 3, 4, 8}, std::vector<int32_t>{0, 1, 2, 3}}) {
-    const int32_t t = rows.size() == 4 && rows.back() == 8 ? 9 : 4;
-    cases.push_back({"get_rows_t" + std::to_string(t) + "_o" + std::to_string(rows.size()), [rows, t](CaseData& d) {
+  // Some rows; every row in order (a prefill with all logits); every row count, out of order, repeated.
+  const std::pair<std::string, std::vector<int32_t>> sets[] = {
+      {"some", {1, 3, 4, 8}}, {"all", {0, 1, 2, 3}}, {"shuffled", {2, 0, 3, 3}}};
+  for (const auto& [what, rows] : sets) {
+    const int32_t t = what == "some" ? 9 : 4;
+    cases.push_back({"get_rows_" + what, [rows, t](CaseData& d) {
                        CaseBuilder b(d);
                        const TensorId x = b.input("x", Elem::kFloat, Rows::kTokens, 21);
                        const TensorId r = b.input("rows", Elem::kInt32, Rows::kOutputs, 1);

@@ -50,6 +50,7 @@ Status ModelRunner::init(std::shared_ptr<const Model> model, std::unique_ptr<Bac
   graph::Graph graph = std::move(g).value();
   const Backend& be = *backend;
   graph::fuse(graph, [&be](const graph::Graph& gr, const graph::Node& n) { return be.supports(gr, n); });
+  INFERD_RETURN_IF_ERROR(graph.validate().with_context("the graph fused for backend " + std::string(backend->family())));
   for (const graph::Node& n : graph.nodes()) {
     if (!backend->supports(graph, n)) {
       return Status(Code::kUnimplemented, std::string("backend ") + std::string(backend->family()) + " cannot run " +
@@ -69,7 +70,8 @@ Status ModelRunner::init(std::shared_ptr<const Model> model, std::unique_ptr<Bac
   slots_.reserve(n);
   rows_.reserve(n);
   io_.inputs.assign(graph_.inputs().size(), graph::HostTensor{});
-  io_.outputs.assign(graph_.outputs().size(), &output_);
+  INFERD_ASSERT(graph_.outputs().size() == 1, "a model's graph has one output, got %zu", graph_.outputs().size());
+  io_.outputs.assign(1, &output_);
   return Status::ok();
 }
 

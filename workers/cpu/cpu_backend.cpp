@@ -89,7 +89,7 @@ struct CpuBackend::Impl {
 
   ~Impl() { std::free(arena); }
 
-  void ensure_plan(const cpu::Program& prog, int64_t m, int64_t n_out, int64_t kv_pad);
+  Status ensure_plan(const cpu::Program& prog, int64_t m, int64_t n_out, int64_t kv_pad);
   void run_pass(int ith, int nth);
   void run_step(const Step& s, int ith, int nth);
 
@@ -204,11 +204,11 @@ Status CpuBackend::prepare(const graph::Graph& g, const BackendShape& shape) {
   return Status::ok();
 }
 
-void CpuBackend::Impl::ensure_plan(const cpu::Program& prog, int64_t m, int64_t n_out, int64_t kv_pad) {
+Status CpuBackend::Impl::ensure_plan(const cpu::Program& prog, int64_t m, int64_t n_out, int64_t kv_pad) {
   // Symbolic shapes: token counts round up to 32 (1 stays 1), KV length to the padding step, so the plan
   // is rebuilt only when a real size crosses a step.
   const PlanKey k{m == 1 ? 1 : round_up(m, 32), n_out <= 1 ? n_out : round_up(n_out, 32), kv_pad};
-  if (k == key && planned == &prog && arena != nullptr) return;
+  if (k == key && planned == &prog && arena != nullptr) return Status::ok();
   key = k;
   planned = &prog;
   stats.plan_rebuilds++;
@@ -248,13 +248,19 @@ void CpuBackend::Impl::ensure_plan(const cpu::Program& prog, int64_t m, int64_t 
   local_base = local_region >= 0 ? plan.offset(local_region) : 0;
   if (plan.total_bytes() > arena_capacity) {
     std::free(arena);
+    arena_capacity = 0;
+    const size_t size = static_cast<size_t>(round_up(static_cast<int64_t>(plan.total_bytes()), 64));
+    arena = static_cast<uint8_t*>(std::aligned_alloc(64, size));
+    if (arena == nullptr) {
+      planned = nullptr;
+      return make_error(Code::kFailed, "out of memory for the activation arena (%zu bytes)", size);
+    }
     arena_capacity = plan.total_bytes();
-    arena = static_cast<uint8_t*>(std::aligned_alloc(64, static_cast<size_t>(round_up(static_cast<int64_t>(arena_capacity), 64))));
-    INFERD_ASSERT(arena != nullptr, "out of memory for the activation arena");
   }
   stats.arena_bytes = plan.total_bytes();
   stats.arena_naive_bytes = plan.naive_bytes() - (local_region >= 0 ? static_cast<size_t>(nth) * local_stride : 0) +
                             static_cast<size_t>(nth) * local.naive_bytes();
+  return Status::ok();
 }
 
 Status CpuBackend::compute(const graph::Graph& g, graph::StepIO& io) {
@@ -264,7 +270,7 @@ Status CpuBackend::compute(const graph::Graph& g, graph::StepIO& io) {
   if (!I.programs[which]) I.programs[which].emplace(cpu::compile(g, which == 0));
   const cpu::Program& prog = *I.programs[which];
   const MatmulPath path = I.forced ? I.forced_path : choose_matmul_path(sh.tokens);
-  I.ensure_plan(prog, sh.tokens, sh.outputs, sh.kv_pad);
+  INFERD_RETURN_IF_ERROR(I.ensure_plan(prog, sh.tokens, sh.outputs, sh.kv_pad));
   for (size_t i = 0; i < g.outputs().size(); ++i) {
     const graph::Tensor& t = g.tensor(g.outputs()[i]);
     io.outputs[i]->resize(static_cast<size_t>(graph::Graph::rows(t, sh)) * static_cast<size_t>(t.cols));

@@ -98,11 +98,14 @@ class Compiler {
     }
     return r;
   }
-  // `out` takes `in`'s buffer when `in` dies at node `ni` (an operator that works in place).
+  // `out` takes `in`'s buffer when `in` dies at node `ni` and is none of the node's other operands (an
+  // operator that works in place must not overwrite what it still reads through another operand).
   Ref output_in_place(TensorId out, TensorId in, int32_t ni) {
     const Ref r = where_[static_cast<size_t>(in)];
+    const Node& n = g_.nodes()[static_cast<size_t>(ni)];
+    const int uses = static_cast<int>(std::count(n.in.begin(), n.in.end(), in));
     if (where_[static_cast<size_t>(out)].loc == Loc::kNone && (r.loc == Loc::kShared || r.loc == Loc::kLocal) &&
-        last_use_[static_cast<size_t>(in)] == ni) {
+        last_use_[static_cast<size_t>(in)] == ni && uses == 1) {
       where_[static_cast<size_t>(out)] = r;
       return r;
     }

@@ -305,9 +305,15 @@ Status OpenClBackend::Impl::plan_graph(const Graph& g) {
                       t.role == graph::Role::kLogits),
          0);
   };
-  auto release = [&](TensorId id) {
-    const int p = bound[static_cast<size_t>(id)].phys;
+  // get_rows' output stands for its source when every row is wanted in order (compute()): the source's
+  // memory stays live as long as the output does.
+  std::map<TensorId, int> holds_source;
+  auto drop = [&](int p) {
     if (p >= 0 && --live[static_cast<size_t>(p)] == 0 && !phys[static_cast<size_t>(p)].logits) free_list.push_back(p);
+  };
+  auto release = [&](TensorId id) {
+    drop(bound[static_cast<size_t>(id)].phys);
+    if (auto it = holds_source.find(id); it != holds_source.end()) drop(it->second);
   };
   auto temp = [&](int32_t channels) {  // scratch inside one node, released after it
     const int p = new_phys(channels, act_type, false, false);
@@ -437,12 +443,18 @@ Status OpenClBackend::Impl::plan_graph(const Graph& g) {
         np.action = n.op == Op::kAdd ? Action::kAdd : Action::kSwiglu;
         place(n.out[0]);
         break;
-      case Op::kGetRows:
+      case Op::kGetRows: {
         np.action = Action::kGetRows;
         gathered_out = n.out[0];
         gathered_in = n.in[0];
         place(n.out[0]);
+        const int source = bound[static_cast<size_t>(n.in[0])].phys;
+        if (source >= 0) {
+          ++live[static_cast<size_t>(source)];
+          holds_source[n.out[0]] = source;
+        }
         break;
+      }
       case Op::kRope:
       case Op::kKvWrite:
       case Op::kMatmulAdd:
@@ -724,7 +736,9 @@ Status OpenClBackend::Impl::run_node(const Graph& g, size_t ni, const graph::Ste
       return exact() ? ops->swiglu_exact(dev(n.in[0]), dev(n.in[1]), out()) : ops->swiglu(dev(n.in[0]), dev(n.in[1]), out());
     case Action::kAdd: return ops->add(dev(n.in[0]), dev(n.in[1]), out());
     case Action::kGetRows:
-      if (io.shape.outputs == t_count) return Status::ok();  // every row: dev() reads the source itself
+      if (bound[static_cast<size_t>(n.out[0])].phys == bound[static_cast<size_t>(n.in[0])].phys) {
+        return Status::ok();  // every row in order: the output is bound to the source (compute())
+      }
       return ops->gather(dev(n.in[0]), rows.get(), out());
   }
   return Status::ok();
@@ -751,7 +765,7 @@ Status OpenClBackend::compute(const Graph& g, graph::StepIO& io) {
     } else if (id == g.io.slots) {
       INFERD_RETURN_IF_ERROR(rt.write_buffer(I.slots.get(), 0, ints, h.data));
     } else if (id == g.io.out_rows) {
-      if (n_out > 0 && n_out < t_count) {
+      if (n_out > 0) {
         INFERD_RETURN_IF_ERROR(rt.write_buffer(I.rows.get(), 0, static_cast<size_t>(n_out) * sizeof(cl_int), h.data));
       }
     }
@@ -765,8 +779,14 @@ Status OpenClBackend::compute(const Graph& g, graph::StepIO& io) {
     INFERD_RETURN_IF_ERROR(upload(rt, I.dev(id), std::span<const float>(static_cast<const float*>(h.data), h.count))
                                .with_context(id == g.io.hidden_in ? "hidden states" : g.tensor(id).name.c_str()));
   }
-  // Every row wanted: the rows "gathered" are the source's own (no copy).
-  const bool all_rows = n_out == t_count;
+  // Every row wanted, in order (what ModelRunner asks for a prefill with all logits): the rows "gathered"
+  // are the source's own, no copy.
+  bool all_rows = n_out == t_count && g.io.out_rows != graph::kNone;
+  for (size_t i = 0; all_rows && i < g.inputs().size(); ++i) {
+    if (g.inputs()[i] != g.io.out_rows) continue;
+    const int32_t* rows = static_cast<const int32_t*>(io.inputs[i].data);
+    for (int32_t r = 0; all_rows && r < n_out; ++r) all_rows = rows[r] == r;
+  }
   Impl::Bound saved{};
   if (all_rows && I.gathered_out != graph::kNone) {
     saved = I.bound[static_cast<size_t>(I.gathered_out)];

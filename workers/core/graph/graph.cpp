@@ -132,7 +132,16 @@ Status Graph::validate() const {
     for (int i = 0; i < Node::kMaxOut; ++i) {
       const TensorId id = n.out[static_cast<size_t>(i)];
       if ((id == kNone) != (i >= a.outputs)) return bad("wrong number of outputs");
-      if (id != kNone) defined[static_cast<size_t>(id)] = true;
+      if (id == kNone) continue;
+      const TensorKind k = tensors_[static_cast<size_t>(id)].kind;
+      if (k != TensorKind::kActivation && k != TensorKind::kKvCache) {
+        return bad("it writes " + tensors_[static_cast<size_t>(id)].name + ", which is not an activation");
+      }
+      defined[static_cast<size_t>(id)] = true;
+    }
+    const bool uses_cache = n.op == Op::kKvWrite || n.op == Op::kRopeKv || n.op == Op::kAttention;
+    if (uses_cache && (n.layer < first_layer || n.layer >= end_layer)) {
+      return bad("layer " + std::to_string(n.layer) + " is outside the graph's layers");
     }
     // Shapes.
     auto t = [&](int i) -> const Tensor& { return tensors_[static_cast<size_t>(n.in[static_cast<size_t>(i)])]; };
@@ -146,18 +155,18 @@ Status Graph::validate() const {
         const Tensor& w = t(1);
         if (w.kind != TensorKind::kWeight || w.cols != t(0).cols) return bad("weight " + w.name + " does not match its input");
         if (o.cols != w.fixed_rows || !same_rows(o, t(0))) return bad("output shape");
-        if (n.in[2] != kNone && t(2).cols != w.fixed_rows) return bad("bias size");
+        if (n.in[2] != kNone && (t(2).kind != TensorKind::kWeight || t(2).cols != w.fixed_rows)) return bad("bias");
         if (n.op == Op::kMatmulAdd && (t(3).cols != o.cols || !same_rows(t(3), o))) return bad("residual shape");
         break;
       }
       case Op::kMatmulSwiglu:
-        if (t(1).cols != t(0).cols || t(2).cols != t(0).cols || t(1).fixed_rows != t(2).fixed_rows ||
+        if (t(1).kind != TensorKind::kWeight || t(2).kind != TensorKind::kWeight || t(1).cols != t(0).cols || t(2).cols != t(0).cols || t(1).fixed_rows != t(2).fixed_rows ||
             o.cols != t(1).fixed_rows) {
           return bad("gate/up shapes");
         }
         break;
       case Op::kRmsNorm:
-        if (t(1).cols != t(0).cols || o.cols != t(0).cols || !same_rows(o, t(0))) return bad("shapes");
+        if (t(1).kind != TensorKind::kWeight || t(1).cols != t(0).cols || o.cols != t(0).cols || !same_rows(o, t(0))) return bad("shapes");
         break;
       case Op::kAdd:
       case Op::kSwiglu:
@@ -172,13 +181,22 @@ Status Graph::validate() const {
         if (t(0).elem != Elem::kInt32 || t(1).kind != TensorKind::kWeight || o.cols != t(1).cols) return bad("shapes");
         break;
       case Op::kRope:
-        if (o.cols != t(0).cols || heads.head_dim <= 0 || t(0).cols % heads.head_dim != 0) return bad("shapes");
+        if (o.cols != t(0).cols || heads.head_dim <= 0 || t(0).cols % heads.head_dim != 0 || t(1).elem != Elem::kInt32) {
+          return bad("shapes");
+        }
         break;
       case Op::kKvWrite:
       case Op::kRopeKv:
       case Op::kAttention: {
         const int cache = n.op == Op::kKvWrite ? 4 : n.op == Op::kRopeKv ? 5 : 1;
         if (t(cache).kind != TensorKind::kKvCache) return bad("its cache operand is not a KV cache");
+        const int64_t e = heads.n_embd(), ekv = heads.n_embd_kv();
+        const bool widths = n.op == Op::kKvWrite   ? t(0).cols == ekv && t(1).cols == ekv
+                            : n.op == Op::kRopeKv  ? t(0).cols == e && t(1).cols == ekv && t(2).cols == ekv
+                                                   : t(0).cols == e && o.cols == e;
+        if (heads.head_dim <= 0 || heads.n_head_kv <= 0 || !widths) return bad("widths do not match the heads");
+        const int pos = n.op == Op::kKvWrite ? 2 : n.op == Op::kRopeKv ? 3 : 2;
+        if (t(pos).elem != Elem::kInt32 || t(pos + 1).elem != Elem::kInt32) return bad("positions and slots must be int32");
         break;
       }
     }
@@ -331,11 +349,20 @@ int fuse(Graph& g, const SupportsFn& supports) {
         f.layer = a.layer;
         f.in = {a.in[0], b.in[0], kv.in[1], kv.in[2], kv.in[3], kv.in[4]};
         f.out = {a.out[0], kv.out[0]};
-        // Every input must exist where the fused node stands (the KV write's place).
+        // Every input must exist where the fused node stands (the KV write's place), and Q' (now rounded
+        // as attention rounds it, and produced there) may be read only by attention after it.
         bool ready = true;
         for (TensorId id : f.in) {
           if (id != kNone && g.producer(id) >= w) ready = false;
         }
+        for (size_t r = 0; r < n && ready; ++r) {
+          const Node& reader = nodes[r];
+          for (int k = 0; k < reader.n_in(); ++k) {
+            if (reader.in[static_cast<size_t>(k)] != a.out[0]) continue;
+            if (reader.op != Op::kAttention || static_cast<int>(r) <= w || k != 0) ready = false;
+          }
+        }
+        for (TensorId id : g.outputs()) ready = ready && id != a.out[0];
         if (ready && supports(g, f)) {
           drop[i] = drop[j] = true;
           replace[static_cast<size_t>(w)] = f;

@@ -134,6 +134,26 @@ TEST(Fuse, BiasedMatmulsAreNotFusedIntoSwiglu) {
   EXPECT_EQ(count_ops(g)[Op::kRopeKv], model->config().n_layer);
 }
 
+// Regression: rope_kv produces Q' where the KV write stood and rounds it to half; it must not be fused
+// when something other than a later attention reads Q'.
+TEST(Fuse, RopeKvOnlyWhereAttentionAloneReadsQ) {
+  auto model = open(kMixed);
+  ASSERT_TRUE(model);
+  Graph g = build_forward(*model).value();
+  TensorId q_rope = kNone;
+  for (const Node& n : g.nodes()) {
+    if (n.op == Op::kRope && n.layer == 0) {
+      q_rope = n.out[0];
+      break;
+    }
+  }
+  ASSERT_NE(q_rope, kNone);
+  g.mark_output(q_rope);  // another reader of layer 0's Q'
+  fuse(g, everything);
+  EXPECT_TRUE(g.validate().is_ok()) << g.validate().to_string();
+  EXPECT_EQ(count_ops(g)[Op::kRopeKv], model->config().n_layer - 1);
+}
+
 TEST(Validate, RefusesBrokenGraphs) {
   auto model = open(kMixed);
   ASSERT_TRUE(model);
@@ -155,6 +175,16 @@ TEST(Validate, RefusesBrokenGraphs) {
     }
   }
   EXPECT_EQ(h.validate().code(), Code::kInvalidArgument);
+  // A node that writes a graph input, or a weight.
+  Graph k = build_forward(*model).value();
+  k.mutable_nodes().front().out[0] = k.io.positions;
+  EXPECT_EQ(k.validate().code(), Code::kInvalidArgument);
+  // Attention of a layer the graph does not have.
+  Graph l = build_forward(*model, 0, 2).value();
+  for (Node& n : l.mutable_nodes()) {
+    if (n.op == Op::kAttention) n.layer = 4;
+  }
+  EXPECT_EQ(l.validate().code(), Code::kInvalidArgument);
 }
 
 // ---- Placement --------------------------------------------------------------------------------------
