@@ -3,6 +3,12 @@
 // read by this test binary only; the production worker has no such switch:
 //   start    abort before the backend is made (a worker crashing in a loop)
 //   step:N   fail the N-th step (from 1) with "injected fault" (a backend error; the worker lives on)
+//   device:N fail the N-th step and report the device unusable (a GPU's sticky error): the worker
+//            answers the step, then exits for a restart. Once per supervisor: the fault leaves a marker
+//            file ($TMPDIR/inferd-fault-worker-device-<supervisor pid>), so the restarted worker is sound.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <string>
 
@@ -16,10 +22,27 @@ using inferd::worker::StepBackend;
 
 class FailNthStep final : public StepBackend {
  public:
-  FailNthStep(std::unique_ptr<StepBackend> inner, uint64_t n) : inner_(std::move(inner)), fail_at_(n) {}
+  FailNthStep(std::unique_ptr<StepBackend> inner, uint64_t n, bool breaks_device)
+      : inner_(std::move(inner)), fail_at_(n), breaks_device_(breaks_device) {}
   Status step(const inferd::ipc::Submission& sub, inferd::ipc::Completion& out) override {
-    if (++steps_ == fail_at_) return Status(Code::kFailed, "injected fault (inferd-fault-worker)");
+    if (++steps_ == fail_at_ && (!breaks_device_ || first_device_fault())) {
+      broken_ = breaks_device_;
+      return Status(Code::kFailed, breaks_device_ ? "injected device fault (inferd-fault-worker)"
+                                                  : "injected fault (inferd-fault-worker)");
+    }
     return inner_->step(sub, out);
+  }
+  bool healthy() const override { return !broken_; }
+
+  // True the first time for this supervisor (creates the marker file).
+  static bool first_device_fault() {
+    const char* tmp = std::getenv("TMPDIR");
+    const std::string path = std::string(tmp && *tmp ? tmp : "/tmp") + "/inferd-fault-worker-device-" +
+                             std::to_string(::getppid());
+    const int fd = ::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
+    if (fd < 0) return false;
+    ::close(fd);
+    return true;
   }
   std::string device() const override { return inner_->device(); }
   uint64_t kv_bytes() const override { return inner_->kv_bytes(); }
@@ -28,6 +51,8 @@ class FailNthStep final : public StepBackend {
  private:
   std::unique_ptr<StepBackend> inner_;
   uint64_t fail_at_;
+  bool breaks_device_;
+  bool broken_ = false;
   uint64_t steps_ = 0;
 };
 
@@ -39,10 +64,11 @@ int main(int argc, char** argv) {
   inferd::worker::WorkerHooks hooks;
   if (fault == "start") {
     hooks.configured = [] { std::abort(); };
-  } else if (fault.rfind("step:", 0) == 0) {
-    const uint64_t n = std::strtoull(fault.c_str() + 5, nullptr, 10);
-    hooks.wrap = [n](std::unique_ptr<StepBackend> inner) {
-      return std::unique_ptr<StepBackend>(new FailNthStep(std::move(inner), n));
+  } else if (fault.rfind("step:", 0) == 0 || fault.rfind("device:", 0) == 0) {
+    const bool device = fault[0] == 'd';
+    const uint64_t n = std::strtoull(fault.c_str() + (device ? 7 : 5), nullptr, 10);
+    hooks.wrap = [n, device](std::unique_ptr<StepBackend> inner) {
+      return std::unique_ptr<StepBackend>(new FailNthStep(std::move(inner), n, device));
     };
   }
   return inferd::worker::worker_main(argc, argv, hooks);

@@ -13,7 +13,10 @@
 
 #include "common/cli.h"
 #include "common/session.h"
+#include "inferd/backend_names.h"
+#include "inferd/backend_registry.h"
 #include "inferd/engine.h"
+#include "inferd/model_runner.h"
 #include "inferd/kernels/cpu.h"
 
 namespace {
@@ -48,6 +51,80 @@ std::vector<int32_t> random_tokens(int32_t n, int32_t n_vocab, uint32_t seed) {
   return out;
 }
 
+// The protocol above on a registered backend other than the CPU engine (a ModelRunner on it).
+int bench_backend(const std::shared_ptr<const inferd::Model>& model, const std::string& name, int32_t n_prompt,
+                  int32_t n_gen, int32_t reps, int32_t n_ctx, bool json, const std::string& model_path) {
+  if (inferd::Status ok = inferd::check_backend_name(name); !ok) {
+    std::fprintf(stderr, "error: %s\n", ok.message().c_str());
+    return 2;
+  }
+  const auto parsed = inferd::parse_backend_name(name);
+  const inferd::BackendFactory* factory = inferd::find_backend(parsed->family);
+  if (factory == nullptr) {
+    std::fprintf(stderr, "error: backend %s is not built\n", parsed->family.c_str());
+    return 2;
+  }
+  inferd::BackendConfig config;
+  config.device = parsed->device;
+  auto backend = inferd::create_backend(*factory, config);
+  if (!backend) {
+    std::fprintf(stderr, "error: %s\n", backend.status().to_string().c_str());
+    return 1;
+  }
+  inferd::RunnerOptions ro;
+  ro.n_ctx = n_ctx > 0 ? n_ctx : n_prompt + n_gen + 1;
+  ro.n_ubatch = std::max(512, n_prompt);
+  const auto t_load = Clock::now();
+  auto runner = inferd::ModelRunner::create(model, std::move(backend).value(), ro);
+  if (!runner) {
+    std::fprintf(stderr, "error: %s\n", runner.status().to_string().c_str());
+    return 1;
+  }
+  const double load_s = std::chrono::duration<double>(Clock::now() - t_load).count();
+  inferd::ModelRunner& r = *runner.value();
+  const std::vector<int32_t> prompt = random_tokens(n_prompt, r.n_vocab(), 42);
+  const std::vector<int32_t> gen = random_tokens(std::max(n_gen, 1), r.n_vocab(), 7);
+  (void)r.eval(0, std::span<const int32_t>(prompt.data(), std::min<size_t>(prompt.size(), 8)));
+  (void)r.eval(0, std::span<const int32_t>(gen.data(), 1));
+  std::vector<double> pp, tg;
+  for (int rep = 0; rep < reps; ++rep) {
+    r.clear_slot(0);
+    auto t0 = Clock::now();
+    auto res = r.eval(0, prompt);
+    if (!res) {
+      std::fprintf(stderr, "error: %s\n", res.status().to_string().c_str());
+      return 1;
+    }
+    pp.push_back(n_prompt / std::chrono::duration<double>(Clock::now() - t0).count());
+    t0 = Clock::now();
+    for (int32_t i = 0; i < n_gen; ++i) {
+      auto d = r.eval(0, std::span<const int32_t>(&gen[static_cast<size_t>(i)], 1));
+      if (!d) {
+        std::fprintf(stderr, "error: %s\n", d.status().to_string().c_str());
+        return 1;
+      }
+    }
+    if (n_gen > 0) tg.push_back(n_gen / std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  const double pp_med = median(pp), tg_med = median(tg);
+  const double gb = static_cast<double>(model->weight_bytes()) / 1e9;
+  const inferd::BackendMemory mem = r.backend().memory();
+  if (json) {
+    std::printf("{\"model\":\"%s\",\"backend\":\"%s\",\"weights_bytes\":%zu,\"n_prompt\":%d,\"n_gen\":%d,"
+                "\"prefill_tps\":%.2f,\"decode_tps\":%.2f,\"decode_weight_gbps\":%.2f,\"load_s\":%.3f,"
+                "\"device_weight_bytes\":%zu,\"kv_bytes\":%zu,\"activation_bytes\":%zu}\n",
+                model_path.c_str(), name.c_str(), model->weight_bytes(), n_prompt, n_gen, pp_med, tg_med, tg_med * gb,
+                load_s, mem.weights, mem.kv, mem.activations);
+  } else {
+    std::printf("model    %s\n", model->describe().c_str());
+    std::printf("backend  %s\n", r.backend().describe().c_str());
+    std::printf("load     %.2f s (weights to the device, KV cache, buffers)\n", load_s);
+    std::printf("prefill  %6d tokens  %9.2f tok/s\n", n_prompt, pp_med);
+    std::printf("decode   %6d tokens  %9.2f tok/s  (%.1f GB/s of weights)\n", n_gen, tg_med, tg_med * gb);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -65,6 +142,9 @@ int main(int argc, char** argv) {
   p.option({"--weights"}, &weights, "shm|mmap", inferd::cli::kWeightsHelp);
   p.flag({"--paths"}, &paths, "compare the GEMV and GEMM matmul paths per batch size");
   p.flag({"--json"}, &json, "print one JSON object");
+  std::string backend = "cpu";
+  p.option({"--backend"}, &backend, "NAME[:N]",
+           "the backend (cpu, cuda[:N], opencl[:N]): a GPU backend runs the same protocol through the model graph");
   if (int rc = inferd::cli::parse_or_exit(p, argc, argv); rc >= 0) return rc;
   const auto weights_source = inferd::cli::parse_weights_source(weights);
   if (!weights_source) {
@@ -82,6 +162,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   const std::shared_ptr<const inferd::Model>& model = loaded->model;
+  if (backend != "cpu") return bench_backend(model, backend, n_prompt, n_gen, reps, n_ctx, json, model_path);
   inferd::EngineOptions eo;
   eo.n_threads = n_threads;
   eo.n_ctx = n_ctx > 0 ? n_ctx : n_prompt + n_gen + 1;

@@ -26,6 +26,10 @@
 // kernels/cpu/ggml_math.h and x86_kernels.inc; each line says which function it mirrors.
 //@ exact_helpers
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
+// No contraction of a * b + c into one fma from here on: OpenCL C allows it by default (FP_CONTRACT ON),
+// and a driver that does it (NVIDIA's) rounds differently from the host's separate multiply and add.
+// The fma() calls written out are the host's own fused multiply-adds.
+#pragma OPENCL FP_CONTRACT OFF
 // Float division and square root correctly rounded, as the host's: through double, whose 53 bits
 // make rounding twice give the correctly rounded float (OpenCL's float ones may be off by ulps).
 inline float inferd_div(float a, float b) { return (float)((double)a / (double)b); }

@@ -200,6 +200,30 @@ class CrashTest(harness.DaemonTestCase):
 
         run_async(body(), daemons=[daemon])
 
+    # A step that leaves the device unusable (a GPU's sticky error: the CUDA backend reports itself
+    # unhealthy) fails its requests with the message, and the worker exits: the supervisor restarts it
+    # like a crashed one, and the daemon serves exact output on the new worker.
+    def test_device_fault_restarts_the_worker_and_the_daemon_keeps_serving(self):
+        prompt, n = "Once upon a time", 24
+        want = harness.inferd_run(prompt, n)
+        daemon = harness.Daemon(fault="device:5").start()
+        self.addCleanup(daemon.stop)
+
+        async def body():
+            conn = await Connection.open(daemon.socket_path)
+            await conn.load(harness.Config.model, id=MODEL_ID, contextSize=512, parallel=2)
+            pid = (await conn.status()).models[0].info.workers[0].pid
+            failed = await conn.generate(request(MODEL_ID, prompt, max_tokens=n, ignoreEog=True))
+            self.assertKjError(failed.error, "FAILED", "injected device fault", context="the request in the failed step")
+            await self.wait_restarted(conn, pid)
+            for i in range(2):
+                out = await conn.generate(request(MODEL_ID, prompt, max_tokens=n, ignoreEog=False))
+                self.assertCompleted(out, f"request {i} after the device fault")
+                self.assertTextMatches(out, want, "output after a device fault differs from inferd-run's")
+            conn.close()
+
+        run_async(body(), daemons=[daemon])
+
     def test_worker_crash_loop_at_start_fails_the_load(self):
         daemon = harness.Daemon(fault="start").start()
         self.addCleanup(daemon.stop)

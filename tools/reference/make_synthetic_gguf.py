@@ -119,6 +119,13 @@ PRESETS = {
     **{f"{qt.name.lower()}-small": Preset(f"{qt.name.lower()}-small", 256, 6, 4, 2, 1024, 49152, 10000.0, 1e-5, 2048,
                                           QT.Q8_0, QT.Q8_0, (lambda qt: lambda layer, k: qt)(qt), file_type=7)
        for qt in (QT.Q4_0, QT.Q4_K, QT.Q6_K)},
+    # The shapes the CUDA figures are measured on (issue 18): SmolLM2-135M's and an 8B llama's with a 49k
+    # vocabulary, every matrix Q4_0 (the output Q6_K as llama.cpp's Q4_0 files have it; Q8_0 at width 576,
+    # which is not a multiple of Q6_K's 256-value blocks).
+    "smollm2-q4_0": Preset("smollm2-q4_0", 576, 30, 9, 3, 1536, 49152, 100000.0, 1e-5, 8192,
+                           QT.Q4_0, QT.Q8_0, _uniform_q4_0),
+    "8b-q4_0": Preset("8b-q4_0", 4096, 32, 32, 8, 14336, 49152, 500000.0, 1e-5, 8192,
+                      QT.Q4_0, QT.Q6_K, _uniform_q4_0),
     "llama3-8b-q4_0": Preset("llama3-8b-q4_0", 4096, 32, 32, 8, 14336, 128256, 500000.0, 1e-5, 8192,
                              QT.Q4_0, QT.Q6_K, _uniform_q4_0),
 }

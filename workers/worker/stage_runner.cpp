@@ -53,6 +53,7 @@ class StageRunner final : public StepBackend {
   }
   uint64_t kv_bytes() const override { return runner_->backend().memory().kv; }
   uint64_t arena_bytes() const override { return runner_->backend().memory().activations; }
+  bool healthy() const override { return runner_->backend().healthy(); }
 
  private:
   std::unique_ptr<ModelRunner> runner_;

@@ -52,6 +52,9 @@ class StepBackend {
   virtual std::string device() const = 0;
   virtual uint64_t kv_bytes() const = 0;
   virtual uint64_t arena_bytes() const = 0;
+  // False once a failed step has left the device unusable (Backend::healthy): the worker exits after
+  // answering that step, and the supervisor restarts it like a crashed one.
+  virtual bool healthy() const { return true; }
 };
 
 // The model (or the stage `options` names) on a backend made by `factory` (its environment settings

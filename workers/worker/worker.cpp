@@ -166,6 +166,7 @@ int run(const Args& args, const WorkerHooks& hooks) {
           return 1;
         }
         const auto s0 = Clock::now();
+        const uint64_t step_id = sub->id;
         out->id = sub->id;
         out->n_outputs = 0;
         out->error[0] = '\0';
@@ -183,6 +184,11 @@ int run(const Args& args, const WorkerHooks& hooks) {
         r.publish_completion();
         uint64_t one = 1;
         (void)!::write(args.complete_efd, &one, sizeof(one));
+        if (!st && !be.healthy()) {
+          spdlog::error("the device is unusable after step {} failed: exiting so that the supervisor restarts this worker",
+                        step_id);
+          return 3;
+        }
       }
     }
     if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {

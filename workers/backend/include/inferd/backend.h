@@ -67,6 +67,10 @@ class Backend {
 
   virtual BackendMemory memory() const = 0;
 
+  // False once a failure has left the device unusable (a GPU's sticky error): every later step would
+  // fail too, so the worker exits and the supervisor restarts it on a fresh device context.
+  virtual bool healthy() const { return true; }
+
   // Whether compute() gives the CPU backend's results bit for bit (the backend-ops suite then compares
   // for equality, otherwise by normalized mean squared error).
   virtual bool exact() const { return false; }

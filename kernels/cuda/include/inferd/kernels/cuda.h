@@ -1,0 +1,82 @@
+// inferd/kernels/cuda.h — the CUDA kernels of the CUDA backend (workers/cuda), as host functions that
+// enqueue them on a stream.
+//
+// Every function is asynchronous on `stream` and returns the launch's cudaError_t (a device error of an
+// earlier kernel may surface here or at the next synchronization). Pointers are device pointers unless
+// named host_. Activations are row-major float matrices (rows x cols, cols contiguous); weights are the
+// GGUF's own blocks, read in place by the kernels (no conversion at upload): a matrix of n rows of k
+// columns, each row `row_bytes` long.
+//
+// Matmuls choose their kernel per step (the seeds' stage-aware selection): up to kGemvMaxRows tokens a
+// GEMV that reads each weight once for all tokens (bandwidth-bound decode); more, a tensor-core tile
+// kernel (WMMA, fp16 inputs, fp32 accumulation) that dequantizes weight tiles into shared memory
+// (compute-bound prefill).
+//
+// Thread safety: stateless; launches on one stream are ordered.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace inferd::cuda {
+
+// Weight types the kernels read: GGUF's type ids (inferd::DType's values).
+enum class WType : uint32_t {
+  kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8,
+  kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kBF16 = 30,
+};
+bool wtype_supported(uint32_t type_id);
+
+// Most tokens a step may have for the GEMV path.
+inline constexpr int kGemvMaxRows = 8;
+
+struct Matrix {
+  WType type = WType::kF32;
+  const void* data = nullptr;
+  size_t row_bytes = 0;
+  int64_t rows = 0;  // n
+  int64_t cols = 0;  // k
+};
+
+// y[t][r] = dot(x[t], W[r]) (+ bias[r]) (+ residual[t][r]) for t < tokens, r < W.rows.
+// x: tokens x W.cols; y, residual: tokens x W.rows (residual may equal y: added in the store).
+cudaError_t matmul(const Matrix& w, const float* x, int32_t tokens, const float* bias, const float* residual, float* y,
+                   cudaStream_t stream);
+// The same with the path forced, for tests and the --paths benchmark (0: auto, 1: GEMV, 2: tensor cores).
+cudaError_t matmul_path(int path, const Matrix& w, const float* x, int32_t tokens, const float* bias,
+                        const float* residual, float* y, cudaStream_t stream);
+
+// out[i] = row ids[i] of W, dequantized to floats (the embedding lookup).
+cudaError_t get_rows(const Matrix& w, const int32_t* ids, int32_t n, float* out, cudaStream_t stream);
+// out[i] = src row rows[i] (floats, cols wide).
+cudaError_t gather(const float* src, int64_t cols, const int32_t* rows, int32_t n, float* out, cudaStream_t stream);
+
+cudaError_t rms_norm(const float* x, const float* w, int32_t rows, int64_t cols, float eps, float* y,
+                     cudaStream_t stream);
+cudaError_t add(const float* a, const float* b, int64_t n, float* y, cudaStream_t stream);
+cudaError_t swiglu(const float* gate, const float* up, int64_t n, float* y, cudaStream_t stream);
+
+// RoPE of `tokens` rows of n_heads heads of head_dim floats: y = x rotated by the angles in `table`
+// ([tokens][head_dim / 2] (cos, sin) pairs, computed on the host as the CPU computes them). neox: rotate
+// (i, i + head_dim/2) pairs, else (2i, 2i + 1). y may equal x.
+cudaError_t rope(const float* x, int32_t tokens, int32_t n_heads, int32_t head_dim, const float* table, bool neox,
+                 float* y, cudaStream_t stream);
+
+// A layer's KV cache: halves, [k|v][slot][kv_head][position][head_dim].
+struct KvLayout {
+  int32_t n_slots = 0, n_ctx = 0, n_head_kv = 0, head_dim = 0;
+  size_t half_elems() const { return size_t{2} * n_slots * n_head_kv * n_ctx * head_dim; }
+};
+// Writes the K and V rows (tokens x n_head_kv*head_dim floats) at each token's position and slot.
+cudaError_t kv_write(const KvLayout& kv, const float* k, const float* v, const int32_t* pos, const int32_t* slot,
+                     int32_t tokens, uint16_t* cache, cudaStream_t stream);
+// Causal attention of each token's n_head query heads over positions [0, pos] of its slot (GQA: query
+// head h reads kv head h / (n_head / n_head_kv)), softmax(q k^T * scale) v. Split over the KV length
+// within a block with an online softmax (flash-decoding's split-K), the partial results merged in
+// shared memory. head_dim: a multiple of 32, at most 256.
+cudaError_t attention(const KvLayout& kv, int32_t n_head, const float* q, const int32_t* pos, const int32_t* slot,
+                      int32_t tokens, float scale, const uint16_t* cache, float* out, cudaStream_t stream);
+
+}  // namespace inferd::cuda

@@ -1,0 +1,621 @@
+// The CUDA backend's kernels (inferd/kernels/cuda.h).
+//
+// Weights are read in the GGUF's own blocks. Every type has one device function, dq8<T>(row, c, out),
+// that dequantizes the c-th run of 8 consecutive values of a row: in every block format a run of 8
+// aligned values shares one scale (and minimum), so the GEMV, the GEMM's tile loads and the embedding
+// lookup are written once over it. Float types may have rows whose width is not a multiple of 8; the
+// last values go through dq1<T>.
+#include <cuda_fp16.h>
+#include <mma.h>
+
+#include <cfloat>
+#include <cstdint>
+
+#include "inferd/kernels/cuda.h"
+
+namespace inferd::cuda {
+
+namespace {
+
+// ---- Weight formats ------------------------------------------------------------------------------------
+
+__device__ __forceinline__ float h2f(const uint8_t* p) {
+  const uint16_t bits = static_cast<uint16_t>(p[0] | (p[1] << 8));
+  return __half2float(__ushort_as_half(bits));
+}
+__device__ __forceinline__ float bf2f(uint16_t bits) { return __uint_as_float(static_cast<uint32_t>(bits) << 16); }
+__device__ __forceinline__ uint32_t le32(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) | (static_cast<uint32_t>(p[2]) << 16) |
+         (static_cast<uint32_t>(p[3]) << 24);
+}
+
+// Q4_K / Q5_K: the 6-bit scale and minimum of sub-block j (ggml's get_scale_min_k4).
+__device__ __forceinline__ void scale_min_k4(int j, const uint8_t* q, float* sc, float* m) {
+  if (j < 4) {
+    *sc = static_cast<float>(q[j] & 63);
+    *m = static_cast<float>(q[j + 4] & 63);
+  } else {
+    *sc = static_cast<float>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    *m = static_cast<float>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+template <WType T>
+__device__ __forceinline__ void dq8(const uint8_t* row, int64_t c, float* o) {
+  const int64_t e = c * 8;
+  if constexpr (T == WType::kF32) {
+    const float* r = reinterpret_cast<const float*>(row) + e;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[i] = r[i];
+  } else if constexpr (T == WType::kF16) {
+    const __half* r = reinterpret_cast<const __half*>(row) + e;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[i] = __half2float(r[i]);
+  } else if constexpr (T == WType::kBF16) {
+    const uint16_t* r = reinterpret_cast<const uint16_t*>(row) + e;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[i] = bf2f(r[i]);
+  } else if constexpr (T == WType::kQ8_0) {
+    const uint8_t* b = row + (e / 32) * 34;
+    const int e0 = static_cast<int>(e % 32);
+    const float d = h2f(b);
+    const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2) + e0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[i] = static_cast<float>(qs[i]) * d;
+  } else if constexpr (T == WType::kQ4_0 || T == WType::kQ4_1) {
+    constexpr int kBytes = T == WType::kQ4_0 ? 18 : 20;
+    const uint8_t* b = row + (e / 32) * kBytes;
+    const int e0 = static_cast<int>(e % 32);
+    const float d = h2f(b);
+    const uint8_t* qs = b + (T == WType::kQ4_0 ? 2 : 4);
+    const int shift = e0 < 16 ? 0 : 4;
+    const int j0 = e0 % 16;
+    if constexpr (T == WType::kQ4_0) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o[i] = static_cast<float>(((qs[j0 + i] >> shift) & 0xF) - 8) * d;
+    } else {
+      const float m = h2f(b + 2);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o[i] = static_cast<float>((qs[j0 + i] >> shift) & 0xF) * d + m;
+    }
+  } else if constexpr (T == WType::kQ5_0 || T == WType::kQ5_1) {
+    constexpr bool kMin = T == WType::kQ5_1;
+    constexpr int kBytes = kMin ? 24 : 22;
+    const uint8_t* b = row + (e / 32) * kBytes;
+    const int e0 = static_cast<int>(e % 32);
+    const float d = h2f(b);
+    const uint32_t qh = le32(b + (kMin ? 4 : 2));
+    const uint8_t* qs = b + (kMin ? 8 : 6);
+    const bool high = e0 >= 16;
+    const int j0 = e0 % 16;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int j = j0 + i;
+      const int lo = high ? (qs[j] >> 4) : (qs[j] & 0xF);
+      const int hb = (qh >> (high ? j + 16 : j)) & 1;
+      const int q = lo | (hb << 4);
+      if constexpr (kMin) {
+        o[i] = static_cast<float>(q) * d + h2f(b + 2);
+      } else {
+        o[i] = static_cast<float>(q - 16) * d;
+      }
+    }
+  } else if constexpr (T == WType::kQ4_K || T == WType::kQ5_K) {
+    constexpr bool k5 = T == WType::kQ5_K;
+    const uint8_t* b = row + (e / 256) * (k5 ? 176 : 144);
+    const int e0 = static_cast<int>(e % 256);
+    const int chunk = e0 / 64, w = e0 % 64;
+    const bool high = w >= 32;
+    float sc, mn;
+    scale_min_k4(2 * chunk + (high ? 1 : 0), b + 4, &sc, &mn);
+    const float d = h2f(b) * sc, m = h2f(b + 2) * mn;
+    const uint8_t* qs = b + (k5 ? 48 : 16) + chunk * 32 + (w % 32);
+    const int shift = high ? 4 : 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      int q = (qs[i] >> shift) & 0xF;
+      if constexpr (k5) {
+        const uint8_t* qh = b + 16 + (w % 32);
+        q += ((qh[i] >> (2 * chunk + (high ? 1 : 0))) & 1) << 4;
+      }
+      o[i] = d * static_cast<float>(q) - m;
+    }
+  } else if constexpr (T == WType::kQ6_K) {
+    const uint8_t* b = row + (e / 256) * 210;
+    const int e0 = static_cast<int>(e % 256);
+    const int n = e0 / 128, r = e0 % 128, qd = r / 32, l = r % 32;
+    const uint8_t* ql = b + 64 * n + (qd & 1 ? 32 : 0) + l;
+    const uint8_t* qh = b + 128 + 32 * n + l;
+    const int8_t sc = reinterpret_cast<const int8_t*>(b + 192)[8 * n + l / 16 + 2 * qd];
+    const float d = h2f(b + 208) * static_cast<float>(sc);
+    const int shift = qd >= 2 ? 4 : 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int q = (((ql[i] >> shift) & 0xF) | (((qh[i] >> (2 * qd)) & 3) << 4)) - 32;
+      o[i] = d * static_cast<float>(q);
+    }
+  }
+}
+
+// One value (the float types' last values of a row narrower than a multiple of 8).
+template <WType T>
+__device__ __forceinline__ float dq1(const uint8_t* row, int64_t e) {
+  if constexpr (T == WType::kF32) {
+    return reinterpret_cast<const float*>(row)[e];
+  } else if constexpr (T == WType::kF16) {
+    return __half2float(reinterpret_cast<const __half*>(row)[e]);
+  } else if constexpr (T == WType::kBF16) {
+    return bf2f(reinterpret_cast<const uint16_t*>(row)[e]);
+  } else {
+    float o[8];
+    dq8<T>(row, e / 8, o);
+    return o[e % 8];
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+// Where V starts in a layer's cache (KvLayout::half_elems() / 2, in device code).
+__device__ __forceinline__ size_t v_offset(const KvLayout& kv) {
+  return static_cast<size_t>(kv.n_slots) * kv.n_head_kv * kv.n_ctx * kv.head_dim;
+}
+
+// ---- Matmul: GEMV (few tokens) ----------------------------------------------------------------------
+
+constexpr int kGemvWarps = 4;  // rows per block: one warp per weight row
+
+// A warp per weight row reads the row once and dots it with every token's activations.
+template <WType T, int NT>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    gemv_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n, int64_t k, const float* __restrict__ x,
+                int tokens, const float* __restrict__ bias, const float* residual, float* y) {
+  const int lane = threadIdx.x % 32;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / 32;
+  if (r >= n) return;
+  const uint8_t* row = w + static_cast<size_t>(r) * row_bytes;
+  float acc[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+  const int64_t chunks = k / 8;
+  for (int64_t c = lane; c < chunks; c += 32) {
+    float wv[8];
+    dq8<T>(row, c, wv);
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      if (t < tokens) {
+        const float* xp = x + static_cast<size_t>(t) * k + c * 8;
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) s = fmaf(wv[i], xp[i], s);
+        acc[t] += s;
+      }
+    }
+  }
+  for (int64_t e = chunks * 8 + lane; e < k; e += 32) {
+    const float wv = dq1<T>(row, e);
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      if (t < tokens) acc[t] = fmaf(wv, x[static_cast<size_t>(t) * k + e], acc[t]);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    if (t >= tokens) break;
+    const float s = warp_sum(acc[t]);
+    if (lane == 0) {
+      float v = s;
+      if (bias) v += bias[r];
+      const size_t at = static_cast<size_t>(t) * n + r;
+      if (residual) v += residual[at];
+      y[at] = v;
+    }
+  }
+}
+
+// ---- Matmul: tensor cores (many tokens) ---------------------------------------------------------------
+
+constexpr int kBM = 64, kBN = 64, kBK = 32, kLdAB = kBK + 8, kLdC = kBN + 4;
+
+// C = X W^T for a 64-token x 64-row tile: four warps, each 32 x 32 of 16x16x16 WMMA fragments; X tiles
+// converted to halves and W tiles dequantized to halves in shared memory.
+template <WType T>
+__global__ void __launch_bounds__(128)
+    gemm_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n, int64_t k, const float* __restrict__ x,
+                int tokens, const float* __restrict__ bias, const float* residual, float* y) {
+  using namespace nvcuda;
+  __shared__ __align__(32) __half As[kBM][kLdAB];
+  __shared__ __align__(32) __half Bs[kBN][kLdAB];
+  __shared__ __align__(32) float Cs[kBM][kLdC];
+  const int tid = threadIdx.x, warp = tid / 32;
+  const int wm = warp / 2, wn = warp % 2;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kBM, n0 = static_cast<int64_t>(blockIdx.x) * kBN;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+  }
+  for (int64_t k0 = 0; k0 < k; k0 += kBK) {
+    // 64 rows x 4 runs of 8 values, for each operand: two runs per thread.
+    for (int idx = tid; idx < kBM * (kBK / 8); idx += 128) {
+      const int rr = idx / (kBK / 8), c8 = idx % (kBK / 8);
+      const int64_t col = k0 + c8 * 8;
+      // Activations.
+      const int64_t m = m0 + rr;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float v = m < tokens && col + i < k ? x[static_cast<size_t>(m) * k + col + i] : 0.0f;
+        As[rr][c8 * 8 + i] = __float2half(v);
+      }
+      // Weights.
+      const int64_t nr = n0 + rr;
+      float wv[8];
+      if (nr < n && col + 8 <= k) {
+        dq8<T>(w + static_cast<size_t>(nr) * row_bytes, col / 8, wv);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          wv[i] = nr < n && col + i < k ? dq1<T>(w + static_cast<size_t>(nr) * row_bytes, col + i) : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) Bs[rr][c8 * 8 + i] = __float2half(wv[i]);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kBK; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a[2];
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(a[i], &As[wm * 32 + i * 16][kk], kLdAB);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(b[j], &Bs[wn * 32 + j * 16][kk], kLdAB);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      wmma::store_matrix_sync(&Cs[wm * 32 + i * 16][wn * 32 + j * 16], acc[i][j], kLdC, wmma::mem_row_major);
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < kBM * kBN; idx += 128) {
+    const int rr = idx / kBN, cc = idx % kBN;
+    const int64_t m = m0 + rr, nc = n0 + cc;
+    if (m >= tokens || nc >= n) continue;
+    float v = Cs[rr][cc];
+    if (bias) v += bias[nc];
+    const size_t at = static_cast<size_t>(m) * n + nc;
+    if (residual) v += residual[at];
+    y[at] = v;
+  }
+}
+
+template <WType T>
+cudaError_t launch_matmul(int path, const Matrix& w, const float* x, int32_t tokens, const float* bias,
+                          const float* residual, float* y, cudaStream_t stream) {
+  const uint8_t* wd = static_cast<const uint8_t*>(w.data);
+  if (path == 0) path = tokens <= kGemvMaxRows ? 1 : 2;
+  if (path == 1) {
+    // Up to 8 tokens per pass over the weights; more are done 8 at a time.
+    for (int32_t t0 = 0; t0 < tokens; t0 += kGemvMaxRows) {
+      const int nt = tokens - t0 < kGemvMaxRows ? tokens - t0 : kGemvMaxRows;
+      const dim3 grid(static_cast<unsigned>((w.rows + kGemvWarps - 1) / kGemvWarps));
+      const float* xs = x + static_cast<size_t>(t0) * w.cols;
+      const float* rs = residual ? residual + static_cast<size_t>(t0) * w.rows : nullptr;
+      float* ys = y + static_cast<size_t>(t0) * w.rows;
+      if (nt == 1) {
+        gemv_kernel<T, 1><<<grid, kGemvWarps * 32, 0, stream>>>(wd, w.row_bytes, w.rows, w.cols, xs, nt, bias, rs, ys);
+      } else if (nt == 2) {
+        gemv_kernel<T, 2><<<grid, kGemvWarps * 32, 0, stream>>>(wd, w.row_bytes, w.rows, w.cols, xs, nt, bias, rs, ys);
+      } else if (nt <= 4) {
+        gemv_kernel<T, 4><<<grid, kGemvWarps * 32, 0, stream>>>(wd, w.row_bytes, w.rows, w.cols, xs, nt, bias, rs, ys);
+      } else {
+        gemv_kernel<T, 8><<<grid, kGemvWarps * 32, 0, stream>>>(wd, w.row_bytes, w.rows, w.cols, xs, nt, bias, rs, ys);
+      }
+    }
+    return cudaGetLastError();
+  }
+  const dim3 grid(static_cast<unsigned>((w.rows + kBN - 1) / kBN), static_cast<unsigned>((tokens + kBM - 1) / kBM));
+  gemm_kernel<T><<<grid, 128, 0, stream>>>(wd, w.row_bytes, w.rows, w.cols, x, tokens, bias, residual, y);
+  return cudaGetLastError();
+}
+
+// ---- Embedding lookup ---------------------------------------------------------------------------------
+
+template <WType T>
+__global__ void get_rows_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t k, const int32_t* ids,
+                                float* out) {
+  const uint8_t* row = w + static_cast<size_t>(ids[blockIdx.x]) * row_bytes;
+  float* o = out + static_cast<size_t>(blockIdx.x) * k;
+  const int64_t chunks = k / 8;
+  for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+    float v[8];
+    dq8<T>(row, c, v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[c * 8 + i] = v[i];
+  }
+  for (int64_t e = chunks * 8 + threadIdx.x; e < k; e += blockDim.x) o[e] = dq1<T>(row, e);
+}
+
+// Runs the statements given with the kernels' type T of `type` (cudaErrorInvalidValue for a type they do not read).
+#define INFERD_DISPATCH_WTYPE(type, ...)                \
+  switch (type) {                                         \
+    case WType::kF32: { constexpr WType T = WType::kF32; __VA_ARGS__; }   \
+    case WType::kF16: { constexpr WType T = WType::kF16; __VA_ARGS__; }   \
+    case WType::kBF16: { constexpr WType T = WType::kBF16; __VA_ARGS__; } \
+    case WType::kQ8_0: { constexpr WType T = WType::kQ8_0; __VA_ARGS__; } \
+    case WType::kQ4_0: { constexpr WType T = WType::kQ4_0; __VA_ARGS__; } \
+    case WType::kQ4_1: { constexpr WType T = WType::kQ4_1; __VA_ARGS__; } \
+    case WType::kQ5_0: { constexpr WType T = WType::kQ5_0; __VA_ARGS__; } \
+    case WType::kQ5_1: { constexpr WType T = WType::kQ5_1; __VA_ARGS__; } \
+    case WType::kQ4_K: { constexpr WType T = WType::kQ4_K; __VA_ARGS__; } \
+    case WType::kQ5_K: { constexpr WType T = WType::kQ5_K; __VA_ARGS__; } \
+    case WType::kQ6_K: { constexpr WType T = WType::kQ6_K; __VA_ARGS__; } \
+  }                                                       \
+  return cudaErrorInvalidValue
+
+// ---- Row and element-wise operators --------------------------------------------------------------------
+
+__global__ void rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ w, int64_t cols, float eps,
+                                float* y) {
+  __shared__ float partial[32];
+  const float* xr = x + static_cast<size_t>(blockIdx.x) * cols;
+  float* yr = y + static_cast<size_t>(blockIdx.x) * cols;
+  float s = 0.0f;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) s = fmaf(xr[i], xr[i], s);
+  s = warp_sum(s);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = s;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float v = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0.0f;
+    v = warp_sum(v);
+    if (threadIdx.x == 0) partial[0] = v;
+  }
+  __syncthreads();
+  const float scale = 1.0f / sqrtf(partial[0] / static_cast<float>(cols) + eps);
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) yr[i] = (xr[i] * scale) * w[i];
+}
+
+__global__ void add_kernel(const float* a, const float* b, int64_t n, float* y) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    y[i] = a[i] + b[i];
+  }
+}
+
+__global__ void swiglu_kernel(const float* g, const float* u, int64_t n, float* y) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = g[i];
+    y[i] = v / (1.0f + expf(-v)) * u[i];
+  }
+}
+
+__global__ void gather_kernel(const float* src, int64_t cols, const int32_t* rows, float* out) {
+  const float* s = src + static_cast<size_t>(rows[blockIdx.x]) * cols;
+  float* o = out + static_cast<size_t>(blockIdx.x) * cols;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) o[i] = s[i];
+}
+
+__global__ void rope_kernel(const float* x, int32_t tokens, int32_t n_heads, int32_t head_dim, const float* table,
+                            bool neox, float* y) {
+  const int32_t half = head_dim / 2;
+  const int64_t total = static_cast<int64_t>(tokens) * n_heads * half;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t p = static_cast<int32_t>(i % half);
+    const int64_t th = i / half;  // token * n_heads + head
+    const int32_t t = static_cast<int32_t>(th / n_heads);
+    const size_t base = static_cast<size_t>(th) * head_dim;
+    const size_t i0 = base + (neox ? p : 2 * p), i1 = base + (neox ? p + half : 2 * p + 1);
+    const float c = table[(static_cast<size_t>(t) * half + p) * 2], s = table[(static_cast<size_t>(t) * half + p) * 2 + 1];
+    const float a = x[i0], b = x[i1];
+    y[i0] = fmaf(a, c, -(b * s));
+    y[i1] = fmaf(a, s, b * c);
+  }
+}
+
+__global__ void kv_write_kernel(KvLayout kv, const float* k, const float* v, const int32_t* pos, const int32_t* slot,
+                                int32_t tokens, __half* cache) {
+  const int64_t width = static_cast<int64_t>(kv.n_head_kv) * kv.head_dim;
+  const int64_t total = tokens * width;
+  const size_t v_off = v_offset(kv);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / width, c = i % width;
+    const int64_t h = c / kv.head_dim, d = c % kv.head_dim;
+    const size_t at = ((static_cast<size_t>(slot[t]) * kv.n_head_kv + h) * kv.n_ctx + pos[t]) * kv.head_dim + d;
+    cache[at] = __float2half_rn(k[i]);
+    cache[v_off + at] = __float2half_rn(v[i]);
+  }
+}
+
+constexpr int kAttnWarps = 4;
+
+// One block per (query head, token): its warps take every kAttnWarps-th key of [0, pos], each with an
+// online softmax over its keys (lane l holds dimensions l, l + 32, ...), merged at the end.
+template <int DPL>
+__global__ void __launch_bounds__(kAttnWarps * 32)
+    attention_kernel(KvLayout kv, int32_t n_head, const float* __restrict__ q, const int32_t* pos, const int32_t* slot,
+                     float scale, const __half* __restrict__ cache, float* out) {
+  constexpr int kMaxDim = DPL * 32;
+  __shared__ float s_m[kAttnWarps], s_l[kAttnWarps];
+  __shared__ float s_acc[kAttnWarps][kMaxDim];
+  const int h = blockIdx.x, t = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int D = kv.head_dim;
+  const int kvh = h / (n_head / kv.n_head_kv);
+  const int32_t p = pos[t];
+  const size_t head = (static_cast<size_t>(slot[t]) * kv.n_head_kv + kvh) * kv.n_ctx * D;
+  const __half* K = cache + head;
+  const __half* V = cache + v_offset(kv) + head;
+  const float* qh = q + (static_cast<size_t>(t) * n_head + h) * D;
+  float qv[DPL], acc[DPL];
+#pragma unroll
+  for (int i = 0; i < DPL; ++i) {
+    qv[i] = qh[lane + 32 * i];
+    acc[i] = 0.0f;
+  }
+  float m = -FLT_MAX, l = 0.0f;
+  for (int32_t j = warp; j <= p; j += kAttnWarps) {
+    const __half* kr = K + static_cast<size_t>(j) * D;
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) s = fmaf(qv[i], __half2float(kr[lane + 32 * i]), s);
+    s = warp_sum(s) * scale;
+    const float m_new = fmaxf(m, s);
+    const float corr = expf(m - m_new), e = expf(s - m_new);
+    l = l * corr + e;
+    const __half* vr = V + static_cast<size_t>(j) * D;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) acc[i] = fmaf(e, __half2float(vr[lane + 32 * i]), acc[i] * corr);
+    m = m_new;
+  }
+  if (lane == 0) {
+    s_m[warp] = m;
+    s_l[warp] = l;
+  }
+#pragma unroll
+  for (int i = 0; i < DPL; ++i) s_acc[warp][lane + 32 * i] = acc[i];
+  __syncthreads();
+  if (warp != 0) return;
+  float mx = -FLT_MAX;
+#pragma unroll
+  for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, s_m[w]);
+  float total = 0.0f, f[kAttnWarps];
+#pragma unroll
+  for (int w = 0; w < kAttnWarps; ++w) {
+    f[w] = s_l[w] > 0.0f ? expf(s_m[w] - mx) : 0.0f;
+    total += s_l[w] * f[w];
+  }
+  const float inv = 1.0f / total;
+  float* o = out + (static_cast<size_t>(t) * n_head + h) * D;
+#pragma unroll
+  for (int i = 0; i < DPL; ++i) {
+    float v = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kAttnWarps; ++w) v = fmaf(s_acc[w][lane + 32 * i], f[w], v);
+    o[lane + 32 * i] = v * inv;
+  }
+}
+
+unsigned elementwise_blocks(int64_t n) {
+  const int64_t b = (n + 255) / 256;
+  return static_cast<unsigned>(b < 65535 ? (b > 0 ? b : 1) : 65535);
+}
+
+}  // namespace
+
+bool wtype_supported(uint32_t id) {
+  switch (static_cast<WType>(id)) {
+    case WType::kF32:
+    case WType::kF16:
+    case WType::kBF16:
+    case WType::kQ8_0:
+    case WType::kQ4_0:
+    case WType::kQ4_1:
+    case WType::kQ5_0:
+    case WType::kQ5_1:
+    case WType::kQ4_K:
+    case WType::kQ5_K:
+    case WType::kQ6_K: return true;
+  }
+  return false;
+}
+
+cudaError_t matmul_path(int path, const Matrix& w, const float* x, int32_t tokens, const float* bias,
+                        const float* residual, float* y, cudaStream_t stream) {
+  if (tokens <= 0) return cudaSuccess;
+  INFERD_DISPATCH_WTYPE(w.type, return launch_matmul<T>(path, w, x, tokens, bias, residual, y, stream));
+}
+
+cudaError_t matmul(const Matrix& w, const float* x, int32_t tokens, const float* bias, const float* residual, float* y,
+                   cudaStream_t stream) {
+  return matmul_path(0, w, x, tokens, bias, residual, y, stream);
+}
+
+cudaError_t get_rows(const Matrix& w, const int32_t* ids, int32_t n, float* out, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  INFERD_DISPATCH_WTYPE(w.type, get_rows_kernel<T><<<n, 128, 0, stream>>>(static_cast<const uint8_t*>(w.data),
+                                                                         w.row_bytes, w.cols, ids, out);
+                        return cudaGetLastError());
+}
+
+cudaError_t gather(const float* src, int64_t cols, const int32_t* rows, int32_t n, float* out, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  gather_kernel<<<n, 256, 0, stream>>>(src, cols, rows, out);
+  return cudaGetLastError();
+}
+
+cudaError_t rms_norm(const float* x, const float* w, int32_t rows, int64_t cols, float eps, float* y,
+                     cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  rms_norm_kernel<<<rows, 256, 0, stream>>>(x, w, cols, eps, y);
+  return cudaGetLastError();
+}
+
+cudaError_t add(const float* a, const float* b, int64_t n, float* y, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  add_kernel<<<elementwise_blocks(n), 256, 0, stream>>>(a, b, n, y);
+  return cudaGetLastError();
+}
+
+cudaError_t swiglu(const float* gate, const float* up, int64_t n, float* y, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  swiglu_kernel<<<elementwise_blocks(n), 256, 0, stream>>>(gate, up, n, y);
+  return cudaGetLastError();
+}
+
+cudaError_t rope(const float* x, int32_t tokens, int32_t n_heads, int32_t head_dim, const float* table, bool neox,
+                 float* y, cudaStream_t stream) {
+  const int64_t n = static_cast<int64_t>(tokens) * n_heads * (head_dim / 2);
+  if (n <= 0) return cudaSuccess;
+  rope_kernel<<<elementwise_blocks(n), 256, 0, stream>>>(x, tokens, n_heads, head_dim, table, neox, y);
+  return cudaGetLastError();
+}
+
+cudaError_t kv_write(const KvLayout& kv, const float* k, const float* v, const int32_t* pos, const int32_t* slot,
+                     int32_t tokens, uint16_t* cache, cudaStream_t stream) {
+  const int64_t n = static_cast<int64_t>(tokens) * kv.n_head_kv * kv.head_dim;
+  if (n <= 0) return cudaSuccess;
+  kv_write_kernel<<<elementwise_blocks(n), 256, 0, stream>>>(kv, k, v, pos, slot, tokens,
+                                                             reinterpret_cast<__half*>(cache));
+  return cudaGetLastError();
+}
+
+cudaError_t attention(const KvLayout& kv, int32_t n_head, const float* q, const int32_t* pos, const int32_t* slot,
+                      int32_t tokens, float scale, const uint16_t* cache, float* out, cudaStream_t stream) {
+  if (tokens <= 0) return cudaSuccess;
+  if (kv.head_dim % 32 != 0 || kv.head_dim > 256 || kv.head_dim <= 0) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(n_head), static_cast<unsigned>(tokens));
+  const __half* c = reinterpret_cast<const __half*>(cache);
+  switch (kv.head_dim / 32) {
+#define INFERD_ATTENTION_CASE(N)                                                                            \
+  case N:                                                                                                   \
+    attention_kernel<N><<<grid, kAttnWarps * 32, 0, stream>>>(kv, n_head, q, pos, slot, scale, c, out); \
+    break;
+    INFERD_ATTENTION_CASE(1)
+    INFERD_ATTENTION_CASE(2)
+    INFERD_ATTENTION_CASE(3)
+    INFERD_ATTENTION_CASE(4)
+    INFERD_ATTENTION_CASE(5)
+    INFERD_ATTENTION_CASE(6)
+    INFERD_ATTENTION_CASE(7)
+    INFERD_ATTENTION_CASE(8)
+#undef INFERD_ATTENTION_CASE
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace inferd::cuda

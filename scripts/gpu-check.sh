@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# scripts/gpu-check.sh — every check that needs an NVIDIA GPU, in one run of a few minutes.
+#
+#   scripts/gpu-check.sh bundle          on the build machine (Debian, no GPU needed): builds what the GPU
+#                                        machine runs and packs it into gpu-bundle/ (binaries, the shared
+#                                        libraries the GPU machine lacks — Cap'n Proto, spdlog, fmt, the
+#                                        OpenCL ICD loader — and the Python packages that write synthetic
+#                                        models), under 64 MiB
+#   scripts/gpu-check.sh run [OUTDIR]    on the GPU machine, from the repository root with gpu-bundle/ in
+#                                        it: writes OUTDIR/summary.txt (default gpu-bundle/out) and one log
+#                                        per check
+#
+# What `run` checks (each step has a time limit; a failed step is reported and the next one runs):
+#   1. the backend-ops suite on the CUDA backend, every case, each matmul path;
+#   2. the CUDA engine tests (inferd_cuda_test): teacher-forced top-1 against the CPU engine on the
+#      committed synthetic models, SmolLM2 (when models/ has it) and the models made here, prefill against
+#      decode, two slots, a cuda|cpu pipeline, a KV cache too large for the device;
+#   3. inferd-bench --backend cuda on SmolLM2-shaped, 1.1B and 8B-shaped Q4_0 models made here by
+#      tools/reference/make_synthetic_gguf.py (random codes);
+#   4. the daemon: load --backend cuda, 16 concurrent greedy streams against their one-at-a-time outputs,
+#      kill -9 of the CUDA worker mid-stream (the stream completes), status;
+#   5. the OpenCL backend on NVIDIA's OpenCL driver: exact numerics against the CPU, float numerics.
+# The GPU machine has no package registry: nothing is installed there. (GPU_CHECK_PRESETS and
+# GPU_CHECK_BACKEND=cpu try the script itself on a machine without a GPU.)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+B=gpu-bundle
+
+bundle() {
+  set -e
+  local targets=(inferd_backend_ops_test inferd_cuda_test inferd_opencl_test inferd-bench inferd inferd-worker
+                 inferctl inferd-run)
+  if [ ! -f build/build.ninja ]; then scripts/build.sh; fi
+  cmake --build build --target "${targets[@]}"
+  rm -rf "$B"
+  mkdir -p "$B/bin" "$B/lib" "$B/py"
+  for t in "${targets[@]}"; do
+    local f
+    f=$(find build -type f -name "$t" -perm -u+x | head -1)
+    [ -n "$f" ] || { echo "missing $t" >&2; exit 1; }
+    strip -o "$B/bin/$t" "$f"
+  done
+  # The shared libraries Ubuntu's CUDA machines lack (glibc and libstdc++ are newer there).
+  ldd "$B"/bin/* | awk '/=>/ {print $3}' | sort -u | grep -E 'libcapnp|libkj|libspdlog|libfmt|libOpenCL' |
+    while read -r so; do cp -L "$so" "$B/lib/"; done
+  local site
+  site=$(python3 -c 'import gguf, os; print(os.path.dirname(os.path.dirname(gguf.__file__)))')
+  cp -r "$site/gguf" "$site/yaml" "$B/py/"
+  find "$B/py" -name '__pycache__' -prune -exec rm -rf {} +
+  # The tests find their data at the build tree's source path: `run` links it to the checkout there.
+  echo "$PWD" > "$B/source_dir"
+  du -sh "$B"
+}
+
+run() {
+  local out=${1:-$B/out}
+  mkdir -p "$out"
+  out=$(cd "$out" && pwd)
+  local summary="$out/summary.txt"
+  : > "$summary"
+  say() { echo "$*" | tee -a "$summary"; }
+  export LD_LIBRARY_PATH="$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export PYTHONPATH="$PWD/$B/py"
+  local bin="$PWD/$B/bin" t0=$SECONDS
+  local src
+  src=$(cat "$B/source_dir")
+  if [ "$src" != "$PWD" ] && [ ! -e "$src" ]; then mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src"; fi
+  say "# gpu-check $(date -u +%FT%TZ) on $(hostname)"
+  say "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1)"
+  say "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
+
+  # Models, written in the background while the first checks run.
+  local models="$PWD/$B/models"
+  mkdir -p "$models"
+  for preset in ${GPU_CHECK_PRESETS:-smollm2-q4_0 tinyllama-q4_0 tinyllama-q4_k_m 8b-q4_0}; do
+    python3 tools/reference/make_synthetic_gguf.py --preset "$preset" --out "$models/$preset.gguf" \
+      > "$out/model-$preset.log" 2>&1 &
+  done
+
+  # 1. Backend ops.
+  timeout 240 "$bin/inferd_backend_ops_test" --gtest_filter='*cuda*' > "$out/backend_ops.txt" 2>&1
+  say "1. backend-ops (cuda): rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) \] [0-9]+ test' "$out/backend_ops.txt" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \].*cuda' "$out/backend_ops.txt" | head -20 >> "$summary"
+  wait  # the models
+  for f in "$out"/model-*.log; do tail -1 "$f" | grep -qi error && say "model: $(tail -1 "$f")"; done
+  ls -la "$models" >> "$summary"
+
+  # 2. Engine tests.
+  INFERD_CUDA_TEST_MODELS="$models/smollm2-q4_0.gguf:$models/tinyllama-q4_k_m.gguf" \
+    timeout 300 "$bin/inferd_cuda_test" > "$out/cuda_test.txt" 2>&1
+  say "2. inferd_cuda_test: rc=$? $(grep -E '^\[  (PASSED|FAILED) \] [0-9]+ test' "$out/cuda_test.txt" | tr '\n' ' ')"
+  grep -E '^\[cuda\]|^\[  FAILED  \]' "$out/cuda_test.txt" | sort -u | head -40 >> "$summary"
+
+  # 3. Speed.
+  say "3. inferd-bench --backend cuda (pp512, tg128, median of 3)"
+  for m in smollm2-q4_0 tinyllama-q4_0 8b-q4_0; do
+    timeout 120 "$bin/inferd-bench" --backend cuda -m "$models/$m.gguf" -p 512 -n 128 -r 3 > "$out/bench-$m.txt" 2>&1
+    say "  $m: rc=$? $(grep -E '^(prefill|decode|load)' "$out/bench-$m.txt" | tr -s ' ' | tr '\n' ';')"
+  done
+  grep -m1 '^backend' "$out/bench-8b-q4_0.txt" >> "$summary"
+
+  # 4. The daemon.
+  daemon_checks "$models/smollm2-q4_0.gguf" "$out" "$bin"
+
+  # 5. OpenCL on NVIDIA's driver (no ICD file there: one is written for the loader).
+  local lib
+  lib=$(ls /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1 /usr/lib/libnvidia-opencl.so.1 2>/dev/null | head -1)
+  if [ -n "$lib" ]; then
+    mkdir -p "$out/icd"
+    echo "$lib" > "$out/icd/nvidia.icd"
+    OCL_ICD_VENDORS="$out/icd" timeout 150 "$bin/inferd_opencl_test" \
+      --gtest_filter='BackendOps*Exact*:BackendOps*exact*:ClEngineSynthetic*:ClEngineFiles*' > "$out/opencl.txt" 2>&1
+    say "5. OpenCL (NVIDIA) exact/synthetic: rc=$? $(grep -E '^\[  (PASSED|FAILED) \] [0-9]+ test' "$out/opencl.txt" | tr '\n' ' ')"
+    grep -E '^\[  FAILED  \]' "$out/opencl.txt" | head -20 >> "$summary"
+    OCL_ICD_VENDORS="$out/icd" timeout 60 "$bin/inferd_backend_ops_test" --gtest_filter='*opencl_exact_buffer*' \
+      > "$out/opencl_ops.txt" 2>&1
+    say "5b. backend-ops (opencl_exact_buffer, NVIDIA): rc=$? $(grep -E '^\[  (PASSED|FAILED) \] [0-9]+ test' "$out/opencl_ops.txt" | tr '\n' ' ')"
+    grep -E '^\[  FAILED  \]' "$out/opencl_ops.txt" | head -10 >> "$summary"
+  else
+    say "5. OpenCL: no libnvidia-opencl.so.1"
+  fi
+  say "total $((SECONDS - t0)) s"
+}
+
+# Daemon checks on `model` with the CUDA backend: 16 concurrent greedy streams equal their one-at-a-time
+# outputs; kill -9 of the worker mid-stream: the stream still completes.
+daemon_checks() {
+  local model=$1 out=$2 bin=$3
+  local dir sock
+  dir=$(mktemp -d)
+  sock="$dir/inferd.sock"
+  "$bin/inferd" --socket "$sock" --worker "$bin/inferd-worker" --log-level info > "$out/daemon.log" 2>&1 &
+  local dpid=$!
+  local ctl=("$bin/inferctl" --socket "$sock")
+  for _ in $(seq 50); do [ -S "$sock" ] && break; sleep 0.1; done
+  if ! timeout 60 "${ctl[@]}" load "$model" --id m --backend "${GPU_CHECK_BACKEND:-cuda}" --parallel 16 --ctx 1024 > "$out/load.txt" 2>&1; then
+    say "4. daemon: load --backend cuda failed: $(tail -2 "$out/load.txt")"
+    kill "$dpid"; return
+  fi
+  "${ctl[@]}" status > "$out/status.txt" 2>&1
+  say "4. daemon: $(grep -m1 -i 'cuda' "$out/status.txt" | xargs)"
+  local n=48 same=0
+  for i in $(seq 0 15); do
+    timeout 30 "${ctl[@]}" generate -m m -p "Request $i: the story of" -n $n --temp 0 --ignore-eog -q \
+      > "$dir/seq-$i.txt" 2>"$dir/seq-$i.err"
+  done
+  for i in $(seq 0 15); do
+    timeout 60 "${ctl[@]}" generate -m m -p "Request $i: the story of" -n $n --temp 0 --ignore-eog -q \
+      > "$dir/par-$i.txt" 2>"$dir/par-$i.err" &
+  done
+  wait_jobs_except "$dpid"
+  for i in $(seq 0 15); do cmp -s "$dir/seq-$i.txt" "$dir/par-$i.txt" && same=$((same + 1)); done
+  say "   16 concurrent greedy streams equal to one at a time: $same/16"
+  # kill -9 mid-stream.
+  timeout 60 "${ctl[@]}" generate -m m -p "The long road" -n 256 --temp 0 --ignore-eog -q > "$dir/ref.txt" 2>/dev/null
+  local wpid
+  wpid=$("${ctl[@]}" --json status | python3 -c '
+import json, sys
+print(json.load(sys.stdin)["models"][0]["info"]["workers"][0]["pid"])')
+  timeout 60 "${ctl[@]}" generate -m m -p "The long road" -n 256 --temp 0 --ignore-eog -q --stream-interval 0 \
+    > "$dir/killed.txt" 2>"$dir/killed.err" &
+  local gpid=$!
+  sleep 0.4
+  kill -9 "$wpid" 2>/dev/null
+  wait "$gpid"
+  local grc=$?
+  local verdict="differs"
+  cmp -s "$dir/ref.txt" "$dir/killed.txt" && verdict="equal"
+  say "   kill -9 of worker $wpid mid-stream: generate rc=$grc, output $verdict to the uninterrupted one ($(wc -c < "$dir/killed.txt") vs $(wc -c < "$dir/ref.txt") bytes)"
+  "${ctl[@]}" status > "$out/status-after.txt" 2>&1
+  "${ctl[@]}" --json status | python3 -c '
+import json, sys
+m = json.load(sys.stdin)["models"][0]
+print("   after the kill: replays", m["replays"], "restarts", m["info"]["workers"][0]["restarts"],
+      "worker", m["info"]["workers"][0]["device"])' >> "$summary"
+  kill "$dpid"; wait "$dpid" 2>/dev/null
+  rm -rf "$dir"
+}
+
+wait_jobs_except() {
+  local keep=$1 j
+  for j in $(jobs -p); do [ "$j" = "$keep" ] || wait "$j"; done
+}
+
+case "${1:-}" in
+  bundle) bundle ;;
+  run) shift; run "$@" ;;
+  *) sed -n '2,22p' "$0"; exit 2 ;;
+esac

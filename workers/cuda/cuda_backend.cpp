@@ -1,0 +1,608 @@
+#include "inferd/cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <set>
+#include <utility>
+#include <unistd.h>
+#include <vector>
+
+#include "inferd/kernels/cuda.h"
+
+namespace inferd::cuda {
+
+namespace {
+
+using graph::Graph;
+using graph::Node;
+using graph::Op;
+using graph::TensorId;
+
+std::string mib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
+Status cuda_status(cudaError_t e, const std::string& what) {
+  const Code code = e == cudaErrorMemoryAllocation ? Code::kOutOfRange : Code::kFailed;
+  return Status(code, "CUDA error in " + what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+}
+
+#define INFERD_CUDA_TRY(expr, what)                   \
+  do {                                                \
+    const cudaError_t err_ = (expr);                  \
+    if (err_ != cudaSuccess) return cuda_status(err_, what); \
+  } while (0)
+
+// Device memory, owned.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer() { reset(); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      std::swap(p_, o.p_);
+      std::swap(bytes_, o.bytes_);
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  static Result<DeviceBuffer> allocate(size_t bytes, const std::string& what) {
+    DeviceBuffer b;
+    const cudaError_t e = cudaMalloc(&b.p_, std::max<size_t>(bytes, 16));
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();  // an allocation failure is not sticky: clear it
+      size_t free_b = 0, total_b = 0;
+      (void)cudaMemGetInfo(&free_b, &total_b);
+      return Status(Code::kOutOfRange, "out of device memory: " + what + " needs " + mib(bytes) + ", " + mib(free_b) +
+                                           " of " + mib(total_b) + " free");
+    }
+    b.bytes_ = bytes;
+    return b;
+  }
+  void reset() {
+    if (p_ != nullptr) (void)cudaFree(p_);
+    p_ = nullptr;
+    bytes_ = 0;
+  }
+  void* get() const { return p_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+WType wtype(DType t) { return static_cast<WType>(static_cast<uint32_t>(t)); }
+
+bool is_sticky(cudaError_t e) {
+  switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorUnknown: return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+
+const char* matmul_path_name(MatmulPath p) {
+  switch (p) {
+    case MatmulPath::kAuto: return "auto";
+    case MatmulPath::kGemv: return "gemv";
+    case MatmulPath::kTensorCores: return "tensor_cores";
+  }
+  return "?";
+}
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+Result<DeviceInfo> query_device(int index) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return Status(Code::kNotFound, std::string("no CUDA device: ") + cudaGetErrorString(e));
+  }
+  if (n == 0) return Status(Code::kNotFound, "no CUDA device: the runtime sees none");
+  if (index < 0 || index >= n) {
+    return make_error(Code::kNotFound, "CUDA device %d does not exist (this machine has %d)", index, n);
+  }
+  cudaDeviceProp p{};
+  INFERD_CUDA_TRY(cudaGetDeviceProperties(&p, index), "cudaGetDeviceProperties");
+  DeviceInfo d;
+  d.index = index;
+  d.name = p.name;
+  d.cc_major = p.major;
+  d.cc_minor = p.minor;
+  d.sms = p.multiProcessorCount;
+  d.total_bytes = p.totalGlobalMem;
+  int driver = 0;
+  if (cudaDriverGetVersion(&driver) == cudaSuccess) {
+    d.driver = std::to_string(driver / 1000) + "." + std::to_string((driver % 1000) / 10);
+  }
+  return d;
+}
+
+struct CudaBackend::Impl {
+  CudaOptions opt;
+  DeviceInfo info;
+  cudaStream_t stream = nullptr;
+  CudaStats stats;
+  BackendShape shape;
+  bool broken = false;  // a sticky error: the context is unusable
+  std::string broken_reason;
+
+  // Weights: one device copy per view (a tied embedding serves the lookup and the projection).
+  std::map<const WeightView*, DeviceBuffer> weights;
+  // Activations: a pool of buffers; each graph tensor's home is one of them (-1: none).
+  std::vector<DeviceBuffer> pool;
+  std::vector<int> home;
+  std::vector<int> tmp_a, tmp_b;  // per node: matmul_swiglu's gate and up scratch
+  std::vector<DeviceBuffer> caches;  // per layer of the graph
+  KvLayout kv;
+  // RoPE angle tables per positions input: the device table and the host one it is computed in.
+  std::map<TensorId, DeviceBuffer> rope_tables;
+  std::vector<float> host_table;
+
+  Status fail(cudaError_t e, const std::string& what) {
+    if (is_sticky(e)) {
+      broken = true;
+      broken_reason = cudaGetErrorString(e);
+    }
+    return cuda_status(e, what);
+  }
+  Status bind() { return cudaSetDevice(info.index) == cudaSuccess ? Status::ok() : Status(Code::kFailed, "cudaSetDevice failed"); }
+  Matrix matrix(const graph::Tensor& t) const {
+    const WeightView* w = t.weight;
+    return Matrix{wtype(w->type), weights.at(w).get(), w->row_bytes, w->rows, w->cols};
+  }
+  float* f(TensorId id) const {
+    const int h = home[static_cast<size_t>(id)];
+    INFERD_ASSERT(h >= 0, "tensor %d has no device home", id);
+    return pool[static_cast<size_t>(h)].as<float>();
+  }
+  const int32_t* ints(TensorId id) const { return reinterpret_cast<const int32_t*>(f(id)); }
+  const float* vec(const Graph& g, TensorId id) const {
+    if (id == graph::kNone) return nullptr;
+    return weights.at(g.tensor(id).weight).as<float>();
+  }
+  uint16_t* cache(const Graph& g, const Node& n) const {
+    return caches[static_cast<size_t>(n.layer - g.first_layer)].as<uint16_t>();
+  }
+  Status plan(const Graph& g);
+  Status upload_weights(const Graph& g);
+  Status run_node(const Graph& g, const Node& n, const graph::StepShape& s, size_t index);
+};
+
+CudaBackend::CudaBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+CudaBackend::~CudaBackend() {
+  if (impl_ && impl_->stream != nullptr) {
+    (void)cudaSetDevice(impl_->info.index);
+    (void)cudaStreamSynchronize(impl_->stream);
+    (void)cudaStreamDestroy(impl_->stream);
+  }
+}
+
+Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const CudaOptions& options) {
+  auto info = query_device(options.device);
+  if (!info) return info.status();
+  if (info->cc_major < 7) {
+    return make_error(Code::kUnimplemented, "%s has compute capability %d.%d: the CUDA backend needs 7.0 or newer",
+                      info->name.c_str(), info->cc_major, info->cc_minor);
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->opt = options;
+  impl->info = std::move(info).value();
+  INFERD_RETURN_IF_ERROR(impl->bind());
+  INFERD_CUDA_TRY(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
+}
+
+const DeviceInfo& CudaBackend::device() const { return impl_->info; }
+const CudaStats& CudaBackend::stats() const { return impl_->stats; }
+bool CudaBackend::healthy() const { return !impl_->broken; }
+
+BackendMemory CudaBackend::memory() const {
+  return BackendMemory{impl_->stats.weight_bytes, impl_->stats.kv_bytes, impl_->stats.activation_bytes};
+}
+
+std::string CudaBackend::describe() const {
+  const Impl& I = *impl_;
+  const DeviceInfo& d = I.info;
+  char buf[512];
+  std::snprintf(buf, sizeof(buf),
+                "CUDA: %s (sm_%d%d, %d SMs, %.1f GiB, driver %s), weights %s uploaded in %.2f s (%.1f GB/s%s), KV %s, "
+                "activations %s, matmul %s",
+                d.name.c_str(), d.cc_major, d.cc_minor, d.sms, static_cast<double>(d.total_bytes) / (1 << 30),
+                d.driver.c_str(), mib(I.stats.weight_bytes).c_str(), I.stats.upload_seconds, I.stats.upload_gbps(),
+                I.stats.upload_registered ? ", from the registered mapping" : ", pageable", mib(I.stats.kv_bytes).c_str(),
+                mib(I.stats.activation_bytes).c_str(), matmul_path_name(I.opt.matmul));
+  return buf;
+}
+
+bool CudaBackend::supports(const Graph& g, const Node& n) const {
+  auto type_ok = [&](TensorId w) {
+    const graph::Tensor& t = g.tensor(w);
+    return t.weight != nullptr && wtype_supported(static_cast<uint32_t>(t.weight->type));
+  };
+  auto f32 = [&](TensorId w) { return w == graph::kNone || g.tensor(w).weight_type() == DType::kF32; };
+  const graph::Heads& h = g.heads;
+  switch (n.op) {
+    case Op::kEmbed: return type_ok(n.in[1]);
+    case Op::kRmsNorm: return f32(n.in[1]);
+    case Op::kMatmul: return type_ok(n.in[1]) && f32(n.in[2]);
+    case Op::kMatmulAdd: return type_ok(n.in[1]) && f32(n.in[2]);
+    case Op::kMatmulSwiglu: return type_ok(n.in[1]) && type_ok(n.in[2]);
+    case Op::kRope: return h.head_dim > 0 && h.head_dim % 2 == 0 && g.tensor(n.in[0]).cols % h.head_dim == 0;
+    case Op::kKvWrite: return h.head_dim > 0 && h.n_head_kv > 0;
+    case Op::kAttention:
+      return h.head_dim % 32 == 0 && h.head_dim <= 256 && h.n_head_kv > 0 && h.n_head % h.n_head_kv == 0;
+    case Op::kSwiglu:
+    case Op::kAdd:
+    case Op::kGetRows: return true;
+    case Op::kRopeKv: return false;
+  }
+  return false;
+}
+
+// Every weight the graph reads, copied as it is. The views usually lie in one mapping (the shared
+// segment): registered read-only, the copies are DMA straight from it.
+Status CudaBackend::Impl::upload_weights(const Graph& g) {
+  std::vector<const WeightView*> views;
+  std::set<const WeightView*> seen;
+  size_t total = 0;
+  for (const Node& n : g.nodes()) {
+    for (TensorId id : n.in) {
+      if (id == graph::kNone) continue;
+      const graph::Tensor& t = g.tensor(id);
+      if (t.kind != graph::TensorKind::kWeight || !seen.insert(t.weight).second) continue;
+      views.push_back(t.weight);
+      total += static_cast<size_t>(t.weight->rows) * t.weight->row_bytes;
+    }
+  }
+  // Fail before allocating anything when the device cannot hold the weights.
+  size_t free_b = 0, total_b = 0;
+  INFERD_CUDA_TRY(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  if (total > free_b) {
+    return Status(Code::kOutOfRange, "the weights need " + mib(total) + " of device memory; " + info.name + " has " +
+                                         mib(free_b) + " of " + mib(total_b) + " free");
+  }
+  uintptr_t lo = UINTPTR_MAX, hi = 0;
+  for (const WeightView* v : views) {
+    lo = std::min(lo, reinterpret_cast<uintptr_t>(v->data));
+    hi = std::max(hi, reinterpret_cast<uintptr_t>(v->data) + static_cast<size_t>(v->rows) * v->row_bytes);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  void* registered = nullptr;
+  if (!views.empty() && hi - lo <= total + total / 4 + (size_t{1} << 20)) {
+    const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const uintptr_t start = lo / page * page, end = (hi + page - 1) / page * page;
+    if (cudaHostRegister(reinterpret_cast<void*>(start), end - start, cudaHostRegisterReadOnly) == cudaSuccess) {
+      registered = reinterpret_cast<void*>(start);
+    } else {
+      (void)cudaGetLastError();  // not registrable (e.g. no read-only registration): pageable copies
+    }
+  }
+  stats.upload_registered = registered != nullptr;
+  Status st;
+  for (const WeightView* v : views) {
+    const size_t bytes = static_cast<size_t>(v->rows) * v->row_bytes;
+    auto b = DeviceBuffer::allocate(bytes, "weights");
+    if (!b) {
+      st = b.status();
+      break;
+    }
+    const cudaError_t e = cudaMemcpyAsync(b->get(), v->data, bytes, cudaMemcpyHostToDevice, stream);
+    if (e != cudaSuccess) {
+      st = fail(e, "the weight upload");
+      break;
+    }
+    stats.weight_bytes += bytes;
+    weights.emplace(v, std::move(b).value());
+  }
+  const cudaError_t sync = cudaStreamSynchronize(stream);
+  if (registered != nullptr) (void)cudaHostUnregister(registered);
+  if (st && sync != cudaSuccess) st = fail(sync, "the weight upload");
+  stats.upload_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return st;
+}
+
+// Each tensor's device home: inputs and outputs their own buffers, activations from the pool, a buffer
+// going back to the pool once its tensor's last reader has run.
+Status CudaBackend::Impl::plan(const Graph& g) {
+  const size_t nt = g.tensors().size();
+  home.assign(nt, -1);
+  tmp_a.assign(g.nodes().size(), -1);
+  tmp_b.assign(g.nodes().size(), -1);
+  pool.clear();
+  std::vector<size_t> sizes;
+  std::vector<int> free_list;
+  const graph::StepShape widest{shape.max_tokens, shape.max_tokens, 0};
+  auto bytes_of = [&](const graph::Tensor& t) {
+    return static_cast<size_t>(Graph::rows(t, widest)) * static_cast<size_t>(std::max<int64_t>(t.cols, 1)) * 4;
+  };
+  auto take = [&](size_t bytes) {
+    for (size_t k = 0; k < free_list.size(); ++k) {
+      if (sizes[static_cast<size_t>(free_list[k])] == bytes) {
+        const int id = free_list[k];
+        free_list.erase(free_list.begin() + static_cast<std::ptrdiff_t>(k));
+        return id;
+      }
+    }
+    sizes.push_back(bytes);
+    return static_cast<int>(sizes.size() - 1);
+  };
+  std::vector<int> readers(nt, 0);
+  for (const Node& n : g.nodes()) {
+    for (TensorId id : n.in) {
+      if (id != graph::kNone) ++readers[static_cast<size_t>(id)];
+    }
+  }
+  std::vector<bool> pinned(nt, false);  // never returned to the pool: inputs and outputs
+  for (TensorId id : g.inputs()) {
+    home[static_cast<size_t>(id)] = take(bytes_of(g.tensor(id)));
+    pinned[static_cast<size_t>(id)] = true;
+  }
+  for (TensorId id : g.outputs()) pinned[static_cast<size_t>(id)] = true;
+  for (size_t ni = 0; ni < g.nodes().size(); ++ni) {
+    const Node& n = g.nodes()[ni];
+    for (int o = 0; o < n.n_out(); ++o) {
+      const TensorId id = n.out[static_cast<size_t>(o)];
+      const graph::Tensor& t = g.tensor(id);
+      if (t.kind == graph::TensorKind::kKvCache) continue;  // the layer's cache
+      home[static_cast<size_t>(id)] = take(bytes_of(t));
+    }
+    if (n.op == Op::kMatmulSwiglu) {
+      const size_t bytes = bytes_of(g.tensor(n.out[0]));
+      tmp_a[ni] = take(bytes);
+      tmp_b[ni] = take(bytes);
+      free_list.push_back(tmp_a[ni]);
+      free_list.push_back(tmp_b[ni]);
+    }
+    for (TensorId id : n.in) {
+      if (id == graph::kNone) continue;
+      const size_t i = static_cast<size_t>(id);
+      if (--readers[i] == 0 && !pinned[i] && home[i] >= 0 && g.tensor(id).kind == graph::TensorKind::kActivation) {
+        free_list.push_back(home[i]);
+      }
+    }
+  }
+  size_t need = 0;
+  for (size_t b : sizes) need += b;
+  size_t free_b = 0, total_b = 0;
+  INFERD_CUDA_TRY(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  if (need > free_b) {
+    return Status(Code::kOutOfRange, "the activations of a " + std::to_string(shape.max_tokens) + "-token step need " +
+                                         mib(need) + "; the device has " + mib(free_b) + " free");
+  }
+  for (size_t b : sizes) {
+    auto buf = DeviceBuffer::allocate(b, "activations");
+    if (!buf) return buf.status();
+    pool.push_back(std::move(buf).value());
+    stats.activation_bytes += b;
+  }
+  return Status::ok();
+}
+
+Status CudaBackend::prepare(const Graph& g, const BackendShape& shape) {
+  Impl& I = *impl_;
+  if (I.broken) return Status(Code::kFailed, "the CUDA device is unusable after an earlier error: " + I.broken_reason);
+  INFERD_RETURN_IF_ERROR(I.bind());
+  (void)cudaStreamSynchronize(I.stream);
+  I.weights.clear();
+  I.pool.clear();
+  I.caches.clear();
+  I.rope_tables.clear();
+  I.stats = CudaStats{};
+  I.shape = shape;
+  for (const Node& n : g.nodes()) {
+    if (!supports(g, n)) {
+      return Status(Code::kUnimplemented, std::string("the CUDA backend cannot run ") + graph::op_name(n.op) + " (" +
+                                              g.tensor(n.out[0]).name + ")");
+    }
+  }
+  Status st = I.upload_weights(g);
+  bool has_cache = false;
+  for (const graph::Tensor& t : g.tensors()) has_cache = has_cache || t.kind == graph::TensorKind::kKvCache;
+  if (st && has_cache) {
+    I.kv = KvLayout{shape.n_slots, shape.n_ctx, g.heads.n_head_kv, g.heads.head_dim};
+    const size_t bytes = I.kv.half_elems() * 2;
+    size_t free_b = 0, total_b = 0;
+    (void)cudaMemGetInfo(&free_b, &total_b);
+    const size_t need = bytes * static_cast<size_t>(g.end_layer - g.first_layer);
+    if (need > free_b) {
+      st = Status(Code::kOutOfRange, "the KV cache (" + std::to_string(shape.n_slots) + " slots of " +
+                                         std::to_string(shape.n_ctx) + " tokens) needs " + mib(need) + "; the device has " +
+                                         mib(free_b) + " free after the weights");
+    }
+    for (int32_t l = g.first_layer; st && l < g.end_layer; ++l) {
+      auto c = DeviceBuffer::allocate(bytes, "the KV cache of layer " + std::to_string(l));
+      if (!c) {
+        st = c.status();
+        break;
+      }
+      const cudaError_t e = cudaMemsetAsync(c->get(), 0, bytes, I.stream);
+      if (e != cudaSuccess) st = I.fail(e, "the KV cache");
+      I.caches.push_back(std::move(c).value());
+      I.stats.kv_bytes += bytes;
+    }
+  }
+  if (st) st = I.plan(g);
+  if (st) {
+    for (const Node& n : g.nodes()) {
+      if (n.op != Op::kRope || I.rope_tables.count(n.in[1])) continue;
+      auto t = DeviceBuffer::allocate(static_cast<size_t>(shape.max_tokens) * static_cast<size_t>(g.heads.head_dim) * 4,
+                                      "RoPE angles");
+      if (!t) {
+        st = t.status();
+        break;
+      }
+      I.stats.activation_bytes += t->bytes();
+      I.rope_tables.emplace(n.in[1], std::move(t).value());
+    }
+  }
+  if (st) {
+    const cudaError_t e = cudaStreamSynchronize(I.stream);
+    if (e != cudaSuccess) st = I.fail(e, "prepare");
+  }
+  if (!st) {  // nothing stays allocated
+    I.weights.clear();
+    I.pool.clear();
+    I.caches.clear();
+    I.rope_tables.clear();
+    const CudaStats kept{};
+    I.stats = kept;
+  }
+  return st;
+}
+
+Status CudaBackend::Impl::run_node(const Graph& g, const Node& n, const graph::StepShape& s, size_t index) {
+  const graph::Tensor& out = g.tensor(n.out[0]);
+  const int32_t rows = static_cast<int32_t>(Graph::rows(out, s));
+  const int64_t cols = out.cols;
+  cudaError_t e = cudaSuccess;
+  auto count_matmul = [&](int32_t tokens) {
+    const bool gemv = opt.matmul == MatmulPath::kGemv ||
+                      (opt.matmul == MatmulPath::kAuto && tokens <= kGemvMaxRows);
+    ++(gemv ? stats.gemv_matmuls : stats.tensor_core_matmuls);
+  };
+  const int path = static_cast<int>(opt.matmul);
+  switch (n.op) {
+    case Op::kEmbed: e = get_rows(matrix(g.tensor(n.in[1])), ints(n.in[0]), rows, f(n.out[0]), stream); break;
+    case Op::kRmsNorm: e = rms_norm(f(n.in[0]), vec(g, n.in[1]), rows, cols, n.eps, f(n.out[0]), stream); break;
+    case Op::kMatmul:
+      count_matmul(rows);
+      e = matmul_path(path, matrix(g.tensor(n.in[1])), f(n.in[0]), rows, vec(g, n.in[2]), nullptr, f(n.out[0]), stream);
+      break;
+    case Op::kMatmulAdd:
+      count_matmul(rows);
+      e = matmul_path(path, matrix(g.tensor(n.in[1])), f(n.in[0]), rows, vec(g, n.in[2]), f(n.in[3]), f(n.out[0]),
+                      stream);
+      break;
+    case Op::kMatmulSwiglu: {
+      float* a = pool[static_cast<size_t>(tmp_a[index])].as<float>();
+      float* b = pool[static_cast<size_t>(tmp_b[index])].as<float>();
+      count_matmul(rows);
+      count_matmul(rows);
+      e = matmul_path(path, matrix(g.tensor(n.in[1])), f(n.in[0]), rows, nullptr, nullptr, a, stream);
+      if (e == cudaSuccess) e = matmul_path(path, matrix(g.tensor(n.in[2])), f(n.in[0]), rows, nullptr, nullptr, b, stream);
+      if (e == cudaSuccess) e = swiglu(a, b, static_cast<int64_t>(rows) * cols, f(n.out[0]), stream);
+      break;
+    }
+    case Op::kRope: {
+      const int32_t hd = g.heads.head_dim;
+      e = rope(f(n.in[0]), rows, static_cast<int32_t>(cols / hd), hd, rope_tables.at(n.in[1]).as<float>(),
+               g.heads.rope_style == RopeStyle::kNeox, f(n.out[0]), stream);
+      break;
+    }
+    case Op::kKvWrite:
+      e = kv_write(kv, f(n.in[0]), f(n.in[1]), ints(n.in[2]), ints(n.in[3]), s.tokens, cache(g, n), stream);
+      break;
+    case Op::kAttention: {
+      const float scale = 1.0f / std::sqrt(static_cast<float>(g.heads.head_dim));
+      e = attention(kv, g.heads.n_head, f(n.in[0]), ints(n.in[2]), ints(n.in[3]), s.tokens, scale, cache(g, n),
+                    f(n.out[0]), stream);
+      break;
+    }
+    case Op::kSwiglu: e = swiglu(f(n.in[0]), f(n.in[1]), static_cast<int64_t>(rows) * cols, f(n.out[0]), stream); break;
+    case Op::kAdd: e = add(f(n.in[0]), f(n.in[1]), static_cast<int64_t>(rows) * cols, f(n.out[0]), stream); break;
+    case Op::kGetRows: e = gather(f(n.in[0]), cols, ints(n.in[1]), rows, f(n.out[0]), stream); break;
+    case Op::kRopeKv: return Status(Code::kUnimplemented, "the CUDA backend does not fuse rope_kv");
+  }
+  if (e != cudaSuccess) return fail(e, graph::op_name(n.op));
+  return Status::ok();
+}
+
+Status CudaBackend::compute(const Graph& g, graph::StepIO& io) {
+  Impl& I = *impl_;
+  if (I.broken) return Status(Code::kFailed, "the CUDA device is unusable after an earlier error: " + I.broken_reason);
+  INFERD_RETURN_IF_ERROR(I.bind());
+  const graph::StepShape& s = io.shape;
+  INFERD_ASSERT(s.tokens >= 1 && s.tokens <= I.shape.max_tokens && s.outputs <= s.tokens, "step of %d tokens", s.tokens);
+  // The step's inputs. The host data may change once compute() returns: it waits for the copies.
+  for (size_t i = 0; i < g.inputs().size(); ++i) {
+    const TensorId id = g.inputs()[i];
+    const graph::HostTensor& h = io.inputs[i];
+    const size_t bytes = h.count * 4;
+    if (bytes == 0) continue;
+    INFERD_ASSERT(bytes <= I.pool[static_cast<size_t>(I.home[static_cast<size_t>(id)])].bytes(), "input %d too large", id);
+    const cudaError_t e = cudaMemcpyAsync(I.f(id), h.data, bytes, cudaMemcpyHostToDevice, I.stream);
+    if (e != cudaSuccess) return I.fail(e, "the step's inputs");
+    auto table = I.rope_tables.find(id);
+    if (table != I.rope_tables.end()) {
+      // The rotary angles as the CPU computes them (ops::rope_head): theta = pos * base^(-2i/d),
+      // by repeated multiplication in float.
+      const int32_t hd = g.heads.head_dim, half = hd / 2;
+      const int32_t* pos = static_cast<const int32_t*>(h.data);
+      const float theta_scale = std::pow(g.heads.rope_base, -2.0f / static_cast<float>(hd));
+      I.host_table.resize(h.count * static_cast<size_t>(hd));
+      for (size_t t = 0; t < h.count; ++t) {
+        float theta = static_cast<float>(pos[t]);
+        for (int32_t p = 0; p < half; ++p) {
+          I.host_table[(t * static_cast<size_t>(half) + static_cast<size_t>(p)) * 2] = std::cos(theta);
+          I.host_table[(t * static_cast<size_t>(half) + static_cast<size_t>(p)) * 2 + 1] = std::sin(theta);
+          theta *= theta_scale;
+        }
+      }
+      const cudaError_t et = cudaMemcpyAsync(table->second.get(), I.host_table.data(), I.host_table.size() * 4,
+                                             cudaMemcpyHostToDevice, I.stream);
+      if (et != cudaSuccess) return I.fail(et, "the RoPE angles");
+      // host_table is reused next step: wait for this copy first.
+      const cudaError_t es = cudaStreamSynchronize(I.stream);
+      if (es != cudaSuccess) return I.fail(es, "the RoPE angles");
+    }
+  }
+  Status st;
+  for (size_t ni = 0; ni < g.nodes().size() && st; ++ni) {
+    const Node& n = g.nodes()[ni];
+    if (g.tensor(n.out[0]).rows == graph::Rows::kOutputs && s.outputs == 0) continue;  // no logits wanted
+    st = I.run_node(g, n, s, ni);
+    if (!st && n.layer >= 0) st = st.with_context("layer " + std::to_string(n.layer));
+  }
+  for (size_t i = 0; st && i < g.outputs().size(); ++i) {
+    const TensorId id = g.outputs()[i];
+    const graph::Tensor& t = g.tensor(id);
+    std::vector<float>& dst = *io.outputs[i];
+    dst.resize(static_cast<size_t>(Graph::rows(t, s)) * static_cast<size_t>(t.cols));
+    if (dst.empty()) continue;
+    const cudaError_t e = cudaMemcpyAsync(dst.data(), I.f(id), dst.size() * 4, cudaMemcpyDeviceToHost, I.stream);
+    if (e != cudaSuccess) st = I.fail(e, "the step's outputs");
+  }
+  const cudaError_t e = cudaStreamSynchronize(I.stream);
+  if (st && e != cudaSuccess) st = I.fail(e, "the step");
+  if (st) ++I.stats.steps;
+  return st;
+}
+
+}  // namespace inferd::cuda

@@ -1,0 +1,89 @@
+// inferd/cuda/cuda_backend.h — the CUDA backend: the model graph on an NVIDIA GPU.
+//
+// prepare() uploads every weight the graph reads, in the GGUF's own blocks (the kernels dequantize
+// as they read: kernels/cuda), from wherever the model maps them — the supervisor's sealed shared
+// segment in a worker — through a read-only host registration of that mapping (cudaHostRegister) so
+// the copies are DMA from the segment itself with no staging copy; it allocates the KV cache of the
+// graph's layers on the device ([k|v][slot][kv_head][position][head_dim] halves per layer, written in
+// place) and the activations of a step of max_tokens tokens (buffers reused once a tensor's last reader
+// has run). compute() runs the graph's nodes on one stream and waits for the outputs.
+//
+// Kernels per step (stage-aware): a matmul of up to 8 tokens is a GEMV that reads each weight once for
+// all of them; more tokens go through tensor cores (fp16 WMMA tiles, fp32 accumulation).
+//
+// Errors: no device (no driver, "driver version is insufficient", no GPU) is kNotFound from create()
+// with the runtime's reason; a device too small for the graph is kOutOfRange from prepare() with the
+// sizes, and nothing stays allocated; a CUDA error in a step fails the step with the runtime's message,
+// and when the error leaves the device context unusable (a sticky error) healthy() turns false: the
+// worker then exits so that the supervisor restarts it.
+// Thread safety: one thread at a time (Backend); prepare() and compute() bind the device to the
+// calling thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "inferd/backend.h"
+#include "inferd/status.h"
+
+namespace inferd::cuda {
+
+struct DeviceInfo {
+  int index = 0;
+  std::string name;
+  int cc_major = 0, cc_minor = 0;  // compute capability
+  int sms = 0;
+  size_t total_bytes = 0;
+  std::string driver;  // "13.0"
+};
+
+// The device `index` (kNotFound with the CUDA runtime's reason when there is none).
+Result<DeviceInfo> query_device(int index);
+// How many devices the runtime sees (0 when none, or no usable driver).
+int device_count();
+
+enum class MatmulPath : uint8_t { kAuto, kGemv, kTensorCores };
+const char* matmul_path_name(MatmulPath p);
+
+struct CudaOptions {
+  int device = 0;
+  MatmulPath matmul = MatmulPath::kAuto;  // forced paths are for tests and benchmarks
+};
+
+struct CudaStats {
+  size_t weight_bytes = 0, kv_bytes = 0, activation_bytes = 0;
+  double upload_seconds = 0.0;
+  bool upload_registered = false;  // the weights were copied from a registered (pinned) host mapping
+  int64_t steps = 0, gemv_matmuls = 0, tensor_core_matmuls = 0;
+  double upload_gbps() const {
+    return upload_seconds > 0 ? static_cast<double>(weight_bytes) / upload_seconds / 1e9 : 0.0;
+  }
+};
+
+class CudaBackend final : public Backend {
+ public:
+  static Result<std::unique_ptr<CudaBackend>> create(const CudaOptions& options);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string_view family() const override { return "cuda"; }
+  std::string describe() const override;
+  bool supports(const graph::Graph& g, const graph::Node& node) const override;
+  Status prepare(const graph::Graph& g, const BackendShape& shape) override;
+  Status compute(const graph::Graph& g, graph::StepIO& io) override;
+  BackendMemory memory() const override;
+  bool healthy() const override;
+
+  const DeviceInfo& device() const;
+  const CudaStats& stats() const;
+
+ private:
+  struct Impl;
+  explicit CudaBackend(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace inferd::cuda
