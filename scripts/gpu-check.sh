@@ -2,13 +2,14 @@
 # scripts/gpu-check.sh — every check that needs an NVIDIA GPU, in one run of a few minutes.
 #
 #   scripts/gpu-check.sh bundle          on the build machine (Debian, no GPU needed): builds what the GPU
-#                                        machine runs and packs it into gpu-bundle/ (binaries, the shared
-#                                        libraries the GPU machine lacks — Cap'n Proto, spdlog, fmt, the
-#                                        OpenCL ICD loader — and the Python packages that write synthetic
-#                                        models), under 64 MiB
-#   scripts/gpu-check.sh run [OUTDIR]    on the GPU machine, from the repository root with gpu-bundle/ in
-#                                        it: writes OUTDIR/summary.txt (default gpu-bundle/out) and one log
-#                                        per check
+#                                        machine runs and packs it into gpu-bundle/ and gpu-bundle.tar.xz
+#                                        (binaries, the shared libraries the GPU machine lacks — Cap'n Proto,
+#                                        spdlog, fmt, the OpenCL ICD loader — and the Python packages that
+#                                        write synthetic models): ~4 MiB compressed, which with the checkout
+#                                        stays under 64 MiB
+#   scripts/gpu-check.sh run [OUTDIR]    on the GPU machine, from the repository root with gpu-bundle/ or
+#                                        gpu-bundle.tar.xz in it: writes OUTDIR/summary.txt (default
+#                                        gpu-bundle/out) and one log per check
 #
 # What `run` checks (each step has a time limit; a failed step is reported and the next one runs):
 #   1. the backend-ops suite on the CUDA backend, every case, each matmul path;
@@ -49,10 +50,12 @@ bundle() {
   find "$B/py" -name '__pycache__' -prune -exec rm -rf {} +
   # The tests find their data at the build tree's source path: `run` links it to the checkout there.
   echo "$PWD" > "$B/source_dir"
-  du -sh "$B"
+  tar -cJf "$B.tar.xz" "$B"
+  du -sh "$B" "$B.tar.xz"
 }
 
 run() {
+  if [ ! -d "$B" ] && [ -f "$B.tar.xz" ]; then tar -xJf "$B.tar.xz"; fi
   local out=${1:-$B/out}
   mkdir -p "$out"
   out=$(cd "$out" && pwd)
