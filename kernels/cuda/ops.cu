@@ -510,12 +510,94 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   }
 }
 
+// One warp per 32-value block (ggml's x86 quantize_row_q8_0).
+__global__ void quantize_q8_kernel(const float* x, int64_t blocks, float* y) {
+  const int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
+  if (b >= blocks) return;
+  const int lane = threadIdx.x % 32;
+  const float v = x[b * 32 + lane];
+  float amax = fabsf(v);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+  const float d = __half2float(__float2half_rn(amax / 127.0f));
+  y[b * 32 + lane] = rintf(v * id) * d;
+}
+
+// One block of 256 threads per 256-value block (quantize_row_q8_K_ref): the value of largest magnitude
+// (the first, on ties) sets the scale.
+__global__ void __launch_bounds__(256) quantize_q8k_kernel(const float* x, float* y) {
+  __shared__ float s_ax[8], s_v[8];
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * 256;
+  const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+  const float v = x[base + t];
+  float ax = fabsf(v), sv = v;
+  int idx = t;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float oa = __shfl_xor_sync(0xffffffffu, ax, o);
+    const float ov = __shfl_xor_sync(0xffffffffu, sv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+    if (oa > ax || (oa == ax && oi < idx)) {
+      ax = oa;
+      sv = ov;
+      idx = oi;
+    }
+  }
+  if (lane == 0) {
+    s_ax[warp] = ax;
+    s_v[warp] = sv;
+  }
+  __syncthreads();
+  float amax = s_ax[0], max = s_v[0];
+  for (int w = 1; w < 8; ++w) {
+    if (s_ax[w] > amax) {  // warps hold ascending index ranges: the first wins a tie
+      amax = s_ax[w];
+      max = s_v[w];
+    }
+  }
+  if (amax == 0.0f) {
+    y[base + t] = 0.0f;
+    return;
+  }
+  const float iscale = -127.0f / max;
+  const float q = fminf(rintf(iscale * v), 127.0f);
+  y[base + t] = q * (1.0f / iscale);
+}
+
 unsigned elementwise_blocks(int64_t n) {
   const int64_t b = (n + 255) / 256;
   return static_cast<unsigned>(b < 65535 ? (b > 0 ? b : 1) : 65535);
 }
 
 }  // namespace
+
+ActQuant act_quant_for(WType type) {
+  switch (type) {
+    case WType::kF32:
+    case WType::kF16:
+    case WType::kBF16: return ActQuant::kNone;
+    case WType::kQ4_K:
+    case WType::kQ5_K:
+    case WType::kQ6_K: return ActQuant::kQ8K;
+    default: return ActQuant::kQ8;
+  }
+}
+
+cudaError_t quantize_activations(ActQuant kind, const float* x, int32_t rows, int64_t k, float* y,
+                                 cudaStream_t stream) {
+  if (rows <= 0 || kind == ActQuant::kNone) return cudaSuccess;
+  const int64_t n = static_cast<int64_t>(rows) * k;
+  if (kind == ActQuant::kQ8) {
+    if (k % 32 != 0) return cudaErrorInvalidValue;
+    const int64_t blocks = n / 32;
+    quantize_q8_kernel<<<static_cast<unsigned>((blocks + 7) / 8), 256, 0, stream>>>(x, blocks, y);
+  } else {
+    if (k % 256 != 0) return cudaErrorInvalidValue;
+    quantize_q8k_kernel<<<static_cast<unsigned>(n / 256), 256, 0, stream>>>(x, y);
+  }
+  return cudaGetLastError();
+}
 
 bool wtype_supported(uint32_t id) {
   switch (static_cast<WType>(id)) {

@@ -275,7 +275,10 @@ def tensor_plan(p: Preset):
 
 
 def padded_tokenizer(n_vocab: int) -> common.Tokenizer:
-    tok = common.load_tokenizer(common.SMOLLM2_PATH, n_vocab=min(n_vocab, 49152))
+    # SmolLM2's vocabulary, from the default model, or from any GGUF that carries it
+    # (INFERD_TOKENIZER_GGUF: e.g. tests/data/models/mixed-small.gguf, written by this script).
+    source = os.environ.get("INFERD_TOKENIZER_GGUF") or common.SMOLLM2_PATH
+    tok = common.load_tokenizer(source, n_vocab=min(n_vocab, 49152))
     while len(tok.tokens) < n_vocab:  # unused ids for larger vocabularies (llama3-8b preset)
         tok.tokens.append(f"[PAD{len(tok.tokens)}]".encode())
         tok.token_types.append(int(gguf.TokenType.UNUSED))

@@ -117,6 +117,8 @@ const char* matmul_path_name(MatmulPath p) {
   return "?";
 }
 
+const char* activations_name(Activations a) { return a == Activations::kQ8 ? "q8" : "float"; }
+
 int device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -170,6 +172,9 @@ struct CudaBackend::Impl {
   std::vector<int> tmp_a, tmp_b;  // per node: matmul_swiglu's gate and up scratch
   std::vector<DeviceBuffer> caches;  // per layer of the graph
   KvLayout kv;
+  // Quantized matmul inputs (Activations::kQ8): a buffer per kind, and the tensor it holds this step.
+  DeviceBuffer quant[3];
+  TensorId quant_holds[3] = {graph::kNone, graph::kNone, graph::kNone};
   // RoPE angle tables per positions input: the device table and the host one it is computed in.
   std::map<TensorId, DeviceBuffer> rope_tables;
   std::vector<float> host_table;
@@ -199,6 +204,8 @@ struct CudaBackend::Impl {
   uint16_t* cache(const Graph& g, const Node& n) const {
     return caches[static_cast<size_t>(n.layer - g.first_layer)].as<uint16_t>();
   }
+  // The matmul input `x` of `rows` rows as a matmul with `w` reads it: quantized when the options say so.
+  Result<const float*> matmul_input(const Graph& g, TensorId x, int32_t rows, const Matrix& w);
   Status plan(const Graph& g);
   Status upload_weights(const Graph& g);
   Status run_node(const Graph& g, const Node& n, const graph::StepShape& s, size_t index);
@@ -243,11 +250,11 @@ std::string CudaBackend::describe() const {
   char buf[512];
   std::snprintf(buf, sizeof(buf),
                 "CUDA: %s (sm_%d%d, %d SMs, %.1f GiB, driver %s), weights %s uploaded in %.2f s (%.1f GB/s%s), KV %s, "
-                "activations %s, matmul %s",
+                "activations %s, matmul %s, matmul inputs %s",
                 d.name.c_str(), d.cc_major, d.cc_minor, d.sms, static_cast<double>(d.total_bytes) / (1 << 30),
                 d.driver.c_str(), mib(I.stats.weight_bytes).c_str(), I.stats.upload_seconds, I.stats.upload_gbps(),
                 I.stats.upload_registered ? ", from the registered mapping" : ", pageable", mib(I.stats.kv_bytes).c_str(),
-                mib(I.stats.activation_bytes).c_str(), matmul_path_name(I.opt.matmul));
+                mib(I.stats.activation_bytes).c_str(), matmul_path_name(I.opt.matmul), activations_name(I.opt.activations));
   return buf;
 }
 
@@ -412,6 +419,27 @@ Status CudaBackend::Impl::plan(const Graph& g) {
     pool.push_back(std::move(buf).value());
     stats.activation_bytes += b;
   }
+  // The quantized matmul inputs: the widest input of each kind, for a step of max_tokens.
+  if (opt.activations == Activations::kQ8) {
+    int64_t input_cols[3] = {0, 0, 0};
+    for (const Node& n : g.nodes()) {
+      if (n.op != Op::kMatmul && n.op != Op::kMatmulAdd && n.op != Op::kMatmulSwiglu) continue;
+      for (int i : {1, 2}) {
+        if (i == 2 && n.op != Op::kMatmulSwiglu) continue;
+        const int k = static_cast<int>(act_quant_for(wtype(g.tensor(n.in[static_cast<size_t>(i)]).weight_type())));
+        input_cols[k] = std::max(input_cols[k], g.tensor(n.in[0]).cols);
+      }
+    }
+    for (int k = 1; k < 3; ++k) {
+      quant[k].reset();
+      if (input_cols[k] == 0) continue;
+      auto buf = DeviceBuffer::allocate(static_cast<size_t>(input_cols[k]) * static_cast<size_t>(shape.max_tokens) * 4,
+                                        "quantized activations");
+      if (!buf) return buf.status();
+      stats.activation_bytes += buf->bytes();
+      quant[k] = std::move(buf).value();
+    }
+  }
   return Status::ok();
 }
 
@@ -487,6 +515,19 @@ Status CudaBackend::prepare(const Graph& g, const BackendShape& shape) {
   return st;
 }
 
+Result<const float*> CudaBackend::Impl::matmul_input(const Graph& g, TensorId x, int32_t rows, const Matrix& w) {
+  const ActQuant kind = opt.activations == Activations::kQ8 ? act_quant_for(w.type) : ActQuant::kNone;
+  if (kind == ActQuant::kNone) return static_cast<const float*>(f(x));
+  const int k = static_cast<int>(kind);
+  float* q = quant[k].as<float>();
+  if (quant_holds[k] != x) {
+    const cudaError_t e = quantize_activations(kind, f(x), rows, g.tensor(x).cols, q, stream);
+    if (e != cudaSuccess) return fail(e, "quantize_activations");
+    quant_holds[k] = x;
+  }
+  return static_cast<const float*>(q);
+}
+
 Status CudaBackend::Impl::run_node(const Graph& g, const Node& n, const graph::StepShape& s, size_t index) {
   const graph::Tensor& out = g.tensor(n.out[0]);
   const int32_t rows = static_cast<int32_t>(Graph::rows(out, s));
@@ -502,21 +543,28 @@ Status CudaBackend::Impl::run_node(const Graph& g, const Node& n, const graph::S
     case Op::kEmbed: e = get_rows(matrix(g.tensor(n.in[1])), ints(n.in[0]), rows, f(n.out[0]), stream); break;
     case Op::kRmsNorm: e = rms_norm(f(n.in[0]), vec(g, n.in[1]), rows, cols, n.eps, f(n.out[0]), stream); break;
     case Op::kMatmul:
+    case Op::kMatmulAdd: {
       count_matmul(rows);
-      e = matmul_path(path, matrix(g.tensor(n.in[1])), f(n.in[0]), rows, vec(g, n.in[2]), nullptr, f(n.out[0]), stream);
+      const Matrix w = matrix(g.tensor(n.in[1]));
+      auto x = matmul_input(g, n.in[0], rows, w);
+      if (!x) return x.status();
+      e = matmul_path(path, w, x.value(), rows, vec(g, n.in[2]), n.op == Op::kMatmulAdd ? f(n.in[3]) : nullptr,
+                      f(n.out[0]), stream);
       break;
-    case Op::kMatmulAdd:
-      count_matmul(rows);
-      e = matmul_path(path, matrix(g.tensor(n.in[1])), f(n.in[0]), rows, vec(g, n.in[2]), f(n.in[3]), f(n.out[0]),
-                      stream);
-      break;
+    }
     case Op::kMatmulSwiglu: {
       float* a = pool[static_cast<size_t>(tmp_a[index])].as<float>();
       float* b = pool[static_cast<size_t>(tmp_b[index])].as<float>();
       count_matmul(rows);
       count_matmul(rows);
-      e = matmul_path(path, matrix(g.tensor(n.in[1])), f(n.in[0]), rows, nullptr, nullptr, a, stream);
-      if (e == cudaSuccess) e = matmul_path(path, matrix(g.tensor(n.in[2])), f(n.in[0]), rows, nullptr, nullptr, b, stream);
+      const Matrix wg = matrix(g.tensor(n.in[1])), wu = matrix(g.tensor(n.in[2]));
+      auto xg = matmul_input(g, n.in[0], rows, wg);
+      if (!xg) return xg.status();
+      e = matmul_path(path, wg, xg.value(), rows, nullptr, nullptr, a, stream);
+      if (e != cudaSuccess) break;
+      auto xu = matmul_input(g, n.in[0], rows, wu);
+      if (!xu) return xu.status();
+      e = matmul_path(path, wu, xu.value(), rows, nullptr, nullptr, b, stream);
       if (e == cudaSuccess) e = swiglu(a, b, static_cast<int64_t>(rows) * cols, f(n.out[0]), stream);
       break;
     }
@@ -583,6 +631,7 @@ Status CudaBackend::compute(const Graph& g, graph::StepIO& io) {
       if (es != cudaSuccess) return I.fail(es, "the RoPE angles");
     }
   }
+  for (TensorId& held : I.quant_holds) held = graph::kNone;
   Status st;
   for (size_t ni = 0; ni < g.nodes().size() && st; ++ni) {
     const Node& n = g.nodes()[ni];

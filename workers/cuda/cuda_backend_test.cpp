@@ -166,8 +166,10 @@ Agreement agreement(std::span<const float> a, std::span<const float> b, size_t n
   return r;
 }
 
-// The CPU engine quantizes matmul activations to 8 bits; the CUDA backend keeps them in float (fp16 in
-// tensor-core tiles): logits differ by that noise, which reorders only near-ties.
+// The CUDA backend quantizes matmul inputs as the CPU engine does (the default Activations::kQ8); its
+// sums run in another order and its tensor-core tiles read fp16, so logits differ in the last bits, which
+// reorders only the nearest ties: >= 99% (the float activations, which skip the CPU's quantization, stay
+// near 96% on these models, as the OpenCL float numerics do).
 TEST_P(CudaEngineTest, TeacherForcedTop1AgreesWithTheCpuEngine) {
   const std::vector<int32_t> t = tokens(320);
   const std::vector<float> ref = cpu_logits(t);
@@ -179,7 +181,7 @@ TEST_P(CudaEngineTest, TeacherForcedTop1AgreesWithTheCpuEngine) {
   const Agreement a = agreement(*got, ref, static_cast<size_t>(model_->config().n_vocab));
   std::printf("[cuda] %s: teacher-forced top-1 %d/%d (%.1f%%), max |diff| %.4f of the logits' range\n",
               std::filesystem::path(GetParam()).filename().c_str(), a.same, a.total, 100.0 * a.same / a.total, a.max_rel);
-  EXPECT_GE(a.same * 100, a.total * 97);
+  EXPECT_GE(a.same * 100, a.total * 99);
 }
 
 TEST_P(CudaEngineTest, PrefillEqualsDecodeAndTwoSlotsEqualSeparateRuns) {
@@ -245,7 +247,7 @@ TEST_P(CudaEngineTest, AStageOnTheGpuAndTheRestOnTheCpuEqualTheWholeModel) {
   const Agreement a = agreement(*got, want, nv);
   std::printf("[cuda] cuda|cpu pipeline vs whole model on cuda: top-1 %d/%d, max |diff| %.4f of the range\n", a.same,
               a.total, a.max_rel);
-  EXPECT_GE(a.same * 100, a.total * 90);
+  EXPECT_GE(a.same * 100, a.total * 95);
 }
 
 TEST_P(CudaEngineTest, AKvCacheTooLargeForTheDeviceIsRefusedAndNothingStaysAllocated) {

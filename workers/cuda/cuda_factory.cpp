@@ -1,8 +1,11 @@
 // The CUDA backend's registration (backend_factory.h). Device: a decimal index (cudaGetDevice order;
 // CUDA_VISIBLE_DEVICES applies). Settings, each also read from the worker's environment:
-//   matmul   INFERD_CUDA_MATMUL   auto | gemv | tensor_cores (default auto: the GEMV up to 8 tokens,
-//                                 tensor cores above; the forced paths are for tests and benchmarks)
-// A value outside this list is kInvalidArgument naming the setting and its variable.
+//   matmul       INFERD_CUDA_MATMUL       auto | gemv | tensor_cores (default auto: the GEMV up to 8
+//                                         tokens, tensor cores above; forced paths are for tests and
+//                                         benchmarks)
+//   activations  INFERD_CUDA_ACTIVATIONS  q8 | float (default q8: matmul inputs quantized as the CPU
+//                                         engine and llama.cpp quantize them)
+// A value outside these lists is kInvalidArgument naming the setting and its variable.
 #include <cstdlib>
 #include <string>
 
@@ -15,22 +18,30 @@ namespace {
 
 using namespace cuda;
 
-const std::map<std::string, std::string> kEnvironment = {{"matmul", "INFERD_CUDA_MATMUL"}};
+const std::map<std::string, std::string> kEnvironment = {{"matmul", "INFERD_CUDA_MATMUL"},
+                                                         {"activations", "INFERD_CUDA_ACTIVATIONS"}};
 constexpr MatmulPath kPaths[] = {MatmulPath::kAuto, MatmulPath::kGemv, MatmulPath::kTensorCores};
+constexpr Activations kActivations[] = {Activations::kQ8, Activations::kFloat};
+
+template <typename T, size_t N, typename NameOf>
+bool pick(const std::string& value, const T (&choices)[N], NameOf name_of, T* out, std::string* expected) {
+  for (const T& c : choices) {
+    if (value == name_of(c)) {
+      *out = c;
+      return true;
+    }
+    *expected += std::string(expected->empty() ? "" : ", ") + name_of(c);
+  }
+  return false;
+}
 
 Result<std::unique_ptr<Backend>> create(const BackendConfig& config) {
   CudaOptions o;
   for (const auto& [key, value] : config.settings) {
     if (!kEnvironment.count(key)) return Status(Code::kInvalidArgument, "the CUDA backend has no setting '" + key + "'");
-    bool found = false;
     std::string expected;
-    for (MatmulPath p : kPaths) {
-      if (value == matmul_path_name(p)) {
-        o.matmul = p;
-        found = true;
-      }
-      expected += std::string(expected.empty() ? "" : ", ") + matmul_path_name(p);
-    }
+    const bool found = key == "matmul" ? pick(value, kPaths, matmul_path_name, &o.matmul, &expected)
+                                       : pick(value, kActivations, activations_name, &o.activations, &expected);
     if (!found) {
       return Status(Code::kInvalidArgument,
                     kEnvironment.at(key) + " (" + key + ") = '" + value + "': expected one of " + expected);
@@ -49,7 +60,7 @@ Result<std::unique_ptr<Backend>> create(const BackendConfig& config) {
   return std::unique_ptr<Backend>(std::move(b).value());
 }
 
-// The backend-ops suite's configurations: the per-step choice, and each matmul path forced.
+// The backend-ops suite's configurations: the per-step choice, each matmul path forced, float inputs.
 std::vector<BackendVariant> variants() {
   std::vector<BackendVariant> v;
   for (MatmulPath p : kPaths) {
@@ -57,6 +68,7 @@ std::vector<BackendVariant> variants() {
     if (p != MatmulPath::kAuto) settings["matmul"] = matmul_path_name(p);
     v.push_back({std::string("cuda_") + matmul_path_name(p), BackendConfig{"", 0, std::move(settings)}});
   }
+  v.push_back({"cuda_float", BackendConfig{"", 0, {{"activations", "float"}}}});
   return v;
 }
 

@@ -48,6 +48,19 @@ cudaError_t matmul(const Matrix& w, const float* x, int32_t tokens, const float*
 cudaError_t matmul_path(int path, const Matrix& w, const float* x, int32_t tokens, const float* bias,
                         const float* residual, float* y, cudaStream_t stream);
 
+// How the CPU engine quantizes a matmul's activations for a weight type (ggml's vec_dot_type): 8-bit
+// blocks of 32 with an fp16 scale (Q8_0 / Q8_1, for the 32-value block types), 8-bit blocks of 256
+// with a float scale (Q8_K, for the K-quants), or not at all (float weights).
+enum class ActQuant : uint8_t { kNone, kQ8, kQ8K };
+ActQuant act_quant_for(WType type);
+// y = x with every value replaced by its 8-bit quantization, dequantized (q * d), computed as the CPU
+// engine computes it (ggml's x86 quantize_row_q8_0 / q8_1: d = fp16(amax / 127), q = round-to-even(x *
+// 127 / amax); quantize_row_q8_K_ref: the signed max, -127 / max, q <= 127). The matmuls then read y:
+// llama.cpp's CUDA matmuls quantize activations the same way (q8_1), and the logits follow the CPU's.
+// x, y: rows x k floats, k a multiple of the block; y may equal x.
+cudaError_t quantize_activations(ActQuant kind, const float* x, int32_t rows, int64_t k, float* y,
+                                 cudaStream_t stream);
+
 // out[i] = row ids[i] of W, dequantized to floats (the embedding lookup).
 cudaError_t get_rows(const Matrix& w, const int32_t* ids, int32_t n, float* out, cudaStream_t stream);
 // out[i] = src row rows[i] (floats, cols wide).

@@ -9,7 +9,9 @@
 // has run). compute() runs the graph's nodes on one stream and waits for the outputs.
 //
 // Kernels per step (stage-aware): a matmul of up to 8 tokens is a GEMV that reads each weight once for
-// all of them; more tokens go through tensor cores (fp16 WMMA tiles, fp32 accumulation).
+// all of them; more tokens go through tensor cores (fp16 WMMA tiles, fp32 accumulation). By default a
+// matmul's input is first quantized to 8 bits as the CPU engine quantizes it for that weight type
+// (Activations::kQ8), so both engines compute the same products.
 //
 // Errors: no device (no driver, "driver version is insufficient", no GPU) is kNotFound from create()
 // with the runtime's reason; a device too small for the graph is kOutOfRange from prepare() with the
@@ -47,9 +49,15 @@ int device_count();
 enum class MatmulPath : uint8_t { kAuto, kGemv, kTensorCores };
 const char* matmul_path_name(MatmulPath p);
 
+// A matmul's activations: quantized to 8 bits as the CPU engine (and llama.cpp) quantizes them for the
+// weight's type, so that the logits follow the CPU engine's; or kept in float.
+enum class Activations : uint8_t { kQ8, kFloat };
+const char* activations_name(Activations a);
+
 struct CudaOptions {
   int device = 0;
   MatmulPath matmul = MatmulPath::kAuto;  // forced paths are for tests and benchmarks
+  Activations activations = Activations::kQ8;
 };
 
 struct CudaStats {
