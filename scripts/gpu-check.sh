@@ -88,7 +88,7 @@ run() {
 
   # 1. Backend ops.
   timeout 240 "$bin/inferd_backend_ops_test" --gtest_filter='*cuda*' > "$out/backend_ops.txt" 2>&1
-  say "1. backend-ops (cuda): rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) \] [0-9]+ test' "$out/backend_ops.txt" | tr '\n' ' ')"
+  say "1. backend-ops (cuda): rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$out/backend_ops.txt" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \].*cuda' "$out/backend_ops.txt" | head -20 >> "$summary"
   wait "${model_pids[@]}"
   for f in "$out"/model-*.log; do tail -1 "$f" | grep -qi error && say "model: $(tail -1 "$f")"; done
@@ -97,7 +97,7 @@ run() {
   # 2. Engine tests.
   INFERD_CUDA_TEST_MODELS="$models/smollm2-q4_0.gguf:$models/tinyllama-q4_k_m.gguf" \
     timeout 300 "$bin/inferd_cuda_test" > "$out/cuda_test.txt" 2>&1
-  say "2. inferd_cuda_test: rc=$? $(grep -E '^\[  (PASSED|FAILED) \] [0-9]+ test' "$out/cuda_test.txt" | tr '\n' ' ')"
+  say "2. inferd_cuda_test: rc=$? $(grep -E '^\[  (PASSED|FAILED) +\] [0-9]+ test' "$out/cuda_test.txt" | tr '\n' ' ')"
   grep -E '^\[cuda\]|^\[  FAILED  \]' "$out/cuda_test.txt" | sort -u | head -40 >> "$summary"
 
   # 3. Speed.
@@ -135,7 +135,7 @@ opencl_checks() {
     --gtest_filter='BackendOps.RmsNorm:BackendOps.ExactRowOps:BackendOps.MatmulExact*:BackendOps.RopeKvAndAttentionExact:ClEngineFiles.MixedSmallEqualsTheCpuEngine' \
     > "$out/opencl.txt" 2>&1
   local rc=$?
-  echo "rc=$rc $(grep -E '^\[  (PASSED|FAILED) \] [0-9]+ test' "$out/opencl.txt" | tr '\n' ' ')" > "$out/opencl-summary.txt"
+  echo "rc=$rc $(grep -E '^\[  (PASSED|FAILED) +\] [0-9]+ test' "$out/opencl.txt" | tr '\n' ' ')" > "$out/opencl-summary.txt"
 }
 
 # Daemon checks on `model` with the CUDA backend: 16 concurrent greedy streams equal their one-at-a-time
