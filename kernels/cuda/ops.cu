@@ -10,6 +10,7 @@
 
 #include <cfloat>
 #include <cstdint>
+#include <type_traits>
 
 #include "inferd/kernels/cuda.h"
 
@@ -167,7 +168,11 @@ __device__ __forceinline__ size_t v_offset(const KvLayout& kv) {
 
 constexpr int kGemvWarps = 4;  // rows per block: one warp per weight row
 
-// A warp per weight row reads the row once and dots it with every token's activations.
+// A warp per weight row reads the row once from memory and dots it with every token's activations, NT
+// tokens at a time (the row's later passes come from L1). Each token's sum is formed the same way
+// whatever the step's size and whichever tokens share it (lane-strided runs of 8, then a fixed tree
+// across the warp): a token's result does not depend on its batch, so decode equals prefill bit for
+// bit and a replayed sequence reproduces its tokens.
 template <WType T, int NT>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n, int64_t k, const float* __restrict__ x,
@@ -176,41 +181,43 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / 32;
   if (r >= n) return;
   const uint8_t* row = w + static_cast<size_t>(r) * row_bytes;
-  float acc[NT];
-#pragma unroll
-  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
   const int64_t chunks = k / 8;
-  for (int64_t c = lane; c < chunks; c += 32) {
-    float wv[8];
-    dq8<T>(row, c, wv);
+  for (int t0 = 0; t0 < tokens; t0 += NT) {
+    float acc[NT];
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      if (t < tokens) {
-        const float* xp = x + static_cast<size_t>(t) * k + c * 8;
-        float s = 0.0f;
+    for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+    for (int64_t c = lane; c < chunks; c += 32) {
+      float wv[8];
+      dq8<T>(row, c, wv);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) s = fmaf(wv[i], xp[i], s);
-        acc[t] += s;
+      for (int t = 0; t < NT; ++t) {
+        if (t0 + t < tokens) {
+          const float* xp = x + static_cast<size_t>(t0 + t) * k + c * 8;
+          float s = 0.0f;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) s = fmaf(wv[i], xp[i], s);
+          acc[t] += s;
+        }
       }
     }
-  }
-  for (int64_t e = chunks * 8 + lane; e < k; e += 32) {
-    const float wv = dq1<T>(row, e);
+    for (int64_t e = chunks * 8 + lane; e < k; e += 32) {
+      const float wv = dq1<T>(row, e);
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        if (t0 + t < tokens) acc[t] = fmaf(wv, x[static_cast<size_t>(t0 + t) * k + e], acc[t]);
+      }
+    }
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-      if (t < tokens) acc[t] = fmaf(wv, x[static_cast<size_t>(t) * k + e], acc[t]);
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    if (t >= tokens) break;
-    const float s = warp_sum(acc[t]);
-    if (lane == 0) {
-      float v = s;
-      if (bias) v += bias[r];
-      const size_t at = static_cast<size_t>(t) * n + r;
-      if (residual) v += residual[at];
-      y[at] = v;
+      if (t0 + t >= tokens) break;
+      const float s = warp_sum(acc[t]);
+      if (lane == 0) {
+        float v = s;
+        if (bias) v += bias[r];
+        const size_t at = static_cast<size_t>(t0 + t) * n + r;
+        if (residual) v += residual[at];
+        y[at] = v;
+      }
     }
   }
 }
@@ -305,24 +312,21 @@ template <WType T>
 cudaError_t launch_matmul(int path, const Matrix& w, const float* x, int32_t tokens, const float* bias,
                           const float* residual, float* y, cudaStream_t stream) {
   const uint8_t* wd = static_cast<const uint8_t*>(w.data);
-  if (path == 0) path = tokens <= kGemvMaxRows ? 1 : 2;
+  if (path == 0) path = 1;  // the GEMV for every step: batch-invariant (gemv_kernel)
   if (path == 1) {
-    // Up to 8 tokens per pass over the weights; more are done 8 at a time.
-    for (int32_t t0 = 0; t0 < tokens; t0 += kGemvMaxRows) {
-      const int nt = tokens - t0 < kGemvMaxRows ? tokens - t0 : kGemvMaxRows;
-      const dim3 grid(static_cast<unsigned>((w.rows + kGemvWarps - 1) / kGemvWarps));
-      const float* xs = x + static_cast<size_t>(t0) * w.cols;
-      const float* rs = residual ? residual + static_cast<size_t>(t0) * w.rows : nullptr;
-      float* ys = y + static_cast<size_t>(t0) * w.rows;
-      if (nt == 1) {
-        gemv_kernel<T, 1><<<grid, kGemvWarps * 32, 0, stream>>>(wd, w.row_bytes, w.rows, w.cols, xs, nt, bias, rs, ys);
-      } else if (nt == 2) {
-        gemv_kernel<T, 2><<<grid, kGemvWarps * 32, 0, stream>>>(wd, w.row_bytes, w.rows, w.cols, xs, nt, bias, rs, ys);
-      } else if (nt <= 4) {
-        gemv_kernel<T, 4><<<grid, kGemvWarps * 32, 0, stream>>>(wd, w.row_bytes, w.rows, w.cols, xs, nt, bias, rs, ys);
-      } else {
-        gemv_kernel<T, 8><<<grid, kGemvWarps * 32, 0, stream>>>(wd, w.row_bytes, w.rows, w.cols, xs, nt, bias, rs, ys);
-      }
+    const dim3 grid(static_cast<unsigned>((w.rows + kGemvWarps - 1) / kGemvWarps));
+    const auto launch = [&](auto nt) {
+      gemv_kernel<T, decltype(nt)::value><<<grid, kGemvWarps * 32, 0, stream>>>(wd, w.row_bytes, w.rows, w.cols, x,
+                                                                                 tokens, bias, residual, y);
+    };
+    if (tokens == 1) {
+      launch(std::integral_constant<int, 1>());
+    } else if (tokens == 2) {
+      launch(std::integral_constant<int, 2>());
+    } else if (tokens <= 4) {
+      launch(std::integral_constant<int, 4>());
+    } else {
+      launch(std::integral_constant<int, 8>());
     }
     return cudaGetLastError();
   }

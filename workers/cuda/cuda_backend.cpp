@@ -110,7 +110,6 @@ bool is_sticky(cudaError_t e) {
 
 const char* matmul_path_name(MatmulPath p) {
   switch (p) {
-    case MatmulPath::kAuto: return "auto";
     case MatmulPath::kGemv: return "gemv";
     case MatmulPath::kTensorCores: return "tensor_cores";
   }
@@ -533,12 +532,10 @@ Status CudaBackend::Impl::run_node(const Graph& g, const Node& n, const graph::S
   const int32_t rows = static_cast<int32_t>(Graph::rows(out, s));
   const int64_t cols = out.cols;
   cudaError_t e = cudaSuccess;
-  auto count_matmul = [&](int32_t tokens) {
-    const bool gemv = opt.matmul == MatmulPath::kGemv ||
-                      (opt.matmul == MatmulPath::kAuto && tokens <= kGemvMaxRows);
-    ++(gemv ? stats.gemv_matmuls : stats.tensor_core_matmuls);
+  auto count_matmul = [&](int32_t) {
+    ++(opt.matmul == MatmulPath::kGemv ? stats.gemv_matmuls : stats.tensor_core_matmuls);
   };
-  const int path = static_cast<int>(opt.matmul);
+  const int path = opt.matmul == MatmulPath::kGemv ? 1 : 2;
   switch (n.op) {
     case Op::kEmbed: e = get_rows(matrix(g.tensor(n.in[1])), ints(n.in[0]), rows, f(n.out[0]), stream); break;
     case Op::kRmsNorm: e = rms_norm(f(n.in[0]), vec(g, n.in[1]), rows, cols, n.eps, f(n.out[0]), stream); break;

@@ -43,7 +43,7 @@ std::string no_device_reason() {
 TEST(CudaDevice, WithoutADeviceTheBackendIsRefusedWithTheReason) {
   if (device_count() > 0) {
     // With a device: an index past the last is refused, naming how many there are.
-    auto b = CudaBackend::create(CudaOptions{device_count(), MatmulPath::kAuto});
+    auto b = CudaBackend::create(CudaOptions{device_count(), MatmulPath::kGemv, Activations::kFloat});
     ASSERT_FALSE(b.is_ok());
     EXPECT_EQ(b.status().code(), Code::kNotFound);
     EXPECT_NE(b.status().message().find("does not exist"), std::string::npos) << b.status().to_string();
@@ -97,8 +97,8 @@ class CudaEngineTest : public ::testing::TestWithParam<std::string> {
   }
 
   Result<std::unique_ptr<ModelRunner>> runner(int32_t n_slots = 1, int32_t n_ctx = 512, int32_t first = 0,
-                                              int32_t end = 0) {
-    auto b = CudaBackend::create(CudaOptions{});
+                                              int32_t end = 0, CudaOptions options = CudaOptions{}) {
+    auto b = CudaBackend::create(options);
     if (!b) return b.status();
     RunnerOptions o;
     o.n_ctx = n_ctx;
@@ -148,28 +148,42 @@ class CudaEngineTest : public ::testing::TestWithParam<std::string> {
 
 // Top-1 agreement of two sets of logits, n_vocab each, and the largest difference relative to the
 // reference's spread.
+// `clear`: the positions where the reference's top-1 leads its second by more than kClearMargin of its
+// range (a random-weight model has many near-ties, which any difference in rounding may reorder).
+constexpr double kClearMargin = 0.05;
 struct Agreement {
   int same = 0, total = 0;
+  int clear_same = 0, clear = 0;
   double max_rel = 0.0;
+  bool bitwise = true;
 };
 Agreement agreement(std::span<const float> a, std::span<const float> b, size_t nv) {
   Agreement r;
   for (size_t i = 0; i + nv <= std::min(a.size(), b.size()); i += nv) {
     const auto x = a.subspan(i, nv), y = b.subspan(i, nv);
-    r.same += argmax(x) == argmax(y);
+    const bool same = argmax(x) == argmax(y);
+    r.same += same;
     ++r.total;
     const auto [lo, hi] = std::minmax_element(y.begin(), y.end());
+    const double range = std::max(1e-6, static_cast<double>(*hi - *lo));
     double d = 0.0;
     for (size_t k = 0; k < nv; ++k) d = std::max(d, static_cast<double>(std::fabs(x[k] - y[k])));
-    r.max_rel = std::max(r.max_rel, d / std::max(1e-6, static_cast<double>(*hi - *lo)));
+    r.max_rel = std::max(r.max_rel, d / range);
+    r.bitwise = r.bitwise && std::equal(x.begin(), x.end(), y.begin());
+    std::vector<float> sorted(y.begin(), y.end());
+    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+    if ((sorted[0] - sorted[1]) / range > kClearMargin) {
+      ++r.clear;
+      r.clear_same += same;
+    }
   }
   return r;
 }
 
-// The CUDA backend quantizes matmul inputs as the CPU engine does (the default Activations::kQ8); its
-// sums run in another order and its tensor-core tiles read fp16, so logits differ in the last bits, which
-// reorders only the nearest ties: >= 99% (the float activations, which skip the CPU's quantization, stay
-// near 96% on these models, as the OpenCL float numerics do).
+// The CPU engine quantizes matmul inputs to 8 bits; the CUDA backend computes in float: logits differ by
+// that quantization noise (a few percent of their range at most), which reorders near-ties only. Every
+// position where the CPU's choice is clear agrees; over all positions, agreement is printed (the OpenCL
+// float numerics reach 95.9% on SmolLM2 by the same measure) and held to 90%.
 TEST_P(CudaEngineTest, TeacherForcedTop1AgreesWithTheCpuEngine) {
   const std::vector<int32_t> t = tokens(320);
   const std::vector<float> ref = cpu_logits(t);
@@ -179,43 +193,51 @@ TEST_P(CudaEngineTest, TeacherForcedTop1AgreesWithTheCpuEngine) {
   auto got = r.value()->eval(0, t, /*all_logits=*/true);
   ASSERT_TRUE(got.is_ok()) << got.status().to_string();
   const Agreement a = agreement(*got, ref, static_cast<size_t>(model_->config().n_vocab));
-  std::printf("[cuda] %s: teacher-forced top-1 %d/%d (%.1f%%), max |diff| %.4f of the logits' range\n",
-              std::filesystem::path(GetParam()).filename().c_str(), a.same, a.total, 100.0 * a.same / a.total, a.max_rel);
-  EXPECT_GE(a.same * 100, a.total * 99);
+  std::printf("[cuda] %s: teacher-forced top-1 %d/%d (%.1f%%), where the CPU's choice is clear %d/%d, max |diff| "
+              "%.4f of the logits' range\n",
+              std::filesystem::path(GetParam()).filename().c_str(), a.same, a.total, 100.0 * a.same / a.total,
+              a.clear_same, a.clear, a.max_rel);
+  EXPECT_EQ(a.clear_same, a.clear);
+  EXPECT_GE(a.same * 100, a.total * 90);
 }
 
+// Batch invariance: a token's logits do not depend on the other tokens of its step. Prefill equals
+// token-by-token decode and two slots decoding side by side equal each other, bit for bit, with either
+// matmul path.
 TEST_P(CudaEngineTest, PrefillEqualsDecodeAndTwoSlotsEqualSeparateRuns) {
   const std::vector<int32_t> t = tokens(40);
   const size_t nv = static_cast<size_t>(model_->config().n_vocab);
-  auto r = runner(/*n_slots=*/3);
-  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
-  ModelRunner& m = *r.value();
-  auto pre = m.eval(0, t, /*all_logits=*/true);
-  ASSERT_TRUE(pre.is_ok()) << pre.status().to_string();
-  const std::vector<float> prefill(pre->begin(), pre->end());
-  std::vector<float> decode;
-  for (size_t i = 0; i < t.size(); ++i) {
-    auto d = m.eval(1, std::span<const int32_t>(&t[i], 1));
-    ASSERT_TRUE(d.is_ok()) << d.status().to_string();
-    decode.insert(decode.end(), d->begin(), d->end());
+  for (MatmulPath path : {MatmulPath::kGemv, MatmulPath::kTensorCores}) {
+    SCOPED_TRACE(matmul_path_name(path));
+    auto r = runner(/*n_slots=*/3, 512, 0, 0, CudaOptions{0, path, Activations::kFloat});
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    ModelRunner& m = *r.value();
+    auto pre = m.eval(0, t, /*all_logits=*/true);
+    ASSERT_TRUE(pre.is_ok()) << pre.status().to_string();
+    const std::vector<float> prefill(pre->begin(), pre->end());
+    std::vector<float> decode;
+    for (size_t i = 0; i < t.size(); ++i) {
+      auto d = m.eval(1, std::span<const int32_t>(&t[i], 1));
+      ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+      decode.insert(decode.end(), d->begin(), d->end());
+    }
+    const Agreement a = agreement(decode, prefill, nv);
+    std::printf("[cuda] %s: prefill vs decode: top-1 %d/%d, max |diff| %.6f of the range%s\n", matmul_path_name(path),
+                a.same, a.total, a.max_rel, a.bitwise ? ", bit for bit" : "");
+    EXPECT_TRUE(a.bitwise);
+    // Slots 1 and 2 decode the same tokens side by side, two tokens a step.
+    m.clear_slot(1);
+    std::vector<float> together;
+    for (size_t i = 0; i < t.size(); ++i) {
+      const BatchToken batch[2] = {{t[i], 1, static_cast<int32_t>(i), true}, {t[i], 2, static_cast<int32_t>(i), true}};
+      auto d = m.forward(batch);
+      ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+      ASSERT_EQ(d->size(), 2 * nv);
+      for (size_t k = 0; k < nv; ++k) ASSERT_EQ((*d)[k], (*d)[nv + k]) << "the two slots differ at token " << i;
+      together.insert(together.end(), d->begin(), d->begin() + static_cast<std::ptrdiff_t>(nv));
+    }
+    EXPECT_TRUE(agreement(together, decode, nv).bitwise);
   }
-  const Agreement a = agreement(decode, prefill, nv);
-  std::printf("[cuda] prefill vs decode: top-1 %d/%d, max |diff| %.5f of the range\n", a.same, a.total, a.max_rel);
-  EXPECT_GE(a.same * 100, a.total * 97);
-  EXPECT_LT(a.max_rel, 0.02);
-  // Slot 2 decodes the same tokens interleaved with slot 1 starting afresh, two tokens a step.
-  m.clear_slot(1);
-  std::vector<float> together;
-  for (size_t i = 0; i < t.size(); ++i) {
-    const BatchToken batch[2] = {{t[i], 1, static_cast<int32_t>(i), true}, {t[i], 2, static_cast<int32_t>(i), true}};
-    auto d = m.forward(batch);
-    ASSERT_TRUE(d.is_ok()) << d.status().to_string();
-    ASSERT_EQ(d->size(), 2 * nv);
-    for (size_t k = 0; k < nv; ++k) ASSERT_EQ((*d)[k], (*d)[nv + k]) << "the two slots differ at token " << i;
-    together.insert(together.end(), d->begin(), d->begin() + static_cast<std::ptrdiff_t>(nv));
-  }
-  const Agreement b = agreement(together, decode, nv);
-  EXPECT_EQ(b.same, b.total);
 }
 
 TEST_P(CudaEngineTest, AStageOnTheGpuAndTheRestOnTheCpuEqualTheWholeModel) {
@@ -245,9 +267,10 @@ TEST_P(CudaEngineTest, AStageOnTheGpuAndTheRestOnTheCpuEqualTheWholeModel) {
   auto got = second.value()->forward(batch, h);
   ASSERT_TRUE(got.is_ok()) << got.status().to_string();
   const Agreement a = agreement(*got, want, nv);
-  std::printf("[cuda] cuda|cpu pipeline vs whole model on cuda: top-1 %d/%d, max |diff| %.4f of the range\n", a.same,
-              a.total, a.max_rel);
-  EXPECT_GE(a.same * 100, a.total * 95);
+  std::printf("[cuda] cuda|cpu pipeline vs whole model on cuda: top-1 %d/%d, where clear %d/%d, max |diff| %.4f of "
+              "the range\n",
+              a.same, a.total, a.clear_same, a.clear, a.max_rel);
+  EXPECT_EQ(a.clear_same, a.clear);  // the CPU half quantizes its matmul inputs: near-ties may differ
 }
 
 TEST_P(CudaEngineTest, AKvCacheTooLargeForTheDeviceIsRefusedAndNothingStaysAllocated) {

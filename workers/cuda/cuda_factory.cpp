@@ -1,10 +1,9 @@
 // The CUDA backend's registration (backend_factory.h). Device: a decimal index (cudaGetDevice order;
 // CUDA_VISIBLE_DEVICES applies). Settings, each also read from the worker's environment:
-//   matmul       INFERD_CUDA_MATMUL       auto | gemv | tensor_cores (default auto: the GEMV up to 8
-//                                         tokens, tensor cores above; forced paths are for tests and
-//                                         benchmarks)
-//   activations  INFERD_CUDA_ACTIVATIONS  q8 | float (default q8: matmul inputs quantized as the CPU
-//                                         engine and llama.cpp quantize them)
+//   matmul       INFERD_CUDA_MATMUL       gemv | tensor_cores (default gemv: float; tensor cores read fp16
+//                                         tiles; either serves every step)
+//   activations  INFERD_CUDA_ACTIVATIONS  float | q8 (default float; q8: matmul inputs quantized as the
+//                                         CPU engine quantizes them)
 // A value outside these lists is kInvalidArgument naming the setting and its variable.
 #include <cstdlib>
 #include <string>
@@ -20,8 +19,8 @@ using namespace cuda;
 
 const std::map<std::string, std::string> kEnvironment = {{"matmul", "INFERD_CUDA_MATMUL"},
                                                          {"activations", "INFERD_CUDA_ACTIVATIONS"}};
-constexpr MatmulPath kPaths[] = {MatmulPath::kAuto, MatmulPath::kGemv, MatmulPath::kTensorCores};
-constexpr Activations kActivations[] = {Activations::kQ8, Activations::kFloat};
+constexpr MatmulPath kPaths[] = {MatmulPath::kGemv, MatmulPath::kTensorCores};
+constexpr Activations kActivations[] = {Activations::kFloat, Activations::kQ8};
 
 template <typename T, size_t N, typename NameOf>
 bool pick(const std::string& value, const T (&choices)[N], NameOf name_of, T* out, std::string* expected) {
@@ -60,15 +59,13 @@ Result<std::unique_ptr<Backend>> create(const BackendConfig& config) {
   return std::unique_ptr<Backend>(std::move(b).value());
 }
 
-// The backend-ops suite's configurations: the per-step choice, each matmul path forced, float inputs.
+// The backend-ops suite's configurations: each matmul path, and quantized matmul inputs.
 std::vector<BackendVariant> variants() {
   std::vector<BackendVariant> v;
   for (MatmulPath p : kPaths) {
-    std::map<std::string, std::string> settings;
-    if (p != MatmulPath::kAuto) settings["matmul"] = matmul_path_name(p);
-    v.push_back({std::string("cuda_") + matmul_path_name(p), BackendConfig{"", 0, std::move(settings)}});
+    v.push_back({std::string("cuda_") + matmul_path_name(p), BackendConfig{"", 0, {{"matmul", matmul_path_name(p)}}}});
   }
-  v.push_back({"cuda_float", BackendConfig{"", 0, {{"activations", "float"}}}});
+  v.push_back({"cuda_q8", BackendConfig{"", 0, {{"activations", "q8"}}}});
   return v;
 }
 

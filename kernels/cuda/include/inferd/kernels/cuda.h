@@ -7,10 +7,11 @@
 // GGUF's own blocks, read in place by the kernels (no conversion at upload): a matrix of n rows of k
 // columns, each row `row_bytes` long.
 //
-// Matmuls choose their kernel per step (the seeds' stage-aware selection): up to kGemvMaxRows tokens a
-// GEMV that reads each weight once for all tokens (bandwidth-bound decode); more, a tensor-core tile
-// kernel (WMMA, fp16 inputs, fp32 accumulation) that dequantizes weight tiles into shared memory
-// (compute-bound prefill).
+// Matmuls: a GEMV that reads each weight row once for all of a step's tokens, in float, whose result
+// for a token does not depend on the other tokens of the step (batch-invariant: decode equals prefill,
+// continuous batching and replays after a worker restart reproduce a sequence bit for bit); and a
+// tensor-core tile kernel (WMMA, fp16 inputs, fp32 accumulation) that dequantizes weight tiles into
+// shared memory, batch-invariant too when every step uses it. A step never mixes the two.
 //
 // Thread safety: stateless; launches on one stream are ordered.
 #pragma once
@@ -29,9 +30,6 @@ enum class WType : uint32_t {
 };
 bool wtype_supported(uint32_t type_id);
 
-// Most tokens a step may have for the GEMV path.
-inline constexpr int kGemvMaxRows = 8;
-
 struct Matrix {
   WType type = WType::kF32;
   const void* data = nullptr;
@@ -44,7 +42,7 @@ struct Matrix {
 // x: tokens x W.cols; y, residual: tokens x W.rows (residual may equal y: added in the store).
 cudaError_t matmul(const Matrix& w, const float* x, int32_t tokens, const float* bias, const float* residual, float* y,
                    cudaStream_t stream);
-// The same with the path forced, for tests and the --paths benchmark (0: auto, 1: GEMV, 2: tensor cores).
+// The same with the path chosen (0 or 1: the GEMV, 2: tensor cores).
 cudaError_t matmul_path(int path, const Matrix& w, const float* x, int32_t tokens, const float* bias,
                         const float* residual, float* y, cudaStream_t stream);
 

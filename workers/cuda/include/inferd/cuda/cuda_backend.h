@@ -8,10 +8,12 @@
 // place) and the activations of a step of max_tokens tokens (buffers reused once a tensor's last reader
 // has run). compute() runs the graph's nodes on one stream and waits for the outputs.
 //
-// Kernels per step (stage-aware): a matmul of up to 8 tokens is a GEMV that reads each weight once for
-// all of them; more tokens go through tensor cores (fp16 WMMA tiles, fp32 accumulation). By default a
-// matmul's input is first quantized to 8 bits as the CPU engine quantizes it for that weight type
-// (Activations::kQ8), so both engines compute the same products.
+// Kernels: every kernel gives a token the same result whatever else its step holds (batch-invariant),
+// so prefill equals decode, concurrent streams equal one-at-a-time ones, and a sequence replayed after a
+// worker restart comes out the same. Matmuls are a float GEMV reading each weight row once per step
+// (MatmulPath::kGemv, the default), or tensor-core tiles (fp16 WMMA, fp32 accumulation) for every step.
+// Optionally a matmul's input is first quantized to 8 bits as the CPU engine quantizes it for that
+// weight type (Activations::kQ8).
 //
 // Errors: no device (no driver, "driver version is insufficient", no GPU) is kNotFound from create()
 // with the runtime's reason; a device too small for the graph is kOutOfRange from prepare() with the
@@ -46,7 +48,9 @@ Result<DeviceInfo> query_device(int index);
 // How many devices the runtime sees (0 when none, or no usable driver).
 int device_count();
 
-enum class MatmulPath : uint8_t { kAuto, kGemv, kTensorCores };
+// The matmul kernel of every step. The GEMV (the default) computes in float; tensor cores read fp16 tiles.
+// Both give a token the same result whatever else its step holds; a backend never mixes them.
+enum class MatmulPath : uint8_t { kGemv, kTensorCores };
 const char* matmul_path_name(MatmulPath p);
 
 // A matmul's activations: quantized to 8 bits as the CPU engine (and llama.cpp) quantizes them for the
@@ -56,8 +60,8 @@ const char* activations_name(Activations a);
 
 struct CudaOptions {
   int device = 0;
-  MatmulPath matmul = MatmulPath::kAuto;  // forced paths are for tests and benchmarks
-  Activations activations = Activations::kQ8;
+  MatmulPath matmul = MatmulPath::kGemv;
+  Activations activations = Activations::kFloat;
 };
 
 struct CudaStats {
