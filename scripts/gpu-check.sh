@@ -107,6 +107,11 @@ run() {
     say "  $m: rc=$? $(grep -E '^(prefill|decode|load)' "$out/bench-$m.txt" | tr -s ' ' | tr '\n' ';')"
   done
   grep -m1 '^backend' "$out/bench-8b-q4_0.txt" >> "$summary"
+  for m in tinyllama-q4_0 8b-q4_0; do
+    INFERD_CUDA_MATMUL=tensor_cores timeout 60 "$bin/inferd-bench" --backend cuda -m "$models/$m.gguf" -p 512 -n 32 -r 3 \
+      > "$out/bench-tc-$m.txt" 2>&1
+    say "  $m, tensor cores: rc=$? $(grep -E '^(prefill|decode)' "$out/bench-tc-$m.txt" | tr -s ' ' | tr '\n' ';')"
+  done
 
   # 4. The daemon.
   daemon_checks "$models/smollm2-q4_0.gguf" "$out" "$bin"
@@ -131,11 +136,15 @@ opencl_checks() {
   if [ -z "$lib" ]; then echo "no libnvidia-opencl.so.1" > "$out/opencl-summary.txt"; return; fi
   mkdir -p "$out/icd"
   echo "$lib" > "$out/icd/nvidia.icd"
-  OCL_ICD_VENDORS="$out/icd" timeout 200 "$bin/inferd_opencl_test" \
-    --gtest_filter='BackendOps.RmsNorm:BackendOps.ExactRowOps:BackendOps.MatmulExact*:BackendOps.RopeKvAndAttentionExact:ClEngineFiles.MixedSmallEqualsTheCpuEngine' \
-    > "$out/opencl.txt" 2>&1
+  local filter='BackendOps.ExactRowOps:BackendOps.MatmulExactKQuantsEqualTheCpuKernels:BackendOps.RopeKvAndAttentionExact:ClEngineFiles.MixedSmallEqualsTheCpuEngine'
+  OCL_ICD_VENDORS="$out/icd" timeout 150 "$bin/inferd_opencl_test" --gtest_filter="$filter" > "$out/opencl.txt" 2>&1
   local rc=$?
   echo "rc=$rc $(grep -E '^\[  (PASSED|FAILED) +\] [0-9]+ test' "$out/opencl.txt" | tr '\n' ' ')" > "$out/opencl-summary.txt"
+  # The same with the CPU reference held to AVX2 (the host may have AVX-512, whose kernels round differently).
+  INFERD_ISA=avx2 OCL_ICD_VENDORS="$out/icd" timeout 100 "$bin/inferd_opencl_test" --gtest_filter="$filter" \
+    > "$out/opencl_ops.txt" 2>&1
+  rc=$?
+  echo "; with INFERD_ISA=avx2: rc=$rc $(grep -E '^\[  (PASSED|FAILED) +\] [0-9]+ test' "$out/opencl_ops.txt" | tr '\n' ' ')" >> "$out/opencl-summary.txt"
 }
 
 # Daemon checks on `model` with the CUDA backend: 16 concurrent greedy streams equal their one-at-a-time
