@@ -77,7 +77,7 @@ __device__ __forceinline__ void dq8(const uint8_t* row, int64_t c, float* o) {
     } else {
       const float m = h2f(b + 2);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) o[i] = static_cast<float>((qs[j0 + i] >> shift) & 0xF) * d + m;
+      for (int i = 0; i < 8; ++i) o[i] = fmaf(static_cast<float>((qs[j0 + i] >> shift) & 0xF), d, m);
     }
   } else if constexpr (T == WType::kQ5_0 || T == WType::kQ5_1) {
     constexpr bool kMin = T == WType::kQ5_1;
@@ -96,7 +96,7 @@ __device__ __forceinline__ void dq8(const uint8_t* row, int64_t c, float* o) {
       const int hb = (qh >> (high ? j + 16 : j)) & 1;
       const int q = lo | (hb << 4);
       if constexpr (kMin) {
-        o[i] = static_cast<float>(q) * d + h2f(b + 2);
+        o[i] = fmaf(static_cast<float>(q), d, h2f(b + 2));
       } else {
         o[i] = static_cast<float>(q - 16) * d;
       }
@@ -119,7 +119,7 @@ __device__ __forceinline__ void dq8(const uint8_t* row, int64_t c, float* o) {
         const uint8_t* qh = b + 16 + (w % 32);
         q += ((qh[i] >> (2 * chunk + (high ? 1 : 0))) & 1) << 4;
       }
-      o[i] = d * static_cast<float>(q) - m;
+      o[i] = fmaf(d, static_cast<float>(q), -m);
     }
   } else if constexpr (T == WType::kQ6_K) {
     const uint8_t* b = row + (e / 256) * 210;
@@ -215,6 +215,81 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
         float v = s;
         if (bias) v += bias[r];
         const size_t at = static_cast<size_t>(t0 + t) * n + r;
+        if (residual) v += residual[at];
+        y[at] = v;
+      }
+    }
+  }
+}
+
+// The GEMV's arithmetic for many tokens at once (a step of more than kGemvTokens): a block takes 32
+// weight rows (8 warps of 4) and 16 tokens, stages the tokens' activations in shared memory a segment
+// of K at a time, and dequantizes each run of weights once for the 16 tokens. Every output is formed
+// exactly as gemv_kernel forms it — lane l sums runs l, l + 32, ... in order, each run an fma chain
+// from zero, the tail values after them, then the same tree across the warp — so a token's result is
+// the same bits in either kernel, whatever its step holds.
+constexpr int kGemvTokens = 8;   // steps up to this many tokens use gemv_kernel
+constexpr int kTileWarps = 8, kTileRowsPerWarp = 4, kTileRows = kTileWarps * kTileRowsPerWarp;
+constexpr int kTileTokens = 16, kTileSegRuns = 64;  // runs of 8 per segment: a multiple of 32
+
+template <WType T>
+__global__ void __launch_bounds__(kTileWarps * 32)
+    gemv_tiled_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n, int64_t k, const float* __restrict__ x,
+                      int tokens, const float* __restrict__ bias, const float* residual, float* y) {
+  __shared__ __align__(16) float xs[kTileTokens][kTileSegRuns * 8];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int t0 = blockIdx.x * kTileTokens;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTileRows + warp * kTileRowsPerWarp;
+  const int64_t chunks = k / 8;
+  float acc[kTileRowsPerWarp][kTileTokens];
+#pragma unroll
+  for (int r = 0; r < kTileRowsPerWarp; ++r) {
+#pragma unroll
+    for (int t = 0; t < kTileTokens; ++t) acc[r][t] = 0.0f;
+  }
+  for (int64_t seg = 0; seg < chunks; seg += kTileSegRuns) {
+    const int64_t seg_values = (chunks - seg < kTileSegRuns ? chunks - seg : kTileSegRuns) * 8;
+    __syncthreads();
+    for (int i = threadIdx.x; i < kTileTokens * kTileSegRuns * 8; i += kTileWarps * 32) {
+      const int t = i / (kTileSegRuns * 8), j = i % (kTileSegRuns * 8);
+      xs[t][j] = t0 + t < tokens && j < seg_values ? x[static_cast<size_t>(t0 + t) * k + seg * 8 + j] : 0.0f;
+    }
+    __syncthreads();
+    for (int cl = lane; cl < kTileSegRuns && seg + cl < chunks; cl += 32) {
+#pragma unroll
+      for (int r = 0; r < kTileRowsPerWarp; ++r) {
+        if (r0 + r >= n) break;
+        float wv[8];
+        dq8<T>(w + static_cast<size_t>(r0 + r) * row_bytes, seg + cl, wv);
+#pragma unroll
+        for (int t = 0; t < kTileTokens; ++t) {
+          const float* xp = &xs[t][cl * 8];
+          float s = 0.0f;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) s = fmaf(wv[i], xp[i], s);
+          acc[r][t] += s;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kTileRowsPerWarp; ++r) {
+    const int64_t row = r0 + r;
+    if (row >= n) break;
+    for (int64_t e = chunks * 8 + lane; e < k; e += 32) {
+      const float wv = dq1<T>(w + static_cast<size_t>(row) * row_bytes, e);
+#pragma unroll
+      for (int t = 0; t < kTileTokens; ++t) {
+        if (t0 + t < tokens) acc[r][t] = fmaf(wv, x[static_cast<size_t>(t0 + t) * k + e], acc[r][t]);
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kTileTokens; ++t) {
+      const float s = warp_sum(acc[r][t]);
+      if (lane == 0 && t0 + t < tokens) {
+        float v = s;
+        if (bias) v += bias[row];
+        const size_t at = static_cast<size_t>(t0 + t) * n + row;
         if (residual) v += residual[at];
         y[at] = v;
       }
@@ -325,8 +400,13 @@ cudaError_t launch_matmul(int path, const Matrix& w, const float* x, int32_t tok
       launch(std::integral_constant<int, 2>());
     } else if (tokens <= 4) {
       launch(std::integral_constant<int, 4>());
-    } else {
+    } else if (tokens <= kGemvTokens) {
       launch(std::integral_constant<int, 8>());
+    } else {
+      const dim3 tiles(static_cast<unsigned>((tokens + kTileTokens - 1) / kTileTokens),
+                       static_cast<unsigned>((w.rows + kTileRows - 1) / kTileRows));
+      gemv_tiled_kernel<T><<<tiles, kTileWarps * 32, 0, stream>>>(wd, w.row_bytes, w.rows, w.cols, x, tokens, bias,
+                                                                  residual, y);
     }
     return cudaGetLastError();
   }

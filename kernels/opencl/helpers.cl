@@ -30,10 +30,17 @@
 // and a driver that does it (NVIDIA's) rounds differently from the host's separate multiply and add.
 // The fma() calls written out are the host's own fused multiply-adds.
 #pragma OPENCL FP_CONTRACT OFF
-// Float division and square root correctly rounded, as the host's: through double, whose 53 bits
-// make rounding twice give the correctly rounded float (OpenCL's float ones may be off by ulps).
+// Float division and square root correctly rounded, as the host's: the device's own where the program
+// is built with -cl-fp32-correctly-rounded-divide-sqrt (INFERD_CR_DIVIDE_SQRT, where the device reports
+// CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT), else through double, whose 53 bits make rounding twice give
+// the correctly rounded float (OpenCL's default float ones may be off by ulps).
+#ifdef INFERD_CR_DIVIDE_SQRT
+inline float inferd_div(float a, float b) { return a / b; }
+inline float inferd_sqrt(float a) { return sqrt(a); }
+#else
 inline float inferd_div(float a, float b) { return (float)((double)a / (double)b); }
 inline float inferd_sqrt(float a) { return (float)sqrt((double)a); }
+#endif
 // v rounded to IEEE half to nearest even (vstore_half's mode; F16C's), and back.
 inline float inferd_round_half(float v) {
   ushort h;

@@ -222,7 +222,8 @@ std::string DeviceInfo::to_string() const {
       << max_work_item_sizes[1] << " x " << max_work_item_sizes[2] << ")\n";
   out << "  memory:          global " << (global_mem_bytes >> 20) << " MiB, max alloc " << (max_alloc_bytes >> 20)
       << " MiB, local " << (local_mem_bytes >> 10) << " KiB, base align " << mem_base_addr_align_bytes << " B\n";
-  out << "  fp16:            " << yes_no(fp16) << "   fp64: " << yes_no(fp64) << "\n";
+  out << "  fp16:            " << yes_no(fp16) << "   fp64: " << yes_no(fp64)
+      << "   correctly rounded float divide/sqrt: " << yes_no(fp32_correct_div_sqrt) << "\n";
   out << "  int dot product: " << yes_no(integer_dot_product);
   if (integer_dot_product) out << " (caps 0x" << std::hex << integer_dot_product_caps << std::dec << ")";
   out << "\n  subgroups:       " << yes_no(subgroups);
@@ -308,6 +309,9 @@ Result<DeviceInfo> query_device_info(cl_platform_id platform, cl_device_id devic
 
   info.fp16 = info.has_extension("cl_khr_fp16");
   info.fp64 = info.has_extension("cl_khr_fp64");
+  cl_device_fp_config fp_config = 0;
+  optional_device_value(device, CL_DEVICE_SINGLE_FP_CONFIG, &fp_config);
+  info.fp32_correct_div_sqrt = (fp_config & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) != 0;
   info.integer_dot_product = info.has_extension("cl_khr_integer_dot_product");
   if (info.integer_dot_product) {
     cl_bitfield caps = 0;

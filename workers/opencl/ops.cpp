@@ -744,6 +744,11 @@ IntDot choose_int_dot(const DeviceInfo& info) {
 
 Ops::Ops(Runtime& rt) : rt_(rt), int_dot_(choose_int_dot(rt.info())) {
   const DeviceInfo& info = rt.info();
+  // The exact kernels divide and take square roots correctly rounded, as the host does: with the
+  // device's correctly rounded float operations where it offers them (helpers.cl's inferd_div and
+  // inferd_sqrt), else through double. (NVIDIA's double route measured ulps off the host's.)
+  build_options_ = kBuildOptions;
+  if (info.fp32_correct_div_sqrt) build_options_ += " -cl-fp32-correctly-rounded-divide-sqrt -DINFERD_CR_DIVIDE_SQRT=1";
   const size_t wanted = info.type == DeviceType::kGpu ? 64 : 16;
   const size_t limit = std::min(info.max_work_group_size, info.max_work_item_sizes[0]);
   // The decode matmul keeps one float4 per lane in local memory.
@@ -756,7 +761,7 @@ Result<Ops::Kernel*> Ops::kernel(const std::string& key, MakeTemplate make) {
   if (auto it = kernels_.find(key); it != kernels_.end()) return &it->second;
   auto generated = generate_kernel(make());
   if (!generated) return generated.status();
-  auto program = rt_.build_program(generated->source, kBuildOptions);
+  auto program = rt_.build_program(generated->source, build_options_);
   if (!program) return program.status().with_context(key);
   cl_int err = CL_SUCCESS;
   Kernel k;

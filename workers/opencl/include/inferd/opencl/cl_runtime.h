@@ -126,6 +126,7 @@ struct DeviceInfo {
 
   bool fp16 = false;                 // cl_khr_fp16: half arithmetic
   bool fp64 = false;                 // cl_khr_fp64
+  bool fp32_correct_div_sqrt = false;  // CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT: the build option is allowed
   bool integer_dot_product = false;  // cl_khr_integer_dot_product
   uint32_t integer_dot_product_caps = 0;  // CL_DEVICE_INTEGER_DOT_PRODUCT_CAPABILITIES_KHR bits
   bool subgroups = false;            // cl_khr_subgroups, cl_intel_subgroups or OpenCL 3.0 sub-groups

@@ -347,6 +347,7 @@ class Ops {
 
   Runtime& rt_;
   IntDot int_dot_ = IntDot::kFloat;
+  std::string build_options_;  // kBuildOptions, and correctly rounded float divide/sqrt where the device has it
   size_t reduce_group_size_ = 1;
   std::map<std::string, Kernel> kernels_;
 };
