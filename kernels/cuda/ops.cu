@@ -258,16 +258,17 @@ __global__ void __launch_bounds__(kTileWarps * 32)
     for (int cl = lane; cl < kTileSegRuns && seg + cl < chunks; cl += 32) {
 #pragma unroll
       for (int r = 0; r < kTileRowsPerWarp; ++r) {
-        if (r0 + r >= n) break;
-        float wv[8];
-        dq8<T>(w + static_cast<size_t>(r0 + r) * row_bytes, seg + cl, wv);
+        if (r0 + r < n) {
+          float wv[8];
+          dq8<T>(w + static_cast<size_t>(r0 + r) * row_bytes, seg + cl, wv);
 #pragma unroll
-        for (int t = 0; t < kTileTokens; ++t) {
-          const float* xp = &xs[t][cl * 8];
-          float s = 0.0f;
+          for (int t = 0; t < kTileTokens; ++t) {
+            const float* xp = &xs[t][cl * 8];
+            float s = 0.0f;
 #pragma unroll
-          for (int i = 0; i < 8; ++i) s = fmaf(wv[i], xp[i], s);
-          acc[r][t] += s;
+            for (int i = 0; i < 8; ++i) s = fmaf(wv[i], xp[i], s);
+            acc[r][t] += s;
+          }
         }
       }
     }
@@ -275,7 +276,7 @@ __global__ void __launch_bounds__(kTileWarps * 32)
 #pragma unroll
   for (int r = 0; r < kTileRowsPerWarp; ++r) {
     const int64_t row = r0 + r;
-    if (row >= n) break;
+    if (row >= n) continue;
     for (int64_t e = chunks * 8 + lane; e < k; e += 32) {
       const float wv = dq1<T>(w + static_cast<size_t>(row) * row_bytes, e);
 #pragma unroll
