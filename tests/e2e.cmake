@@ -19,6 +19,9 @@ elseif(TARGET inferd AND TARGET inferd-worker)
   if("opencl" IN_LIST _built_backends)  # the OpenCL backend (skips without a device); measured 17 s on PoCL
     list(APPEND _e2e_timeouts opencl 300)
   endif()
+  if("cuda" IN_LIST _built_backends)  # the CUDA backend: refusals without a device, the model on one
+    list(APPEND _e2e_timeouts cuda 180)
+  endif()
   list(LENGTH _e2e_timeouts _n)
   math(EXPR _last "${_n} - 1")
   foreach(_i RANGE 0 ${_last} 2)
