@@ -31,7 +31,7 @@ constexpr std::string_view kLogLevels[] = {"trace", "debug", "info", "warn", "er
 
 enum class Key {
   kSocket, kWorker, kLogLevel, kThreads, kMaxRestarts, kRestartWindow,
-  kContext, kParallel, kMaxQueue, kStepsInFlight, kStreamInterval, kAdminUids, kLoad,
+  kContext, kParallel, kMaxQueue, kStepsInFlight, kStreamInterval, kMaxTextBytes, kAdminUids, kLoad,
 };
 
 struct KeyInfo {
@@ -63,6 +63,9 @@ constexpr KeyInfo kKeys[] = {
      "after a generation's first batch of tokens, at most one batch per MS\n"
      "                         milliseconds unless the request says otherwise; 0 = each token as soon\n"
      "                         as it is ready; at most 60000 (default: 20)"},
+    {"max-text-bytes", Key::kMaxTextBytes, "N",
+     "largest text a request may have tokenized (prompt, chat messages,\n"
+     "                         tokenize); 1024 to 67108864 (default: 4194304)"},
     {"admin-uids", Key::kAdminUids, "UID,...",
      "only these peer uids may use Admin (default: any peer that can open\n"
      "                         the socket)"},
@@ -278,6 +281,12 @@ Status apply(Key key, std::string_view value, const Origin& origin, DaemonConfig
                         : key == Key::kStepsInFlight ? config.steps_in_flight
                                                      : config.stream_interval_ms;
       field = *n;
+      return Status::ok();
+    }
+    case Key::kMaxTextBytes: {
+      Result<uint32_t> n = parse_u32(value, 1024, 64u << 20);
+      if (!n) return n.status();
+      config.max_text_bytes = *n;
       return Status::ok();
     }
     case Key::kRestartWindow: {

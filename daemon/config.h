@@ -56,6 +56,9 @@ struct DaemonConfig {
   uint32_t max_queue = 64;           // >= 1: requests waiting for a slot before OVERLOADED
   uint32_t steps_in_flight = 2;      // 1..kMaxStepsInFlight: steps queued per worker (supervisor.cpp)
   uint32_t stream_interval_ms = 20;  // 0..kMaxStreamIntervalMs: a request's default streamIntervalMs
+  // Largest text one request may have tokenized (a prompt, the messages of a chat, tokenize's text); the
+  // RPC layer refuses messages much larger than this before reading them.
+  uint32_t max_text_bytes = 4u << 20;
   std::vector<uint32_t> admin_uids;  // empty: any peer that can open the socket may use Admin
   std::vector<ModelToLoad> load;     // models loaded at start, in order
 

@@ -28,9 +28,7 @@ std::pair<uint64_t, uint64_t> process_memory(pid_t pid) {
   return {anon, shmem};
 }
 
-ModelHost::~ModelHost() {
-  if (loader_.joinable()) loader_.join();
-}
+ModelHost::~ModelHost() = default;
 
 void ModelHost::arm_timer(std::chrono::milliseconds delay, std::function<void()> fire) {
   if (!step_timer_) step_timer_ = std::make_unique<asio::steady_timer>(sup_.io());
@@ -41,7 +39,7 @@ void ModelHost::arm_timer(std::chrono::milliseconds delay, std::function<void()>
 }
 
 Status ModelHost::attach(std::shared_ptr<const ipc::WeightsSegment> weights, std::shared_ptr<const Model> model,
-                           std::unique_ptr<Tokenizer> tokenizer, double load_ms) {
+                           std::shared_ptr<const Tokenizer> tokenizer, double load_ms) {
   weights_ = std::move(weights);
   weights_huge_page_bytes_ = weights_->huge_page_bytes();
   model_ = std::move(model);
@@ -98,6 +96,19 @@ Status ModelHost::attach(std::shared_ptr<const ipc::WeightsSegment> weights, std
 void ModelHost::start(std::function<void(Status)> ready) {
   first_ready_ = std::move(ready);
   for (Stage& st : stages_) spawn_worker(st);
+}
+
+Status ModelHost::admit(const GenerateParams& p) const {
+  if (state_ == ModelState::kLoading) return Status(Code::kFailed, "model " + spec_.id + " is still loading");
+  if (state_ == ModelState::kFailed) {
+    return Status(Code::kFailed, "model " + spec_.id + " failed (" + failure_ + "); unload it and load it again");
+  }
+  return scheduler_->admit(p);
+}
+
+Result<std::string> ModelHost::prompt_text(const GenerateParams& p) const {
+  INFERD_ASSERT(scheduler_ != nullptr);
+  return scheduler_->prompt_text(p);
 }
 
 Status ModelHost::enqueue(GenerateParams p, std::shared_ptr<GenerationStream> stream) {

@@ -6,8 +6,8 @@
 // the scheduler when a worker is ready, answers or dies, restarts dead workers (more than max-restarts
 // crashes within restart-window mark the model failed), and reports status.
 //
-// Thread safety: every method runs on the supervisor's io_context thread, but for the loader thread,
-// which only copies the file and then posts back to it.
+// Thread safety: every method runs on the supervisor's io_context thread. (A load's detached loader thread
+// touches no ModelHost: it copies the file and posts the result back.)
 #pragma once
 
 #include <asio.hpp>
@@ -79,7 +79,6 @@ class ModelHost : public SchedulerHost {
   const LoadSpec& spec() const { return spec_; }
   uint64_t serial() const { return serial_; }  // unique per load, so a late result finds its own host
   ModelState state() const { return state_; }
-  std::thread& loader() { return loader_; }
 
   // SchedulerHost
   Clock::time_point now() const override { return Clock::now(); }
@@ -88,7 +87,7 @@ class ModelHost : public SchedulerHost {
   // Plans the model's placement and lays it out on pipeline stages; kInvalidArgument for a bad layer
   // split, kUnimplemented for a plan the runtime cannot run yet.
   Status attach(std::shared_ptr<const ipc::WeightsSegment> weights, std::shared_ptr<const Model> model,
-                std::unique_ptr<Tokenizer> tokenizer, double load_ms);
+                std::shared_ptr<const Tokenizer> tokenizer, double load_ms);
 
   // Starts the workers; `ready` is called once, with OK when all are ready or the reason they are not.
   void start(std::function<void(Status)> ready);
@@ -96,6 +95,9 @@ class ModelHost : public SchedulerHost {
   // ---- requests -------------------------------------------------------------------------------
 
   Status enqueue(GenerateParams p, std::shared_ptr<GenerationStream> stream);
+  // Whether a request can be taken now, checked before its text is tokenized (Scheduler::admit).
+  Status admit(const GenerateParams& p) const;
+  Result<std::string> prompt_text(const GenerateParams& p) const;
   void schedule();
 
   // ---- worker life ----------------------------------------------------------------------------
@@ -115,6 +117,8 @@ class ModelHost : public SchedulerHost {
   ModelStatusData status() const;
 
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
+  // For tokenization off the supervisor thread: the tokenizer outlives an unload while it is in use.
+  std::shared_ptr<const Tokenizer> shared_tokenizer() const { return tokenizer_; }
 
  private:
   Supervisor& sup_;
@@ -122,11 +126,10 @@ class ModelHost : public SchedulerHost {
   uint64_t serial_;
   ModelState state_ = ModelState::kLoading;
   std::string failure_;
-  std::thread loader_;
   std::shared_ptr<const ipc::WeightsSegment> weights_;
   uint64_t weights_huge_page_bytes_ = 0;  // read once at attach (smaps)
   std::shared_ptr<const Model> model_;
-  std::unique_ptr<Tokenizer> tokenizer_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
   ChatTemplate chat_template_ = ChatTemplate::kChatml;
   uint32_t n_ctx_ = 0;
   double load_ms_ = 0;

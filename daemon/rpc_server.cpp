@@ -43,6 +43,16 @@ kj::Promise<T> on_supervisor(Supervisor& sup, Fn fn) {
   return kj::mv(paf.promise);
 }
 
+// Runs fn(reply) on the supervisor thread; whatever thread calls reply(value) fulfils the returned
+// promise on this thread (for work the supervisor hands to its text pool).
+template <typename T, typename Fn>
+kj::Promise<T> on_supervisor_async(Supervisor& sup, Fn fn) {
+  auto paf = kj::newPromiseAndCrossThreadFulfiller<T>();
+  auto holder = std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<T>>>(kj::mv(paf.fulfiller));
+  sup.post([holder, fn]() mutable { fn([holder](T value) { (*holder)->fulfill(kj::mv(value)); }); });
+  return kj::mv(paf.promise);
+}
+
 template <typename T>
 T unwrap(Result<T> r) {
   if (!r) kj::throwFatalException(to_exception(r.status()));
@@ -346,8 +356,8 @@ class InferenceImpl final : public rpc::Inference::Server {
     std::string model = p.getModel(), text = p.getText();
     bool add = p.getAddSpecial(), parse = p.getParseSpecial();
     Supervisor& sup = sup_;
-    return on_supervisor<Result<std::vector<int32_t>>>(sup_, [&sup, model, text, add, parse] {
-             return sup.tokenize(model, text, add, parse);
+    return on_supervisor_async<Result<std::vector<int32_t>>>(sup_, [&sup, model, text, add, parse](auto reply) {
+             sup.tokenize(model, text, add, parse, std::move(reply));
            })
         .then([context](Result<std::vector<int32_t>> r) mutable {
           auto ids = unwrap(std::move(r));
@@ -362,7 +372,9 @@ class InferenceImpl final : public rpc::Inference::Server {
     std::vector<int32_t> ids;
     for (int32_t t : p.getTokens()) ids.push_back(t);
     Supervisor& sup = sup_;
-    return on_supervisor<Result<std::string>>(sup_, [&sup, model, ids] { return sup.detokenize(model, ids); })
+    return on_supervisor_async<Result<std::string>>(sup_, [&sup, model, ids](auto reply) {
+             sup.detokenize(model, ids, std::move(reply));
+           })
         .then([context](Result<std::string> r) mutable { context.getResults().setText(unwrap(std::move(r))); });
   }
 
@@ -377,7 +389,9 @@ class InferenceImpl final : public rpc::Inference::Server {
     std::string model = gp.model;
     const uint32_t interval_ms = gp.stream_interval_ms >= 0 ? static_cast<uint32_t>(gp.stream_interval_ms)
                                                             : sup_.config().stream_interval_ms;
-    auto submitted = on_supervisor<Status>(sup_, [&sup, gp, stream]() mutable { return sup.generate(std::move(gp), stream); });
+    auto submitted = on_supervisor_async<Status>(sup_, [&sup, gp, stream](auto reply) mutable {
+      sup.generate(std::move(gp), stream, std::move(reply));
+    });
     // Dropping this promise (the client cancelled or disconnected) stops the sequence at its next step.
     auto cancel = kj::defer([&sup, stream, model] {
       stream->cancel();
@@ -485,11 +499,24 @@ class DaemonImpl final : public rpc::Daemon::Server {
   kj::Timer& timer_;
 };
 
+// What one connection may make the daemon hold: a message is read only up to the traversal limit (a
+// request's text is limited by max-text-bytes; the message may hold little more), and the calls in
+// flight on a connection are limited in total size (Cap'n Proto's flow limit: past it the connection
+// is not read until calls finish), so a client cannot pile up memory with pipelined calls.
+capnp::ReaderOptions receive_options(const DaemonConfig& config) {
+  capnp::ReaderOptions o;
+  o.traversalLimitInWords = (2 * uint64_t{config.max_text_bytes} + (uint64_t{1} << 20)) / sizeof(capnp::word);
+  o.nestingLimit = 64;
+  return o;
+}
+
 struct Connection {
-  Connection(kj::Own<kj::AsyncIoStream> s, capnp::Capability::Client bootstrap)
+  Connection(kj::Own<kj::AsyncIoStream> s, capnp::Capability::Client bootstrap, const DaemonConfig& config)
       : stream(kj::mv(s)),
-        network(*stream, capnp::rpc::twoparty::Side::SERVER),
-        rpc(capnp::makeRpcServer(network, kj::mv(bootstrap))) {}
+        network(*stream, capnp::rpc::twoparty::Side::SERVER, receive_options(config)),
+        rpc(capnp::makeRpcServer(network, kj::mv(bootstrap))) {
+    rpc.setFlowLimit(4 * (uint64_t{config.max_text_bytes} + (uint64_t{1} << 20)) / sizeof(capnp::word));
+  }
   kj::Own<kj::AsyncIoStream> stream;
   capnp::TwoPartyVatNetwork network;
   capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc;
@@ -526,7 +553,7 @@ struct RpcServer::Impl {
       spdlog::info("connection from pid {} uid {} gid {}", peer.pid, peer.uid, peer.gid);
       Supervisor& s = sup;
       sup.post([&s] { s.connection_opened(); });
-      auto conn = kj::heap<Connection>(kj::mv(stream), kj::heap<DaemonImpl>(sup, peer, timer));
+      auto conn = kj::heap<Connection>(kj::mv(stream), kj::heap<DaemonImpl>(sup, peer, timer), sup.config());
       auto done = conn->network.onDisconnect();
       tasks.add(done.attach(kj::mv(conn), kj::defer([&s] { s.post([&s] { s.connection_closed(); }); })));
       return accept_loop();

@@ -57,7 +57,9 @@ Scheduler::Scheduler(SchedulerOptions options, const Tokenizer& tokenizer, ChatT
 
 Scheduler::~Scheduler() = default;
 
-Status Scheduler::enqueue(GenerateParams p, std::shared_ptr<GenerationStream> stream) {
+namespace {
+
+Status validate_request(const GenerateParams& p) {
   INFERD_RETURN_IF_ERROR(validate(p.sampling));
   if (p.stop.size() > kMaxStopStrings) {
     return Status(Code::kInvalidArgument, "at most " + std::to_string(kMaxStopStrings) + " stop strings");
@@ -67,6 +69,31 @@ Status Scheduler::enqueue(GenerateParams p, std::shared_ptr<GenerationStream> st
       return Status(Code::kInvalidArgument, "a stop string is longer than " + std::to_string(kMaxStopBytes) + " bytes");
     }
   }
+  return Status::ok();
+}
+
+}  // namespace
+
+Status Scheduler::admit(const GenerateParams& p) const {
+  INFERD_RETURN_IF_ERROR(validate_request(p));
+  return queue_room();
+}
+
+Status Scheduler::queue_room() const {
+  if (queue_.size() >= opt_.max_queue) {
+    return Status(Code::kOverloaded, "model " + opt_.model_id + " has " + std::to_string(queue_.size()) +
+                                         " requests waiting (max-queue); retry later");
+  }
+  return Status::ok();
+}
+
+Result<std::string> Scheduler::prompt_text(const GenerateParams& p) const {
+  if (p.input == GenerateParams::Input::kMessages) return apply_chat_template(chat_template_, p.messages);
+  return p.prompt;
+}
+
+Status Scheduler::enqueue(GenerateParams p, std::shared_ptr<GenerationStream> stream) {
+  INFERD_RETURN_IF_ERROR(validate_request(p));
   std::vector<int32_t> prompt;
   switch (p.input) {
     case GenerateParams::Input::kPrompt:
@@ -95,10 +122,7 @@ Status Scheduler::enqueue(GenerateParams p, std::shared_ptr<GenerationStream> st
                                          opt_.model_id + "'s context holds " + std::to_string(opt_.context_size) +
                                          " (the prompt must leave room for at least one generated token)");
   }
-  if (queue_.size() >= opt_.max_queue) {
-    return Status(Code::kOverloaded, "model " + opt_.model_id + " has " + std::to_string(queue_.size()) +
-                                         " requests waiting (max-queue); retry later");
-  }
+  INFERD_RETURN_IF_ERROR(queue_room());
   auto seq = std::make_unique<Sequence>();
   seq->id = ++next_seq_id_;
   seq->stream = std::move(stream);

@@ -106,6 +106,13 @@ class Scheduler {
   // (kInvalidArgument), a prompt the context cannot hold (kOutOfRange) and a full queue (kOverloaded)
   // are returned here and nothing is queued.
   Status enqueue(GenerateParams params, std::shared_ptr<GenerationStream> stream);
+  // The checks enqueue() makes before it tokenizes (sampling values, stop strings, room in the queue):
+  // the daemon makes them first, so a full queue answers OVERLOADED without tokenizing anything.
+  Status admit(const GenerateParams& params) const;
+  // The text a prompt or chat request tokenizes to (the messages through the model's chat template).
+  Result<std::string> prompt_text(const GenerateParams& params) const;
+  // kOverloaded when the queue is full.
+  Status queue_room() const;
   // Queues steps until every worker has its share in flight; also admits queued requests and lets
   // cancelled ones go. Call after anything that may free or need a worker.
   void schedule();

@@ -42,7 +42,11 @@ bool valid_id(const std::string& id) {
 Supervisor::Supervisor(DaemonConfig config)
     : config_(std::move(config)), work_(asio::make_work_guard(io_)), started_(Clock::now()) {}
 
-Supervisor::~Supervisor() = default;
+Supervisor::~Supervisor() {
+  loads_->close();
+  text_pool_.stop();  // text jobs not yet started are dropped (their replies never run)
+  text_pool_.join();
+}
 
 void Supervisor::run() { io_.run(); }
 
@@ -117,16 +121,15 @@ void Supervisor::load(LoadSpec spec, std::shared_ptr<LoadProgressSink> progress,
   if (spec.max_queue == 0) spec.max_queue = config_.max_queue;
 
   const uint64_t serial = ++load_serial_;
-  auto host_ptr = std::make_unique<ModelHost>(*this, spec, serial);
-  ModelHost* host = host_ptr.get();
-  models_.emplace(spec.id, std::move(host_ptr));
+  models_.emplace(spec.id, std::make_unique<ModelHost>(*this, spec, serial));
   spdlog::info("loading {} as {} ({} slots, context {}, {} threads)", spec.path, spec.id, spec.parallel,
                spec.context_size ? std::to_string(spec.context_size) : std::string("default"),
                spec.threads ? std::to_string(spec.threads) : std::string("all"));
   const auto t0 = Clock::now();
   std::string id = spec.id;
-  // The copy into shared memory runs on its own thread; the result comes back to this io_context.
-  host->loader() = std::thread([this, spec, progress, done, t0, id, serial]() mutable {
+  // The copy into shared memory runs on its own detached thread; the result comes back to this
+  // io_context through the load channel (dropped if the supervisor is gone by then).
+  std::thread([this, channel = loads_, spec, progress, done, t0, id, serial]() mutable {
     if (progress) progress->update("copying", 0, 1);
     auto weights = ipc::WeightsSegment::create(spec.path, [&](uint64_t d, uint64_t t) {
       if (progress) progress->update("copying", d, t);
@@ -137,17 +140,24 @@ void Supervisor::load(LoadSpec spec, std::shared_ptr<LoadProgressSink> progress,
       if (progress) progress->update("validating", 0, 1);
       model = Model::load(weights.value()->gguf());
       if (model) tokenizer = Tokenizer::from_gguf(*weights.value()->gguf());
+      // Every token needs an embedding row (rows past the vocabulary are padding the workers never sample).
+      if (model && tokenizer && tokenizer.value()->n_vocab() > model.value()->config().n_vocab) {
+        tokenizer = Status(Code::kCorrupt, spec.path + ": the vocabulary has " +
+                                               std::to_string(tokenizer.value()->n_vocab()) +
+                                               " tokens but the embedding matrix only " +
+                                               std::to_string(model.value()->config().n_vocab) + " rows");
+      }
     }
     auto shared = std::make_shared<std::tuple<decltype(weights), decltype(model), decltype(tokenizer)>>(
         std::move(weights), std::move(model), std::move(tokenizer));
-    asio::post(io_, [this, shared, progress, done, t0, id, serial] {
+    channel->post([this, shared, progress, done, t0, id, serial] {
       auto& [w, m, t] = *shared;
       ModelHost* h = find(id);
       if (!h || h->serial() != serial) return done(Status(Code::kFailed, "model " + id + " was unloaded while loading"));
       Status err = !w ? w.status() : !m ? m.status() : !t ? t.status() : Status::ok();
       if (!err) {
         spdlog::error("load of {} failed: {}", id, err.to_string());
-        models_.erase(id);  // joins the loader thread, which has nothing left to do
+        models_.erase(id);
         return done(err);
       }
       Status laid_out = h->attach(std::move(w).value(), std::move(m).value(), std::move(t).value(),
@@ -173,7 +183,7 @@ void Supervisor::load(LoadSpec spec, std::shared_ptr<LoadProgressSink> progress,
         done(h->info());
       });
     });
-  });
+  }).detach();
 }
 
 Status Supervisor::unload(const std::string& id) {
@@ -208,34 +218,88 @@ DaemonStatusData Supervisor::status() const {
   return st;
 }
 
-Result<std::vector<int32_t>> Supervisor::tokenize(const std::string& model, const std::string& text, bool add_special,
-                                                  bool parse_special) const {
-  ModelHost* h = find(model);
-  if (!h) return Status(Code::kNotFound, "no model with id '" + model + "' is loaded");
-  if (!h->tokenizer()) return Status(Code::kFailed, "model " + model + " is still loading");
-  return h->tokenizer()->encode(text, add_special, parse_special);
+namespace {
+
+Status text_too_large(size_t bytes, uint32_t limit, const char* what) {
+  return Status(Code::kInvalidArgument, std::string(what) + " is " + std::to_string(bytes) +
+                                            " bytes, more than this daemon tokenizes in one request (max-text-bytes " +
+                                            std::to_string(limit) + ")");
 }
 
-Result<std::string> Supervisor::detokenize(const std::string& model, const std::vector<int32_t>& tokens) const {
+}  // namespace
+
+void Supervisor::tokenize(const std::string& model, std::string text, bool add_special, bool parse_special,
+                          Reply<Result<std::vector<int32_t>>> reply) {
   ModelHost* h = find(model);
-  if (!h) return Status(Code::kNotFound, "no model with id '" + model + "' is loaded");
-  if (!h->tokenizer()) return Status(Code::kFailed, "model " + model + " is still loading");
+  if (!h) return reply(Status(Code::kNotFound, "no model with id '" + model + "' is loaded"));
+  if (!h->tokenizer()) return reply(Status(Code::kFailed, "model " + model + " is still loading"));
+  if (text.size() > config_.max_text_bytes) return reply(text_too_large(text.size(), config_.max_text_bytes, "the text"));
+  asio::post(text_pool_, [tok = h->shared_tokenizer(), text = std::move(text), add_special, parse_special,
+                          reply = std::move(reply)] { reply(tok->encode(text, add_special, parse_special)); });
+}
+
+void Supervisor::detokenize(const std::string& model, std::vector<int32_t> tokens, Reply<Result<std::string>> reply) {
+  ModelHost* h = find(model);
+  if (!h) return reply(Status(Code::kNotFound, "no model with id '" + model + "' is loaded"));
+  if (!h->tokenizer()) return reply(Status(Code::kFailed, "model " + model + " is still loading"));
+  // A token decodes to a few bytes on average but to hundreds at most: the count is bounded so that the
+  // text stays within reach of max-text-bytes.
+  const size_t max_tokens = config_.max_text_bytes / 16;
+  if (tokens.size() > max_tokens) {
+    return reply(Status(Code::kInvalidArgument, "detokenize takes at most " + std::to_string(max_tokens) +
+                                                    " tokens (max-text-bytes / 16), got " +
+                                                    std::to_string(tokens.size())));
+  }
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || tokens[i] >= h->tokenizer()->n_vocab()) {
-      return Status(Code::kInvalidArgument, "token " + std::to_string(i) + " is " + std::to_string(tokens[i]) +
-                                                ", outside the vocabulary");
+      return reply(Status(Code::kInvalidArgument, "token " + std::to_string(i) + " is " + std::to_string(tokens[i]) +
+                                                      ", outside the vocabulary"));
     }
   }
-  return h->tokenizer()->decode(tokens, false);
+  asio::post(text_pool_, [tok = h->shared_tokenizer(), tokens = std::move(tokens), reply = std::move(reply)] {
+    reply(tok->decode(tokens, false));
+  });
 }
 
-Status Supervisor::generate(GenerateParams params, std::shared_ptr<GenerationStream> stream) {
+void Supervisor::generate(GenerateParams params, std::shared_ptr<GenerationStream> stream, Reply<Status> reply) {
   ++requests_total_;
+  auto answer = [this, reply](Status s) {
+    if (s.code() == Code::kOverloaded) ++requests_rejected_;
+    reply(std::move(s));
+  };
   ModelHost* h = find(params.model);
-  if (!h) return Status(Code::kNotFound, "no model with id '" + params.model + "' is loaded");
-  Status s = h->enqueue(std::move(params), std::move(stream));
-  if (s.code() == Code::kOverloaded) ++requests_rejected_;
-  return s;
+  if (!h) return answer(Status(Code::kNotFound, "no model with id '" + params.model + "' is loaded"));
+  if (Status ok = h->admit(params); !ok) return answer(ok);  // before any tokenizing
+  const bool text_input = params.input != GenerateParams::Input::kTokens;
+  std::string text;
+  if (text_input) {
+    size_t bytes = params.prompt.size();
+    for (const ChatMessage& m : params.messages) bytes += m.role.size() + m.content.size();
+    if (bytes > config_.max_text_bytes) return answer(text_too_large(bytes, config_.max_text_bytes, "the prompt"));
+    auto rendered = h->prompt_text(params);
+    if (!rendered) return answer(rendered.status());
+    text = std::move(rendered).value();
+  }
+  // Every request passes through the text pool's one thread, so requests are queued in the order they
+  // arrived, whether their input was text or tokens.
+  const bool parse_special = params.input == GenerateParams::Input::kMessages || params.parse_special;
+  const uint64_t serial = h->serial();
+  asio::post(text_pool_, [this, tok = h->shared_tokenizer(), text = std::move(text), text_input, parse_special, serial,
+                          params = std::move(params), stream = std::move(stream), answer]() mutable {
+    if (text_input) {
+      params.tokens = tok->encode(text, params.add_special, parse_special);
+      params.input = GenerateParams::Input::kTokens;
+      params.prompt.clear();
+      params.messages.clear();
+    }
+    asio::post(io_, [this, serial, params = std::move(params), stream = std::move(stream), answer]() mutable {
+      ModelHost* again = find(params.model);
+      if (!again || again->serial() != serial) {
+        return answer(Status(Code::kFailed, "model " + params.model + " was unloaded while the prompt was tokenized"));
+      }
+      answer(again->enqueue(std::move(params), std::move(stream)));
+    });
+  });
 }
 
 void Supervisor::kick(const std::string& model) {

@@ -6,8 +6,9 @@
 // exit or readiness is an event on it; the RPC thread reaches the supervisor only by post()ing a
 // function to it (see rpc_server.cpp), and gets answers back through cross-thread promise fulfillers
 // or a GenerationStream. So no supervisor state is ever touched by two threads and nothing here
-// takes a lock. Loading copies the file into shared memory on a loader thread, which hands the
-// finished segment back to the io_context.
+// takes a lock. Loading copies the file into shared memory on a detached loader thread, which hands
+// the finished segment back to the io_context through a LoadChannel: nothing ever joins a loader, so a
+// read stuck on a hung file system holds up only its own load, never the supervisor or its shutdown.
 //
 // Thread safety: every method except the constructor, post() and io() must run on the io_context's
 // thread.
@@ -18,6 +19,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -123,6 +125,28 @@ class LoadProgressSink {
 
 class ModelHost;
 
+// How a detached loader thread hands its result to the io_context: post() runs `fn` there, or drops
+// it (returning false) once close() has been called, so a loader that finishes after the supervisor is
+// gone touches nothing of it. Thread-safe.
+class LoadChannel {
+ public:
+  explicit LoadChannel(asio::io_context& io) : io_(&io) {}
+  bool post(std::function<void()> fn) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (io_ == nullptr) return false;
+    asio::post(*io_, std::move(fn));
+    return true;
+  }
+  void close() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    io_ = nullptr;
+  }
+
+ private:
+  std::mutex mutex_;
+  asio::io_context* io_;
+};
+
 class Supervisor {
  public:
   explicit Supervisor(DaemonConfig config);
@@ -143,12 +167,19 @@ class Supervisor {
   Status unload(const std::string& id);
   std::vector<ModelInfoData> list() const;
   DaemonStatusData status() const;
-  Result<std::vector<int32_t>> tokenize(const std::string& model, const std::string& text, bool add_special,
-                                        bool parse_special) const;
-  Result<std::string> detokenize(const std::string& model, const std::vector<int32_t>& tokens) const;
-  // Queues a generation; results arrive on `stream`. Errors (unknown model, bad input, OVERLOADED)
-  // are returned here and nothing is queued.
-  Status generate(GenerateParams params, std::shared_ptr<GenerationStream> stream);
+  // Text work — tokenizing and detokenizing, a prompt's included — runs on the text pool, never on the
+  // supervisor thread: a large text delays only its own request. Each is refused first when its text is
+  // larger than max-text-bytes. `reply` is called once, on any thread (or never, if the daemon stops
+  // first).
+  template <typename T>
+  using Reply = std::function<void(T)>;
+  void tokenize(const std::string& model, std::string text, bool add_special, bool parse_special,
+                Reply<Result<std::vector<int32_t>>> reply);
+  void detokenize(const std::string& model, std::vector<int32_t> tokens, Reply<Result<std::string>> reply);
+  // Queues a generation; results arrive on `stream`. The request is checked (unknown model, bad values,
+  // a full queue: OVERLOADED) before its text is tokenized on the text pool; then it is queued, and
+  // `reply` gets OK or the reason nothing was queued.
+  void generate(GenerateParams params, std::shared_ptr<GenerationStream> stream, Reply<Status> reply);
   // Wakes the model's scheduler to notice a cancelled stream.
   void kick(const std::string& model);
 
@@ -164,6 +195,9 @@ class Supervisor {
   DaemonConfig config_;
   asio::io_context io_;
   asio::executor_work_guard<asio::io_context::executor_type> work_;
+  std::shared_ptr<LoadChannel> loads_ = std::make_shared<LoadChannel>(io_);  // closed by ~Supervisor
+  // Tokenization and detokenization, on one thread: requests keep their order (joined by ~Supervisor).
+  asio::thread_pool text_pool_{1};
   std::map<std::string, std::unique_ptr<ModelHost>> models_;  // includes models still loading
   std::vector<std::unique_ptr<ModelHost>> retiring_;          // unloaded, waiting for workers to exit
   std::chrono::steady_clock::time_point started_;

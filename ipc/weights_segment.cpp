@@ -104,10 +104,11 @@ Result<std::shared_ptr<const WeightsSegment>> WeightsSegment::create(const std::
   if (!parsed) return parsed.status();
   const gguf::GgufFile& src = *parsed.value();
 
-  UniqueFd file(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  UniqueFd file(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (!file) return errno_error(path + ": cannot open");
   struct stat before {};
   if (::fstat(file.get(), &before) != 0) return errno_error(path + ": cannot stat");
+  if (!S_ISREG(before.st_mode)) return Status(Code::kInvalidArgument, path + ": not a regular file");
   if (static_cast<uint64_t>(before.st_size) != src.file_size()) {
     return Status(Code::kFailed, path + ": the file changed while loading");
   }

@@ -6,12 +6,14 @@ gets a clear error of the right type, and a generate right after still works.
 
     test_bad_input.py --bin-dir BUILD/bin --model MODEL.gguf
 """
+import asyncio
 import csv
 import math
 import os
 import random
 import socket
 import struct
+import time
 
 import harness
 from harness import Connection, request, run_async
@@ -91,8 +93,57 @@ class BadInputTest(harness.DaemonTestCase):
             e = await self.expect_error(conn.load(readme, id="readme"), "FAILED", context="load of README.md")
             self.assertTrue("gguf" in e.description.lower() or "magic" in e.description.lower(),
                             f"the error should say the file is not GGUF: {e.description}")
+            # The error never quotes the file: a client must not learn what a file it names starts with.
+            self.assertNotIn("# inferd", e.description, "the error quotes the file's first bytes")
+            self.assertNotIn("# inf", e.description, "the error quotes the file's first bytes")
             await self.assert_still_serves(conn, "loading README.md")
             conn.close()
+
+        self.run_test(body())
+
+    # A FIFO (or a device) as the model path: refused as not a regular file before anything is read, at
+    # once (opened without waiting for a writer); the daemon keeps serving, and a second try is the same.
+    def test_load_fifo_is_refused_without_blocking(self):
+        fifo = os.path.join(self.daemon.dir, "model-fifo.gguf")
+        os.mkfifo(fifo)
+        self.addCleanup(os.unlink, fifo)
+
+        async def body():
+            conn = await self.connect()
+            for attempt in range(2):
+                start = time.monotonic()
+                await self.expect_error(asyncio.wait_for(conn.load(fifo, id="fifo"), 10), "FAILED",
+                                        "not a regular file", context=f"load of a FIFO, attempt {attempt + 1}")
+                self.assertLess(time.monotonic() - start, 5.0, "loading a FIFO blocked")
+            self.assertNotIn("fifo", [m.id for m in await conn.list()], "a failed load left a model behind")
+            await self.assert_still_serves(conn, "loading a FIFO")
+            conn.close()
+
+        self.run_test(body())
+
+    # Tokenizing runs off the supervisor thread: while one client tokenizes the largest text the limit
+    # allows (4 MiB by default, ~1 s here), another's status is answered first; a text over the limit is
+    # refused, naming the limit, before anything is tokenized; so is a prompt over it.
+    def test_large_texts_neither_stall_the_daemon_nor_pass_the_limit(self):
+        limit = 4 << 20
+        words = "the quick brown fox jumps over the lazy dog "
+        text = (words * (limit // len(words) + 1))[:limit]
+
+        async def body():
+            conn = await self.connect()
+            other = await self.connect()
+            tokenize = asyncio.ensure_future(conn.tokenize(GOOD, text))
+            status = asyncio.ensure_future(other.status())
+            done, _ = await asyncio.wait({tokenize, status}, return_when=asyncio.FIRST_COMPLETED)
+            self.assertIn(status, done, "status waited for another client's tokenization")
+            self.assertGreater(len(await tokenize), len(text) // 8)
+            await self.expect_error(conn.tokenize(GOOD, text + "x"), "FAILED", "max-text-bytes",
+                                    context="tokenize of a text over the limit")
+            out = await conn.generate(request(GOOD, text + "x", max_tokens=1))
+            self.assertKjError(out.error, "FAILED", "max-text-bytes", context="a prompt over the limit")
+            await self.assert_still_serves(conn, "large texts")
+            conn.close()
+            other.close()
 
         self.run_test(body())
 

@@ -13,12 +13,18 @@
 namespace inferd::worker {
 namespace {
 
+// The tokenizer's vocabulary size (tokenizer.ggml.tokens), 0 when the file has none.
+int32_t vocabulary_size(const Model& model) {
+  auto tokens = model.file().get_string_array("tokenizer.ggml.tokens");
+  return tokens ? static_cast<int32_t>(tokens->size()) : 0;
+}
+
 class StageRunner final : public StepBackend {
  public:
   StageRunner(std::unique_ptr<ModelRunner> runner, const BackendOptions& o)
       : runner_(std::move(runner)),
         logic_({runner_->runner_options().n_slots, runner_->runner_options().n_ubatch, runner_->runner_options().n_ctx,
-                runner_->n_vocab()},
+                runner_->n_vocab(), vocabulary_size(runner_->model())},
                runner_->is_last_stage()),
         slots_{[this](int32_t s) { return runner_->slot_length(s); }, [this](int32_t s) { runner_->clear_slot(s); }},
         hidden_in_(o.hidden_in),

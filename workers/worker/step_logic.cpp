@@ -80,7 +80,7 @@ Status StepLogic::begin(const ipc::Submission& sub, const Slots& slots) {
       Status valid = validate(p);
       if (!valid) return valid.with_context("sequence in slot " + std::to_string(seq.slot));
       auto& sampler = samplers_[seq.slot];
-      sampler.emplace(p, limits_.n_vocab);
+      sampler.emplace(p, sample_vocab());
       sampler->skip_draws(seq.n_sampled);
     } else if (samples_ && !samplers_[seq.slot]) {
       return Status(Code::kInvalidArgument, "slot " + std::to_string(seq.slot) + " continues a sequence it never started");
@@ -112,7 +112,7 @@ void StepLogic::sample(const ipc::Submission& sub, std::span<const float> logits
     o = {};
     o.seq = s;
     const uint32_t slot = sub.seqs[s].slot;
-    o.token = samplers_[slot]->sample(logits.subspan(row * n_vocab, n_vocab));
+    o.token = samplers_[slot]->sample(logits.subspan(row * n_vocab, static_cast<size_t>(sample_vocab())));
     last_sampled_[slot] = o.token;
     ++row;
   }

@@ -27,6 +27,9 @@ class StepLogic {
     int32_t n_ubatch = 1;
     int32_t n_ctx = 1;
     int32_t n_vocab = 1;
+    // The ids the sampler may pick, [0, n_sample) (0: n_vocab): the tokenizer's vocabulary where it is
+    // smaller than the embedding (padded rows have no token, and the daemon would refuse them).
+    int32_t n_sample = 0;
   };
   // The engine's view of its KV slots.
   struct Slots {
@@ -36,6 +39,10 @@ class StepLogic {
 
   // `samples`: false for a pipeline stage before the last (it keeps no samplers).
   StepLogic(Limits limits, bool samples);
+
+  int32_t sample_vocab() const {
+    return limits_.n_sample > 0 && limits_.n_sample < limits_.n_vocab ? limits_.n_sample : limits_.n_vocab;
+  }
 
   // Validates `sub` (a malformed one is an error naming what is wrong, never a crash), clears the slots
   // of sequences that start at position 0, creates their samplers, and builds batch(), with each

@@ -63,6 +63,28 @@ TEST(StepLogic, BuildsTheBatchAndSamplesTheLastTokenOfEachSequence) {
   EXPECT_EQ(out.outputs[0].token, 5);  // greedy
 }
 
+// A vocabulary smaller than the embedding (padded rows): the sampler never picks a padded row, however
+// large its logit.
+TEST(StepLogic, NeverSamplesPastTheVocabulary) {
+  StepLogic logic({4, 16, 32, kVocab, kVocab - 3}, true);
+  EXPECT_EQ(logic.sample_vocab(), kVocab - 3);
+  FakeSlots fs;
+  for (float temperature : {0.0f, 1.5f}) {
+    auto sub = one_seq(1, 0, 2, temperature);
+    ASSERT_TRUE(logic.begin(*sub, fs.slots()).is_ok());
+    std::vector<float> logits(kVocab, 0.0f);
+    logits[kVocab - 1] = 50.0f;  // a padded row
+    logits[2] = 1.0f;
+    ipc::Completion out{};
+    logic.sample(*sub, logits, out);
+    ASSERT_EQ(out.n_outputs, 1u);
+    EXPECT_LT(out.outputs[0].token, kVocab - 3) << "temperature " << temperature;
+    if (temperature == 0.0f) {
+      EXPECT_EQ(out.outputs[0].token, 2);
+    }
+  }
+}
+
 TEST(StepLogic, MalformedSubmissionsAreErrorsNotCrashes) {
   struct Case {
     const char* what;

@@ -351,7 +351,10 @@ const char* value_type_name(ValueType type) {
 // ---- MappedFile --------------------------------------------------------------------------------
 
 Result<std::unique_ptr<MappedFile>> MappedFile::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO (or a device) must not wait for a writer; it is refused below as not a
+  // regular file before anything is read. (On a regular file the flag changes nothing.) Symlinks are
+  // followed: the file they name must be a regular file.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     int err = errno;
     return Status(err == ENOENT ? Code::kNotFound : Code::kFailed,
@@ -427,8 +430,9 @@ Status GgufFile::parse() {
   // Header: magic, version, tensor count, kv count.
   INFERD_RETURN_IF_ERROR(in.need(4, "magic"));
   if (std::memcmp(base_, kMagic, 4) != 0) {
-    return in.error(0, "bad magic " + printable(std::string_view(reinterpret_cast<const char*>(base_), 4)) +
-                           ", expected \"GGUF\": not a GGUF file");
+    // The bytes found are not quoted: a client may name any file the daemon can read, and the error
+    // must not tell it what that file starts with.
+    return in.error(0, "bad magic (the file does not start with \"GGUF\"): not a GGUF file");
   }
   uint32_t magic = 0;
   INFERD_RETURN_IF_ERROR(in.read("magic", &magic));

@@ -1,6 +1,7 @@
 #include "inferd/gguf.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -377,6 +378,35 @@ TEST(GgufTest, DirectoryIsInvalidArgument) {
   auto f = GgufFile::open(testing::TempDir());
   ASSERT_FALSE(f.is_ok());
   EXPECT_EQ(f.status().code(), Code::kInvalidArgument);
+}
+
+// A FIFO is refused as not a regular file at once: opened without waiting for a writer (a plain open
+// would block here, and the test would time out), and never read.
+TEST(GgufTest, FifoIsInvalidArgumentWithoutBlocking) {
+  const std::string path = testing::TempDir() + "gguf_fifo_" + std::to_string(::getpid()) + ".gguf";
+  ::unlink(path.c_str());
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0) << std::strerror(errno);
+  auto f = GgufFile::open(path);
+  ::unlink(path.c_str());
+  ASSERT_FALSE(f.is_ok());
+  EXPECT_EQ(f.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(f.status().message().find("not a regular file"), std::string::npos) << f.status().to_string();
+}
+
+// A file that is not GGUF: the error says so without quoting the bytes it found (a client that names a
+// file must not learn how it starts).
+TEST(GgufTest, NotGgufDoesNotQuoteTheFile) {
+  const std::string path = testing::TempDir() + "gguf_text_" + std::to_string(::getpid()) + ".gguf";
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << "root:x:0:0:root:/root:/bin/bash\n";
+  }
+  auto f = GgufFile::open(path);
+  ::unlink(path.c_str());
+  ASSERT_FALSE(f.is_ok());
+  EXPECT_EQ(f.status().code(), Code::kCorrupt) << f.status().to_string();
+  EXPECT_NE(f.status().message().find("not a GGUF file"), std::string::npos) << f.status().to_string();
+  EXPECT_EQ(f.status().message().find("root"), std::string::npos) << f.status().to_string();
 }
 
 TEST(GgufTest, ErrorsNameTheKeyAndOffset) {
