@@ -67,8 +67,9 @@ constexpr KeyInfo kKeys[] = {
      "largest text a request may have tokenized (prompt, chat messages,\n"
      "                         tokenize); 1024 to 67108864 (default: 4194304)"},
     {"admin-uids", Key::kAdminUids, "UID,...",
-     "only these peer uids may use Admin (default: any peer that can open\n"
-     "                         the socket)"},
+     "peer uids that may use Admin besides the daemon's own and root; 'any':\n"
+     "                         every peer that can open the socket (default: only the daemon's own\n"
+     "                         uid and root)"},
     {"load", Key::kLoad, "PATH [id=ID] [ctx=N] [parallel=N] [threads=N] [backend=cpu|cuda[:N]|opencl[:N]]",
      "\n                         load a model at start; repeatable (quote a PATH with spaces: \"...\")"},
 };
@@ -296,6 +297,11 @@ Status apply(Key key, std::string_view value, const Origin& origin, DaemonConfig
       return Status::ok();
     }
     case Key::kAdminUids: {
+      if (trim(value) == "any") {
+        config.admin_any = true;
+        config.admin_uids.clear();
+        return Status::ok();
+      }
       std::vector<uint32_t> uids;
       std::string_view rest = value;
       while (true) {
@@ -309,6 +315,7 @@ Status apply(Key key, std::string_view value, const Origin& origin, DaemonConfig
         rest.remove_prefix(comma + 1);
       }
       config.admin_uids = std::move(uids);
+      config.admin_any = false;
       return Status::ok();
     }
     case Key::kLoad: {

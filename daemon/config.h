@@ -59,11 +59,14 @@ struct DaemonConfig {
   // Largest text one request may have tokenized (a prompt, the messages of a chat, tokenize's text); the
   // RPC layer refuses messages much larger than this before reading them.
   uint32_t max_text_bytes = 4u << 20;
-  std::vector<uint32_t> admin_uids;  // empty: any peer that can open the socket may use Admin
+  // Admin (load, unload, status) is for the daemon's own uid and root, plus these uids; admin_any opens
+  // it to every peer that can open the socket ("admin-uids = any").
+  std::vector<uint32_t> admin_uids;
+  bool admin_any = false;
   std::vector<ModelToLoad> load;     // models loaded at start, in order
 
-  // True when Admin is open to every peer (no admin-uids configured).
-  bool admin_open() const { return admin_uids.empty(); }
+  // True when Admin is open to every peer.
+  bool admin_open() const { return admin_any; }
 };
 
 // $INFERD_SOCKET if set and non-empty; else $XDG_RUNTIME_DIR/inferd/inferd.sock if XDG_RUNTIME_DIR is

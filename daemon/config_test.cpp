@@ -71,7 +71,7 @@ TEST_F(ConfigTest, DefaultsWithoutFileOrFlags) {
   EXPECT_EQ(c.steps_in_flight, 2u);
   EXPECT_EQ(c.stream_interval_ms, 20u);
   EXPECT_TRUE(c.admin_uids.empty());
-  EXPECT_TRUE(c.admin_open());
+  EXPECT_FALSE(c.admin_open());  // the daemon's own uid and root only
   EXPECT_TRUE(c.load.empty());
 }
 
@@ -174,6 +174,21 @@ TEST_F(ConfigTest, ShippedExampleConfigParses) {
   EXPECT_EQ(r->load[0].context_size, 8192u);
   EXPECT_EQ(r->load[1].path, "/home/alice/models/qwen 2.5 7b.gguf");
   EXPECT_EQ(r->load[1].backend, "cuda");
+}
+
+// Admin is for the daemon's own uid and root unless configured: a list adds uids, "any" opens it to every
+// peer; max-text-bytes has its bounds.
+TEST_F(ConfigTest, AdminUidsAnyAndMaxTextBytes) {
+  Result<DaemonConfig> r = parse({"--admin-uids", "any", "--max-text-bytes", "2048"});
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_TRUE(r->admin_open());
+  EXPECT_EQ(r->max_text_bytes, 2048u);
+  r = parse({"--admin-uids", "any", "--admin-uids", "1000"});  // the last one wins
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_FALSE(r->admin_open());
+  EXPECT_EQ(r->admin_uids, std::vector<uint32_t>{1000});
+  EXPECT_FALSE(parse({"--max-text-bytes", "100"}).is_ok());
+  EXPECT_FALSE(parse({"--max-text-bytes", "999999999"}).is_ok());
 }
 
 TEST_F(ConfigTest, FlagsOverrideFile) {

@@ -480,14 +480,18 @@ class DaemonImpl final : public rpc::Daemon::Server {
   }
 
   kj::Promise<void> admin(AdminContext context) override {
-    const auto& uids = sup_.config().admin_uids;
-    bool allowed = uids.empty() || (peer_.known && (peer_.uid == ::getuid() ||
-                                                    std::find(uids.begin(), uids.end(), peer_.uid) != uids.end()));
+    // Admin loads files the daemon can read and stops models: the daemon's own uid and root, the
+    // configured admin-uids, or every peer only when configured so (admin-uids = any).
+    const DaemonConfig& cfg = sup_.config();
+    const auto& uids = cfg.admin_uids;
+    bool allowed = cfg.admin_any || (peer_.known && (peer_.uid == ::getuid() || peer_.uid == 0 ||
+                                                     std::find(uids.begin(), uids.end(), peer_.uid) != uids.end()));
     if (!allowed) {
       spdlog::warn("admin refused to uid {} (pid {})", peer_.uid, peer_.pid);
       return kj::Exception(kj::Exception::Type::FAILED, __FILE__, __LINE__,
-                           kj::str("permission denied: admin calls are restricted to the daemon's admin-uids, and uid ",
-                                   peer_.uid, " is not one of them"));
+                           kj::str("permission denied: admin calls are for the daemon's own uid, root and the "
+                                   "configured admin-uids, and uid ",
+                                   peer_.uid, " is none of them"));
     }
     context.getResults().setAdmin(kj::heap<AdminImpl>(sup_));
     return kj::READY_NOW;
@@ -569,6 +573,21 @@ RpcServer::~RpcServer() = default;
 
 kj::Promise<void> RpcServer::run() { return impl_->accept_loop(); }
 
+Status check_socket_dir(const std::string& dir) {
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) return errno_error("cannot stat " + dir);
+  if (S_ISLNK(st.st_mode)) return Status(Code::kFailed, dir + " is a symbolic link; refusing to put the socket there");
+  if (!S_ISDIR(st.st_mode)) return Status(Code::kFailed, dir + " is not a directory");
+  if (st.st_uid != ::geteuid() && st.st_uid != 0) {
+    return Status(Code::kFailed, dir + " belongs to uid " + std::to_string(st.st_uid) + ", not to this daemon's uid " +
+                                     std::to_string(::geteuid()) + " or root; refusing to put the socket there");
+  }
+  if ((st.st_mode & S_IWOTH) != 0 && (st.st_mode & S_ISVTX) == 0) {
+    return Status(Code::kFailed, dir + " is writable by every user and not sticky; refusing to put the socket there");
+  }
+  return Status::ok();
+}
+
 Result<int> listen_unix(const std::string& path) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
@@ -579,11 +598,11 @@ Result<int> listen_unix(const std::string& path) {
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   std::error_code ec;
   std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  if (!dir.empty() && !std::filesystem::exists(dir, ec)) {
-    std::filesystem::create_directories(dir, ec);
-    if (ec) return Status(Code::kFailed, "cannot create " + dir.string() + ": " + ec.message());
-    ::chmod(dir.c_str(), 0750);
+  if (!dir.empty() && !std::filesystem::exists(std::filesystem::symlink_status(dir, ec))) {
+    if (dir.has_parent_path()) std::filesystem::create_directories(dir.parent_path(), ec);
+    if (::mkdir(dir.c_str(), 0750) != 0 && errno != EEXIST) return errno_error("cannot create " + dir.string());
   }
+  if (!dir.empty()) INFERD_RETURN_IF_ERROR(check_socket_dir(dir.string()));
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return errno_error("socket");
   // A socket file left by a crashed daemon: remove it, unless a daemon still answers on it.

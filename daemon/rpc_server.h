@@ -39,4 +39,9 @@ class RpcServer {
 // A socket file left by a crashed daemon is removed; a live daemon on the path is an error.
 Result<int> listen_unix(const std::string& path);
 
+// Whether `dir` may hold the daemon's socket: a real directory (not a symlink), owned by this process's
+// user or by root, and not writable by every user unless sticky (like /tmp). A directory someone else
+// made — /tmp/inferd-<uid> created first by another user — is refused: they could replace the socket.
+Status check_socket_dir(const std::string& dir);
+
 }  // namespace inferd::daemon
