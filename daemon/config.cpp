@@ -31,7 +31,7 @@ constexpr std::string_view kLogLevels[] = {"trace", "debug", "info", "warn", "er
 
 enum class Key {
   kSocket, kWorker, kLogLevel, kThreads, kMaxRestarts, kRestartWindow,
-  kContext, kParallel, kMaxQueue, kStepsInFlight, kStreamInterval, kMaxTextBytes, kAdminUids, kLoad,
+  kContext, kParallel, kMaxQueue, kStepsInFlight, kStreamInterval, kMaxTextBytes, kStartTimeout, kStepTimeout, kAdminUids, kLoad,
 };
 
 struct KeyInfo {
@@ -66,6 +66,12 @@ constexpr KeyInfo kKeys[] = {
     {"max-text-bytes", Key::kMaxTextBytes, "N",
      "largest text a request may have tokenized (prompt, chat messages,\n"
      "                         tokenize); 1024 to 67108864 (default: 4194304)"},
+    {"start-timeout", Key::kStartTimeout, "SECONDS",
+     "a worker not ready this long after it starts is killed (and restarted\n"
+     "                         like a crashed one); > 0 (default: 300)"},
+    {"step-timeout", Key::kStepTimeout, "SECONDS",
+     "a step not finished this long means the worker hangs: it is killed and\n"
+     "                         the requests in that step fail; > 0 (default: 600)"},
     {"admin-uids", Key::kAdminUids, "UID,...",
      "peer uids that may use Admin besides the daemon's own and root; 'any':\n"
      "                         every peer that can open the socket (default: only the daemon's own\n"
@@ -290,10 +296,14 @@ Status apply(Key key, std::string_view value, const Origin& origin, DaemonConfig
       config.max_text_bytes = *n;
       return Status::ok();
     }
-    case Key::kRestartWindow: {
+    case Key::kRestartWindow:
+    case Key::kStartTimeout:
+    case Key::kStepTimeout: {
       Result<double> s = parse_seconds(value);
       if (!s) return s.status();
-      config.restart_window_s = *s;
+      (key == Key::kRestartWindow ? config.restart_window_s
+       : key == Key::kStartTimeout ? config.start_timeout_s
+                                   : config.step_timeout_s) = *s;
       return Status::ok();
     }
     case Key::kAdminUids: {

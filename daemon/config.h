@@ -59,6 +59,11 @@ struct DaemonConfig {
   // Largest text one request may have tokenized (a prompt, the messages of a chat, tokenize's text); the
   // RPC layer refuses messages much larger than this before reading them.
   uint32_t max_text_bytes = 4u << 20;
+  // A worker that is not ready (Hello, backend made, Ready) this long after it was started is killed, like
+  // a crashed one; a step a worker has not finished in step_timeout_s is a hang: the worker is killed and
+  // the requests in that step fail.
+  double start_timeout_s = 300;
+  double step_timeout_s = 600;
   // Admin (load, unload, status) is for the daemon's own uid and root, plus these uids; admin_any opens
   // it to every peer that can open the socket ("admin-uids = any").
   std::vector<uint32_t> admin_uids;

@@ -87,6 +87,7 @@ Status ModelHost::attach(std::shared_ptr<const ipc::WeightsSegment> weights, std
   so.batch_tokens = spec_.batch_tokens;
   so.max_queue = spec_.max_queue;
   so.steps_in_flight = sup_.config().steps_in_flight;
+  so.step_timeout = std::chrono::milliseconds(static_cast<int64_t>(sup_.config().step_timeout_s * 1000.0));
   std::vector<StagePort*> ports;
   for (Stage& st : stages_) ports.push_back(&st);
   scheduler_ = std::make_unique<Scheduler>(so, *tokenizer_, chat_template_, *this, std::move(ports));
@@ -154,6 +155,19 @@ void ModelHost::spawn_worker(Stage& st) {
   st.worker = std::move(w).value();
   spdlog::info("model {}: worker {} (layers {}-{}) started as pid {}", spec_.id, st.index, st.first_layer,
                st.end_layer - 1, st.worker->pid());
+  // A worker that never gets ready (stuck before Hello, or making its backend) is killed: its exit is
+  // then handled like a crash (restart, or the load fails past max-restarts).
+  if (!st.start_timer) st.start_timer = std::make_unique<asio::steady_timer>(sup_.io());
+  const double timeout_s = sup_.config().start_timeout_s;
+  st.start_timer->expires_after(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0)));
+  std::weak_ptr<WorkerProcess> weak = st.worker;
+  st.start_timer->async_wait([this, weak, timeout_s, id = spec_.id](std::error_code ec) {
+    if (ec) return;
+    std::shared_ptr<WorkerProcess> worker = weak.lock();
+    if (!worker || worker->ready()) return;
+    spdlog::error("model {}: worker {} is not ready {} s after it started; killing it", id, worker->pid(), timeout_s);
+    worker->kill();
+  });
 }
 
 bool ModelHost::all_ready() const {

@@ -57,6 +57,7 @@ class ModelHost : public SchedulerHost {
     Clock::time_point started;
     uint32_t restarts = 0;
     double last_restart_ms = 0;
+    std::unique_ptr<asio::steady_timer> start_timer;  // start-timeout of the current worker
 
     // StagePort: the current worker's ring.
     bool ready() const override { return worker && worker->ready(); }

@@ -290,9 +290,20 @@ void Scheduler::arm_hang_detector() {
     // It has moved on since: the step completed, or its worker died. (A step abandoned because another
     // stage died or a step before it failed is still owed by this worker: a hang in it is a hang.)
     if (st.in_flight.empty() || st.in_flight.front() != oldest.second) return;
+    const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(opt_.step_timeout).count();
     spdlog::error("model {}: worker {} has not finished step {} in {} s; killing it", opt_.model_id,
-                  ports_[oldest.first]->pid(), oldest.second,
-                  std::chrono::duration_cast<std::chrono::seconds>(opt_.step_timeout).count());
+                  ports_[oldest.first]->pid(), oldest.second, seconds);
+    // The requests in the hung step fail rather than being replayed: a hang that their input causes
+    // would hang the restarted worker too, step-timeout after step-timeout. The others are replayed.
+    for (const Step& step : steps_) {
+      if (step.id != oldest.second) continue;
+      for (const StepEntry& e : step.entries) {
+        fail_sequence(e.seq, Status(Code::kFailed, "the worker did not finish this request's step in " +
+                                                       std::to_string(seconds) +
+                                                       " s (step-timeout) and was restarted; the request is not "
+                                                       "retried, in case it caused the hang"));
+      }
+    }
     ports_[oldest.first]->kill();
   });
 }

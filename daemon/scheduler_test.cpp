@@ -272,6 +272,11 @@ TEST_F(SchedulerTest, TheHangDetectorKillsAWorkerThatDoesNotAnswer) {
   EXPECT_EQ(host_.delay, std::chrono::milliseconds(1000));
   host_.fire();
   EXPECT_TRUE(stage().killed);
+  // The request in the hung step fails (it may be what hangs the worker); it is not replayed.
+  GenerationStream::Batch b = stream->take();
+  ASSERT_TRUE(b.end.has_value());
+  ASSERT_FALSE(b.end->is_ok());
+  EXPECT_NE(b.end->status().message().find("step-timeout"), std::string::npos) << b.end->status().to_string();
 }
 
 TEST_F(SchedulerTest, TheHangDetectorLeavesAWorkerThatMovedOn) {

@@ -2,6 +2,7 @@
 // starts the daemon with --worker-path pointing here). The fault is chosen by INFERD_TEST_WORKER_FAULT,
 // read by this test binary only; the production worker has no such switch:
 //   start    abort before the backend is made (a worker crashing in a loop)
+//   hang     never get ready: block before the backend is made (a driver that never answers)
 //   step:N   fail the N-th step (from 1) with "injected fault" (a backend error; the worker lives on)
 //   device:N fail the N-th step and report the device unusable (a GPU's sticky error): the worker
 //            answers the step, then exits for a restart. Once per supervisor: the fault leaves a marker
@@ -64,6 +65,10 @@ int main(int argc, char** argv) {
   inferd::worker::WorkerHooks hooks;
   if (fault == "start") {
     hooks.configured = [] { std::abort(); };
+  } else if (fault == "hang") {
+    hooks.configured = [] {
+      for (;;) ::pause();
+    };
   } else if (fault.rfind("step:", 0) == 0 || fault.rfind("device:", 0) == 0) {
     const bool device = fault[0] == 'd';
     const uint64_t n = std::strtoull(fault.c_str() + (device ? 7 : 5), nullptr, 10);

@@ -13,6 +13,7 @@
 
     test_crash.py --bin-dir BUILD/bin --model MODEL.gguf
 """
+import asyncio
 import os
 import random
 import signal
@@ -220,6 +221,28 @@ class CrashTest(harness.DaemonTestCase):
                 out = await conn.generate(request(MODEL_ID, prompt, max_tokens=n, ignoreEog=False))
                 self.assertCompleted(out, f"request {i} after the device fault")
                 self.assertTextMatches(out, want, "output after a device fault differs from inferd-run's")
+            conn.close()
+
+        run_async(body(), daemons=[daemon])
+
+    # A worker that never gets ready (stuck before its backend is made): start-timeout kills it, the
+    # restarts fail the same way, and the load fails with the reason instead of hanging; the daemon serves on.
+    def test_worker_never_ready_fails_the_load_after_start_timeout(self):
+        daemon = harness.Daemon("--start-timeout", "0.5", "--max-restarts", "1", fault="hang").start()
+        self.addCleanup(daemon.stop)
+
+        async def body():
+            conn = await Connection.open(daemon.socket_path)
+            await self.expect_error(asyncio.wait_for(conn.load(harness.Config.model, id=MODEL_ID), 60), "FAILED",
+                                    "worker", context="load while every worker hangs before ready")
+            self.assertIn("is not ready", daemon.log())
+            st = await conn.status()
+            self.assertEqual([m.info.id for m in st.models], [], "the failed model is still registered")
+
+            async def no_children():
+                return harness.children(daemon.pid) == []
+
+            await harness.wait_until_async(no_children, 10, "the hung workers to be gone")
             conn.close()
 
         run_async(body(), daemons=[daemon])
