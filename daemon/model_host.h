@@ -68,6 +68,7 @@ class ModelHost : public SchedulerHost {
     }
     const ipc::Completion* next_completion() override { return worker->ring().next_completion(); }
     void release_completion() override { worker->ring().release_completion(); }
+    bool broken() const override { return worker && worker->ring().broken(); }
     void kill() override {
       if (worker) worker->kill();
     }

@@ -395,6 +395,11 @@ void Scheduler::on_completion(size_t stage_index) {
     rate_.push_back({now, decoded});
     while (!rate_.empty() && now - rate_.front().first > std::chrono::seconds(5)) rate_.pop_front();
   }
+  if (port.broken()) {
+    spdlog::error("model {}: worker {} wrote ring counters out of order; killing it", opt_.model_id, port.pid());
+    port.kill();
+    return;
+  }
   schedule();
 }
 

@@ -56,6 +56,8 @@ class StagePort {
   // The oldest unread completion (nullptr when none), then release it.
   virtual const ipc::Completion* next_completion() = 0;
   virtual void release_completion() = 0;
+  // The worker wrote ring counters no correct worker could have (RingSegment::broken): kill it.
+  virtual bool broken() const { return false; }
   // The worker is broken (a malformed answer, a step that hangs): end it. stage_lost() follows.
   virtual void kill() = 0;
   virtual int pid() const = 0;

@@ -59,6 +59,7 @@ class WorkerProcess : public std::enable_shared_from_this<WorkerProcess> {
   pid_t pid() const { return pid_; }
   bool ready() const { return ready_; }
   bool exited() const { return exited_; }
+  ipc::RingSegment& ring() { return *ring_; }
   const ipc::RingSegment& ring() const { return *ring_; }
   // Wakes the worker after a submission was published.
   void notify_submission();

@@ -13,12 +13,17 @@ namespace {
 
 size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
+}  // namespace
+
 template <typename T>
-T* entry(uint8_t* base, uint64_t offset, uint64_t index, uint32_t capacity) {
-  return reinterpret_cast<T*>(base + offset + (index % capacity) * sizeof(T));
+T* RingSegment::entry(uint64_t offset, uint64_t index, uint32_t capacity) const {
+  return reinterpret_cast<T*>(base_ + offset + (index % capacity) * sizeof(T));
 }
 
-}  // namespace
+bool RingSegment::plausible(uint64_t lo, uint64_t value, uint64_t hi) {
+  if (value < lo || value > hi) broken_ = true;
+  return !broken_;
+}
 
 RingSegment::~RingSegment() {
   if (base_) ::munmap(base_, size_);
@@ -29,9 +34,13 @@ Result<std::unique_ptr<RingSegment>> RingSegment::create(uint32_t sub_capacity, 
   const size_t sub_offset = align_up(sizeof(RingHeader), 4096);
   const size_t comp_offset = align_up(sub_offset + size_t{sub_capacity} * sizeof(Submission), 4096);
   const size_t size = align_up(comp_offset + size_t{comp_capacity} * sizeof(Completion), 4096);
-  UniqueFd fd(::memfd_create("inferd-ring", MFD_CLOEXEC));
+  UniqueFd fd(::memfd_create("inferd-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd) return errno_error("memfd_create");
   if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) return errno_error("sizing the ring segment");
+  // Neither side may change the size: a shrunk segment would turn the other's accesses into SIGBUS.
+  if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return errno_error("sealing the ring segment");
+  }
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (p == MAP_FAILED) return errno_error("mmap of the ring segment");
   std::unique_ptr<RingSegment> ring(new RingSegment());
@@ -52,6 +61,12 @@ Result<std::unique_ptr<RingSegment>> RingSegment::create(uint32_t sub_capacity, 
   h->sub_offset = sub_offset;
   h->comp_offset = comp_offset;
   h->segment_bytes = size;
+  ring->sub_capacity_ = sub_capacity;
+  ring->comp_capacity_ = comp_capacity;
+  ring->sub_offset_ = sub_offset;
+  ring->comp_offset_ = comp_offset;
+  ring->sub_copy_ = std::make_unique<Submission>();
+  ring->comp_copy_ = std::make_unique<Completion>();
   return ring;
 }
 
@@ -81,55 +96,76 @@ Result<std::unique_ptr<RingSegment>> RingSegment::attach(UniqueFd fd) {
       h.comp_offset < h.sub_offset + uint64_t{h.sub_capacity} * sizeof(Submission)) {
     return corrupt("entries outside the segment");
   }
+  // Its size is fixed for good (create() sealed it).
+  const int seals = ::fcntl(ring->fd_.get(), F_GET_SEALS);
+  if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
+    return corrupt("the segment is not sealed against resizing");
+  }
+  ring->sub_capacity_ = h.sub_capacity;
+  ring->comp_capacity_ = h.comp_capacity;
+  ring->sub_offset_ = h.sub_offset;
+  ring->comp_offset_ = h.comp_offset;
+  // A fresh ring: every counter at zero (the worker attaches before any step).
+  ring->sub_head_ = h.sub_head.load(std::memory_order_acquire);
+  ring->sub_tail_ = h.sub_tail.load(std::memory_order_acquire);
+  ring->comp_head_ = h.comp_head.load(std::memory_order_acquire);
+  ring->comp_tail_ = h.comp_tail.load(std::memory_order_acquire);
+  if (ring->sub_tail_ > ring->sub_head_ || ring->sub_head_ - ring->sub_tail_ > ring->sub_capacity_ ||
+      ring->comp_tail_ > ring->comp_head_ || ring->comp_head_ - ring->comp_tail_ > ring->comp_capacity_) {
+    return corrupt("counters out of order");
+  }
+  ring->sub_copy_ = std::make_unique<Submission>();
+  ring->comp_copy_ = std::make_unique<Completion>();
   return ring;
 }
 
-Submission* RingSegment::submission_slot() const {
-  RingHeader& h = header();
-  uint64_t head = h.sub_head.load(std::memory_order_relaxed);
-  if (head - h.sub_tail.load(std::memory_order_acquire) >= h.sub_capacity) return nullptr;
-  return entry<Submission>(base_, h.sub_offset, head, h.sub_capacity);
+// Producer: our head is private; the consumer's tail must lie in [head - capacity, head].
+Submission* RingSegment::submission_slot() {
+  const uint64_t tail = header().sub_tail.load(std::memory_order_acquire);
+  if (!plausible(sub_head_ >= sub_capacity_ ? sub_head_ - sub_capacity_ : 0, tail, sub_head_)) return nullptr;
+  if (sub_head_ - tail >= sub_capacity_) return nullptr;
+  return entry<Submission>(sub_offset_, sub_head_, sub_capacity_);
 }
 
-void RingSegment::publish_submission() const {
-  RingHeader& h = header();
-  h.sub_head.store(h.sub_head.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+void RingSegment::publish_submission() {
+  header().sub_head.store(++sub_head_, std::memory_order_release);
 }
 
-const Submission* RingSegment::next_submission() const {
-  RingHeader& h = header();
-  uint64_t tail = h.sub_tail.load(std::memory_order_relaxed);
-  if (tail == h.sub_head.load(std::memory_order_acquire)) return nullptr;
-  return entry<Submission>(base_, h.sub_offset, tail, h.sub_capacity);
+// Consumer: our tail is private; the producer's head must lie in [tail, tail + capacity].
+const Submission* RingSegment::next_submission() {
+  const uint64_t head = header().sub_head.load(std::memory_order_acquire);
+  if (!plausible(sub_tail_, head, sub_tail_ + sub_capacity_) || head == sub_tail_) return nullptr;
+  std::memcpy(static_cast<void*>(sub_copy_.get()), entry<Submission>(sub_offset_, sub_tail_, sub_capacity_),
+              sizeof(Submission));
+  return sub_copy_.get();
 }
 
-void RingSegment::release_submission() const {
-  RingHeader& h = header();
-  h.sub_tail.store(h.sub_tail.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+void RingSegment::release_submission() {
+  header().sub_tail.store(++sub_tail_, std::memory_order_release);
 }
 
-Completion* RingSegment::completion_slot() const {
-  RingHeader& h = header();
-  uint64_t head = h.comp_head.load(std::memory_order_relaxed);
-  if (head - h.comp_tail.load(std::memory_order_acquire) >= h.comp_capacity) return nullptr;
-  return entry<Completion>(base_, h.comp_offset, head, h.comp_capacity);
+Completion* RingSegment::completion_slot() {
+  const uint64_t tail = header().comp_tail.load(std::memory_order_acquire);
+  if (!plausible(comp_head_ >= comp_capacity_ ? comp_head_ - comp_capacity_ : 0, tail, comp_head_)) return nullptr;
+  if (comp_head_ - tail >= comp_capacity_) return nullptr;
+  return entry<Completion>(comp_offset_, comp_head_, comp_capacity_);
 }
 
-void RingSegment::publish_completion() const {
-  RingHeader& h = header();
-  h.comp_head.store(h.comp_head.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+void RingSegment::publish_completion() {
+  header().comp_head.store(++comp_head_, std::memory_order_release);
 }
 
-const Completion* RingSegment::next_completion() const {
-  RingHeader& h = header();
-  uint64_t tail = h.comp_tail.load(std::memory_order_relaxed);
-  if (tail == h.comp_head.load(std::memory_order_acquire)) return nullptr;
-  return entry<Completion>(base_, h.comp_offset, tail, h.comp_capacity);
+const Completion* RingSegment::next_completion() {
+  const uint64_t head = header().comp_head.load(std::memory_order_acquire);
+  if (!plausible(comp_tail_, head, comp_tail_ + comp_capacity_) || head == comp_tail_) return nullptr;
+  std::memcpy(static_cast<void*>(comp_copy_.get()), entry<Completion>(comp_offset_, comp_tail_, comp_capacity_),
+              sizeof(Completion));
+  comp_copy_->error[sizeof(comp_copy_->error) - 1] = '\0';  // a string the peer may have left unterminated
+  return comp_copy_.get();
 }
 
-void RingSegment::release_completion() const {
-  RingHeader& h = header();
-  h.comp_tail.store(h.comp_tail.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+void RingSegment::release_completion() {
+  header().comp_tail.store(++comp_tail_, std::memory_order_release);
 }
 
 }  // namespace inferd::ipc

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <thread>
 
 namespace inferd::ipc {
@@ -43,6 +44,52 @@ TEST(Ring, AttachRejectsForeignMemory) {
   auto r = RingSegment::attach(UniqueFd(::dup(ring->fd())));
   ASSERT_FALSE(r);
   EXPECT_EQ(r.status().code(), Code::kCorrupt);
+}
+
+// A hostile worker: it rewrites the header's geometry, lies with its counters and changes a completion
+// after the supervisor has read it. The supervisor keeps its own geometry and counters (no access outside
+// the segment), works on a private copy of each completion, and sees the ring as broken.
+TEST(Ring, AHostilePeerCannotMakeTheOtherSideReadOutOfBoundsOrChangeWhatItRead) {
+  auto sup = std::move(RingSegment::create(2, 2)).value();
+  auto worker = std::move(RingSegment::attach(UniqueFd(::dup(sup->fd())))).value();
+  // A completion, read by the supervisor; the worker then scribbles over the shared entry.
+  Completion* c = worker->completion_slot();
+  ASSERT_NE(c, nullptr);
+  c->id = 7;
+  c->n_outputs = 1;
+  worker->publish_completion();
+  const Completion* got = sup->next_completion();
+  ASSERT_NE(got, nullptr);
+  c->n_outputs = 1000000;  // after the supervisor's read: too late
+  c->id = 99;
+  EXPECT_EQ(got->n_outputs, 1u);
+  EXPECT_EQ(got->id, 7u);
+  sup->release_completion();
+  // The worker rewrites the geometry: the supervisor does not read it back.
+  RingHeader& h = worker->header();
+  h.comp_capacity = 1u << 30;
+  h.comp_offset = uint64_t{1} << 40;
+  h.sub_capacity = 1;
+  EXPECT_EQ(sup->next_completion(), nullptr);  // empty, read through its own geometry
+  EXPECT_NE(sup->submission_slot(), nullptr);
+  EXPECT_FALSE(sup->broken());
+  // A completion counter far ahead of anything published: broken, and nothing is read.
+  h.comp_head.store(1000, std::memory_order_release);
+  EXPECT_EQ(sup->next_completion(), nullptr);
+  EXPECT_TRUE(sup->broken());
+}
+
+TEST(Ring, ASubmissionTailFromTheFutureBreaksTheRing) {
+  auto sup = std::move(RingSegment::create(2, 2)).value();
+  sup->header().sub_tail.store(5, std::memory_order_release);  // the worker "consumed" what was never sent
+  EXPECT_EQ(sup->submission_slot(), nullptr);
+  EXPECT_TRUE(sup->broken());
+}
+
+TEST(Ring, TheSegmentCannotBeResized) {
+  auto sup = std::move(RingSegment::create(2, 2)).value();
+  EXPECT_NE(::ftruncate(sup->fd(), 4096), 0);  // a worker cannot shrink it under the supervisor
+  EXPECT_EQ(errno, EPERM);
 }
 
 // One thread produces submissions through one mapping, another consumes them through a second mapping

@@ -146,7 +146,7 @@ int run(const Args& args, const WorkerHooks& hooks) {
   }
   spdlog::info("ready: {}, {} slots", be.device(), bo.slots);
 
-  const ipc::RingSegment& r = *ring.value();
+  ipc::RingSegment& r = *ring.value();
   uint64_t steps = 0, tokens = 0;
   pollfd fds[2] = {{ctl, POLLIN, 0}, {args.submit_efd, POLLIN, 0}};
   for (;;) {

@@ -24,8 +24,14 @@
 // waiting for the supervisor; the supervisor drops what a step computed for a sequence that ended
 // (end of generation, stop string, cancellation) in the step before.
 //
-// Trust: the supervisor validates every completion (bounds, slots, token ids) because a dying worker
-// may leave anything behind; the worker validates every submission the same way.
+// Trust: each side treats the segment as written by an adversary (a buggy or dying peer may leave
+// anything behind). The geometry (capacities, offsets) is validated once and kept in private members,
+// never read back from the header; each side keeps its own counters privately and only stores them; a
+// counter read from the peer that is not where a correct peer could have put it marks the ring broken()
+// (the supervisor then kills the worker); an entry read from the peer is copied out before it is
+// returned, so the peer cannot change it between the reader's checks and its use. The memfd is sealed
+// against shrinking and growing, so a peer cannot turn the other's accesses into SIGBUS. On top of this,
+// the supervisor validates every completion (ids, slots, token ids) and the worker every submission.
 //
 // Thread safety: one producer thread and one consumer thread per ring (each in its own process).
 #pragma once
@@ -136,23 +142,40 @@ class RingSegment {
   RingHeader& header() const { return *reinterpret_cast<RingHeader*>(base_); }
 
   // Producer side of submissions (supervisor).
-  Submission* submission_slot() const;       // the entry to fill, or nullptr if the ring is full
-  void publish_submission() const;
-  // Consumer side of submissions (worker).
-  const Submission* next_submission() const;  // nullptr if empty
-  void release_submission() const;
+  Submission* submission_slot();       // the entry to fill, or nullptr if the ring is full (or broken)
+  void publish_submission();
+  // Consumer side of submissions (worker): a private copy of the next entry, valid until release.
+  const Submission* next_submission();  // nullptr if empty (or broken)
+  void release_submission();
   // Producer side of completions (worker).
-  Completion* completion_slot() const;
-  void publish_completion() const;
-  // Consumer side of completions (supervisor).
-  const Completion* next_completion() const;
-  void release_completion() const;
+  Completion* completion_slot();
+  void publish_completion();
+  // Consumer side of completions (supervisor): a private copy of the next entry, valid until release.
+  const Completion* next_completion();
+  void release_completion();
+
+  // The peer wrote a counter no correct peer could have: the ring can no longer be trusted.
+  bool broken() const { return broken_; }
 
  private:
   RingSegment() = default;
+  template <typename T>
+  T* entry(uint64_t offset, uint64_t index, uint32_t capacity) const;
+  // `peer`'s value is possible given our own counter `ours` (the peer trails or leads by at most
+  // `capacity`); otherwise the ring is broken.
+  bool plausible(uint64_t lo, uint64_t value, uint64_t hi);
+
   UniqueFd fd_;
   uint8_t* base_ = nullptr;
   size_t size_ = 0;
+  // The geometry, validated once (never read back from the shared header).
+  uint32_t sub_capacity_ = 0, comp_capacity_ = 0;
+  uint64_t sub_offset_ = 0, comp_offset_ = 0;
+  // This side's own counters (the shared ones are only stored to).
+  uint64_t sub_head_ = 0, sub_tail_ = 0, comp_head_ = 0, comp_tail_ = 0;
+  bool broken_ = false;
+  std::unique_ptr<Submission> sub_copy_;
+  std::unique_ptr<Completion> comp_copy_;
 };
 
 }  // namespace inferd::ipc
