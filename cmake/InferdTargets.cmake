@@ -12,6 +12,9 @@ function(inferd_target_defaults target)
                            -fno-sanitize-recover=all)
     target_link_options(${target} PRIVATE -fsanitize=${INFERD_SANITIZE})
   endif()
+  if(INFERD_FUZZ)  # coverage for libFuzzer in every library a fuzz target links
+    target_compile_options(${target} PRIVATE -fsanitize=fuzzer-no-link)
+  endif()
 endfunction()
 
 # inferd_add_test(NAME name SOURCES a.cpp ... LIBS lib ... [LABELS l ...])

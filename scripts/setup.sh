@@ -12,7 +12,8 @@ log() { printf 'setup: %s\n' "$*" >&2; }
 # ---- Debian packages -------------------------------------------------------------------------
 packages=(build-essential cmake ninja-build pkg-config unzip
           libgtest-dev nlohmann-json3-dev libspdlog-dev libboost-dev libasio-dev libcapnp-dev capnproto
-          ocl-icd-opencl-dev opencl-headers pocl-opencl-icd systemd)
+          ocl-icd-opencl-dev opencl-headers pocl-opencl-icd systemd
+          clang libclang-rt-14-dev)  # the libFuzzer targets (scripts/fuzz.sh)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

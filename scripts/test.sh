@@ -28,3 +28,7 @@ cmake --build build-asan -j "$(nproc)" --target inferd_gguf_test inferd_gguf_cor
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   python3 tests/e2e/test_bad_input.py --bin-dir build-asan/bin --model "$PWD/models/SmolLM2-135M-Instruct.Q4_1.gguf" \
   --inferd-run build-asan/tools/inferd-run
+
+# The libFuzzer targets (tests/fuzz: GGUF reader, tokenizers, the step ring read from a hostile worker),
+# built with clang, ASan and UBSan, one minute each from their seeds; a finding fails the run.
+scripts/fuzz.sh 60
