@@ -3,6 +3,8 @@
 // read by this test binary only; the production worker has no such switch:
 //   start    abort before the backend is made (a worker crashing in a loop)
 //   hang     never get ready: block before the backend is made (a driver that never answers)
+//   ring:N   a hostile worker: after its N-th step, write a completion counter far past anything it
+//            published (once per supervisor, like device:N); the supervisor must kill it, not trust it
 //   step:N   fail the N-th step (from 1) with "injected fault" (a backend error; the worker lives on)
 //   device:N fail the N-th step and report the device unusable (a GPU's sticky error): the worker
 //            answers the step, then exits for a restart. Once per supervisor: the fault leaves a marker
@@ -65,6 +67,15 @@ int main(int argc, char** argv) {
   inferd::worker::WorkerHooks hooks;
   if (fault == "start") {
     hooks.configured = [] { std::abort(); };
+  } else if (fault.rfind("ring:", 0) == 0) {
+    const uint64_t n = std::strtoull(fault.c_str() + 5, nullptr, 10);
+    hooks.published = [n](inferd::ipc::RingSegment& ring, uint64_t steps, int complete_efd) {
+      if (steps != n || !FailNthStep::first_device_fault()) return;
+      ring.header().comp_head.store(uint64_t{1} << 40, std::memory_order_release);
+      const uint64_t one = 1;
+      (void)!::write(complete_efd, &one, sizeof(one));
+      for (;;) ::pause();  // keep the lie in place until the supervisor acts on it
+    };
   } else if (fault == "hang") {
     hooks.configured = [] {
       for (;;) ::pause();

@@ -182,6 +182,7 @@ int run(const Args& args, const WorkerHooks& hooks) {
         tokens += sub->n_tokens;
         r.release_submission();
         r.publish_completion();
+        if (hooks.published) hooks.published(r, steps, args.complete_efd);
         uint64_t one = 1;
         (void)!::write(args.complete_efd, &one, sizeof(one));
         if (!st && !be.healthy()) {

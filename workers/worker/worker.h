@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 
+#include "inferd/ipc/ring.h"
 #include "step_backend.h"
 
 namespace inferd::worker {
@@ -27,6 +28,9 @@ struct WorkerHooks {
   std::function<void()> configured;
   // Wraps the step backend (a test worker fails chosen steps).
   std::function<std::unique_ptr<StepBackend>(std::unique_ptr<StepBackend>)> wrap;
+  // Runs after each completion is published, with the ring, the step count and the completion eventfd
+  // (a hostile test worker corrupts the ring here).
+  std::function<void(ipc::RingSegment& ring, uint64_t steps, int complete_efd)> published;
 };
 
 // The whole worker process; returns its exit status.
