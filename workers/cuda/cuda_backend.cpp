@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "inferd/kernels/cuda.h"
+#include "inferd/rope_table.h"
 
 namespace inferd::cuda {
 
@@ -606,20 +607,9 @@ Status CudaBackend::compute(const Graph& g, graph::StepIO& io) {
     if (e != cudaSuccess) return I.fail(e, "the step's inputs");
     auto table = I.rope_tables.find(id);
     if (table != I.rope_tables.end()) {
-      // The rotary angles as the CPU computes them (ops::rope_head): theta = pos * base^(-2i/d),
-      // by repeated multiplication in float.
-      const int32_t hd = g.heads.head_dim, half = hd / 2;
-      const int32_t* pos = static_cast<const int32_t*>(h.data);
-      const float theta_scale = std::pow(g.heads.rope_base, -2.0f / static_cast<float>(hd));
-      I.host_table.resize(h.count * static_cast<size_t>(hd));
-      for (size_t t = 0; t < h.count; ++t) {
-        float theta = static_cast<float>(pos[t]);
-        for (int32_t p = 0; p < half; ++p) {
-          I.host_table[(t * static_cast<size_t>(half) + static_cast<size_t>(p)) * 2] = std::cos(theta);
-          I.host_table[(t * static_cast<size_t>(half) + static_cast<size_t>(p)) * 2 + 1] = std::sin(theta);
-          theta *= theta_scale;
-        }
-      }
+      // The rotary angles as the CPU computes them.
+      I.host_table = rope_table(std::span<const int32_t>(static_cast<const int32_t*>(h.data), h.count),
+                                g.heads.head_dim, g.heads.rope_base);
       const cudaError_t et = cudaMemcpyAsync(table->second.get(), I.host_table.data(), I.host_table.size() * 4,
                                              cudaMemcpyHostToDevice, I.stream);
       if (et != cudaSuccess) return I.fail(et, "the RoPE angles");

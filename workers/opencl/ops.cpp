@@ -715,22 +715,6 @@ MatmulActivations matmul_activations(DType type) {
   }
 }
 
-// The angles of ops::rope_head, with the same calls in the same order (so the same libm results).
-std::vector<float> rope_table(std::span<const int32_t> positions, int32_t head_dim, float base) {
-  INFERD_ASSERT(head_dim > 0 && head_dim % 2 == 0, "rope_table: head_dim must be positive and even");
-  const float theta_scale = std::pow(base, -2.0f / static_cast<float>(head_dim));
-  std::vector<float> table(positions.size() * static_cast<size_t>(head_dim));
-  size_t at = 0;
-  for (int32_t pos : positions) {
-    float theta = static_cast<float>(pos);
-    for (int32_t i = 0; i < head_dim / 2; ++i) {
-      table[at++] = std::cos(theta);
-      table[at++] = std::sin(theta);
-      theta *= theta_scale;
-    }
-  }
-  return table;
-}
 
 // ---- Ops -----------------------------------------------------------------------------------------
 

@@ -72,6 +72,7 @@
 #include "inferd/opencl/cl_runtime.h"
 #include "inferd/opencl/codegen.h"
 #include "inferd/opencl/tensor_desc.h"
+#include "inferd/rope_table.h"
 #include "inferd/status.h"
 
 namespace inferd::opencl {
@@ -182,10 +183,7 @@ IntDot choose_int_dot(const DeviceInfo& info);
 
 enum class RopeMode { kNormal, kNeox };  // llama: adjacent pairs; NeoX (qwen2): halves
 
-// The rotary angles of tokens at `positions` as the CPU engine computes them (ops::rope_head: angles
-// by ggml's recurrence theta *= base^(-2/head_dim), the host's cosf and sinf), so that the device
-// rotates by exactly the CPU engine's values: float pairs (cos, sin) [token][head_dim / 2].
-std::vector<float> rope_table(std::span<const int32_t> positions, int32_t head_dim, float base);
+// The rotary angles of a step's positions come from inferd/rope_table.h (shared with the CUDA backend).
 
 // The attention of one model, and its KV cache. The cache of one layer is one buffer of IEEE halves
 // (llama.cpp's default F16 cache), slot-major like the CPU engine's KvCache:
