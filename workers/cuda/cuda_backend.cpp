@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "inferd/kernels/cpu.h"
 #include "inferd/kernels/cuda.h"
 #include "inferd/rope_table.h"
 
@@ -119,6 +120,8 @@ const char* matmul_path_name(MatmulPath p) {
 
 const char* activations_name(Activations a) { return a == Activations::kQ8 ? "q8" : "float"; }
 
+const char* numerics_name(Numerics n) { return n == Numerics::kExact ? "exact" : "float"; }
+
 int device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -175,6 +178,18 @@ struct CudaBackend::Impl {
   // Quantized matmul inputs (Activations::kQ8): a buffer per kind, and the tensor it holds this step.
   DeviceBuffer quant[3];
   TensorId quant_holds[3] = {graph::kNone, graph::kNone, graph::kNone};
+  // Exact numerics: the quantized matmul inputs (one buffer for both kinds, the tensor and kind it holds)
+  // and attention's scores.
+  DeviceBuffer exact_act, scores;
+  TensorId exact_holds = graph::kNone;
+  ActQuant exact_holds_kind = ActQuant::kNone;
+  int32_t score_tokens = 0;
+  bool exact() const { return opt.numerics == Numerics::kExact; }
+  std::string numerics_text() const {
+    if (exact()) return "numerics exact (the CPU engine's x86 arithmetic, dp4a integer dots)";
+    return std::string("numerics float, matmul ") + matmul_path_name(opt.matmul) + ", matmul inputs " +
+           activations_name(opt.activations);
+  }
   // RoPE angle tables per positions input: the device table and the host one it is computed in.
   std::map<TensorId, DeviceBuffer> rope_tables;
   std::vector<float> host_table;
@@ -206,6 +221,9 @@ struct CudaBackend::Impl {
   }
   // The matmul input `x` of `rows` rows as a matmul with `w` reads it: quantized when the options say so.
   Result<const float*> matmul_input(const Graph& g, TensorId x, int32_t rows, const Matrix& w);
+  // y = W x (+ bias, or residual +) with the options' arithmetic.
+  Status matmul(const Graph& g, TensorId x, int32_t rows, const Matrix& w, const float* bias, const float* residual,
+                float* y);
   Status plan(const Graph& g);
   Status upload_weights(const Graph& g);
   Status run_node(const Graph& g, const Node& n, const graph::StepShape& s, size_t index);
@@ -222,6 +240,17 @@ CudaBackend::~CudaBackend() {
 }
 
 Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const CudaOptions& options) {
+  if (options.numerics == Numerics::kExact) {
+    if (options.matmul != MatmulPath::kGemv || options.activations != Activations::kFloat) {
+      return Status(Code::kInvalidArgument,
+                    "INFERD_CUDA_NUMERICS (numerics) = 'exact' has its own matmul: it excludes matmul = 'tensor_cores' "
+                    "and activations = 'q8'");
+    }
+    if (kernels::best_isa() == kernels::Isa::kScalar) {
+      return Status(Code::kUnimplemented,
+                    "exact CUDA numerics reproduce the CPU engine's x86 kernels; this CPU runs the scalar ones");
+    }
+  }
   auto info = query_device(options.device);
   if (!info) return info.status();
   if (info->cc_major < 7) {
@@ -239,6 +268,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const CudaOptions& opti
 const DeviceInfo& CudaBackend::device() const { return impl_->info; }
 const CudaStats& CudaBackend::stats() const { return impl_->stats; }
 bool CudaBackend::healthy() const { return !impl_->broken; }
+bool CudaBackend::exact() const { return impl_->exact(); }
 
 BackendMemory CudaBackend::memory() const {
   return BackendMemory{impl_->stats.weight_bytes, impl_->stats.kv_bytes, impl_->stats.activation_bytes};
@@ -250,11 +280,11 @@ std::string CudaBackend::describe() const {
   char buf[512];
   std::snprintf(buf, sizeof(buf),
                 "CUDA: %s (sm_%d%d, %d SMs, %.1f GiB, driver %s), weights %s uploaded in %.2f s (%.1f GB/s%s), KV %s, "
-                "activations %s, matmul %s, matmul inputs %s",
+                "activations %s, %s",
                 d.name.c_str(), d.cc_major, d.cc_minor, d.sms, static_cast<double>(d.total_bytes) / (1 << 30),
                 d.driver.c_str(), mib(I.stats.weight_bytes).c_str(), I.stats.upload_seconds, I.stats.upload_gbps(),
                 I.stats.upload_registered ? ", from the registered mapping" : ", pageable", mib(I.stats.kv_bytes).c_str(),
-                mib(I.stats.activation_bytes).c_str(), matmul_path_name(I.opt.matmul), activations_name(I.opt.activations));
+                mib(I.stats.activation_bytes).c_str(), I.numerics_text().c_str());
   return buf;
 }
 
@@ -440,6 +470,35 @@ Status CudaBackend::Impl::plan(const Graph& g) {
       quant[k] = std::move(buf).value();
     }
   }
+  if (exact()) {
+    size_t act_bytes = 0;
+    bool has_attention = false;
+    for (const Node& n : g.nodes()) {
+      has_attention = has_attention || n.op == Op::kAttention;
+      if (n.op != Op::kMatmul && n.op != Op::kMatmulAdd && n.op != Op::kMatmulSwiglu) continue;
+      for (int i : {1, 2}) {
+        if (i == 2 && n.op != Op::kMatmulSwiglu) continue;
+        act_bytes = std::max(act_bytes, exact_activation_bytes(wtype(g.tensor(n.in[static_cast<size_t>(i)]).weight_type()),
+                                                               shape.max_tokens, g.tensor(n.in[0]).cols));
+      }
+    }
+    auto a = DeviceBuffer::allocate(act_bytes, "quantized activations");
+    if (!a) return a.status();
+    stats.activation_bytes += a->bytes();
+    exact_act = std::move(a).value();
+    if (has_attention) {
+      // Attention's scores: up to 64 MiB, the step's tokens in launches of as many as fit.
+      const size_t per_token = attention_exact_scratch_floats(KvLayout{shape.n_slots, shape.n_ctx, g.heads.n_head_kv,
+                                                                       g.heads.head_dim},
+                                                              g.heads.n_head, 1) * 4;
+      score_tokens = static_cast<int32_t>(std::clamp<size_t>((size_t{64} << 20) / std::max<size_t>(per_token, 1), 1,
+                                                             static_cast<size_t>(shape.max_tokens)));
+      auto sc = DeviceBuffer::allocate(per_token * static_cast<size_t>(score_tokens), "attention scores");
+      if (!sc) return sc.status();
+      stats.activation_bytes += sc->bytes();
+      scores = std::move(sc).value();
+    }
+  }
   return Status::ok();
 }
 
@@ -452,6 +511,8 @@ Status CudaBackend::prepare(const Graph& g, const BackendShape& shape) {
   I.pool.clear();
   I.caches.clear();
   I.rope_tables.clear();
+  I.exact_act.reset();
+  I.scores.reset();
   I.stats = CudaStats{};
   I.shape = shape;
   for (const Node& n : g.nodes()) {
@@ -509,6 +570,8 @@ Status CudaBackend::prepare(const Graph& g, const BackendShape& shape) {
     I.pool.clear();
     I.caches.clear();
     I.rope_tables.clear();
+    I.exact_act.reset();
+    I.scores.reset();
     const CudaStats kept{};
     I.stats = kept;
   }
@@ -528,42 +591,60 @@ Result<const float*> CudaBackend::Impl::matmul_input(const Graph& g, TensorId x,
   return static_cast<const float*>(q);
 }
 
+Status CudaBackend::Impl::matmul(const Graph& g, TensorId x, int32_t rows, const Matrix& w, const float* bias,
+                                 const float* residual, float* y) {
+  cudaError_t e = cudaSuccess;
+  if (exact()) {
+    ++stats.exact_matmuls;
+    const ActQuant kind = act_quant_for(w.type);
+    const void* act = f(x);
+    if (kind != ActQuant::kNone) {
+      if (exact_holds != x || exact_holds_kind != kind) {
+        e = quantize_exact(kind, f(x), rows, g.tensor(x).cols, exact_act.get(), stream);
+        if (e != cudaSuccess) return fail(e, "quantize_exact");
+        exact_holds = x;
+        exact_holds_kind = kind;
+      }
+      act = exact_act.get();
+    }
+    e = matmul_exact(w, act, rows, bias, residual, y, stream);
+    return e == cudaSuccess ? Status::ok() : fail(e, "matmul_exact");
+  }
+  ++(opt.matmul == MatmulPath::kGemv ? stats.gemv_matmuls : stats.tensor_core_matmuls);
+  auto in = matmul_input(g, x, rows, w);
+  if (!in) return in.status();
+  e = matmul_path(opt.matmul == MatmulPath::kGemv ? 1 : 2, w, in.value(), rows, bias, residual, y, stream);
+  return e == cudaSuccess ? Status::ok() : fail(e, "matmul");
+}
+
 Status CudaBackend::Impl::run_node(const Graph& g, const Node& n, const graph::StepShape& s, size_t index) {
   const graph::Tensor& out = g.tensor(n.out[0]);
   const int32_t rows = static_cast<int32_t>(Graph::rows(out, s));
   const int64_t cols = out.cols;
+  const bool ex = exact();
   cudaError_t e = cudaSuccess;
-  auto count_matmul = [&](int32_t) {
-    ++(opt.matmul == MatmulPath::kGemv ? stats.gemv_matmuls : stats.tensor_core_matmuls);
-  };
-  const int path = opt.matmul == MatmulPath::kGemv ? 1 : 2;
   switch (n.op) {
-    case Op::kEmbed: e = get_rows(matrix(g.tensor(n.in[1])), ints(n.in[0]), rows, f(n.out[0]), stream); break;
-    case Op::kRmsNorm: e = rms_norm(f(n.in[0]), vec(g, n.in[1]), rows, cols, n.eps, f(n.out[0]), stream); break;
-    case Op::kMatmul:
-    case Op::kMatmulAdd: {
-      count_matmul(rows);
+    case Op::kEmbed: {
       const Matrix w = matrix(g.tensor(n.in[1]));
-      auto x = matmul_input(g, n.in[0], rows, w);
-      if (!x) return x.status();
-      e = matmul_path(path, w, x.value(), rows, vec(g, n.in[2]), n.op == Op::kMatmulAdd ? f(n.in[3]) : nullptr,
-                      f(n.out[0]), stream);
+      e = ex ? get_rows_exact(w, ints(n.in[0]), rows, f(n.out[0]), stream)
+             : get_rows(w, ints(n.in[0]), rows, f(n.out[0]), stream);
       break;
     }
+    case Op::kRmsNorm:
+      e = ex ? rms_norm_exact(f(n.in[0]), vec(g, n.in[1]), rows, cols, n.eps, f(n.out[0]), stream)
+             : rms_norm(f(n.in[0]), vec(g, n.in[1]), rows, cols, n.eps, f(n.out[0]), stream);
+      break;
+    case Op::kMatmul:
+    case Op::kMatmulAdd:
+      return matmul(g, n.in[0], rows, matrix(g.tensor(n.in[1])), vec(g, n.in[2]),
+                    n.op == Op::kMatmulAdd ? f(n.in[3]) : nullptr, f(n.out[0]));
     case Op::kMatmulSwiglu: {
       float* a = pool[static_cast<size_t>(tmp_a[index])].as<float>();
       float* b = pool[static_cast<size_t>(tmp_b[index])].as<float>();
-      count_matmul(rows);
-      count_matmul(rows);
-      const Matrix wg = matrix(g.tensor(n.in[1])), wu = matrix(g.tensor(n.in[2]));
-      auto xg = matmul_input(g, n.in[0], rows, wg);
-      if (!xg) return xg.status();
-      e = matmul_path(path, wg, xg.value(), rows, nullptr, nullptr, a, stream);
-      if (e != cudaSuccess) break;
-      auto xu = matmul_input(g, n.in[0], rows, wu);
-      if (!xu) return xu.status();
-      e = matmul_path(path, wu, xu.value(), rows, nullptr, nullptr, b, stream);
-      if (e == cudaSuccess) e = swiglu(a, b, static_cast<int64_t>(rows) * cols, f(n.out[0]), stream);
+      INFERD_RETURN_IF_ERROR(matmul(g, n.in[0], rows, matrix(g.tensor(n.in[1])), nullptr, nullptr, a));
+      INFERD_RETURN_IF_ERROR(matmul(g, n.in[0], rows, matrix(g.tensor(n.in[2])), nullptr, nullptr, b));
+      const int64_t count = static_cast<int64_t>(rows) * cols;
+      e = ex ? swiglu_exact(a, b, count, f(n.out[0]), stream) : swiglu(a, b, count, f(n.out[0]), stream);
       break;
     }
     case Op::kRope: {
@@ -577,11 +658,18 @@ Status CudaBackend::Impl::run_node(const Graph& g, const Node& n, const graph::S
       break;
     case Op::kAttention: {
       const float scale = 1.0f / std::sqrt(static_cast<float>(g.heads.head_dim));
-      e = attention(kv, g.heads.n_head, f(n.in[0]), ints(n.in[2]), ints(n.in[3]), s.tokens, scale, cache(g, n),
-                    f(n.out[0]), stream);
+      e = ex ? attention_exact(kv, g.heads.n_head, f(n.in[0]), ints(n.in[2]), ints(n.in[3]), s.tokens, scale, cache(g, n),
+                               scores.as<float>(), score_tokens, f(n.out[0]), stream)
+             : attention(kv, g.heads.n_head, f(n.in[0]), ints(n.in[2]), ints(n.in[3]), s.tokens, scale, cache(g, n),
+                         f(n.out[0]), stream);
       break;
     }
-    case Op::kSwiglu: e = swiglu(f(n.in[0]), f(n.in[1]), static_cast<int64_t>(rows) * cols, f(n.out[0]), stream); break;
+    case Op::kSwiglu: {
+      const int64_t count = static_cast<int64_t>(rows) * cols;
+      e = ex ? swiglu_exact(f(n.in[0]), f(n.in[1]), count, f(n.out[0]), stream)
+             : swiglu(f(n.in[0]), f(n.in[1]), count, f(n.out[0]), stream);
+      break;
+    }
     case Op::kAdd: e = add(f(n.in[0]), f(n.in[1]), static_cast<int64_t>(rows) * cols, f(n.out[0]), stream); break;
     case Op::kGetRows: e = gather(f(n.in[0]), cols, ints(n.in[1]), rows, f(n.out[0]), stream); break;
     case Op::kRopeKv: return Status(Code::kUnimplemented, "the CUDA backend does not fuse rope_kv");
@@ -619,6 +707,7 @@ Status CudaBackend::compute(const Graph& g, graph::StepIO& io) {
     }
   }
   for (TensorId& held : I.quant_holds) held = graph::kNone;
+  I.exact_holds = graph::kNone;
   Status st;
   for (size_t ni = 0; ni < g.nodes().size() && st; ++ni) {
     const Node& n = g.nodes()[ni];

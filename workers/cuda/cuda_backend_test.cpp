@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -61,9 +62,15 @@ TEST(CudaDevice, BadSettingsAreRefusedNamingTheVariable) {
   ASSERT_FALSE(b.is_ok());
   EXPECT_EQ(b.status().code(), Code::kInvalidArgument);
   EXPECT_NE(b.status().message().find("INFERD_CUDA_MATMUL"), std::string::npos) << b.status().to_string();
-  auto c = cuda_backend_factory().create(BackendConfig{"", 0, {{"numerics", "exact"}}});
+  auto c = cuda_backend_factory().create(BackendConfig{"", 0, {{"numerics", "fast"}}});
   ASSERT_FALSE(c.is_ok());
   EXPECT_EQ(c.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("INFERD_CUDA_NUMERICS"), std::string::npos) << c.status().to_string();
+  // Exact numerics have their own matmul: tensor cores or q8 inputs with them are a contradiction.
+  auto e = cuda_backend_factory().create(BackendConfig{"", 0, {{"numerics", "exact"}, {"matmul", "tensor_cores"}}});
+  ASSERT_FALSE(e.is_ok());
+  EXPECT_EQ(e.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("INFERD_CUDA_NUMERICS"), std::string::npos) << e.status().to_string();
   auto d = cuda_backend_factory().create(BackendConfig{"gpu0", 0, {}});
   ASSERT_FALSE(d.is_ok());
   EXPECT_EQ(d.status().code(), Code::kInvalidArgument);
@@ -199,6 +206,49 @@ TEST_P(CudaEngineTest, TeacherForcedTop1AgreesWithTheCpuEngine) {
               a.clear_same, a.clear, a.max_rel);
   EXPECT_EQ(a.clear_same, a.clear);
   EXPECT_GE(a.same * 100, a.total * 90);
+}
+
+// Exact numerics: the CPU engine's arithmetic on the GPU. Teacher-forced logits of a 320-token prefill
+// and of 24 tokens decoded one at a time equal the CPU engine's bit for bit.
+TEST_P(CudaEngineTest, ExactNumericsEqualTheCpuEngineBitForBit) {
+  const std::vector<int32_t> t = tokens(320);
+  const std::vector<float> ref = cpu_logits(t);
+  ASSERT_FALSE(ref.empty());
+  CudaOptions o;
+  o.numerics = Numerics::kExact;
+  auto r = runner(1, 512, 0, 0, o);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  auto got = r.value()->eval(0, t, /*all_logits=*/true);
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  const size_t nv = static_cast<size_t>(model_->config().n_vocab);
+  size_t differ = 0;
+  float max_diff = 0.0f;
+  for (size_t i = 0; i < std::min(got->size(), ref.size()); ++i) {
+    if (std::memcmp(&(*got)[i], &ref[i], sizeof(float)) != 0) {
+      ++differ;
+      max_diff = std::max(max_diff, std::fabs((*got)[i] - ref[i]));
+    }
+  }
+  const Agreement a = agreement(*got, ref, nv);
+  std::printf("[cuda] %s, exact numerics: %zu of %zu logits differ from the CPU engine's (max |diff| %g); "
+              "teacher-forced top-1 %d/%d\n",
+              std::filesystem::path(GetParam()).filename().c_str(), differ, ref.size(), static_cast<double>(max_diff),
+              a.same, a.total);
+  EXPECT_EQ(got->size(), ref.size());
+  EXPECT_EQ(differ, 0u);
+  // Decode: one token per step.
+  auto d = runner(1, 512, 0, 0, o);
+  ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+  size_t decode_differ = 0;
+  for (size_t i = 0; i < 24; ++i) {
+    auto step = d.value()->eval(0, std::span<const int32_t>(&t[i], 1));
+    ASSERT_TRUE(step.is_ok()) << step.status().to_string();
+    ASSERT_EQ(step->size(), nv);
+    decode_differ += std::memcmp(step->data(), &ref[i * nv], nv * sizeof(float)) != 0;
+  }
+  std::printf("[cuda] %s, exact numerics: decode steps differing from the CPU engine: %zu of 24\n",
+              std::filesystem::path(GetParam()).filename().c_str(), decode_differ);
+  EXPECT_EQ(decode_differ, 0u);
 }
 
 // Batch invariance: a token's logits do not depend on the other tokens of its step. Prefill equals

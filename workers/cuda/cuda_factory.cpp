@@ -4,6 +4,8 @@
 //                                         tiles; either serves every step)
 //   activations  INFERD_CUDA_ACTIVATIONS  float | q8 (default float; q8: matmul inputs quantized as the
 //                                         CPU engine quantizes them)
+//   numerics     INFERD_CUDA_NUMERICS     float | exact (default float; exact: the CPU engine's arithmetic,
+//                                         logits equal to its bit for bit; excludes tensor_cores and q8)
 // A value outside these lists is kInvalidArgument naming the setting and its variable.
 #include <cstdlib>
 #include <string>
@@ -18,9 +20,11 @@ namespace {
 using namespace cuda;
 
 const std::map<std::string, std::string> kEnvironment = {{"matmul", "INFERD_CUDA_MATMUL"},
-                                                         {"activations", "INFERD_CUDA_ACTIVATIONS"}};
+                                                         {"activations", "INFERD_CUDA_ACTIVATIONS"},
+                                                         {"numerics", "INFERD_CUDA_NUMERICS"}};
 constexpr MatmulPath kPaths[] = {MatmulPath::kGemv, MatmulPath::kTensorCores};
 constexpr Activations kActivations[] = {Activations::kFloat, Activations::kQ8};
+constexpr Numerics kNumerics[] = {Numerics::kFloat, Numerics::kExact};
 
 template <typename T, size_t N, typename NameOf>
 bool pick(const std::string& value, const T (&choices)[N], NameOf name_of, T* out, std::string* expected) {
@@ -39,8 +43,9 @@ Result<std::unique_ptr<Backend>> create(const BackendConfig& config) {
   for (const auto& [key, value] : config.settings) {
     if (!kEnvironment.count(key)) return Status(Code::kInvalidArgument, "the CUDA backend has no setting '" + key + "'");
     std::string expected;
-    const bool found = key == "matmul" ? pick(value, kPaths, matmul_path_name, &o.matmul, &expected)
-                                       : pick(value, kActivations, activations_name, &o.activations, &expected);
+    const bool found = key == "matmul"        ? pick(value, kPaths, matmul_path_name, &o.matmul, &expected)
+                       : key == "activations" ? pick(value, kActivations, activations_name, &o.activations, &expected)
+                                              : pick(value, kNumerics, numerics_name, &o.numerics, &expected);
     if (!found) {
       return Status(Code::kInvalidArgument,
                     kEnvironment.at(key) + " (" + key + ") = '" + value + "': expected one of " + expected);
@@ -59,13 +64,14 @@ Result<std::unique_ptr<Backend>> create(const BackendConfig& config) {
   return std::unique_ptr<Backend>(std::move(b).value());
 }
 
-// The backend-ops suite's configurations: each matmul path, and quantized matmul inputs.
+// The backend-ops suite's configurations: each matmul path, quantized matmul inputs, exact numerics.
 std::vector<BackendVariant> variants() {
   std::vector<BackendVariant> v;
   for (MatmulPath p : kPaths) {
     v.push_back({std::string("cuda_") + matmul_path_name(p), BackendConfig{"", 0, {{"matmul", matmul_path_name(p)}}}});
   }
   v.push_back({"cuda_q8", BackendConfig{"", 0, {{"activations", "q8"}}}});
+  v.push_back({"cuda_exact", BackendConfig{"", 0, {{"numerics", "exact"}}}});
   return v;
 }
 

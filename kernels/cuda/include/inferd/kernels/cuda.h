@@ -90,4 +90,32 @@ cudaError_t kv_write(const KvLayout& kv, const float* k, const float* v, const i
 cudaError_t attention(const KvLayout& kv, int32_t n_head, const float* q, const int32_t* pos, const int32_t* slot,
                       int32_t tokens, float scale, const uint16_t* cache, float* out, cudaStream_t stream);
 
+
+// ---- Exact numerics (exact.cu) -------------------------------------------------------------------------
+// The CPU engine's arithmetic, operation for operation in its x86 kernels' order
+// (inferd/kernels/cuda_exact_math.h): a forward pass of these kernels gives the CPU engine's logits bit
+// for bit. Matmul inputs are quantized as the CPU quantizes them (Q8_0 / Q8_1 blocks for the 32-element
+// block types, Q8_K for the K-quants; float weights read float inputs) and dotted with dp4a; every float
+// chain is the CPU's.
+
+// Bytes of the quantized form of `rows` rows of k activations for weights of `type` (0 for float weights).
+size_t exact_activation_bytes(WType type, int32_t rows, int64_t k);
+// x (rows x k floats) quantized as the CPU engine quantizes it for `kind` (kQ8 or kQ8K) into `out`.
+cudaError_t quantize_exact(ActQuant kind, const float* x, int32_t rows, int64_t k, void* out, cudaStream_t stream);
+// y[t][r] = dot(act[t], W[r]) as the CPU computes it, + bias[r], or residual[t][r] + it. act: the output of
+// quantize_exact for the weight's act_quant_for(), or the float input for float weights.
+cudaError_t matmul_exact(const Matrix& w, const void* act, int32_t tokens, const float* bias, const float* residual,
+                         float* y, cudaStream_t stream);
+// The embedding lookup with the CPU's to_float arithmetic.
+cudaError_t get_rows_exact(const Matrix& w, const int32_t* ids, int32_t n, float* out, cudaStream_t stream);
+cudaError_t rms_norm_exact(const float* x, const float* w, int32_t rows, int64_t cols, float eps, float* y,
+                           cudaStream_t stream);
+cudaError_t swiglu_exact(const float* gate, const float* up, int64_t n, float* y, cudaStream_t stream);
+// ops::attention_head per (token, head). Scratch: attention_exact_scratch_floats(kv, n_head, scratch_tokens)
+// floats; longer steps run in launches of scratch_tokens tokens. head_dim at most 256.
+size_t attention_exact_scratch_floats(const KvLayout& kv, int32_t n_head, int32_t tokens);
+cudaError_t attention_exact(const KvLayout& kv, int32_t n_head, const float* q, const int32_t* pos, const int32_t* slot,
+                            int32_t tokens, float scale, const uint16_t* cache, float* scratch, int32_t scratch_tokens,
+                            float* out, cudaStream_t stream);
+
 }  // namespace inferd::cuda

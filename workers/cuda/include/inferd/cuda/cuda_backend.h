@@ -58,17 +58,28 @@ const char* matmul_path_name(MatmulPath p);
 enum class Activations : uint8_t { kQ8, kFloat };
 const char* activations_name(Activations a);
 
+// The arithmetic of every op. kFloat: the kernels above, within float summation order of the exact
+// math (a few percent of the logits' range from the CPU engine, whose 8-bit activations dominate the
+// difference). kExact: the CPU engine's arithmetic operation for operation in its x86 kernels' order
+// (kernels/cuda exact.cu): matmul inputs quantized as the CPU quantizes them, integer dots with dp4a,
+// the CPU's fma chains, its RMS norm, SiLU and attention; the logits equal the CPU engine's bit for bit
+// (exact() is true, and the backend-ops suite holds it to that). It needs a host whose CPU engine runs
+// the x86 kernels, and excludes tensor cores and q8 activations (it has its own matmul).
+enum class Numerics : uint8_t { kFloat, kExact };
+const char* numerics_name(Numerics n);
+
 struct CudaOptions {
   int device = 0;
   MatmulPath matmul = MatmulPath::kGemv;
   Activations activations = Activations::kFloat;
+  Numerics numerics = Numerics::kFloat;
 };
 
 struct CudaStats {
   size_t weight_bytes = 0, kv_bytes = 0, activation_bytes = 0;
   double upload_seconds = 0.0;
   bool upload_registered = false;  // the weights were copied from a registered (pinned) host mapping
-  int64_t steps = 0, gemv_matmuls = 0, tensor_core_matmuls = 0;
+  int64_t steps = 0, gemv_matmuls = 0, tensor_core_matmuls = 0, exact_matmuls = 0;
   double upload_gbps() const {
     return upload_seconds > 0 ? static_cast<double>(weight_bytes) / upload_seconds / 1e9 : 0.0;
   }
@@ -88,6 +99,7 @@ class CudaBackend final : public Backend {
   Status compute(const graph::Graph& g, graph::StepIO& io) override;
   BackendMemory memory() const override;
   bool healthy() const override;
+  bool exact() const override;
 
   const DeviceInfo& device() const;
   const CudaStats& stats() const;
