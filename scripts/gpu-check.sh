@@ -13,14 +13,17 @@
 #
 # What `run` checks (each step has a time limit; a failed step is reported and the next one runs):
 #   1. the backend-ops suite on the CUDA backend, every case, each matmul path;
-#   2. the CUDA engine tests (inferd_cuda_test): teacher-forced top-1 against the CPU engine on the
-#      committed synthetic models, SmolLM2 (when models/ has it) and the models made here, prefill against
-#      decode, two slots, a cuda|cpu pipeline, a KV cache too large for the device;
+#   2. the CUDA engine tests (inferd_cuda_test): logits against the CPU engine's (bit for bit with exact
+#      numerics; teacher-forced top-1 with float numerics) on the committed synthetic models, SmolLM2
+#      (when models/ has it) and the models made here (smollm2-q4_1: the default model's types and
+#      shapes), prefill against decode, two slots, a cuda|cpu pipeline, a KV cache too large for the device;
 #   3. inferd-bench --backend cuda on SmolLM2-shaped, 1.1B and 8B-shaped Q4_0 models made here by
-#      tools/reference/make_synthetic_gguf.py (random codes);
+#      tools/reference/make_synthetic_gguf.py (random codes): float numerics, exact (the default), tensor cores;
 #   4. the daemon: load --backend cuda, 16 concurrent greedy streams against their one-at-a-time outputs,
 #      kill -9 of the CUDA worker mid-stream (the stream completes), status;
-#   5. the OpenCL backend on NVIDIA's OpenCL driver: exact numerics against the CPU, float numerics.
+#   5. the OpenCL backend on NVIDIA's OpenCL driver: exact numerics against the CPU, float numerics;
+#   6. exact CUDA numerics through the daemon: greedy outputs of the whole model on CUDA, of a
+#      --stage-backends cuda,cpu pipeline and of the CPU alone, compared.
 # The GPU machine has no package registry: nothing is installed there. (GPU_CHECK_PRESETS and
 # GPU_CHECK_BACKEND=cpu try the script itself on a machine without a GPU.)
 set -uo pipefail
@@ -76,7 +79,7 @@ run() {
   local models="$PWD/$B/models"
   mkdir -p "$models"
   local model_pids=()
-  for preset in ${GPU_CHECK_PRESETS:-smollm2-q4_0 tinyllama-q4_0 tinyllama-q4_k_m 8b-q4_0}; do
+  for preset in ${GPU_CHECK_PRESETS:-smollm2-q4_0 smollm2-q4_1 tinyllama-q4_0 tinyllama-q4_k_m 8b-q4_0}; do
     INFERD_TOKENIZER_GGUF=tests/data/models/mixed-small.gguf \
       python3 tools/reference/make_synthetic_gguf.py --preset "$preset" --out "$models/$preset.gguf" \
       > "$out/model-$preset.log" 2>&1 &
@@ -95,18 +98,23 @@ run() {
   ls -la "$models" >> "$summary"
 
   # 2. Engine tests.
-  INFERD_CUDA_TEST_MODELS="$models/smollm2-q4_0.gguf:$models/tinyllama-q4_k_m.gguf" \
+  INFERD_CUDA_TEST_MODELS="$models/smollm2-q4_0.gguf:$models/smollm2-q4_1.gguf:$models/tinyllama-q4_k_m.gguf" \
     timeout 300 "$bin/inferd_cuda_test" > "$out/cuda_test.txt" 2>&1
   say "2. inferd_cuda_test: rc=$? $(grep -E '^\[  (PASSED|FAILED) +\] [0-9]+ test' "$out/cuda_test.txt" | tr '\n' ' ')"
   grep -E '^\[cuda\]|^\[  FAILED  \]' "$out/cuda_test.txt" | sort -u | head -40 >> "$summary"
 
   # 3. Speed.
-  say "3. inferd-bench --backend cuda (pp512, tg128, median of 3)"
+  say "3. inferd-bench --backend cuda (pp512, tg128, median of 3): float numerics"
   for m in smollm2-q4_0 tinyllama-q4_0 8b-q4_0; do
-    timeout 120 "$bin/inferd-bench" --backend cuda -m "$models/$m.gguf" -p 512 -n 128 -r 3 > "$out/bench-$m.txt" 2>&1
+    INFERD_CUDA_NUMERICS=float timeout 120 "$bin/inferd-bench" --backend cuda -m "$models/$m.gguf" -p 512 -n 128 -r 3 > "$out/bench-$m.txt" 2>&1
     say "  $m: rc=$? $(grep -E '^(prefill|decode|load)' "$out/bench-$m.txt" | tr -s ' ' | tr '\n' ';')"
   done
   grep -m1 '^backend' "$out/bench-8b-q4_0.txt" >> "$summary"
+  for m in smollm2-q4_0 tinyllama-q4_0 8b-q4_0; do
+    INFERD_CUDA_NUMERICS=exact timeout 100 "$bin/inferd-bench" --backend cuda -m "$models/$m.gguf" -p 512 -n 128 -r 2 \
+      > "$out/bench-exact-$m.txt" 2>&1
+    say "  $m, exact numerics: rc=$? $(grep -E '^(prefill|decode)' "$out/bench-exact-$m.txt" | tr -s ' ' | tr '\n' ';')"
+  done
   for m in tinyllama-q4_0 8b-q4_0; do
     INFERD_CUDA_MATMUL=tensor_cores timeout 60 "$bin/inferd-bench" --backend cuda -m "$models/$m.gguf" -p 512 -n 32 -r 3 \
       > "$out/bench-tc-$m.txt" 2>&1
@@ -120,6 +128,9 @@ run() {
   wait "$opencl_pid"
   say "5. OpenCL on NVIDIA's driver (exact numerics against the CPU): $(cat "$out/opencl-summary.txt")"
   grep -E '^\[  FAILED  \]|differ' "$out/opencl.txt" "$out/opencl_ops.txt" 2>/dev/null | head -20 >> "$summary"
+
+  # 6. Exact numerics through the daemon.
+  exact_daemon_checks "$models/smollm2-q4_1.gguf" "$out" "$bin"
   say "total $((SECONDS - t0)) s"
   # Every log in one archive beside the summary.
   local logs
@@ -199,6 +210,47 @@ print("   after the kill: replays", m["replays"], "restarts", m["info"]["workers
   rm -rf "$dir"
 }
 
+# Exact CUDA numerics through the daemon on `model`: the same greedy outputs from the whole model on
+# CUDA, from the first half of its layers on CUDA and the rest on the CPU (--stage-backends cuda,cpu),
+# and from the CPU alone.
+exact_daemon_checks() {
+  local model=$1 out=$2 bin=$3
+  local dir sock
+  dir=$(mktemp -d)
+  sock="$dir/inferd.sock"
+  INFERD_CUDA_NUMERICS=exact "$bin/inferd" --socket "$sock" --worker "$bin/inferd-worker" --log-level info \
+    > "$out/daemon-exact.log" 2>&1 &
+  local dpid=$!
+  local ctl=("$bin/inferctl" --socket "$sock")
+  for _ in $(seq 50); do [ -S "$sock" ] && break; sleep 0.1; done
+  local layers
+  layers=$(python3 -c "
+import sys; sys.path.insert(0, '$PWD/$B/py')
+import gguf
+r = gguf.GGUFReader('$model')
+for f in r.fields.values():
+    if f.name.endswith('.block_count'): print(int(f.parts[-1][0]))")
+  local half=$((layers / 2))
+  timeout 60 "${ctl[@]}" load "$model" --id x --backend cuda --parallel 4 --ctx 512 > "$out/load-x.txt" 2>&1 || say "6. load x: $(tail -1 "$out/load-x.txt")"
+  timeout 60 "${ctl[@]}" load "$model" --id s --layer-split "$half" --stage-backends cuda,cpu --parallel 4 --ctx 512 \
+    > "$out/load-s.txt" 2>&1 || say "6. load s (cuda,cpu split at $half): $(tail -1 "$out/load-s.txt")"
+  timeout 60 "${ctl[@]}" load "$model" --id c --backend cpu --parallel 4 --ctx 512 > "$out/load-c.txt" 2>&1 || say "6. load c: $(tail -1 "$out/load-c.txt")"
+  "${ctl[@]}" status > "$out/status-exact.txt" 2>&1
+  local same_x=0 same_s=0 i
+  for i in 0 1 2 3 4 5; do
+    for m in x s c; do
+      timeout 60 "${ctl[@]}" generate -m "$m" -p "Prompt $i: once upon a time" -n 64 --temp 0 --ignore-eog -q \
+        > "$dir/$m-$i.txt" 2>"$dir/$m-$i.err"
+    done
+    cmp -s "$dir/x-$i.txt" "$dir/c-$i.txt" && same_x=$((same_x + 1))
+    cmp -s "$dir/s-$i.txt" "$dir/c-$i.txt" && same_s=$((same_s + 1))
+  done
+  say "6. exact numerics through the daemon, 6 greedy 64-token outputs equal to the CPU's: whole model on CUDA $same_x/6, cuda,cpu split at layer $half $same_s/6"
+  grep -iE 'cuda|numerics' "$out/status-exact.txt" | head -4 | sed 's/^/   /' >> "$summary"
+  cat "$dir"/*.err | sort -u | head -5 >> "$summary"
+  kill "$dpid"; wait "$dpid" 2>/dev/null
+  rm -rf "$dir"
+}
 
 case "${1:-}" in
   bundle) bundle ;;

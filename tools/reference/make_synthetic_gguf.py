@@ -79,6 +79,7 @@ class Preset:
     layer_types: list = field(default_factory=list)  # per matrix kind, or a callable(layer, k)
     file_type: int = 2  # LLAMA_FTYPE_MOSTLY_Q4_0
     arch: str = "llama"  # "qwen2": Q/K/V biases, NeoX RoPE (llama.cpp picks it by architecture), qwen2 pre-tokenizer
+    tied: bool = False   # no output.weight: token_embd is also the output projection (qwen2 always)
 
 
 kMatrixKinds = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
@@ -124,6 +125,10 @@ PRESETS = {
     # which is not a multiple of Q6_K's 256-value blocks).
     "smollm2-q4_0": Preset("smollm2-q4_0", 576, 30, 9, 3, 1536, 49152, 100000.0, 1e-5, 8192,
                            QT.Q4_0, QT.Q8_0, _uniform_q4_0),
+    # SmolLM2-135M-Instruct.Q4_1.gguf's tensor types and shapes: every matrix Q4_1, token_embd Q8_0 and
+    # tied to the output, F32 norms: the default model's kernels, for a machine without the file.
+    "smollm2-q4_1": Preset("smollm2-q4_1", 576, 30, 9, 3, 1536, 49152, 100000.0, 1e-5, 8192,
+                           QT.Q8_0, QT.Q8_0, lambda layer, k: QT.Q4_1, file_type=3, tied=True),
     "8b-q4_0": Preset("8b-q4_0", 4096, 32, 32, 8, 14336, 49152, 500000.0, 1e-5, 8192,
                       QT.Q4_0, QT.Q6_K, _uniform_q4_0),
     "llama3-8b-q4_0": Preset("llama3-8b-q4_0", 4096, 32, 32, 8, 14336, 128256, 500000.0, 1e-5, 8192,
@@ -181,6 +186,19 @@ def make_q4_0(rng, rows: int, cols: int, std: float) -> np.ndarray:
     return out.reshape(rows, -1)
 
 
+def make_q4_1(rng, rows: int, cols: int, std: float) -> np.ndarray:
+    nb = rows * cols // kQK
+    c = _codes(rng, _Q4_0_TABLE, (nb, kQK))  # codes 0..15; value d * code + m with m = -8 d: centred
+    qs = c[:, :16] | (c[:, 16:] << 4)
+    sign = np.where(rng.integers(0, 2, size=nb) == 0, -1.0, 1.0)
+    d = sign * _jitter(rng, nb) * (std / (_Q4_0_STD * kJitterRms))
+    out = np.empty((nb, 20), np.uint8)
+    out[:, 0:2] = _f16_bytes(d)
+    out[:, 2:4] = _f16_bytes(-8.0 * d)
+    out[:, 4:] = qs
+    return out.reshape(rows, -1)
+
+
 def make_q8_0(rng, rows: int, cols: int, std: float) -> np.ndarray:
     nb = rows * cols // kQK
     q = (_codes(rng, _Q8_0_TABLE, (nb, kQK)).astype(np.int16) - 127).astype(np.int8)
@@ -233,7 +251,7 @@ def make_q6_k(rng, rows: int, cols: int, std: float) -> np.ndarray:
     return out.reshape(rows, -1)
 
 
-MAKERS = {QT.Q4_0: make_q4_0, QT.Q8_0: make_q8_0, QT.Q4_K: make_q4_k, QT.Q6_K: make_q6_k}
+MAKERS = {QT.Q4_0: make_q4_0, QT.Q4_1: make_q4_1, QT.Q8_0: make_q8_0, QT.Q4_K: make_q4_k, QT.Q6_K: make_q6_k}
 
 
 def make_weight(rng, qtype: QT, rows: int, cols: int, std: float) -> np.ndarray:
@@ -254,10 +272,11 @@ def tensor_plan(p: Preset):
     head_dim = p.n_embd // p.n_head
     kv = head_dim * p.n_head_kv
     # A tied table is also the output projection: scaled like one, so the logits have a sane spread.
-    embd_std = kLogitScale / np.sqrt(p.n_embd) if p.arch == "qwen2" else 1.0
+    tied = p.tied or p.arch == "qwen2"
+    embd_std = kLogitScale / np.sqrt(p.n_embd) if tied else 1.0
     plan = [("token_embd.weight", p.token_embd_type, p.n_vocab, p.n_embd, embd_std),
             ("output_norm.weight", QT.F32, 1, p.n_embd, None)]
-    if p.arch != "qwen2":  # qwen2-small ties the output projection to token_embd, as Qwen2-0.5B does
+    if not tied:  # qwen2-small ties the output projection to token_embd, as Qwen2-0.5B does (and SmolLM2)
         plan.append(("output.weight", p.output_type, p.n_vocab, p.n_embd, kLogitScale / np.sqrt(p.n_embd)))
     shapes = {"attn_q": (p.n_embd, p.n_embd), "attn_k": (kv, p.n_embd), "attn_v": (kv, p.n_embd),
               "attn_output": (p.n_embd, p.n_embd), "ffn_gate": (p.n_ff, p.n_embd),

@@ -184,7 +184,7 @@ struct CudaBackend::Impl {
   TensorId exact_holds = graph::kNone;
   ActQuant exact_holds_kind = ActQuant::kNone;
   int32_t score_tokens = 0;
-  bool exact() const { return opt.numerics == Numerics::kExact; }
+  bool exact() const { return opt.numerics == Numerics::kExact; }  // resolved by create()
   std::string numerics_text() const {
     if (exact()) return "numerics exact (the CPU engine's x86 arithmetic, dp4a integer dots)";
     return std::string("numerics float, matmul ") + matmul_path_name(opt.matmul) + ", matmul inputs " +
@@ -239,14 +239,20 @@ CudaBackend::~CudaBackend() {
   }
 }
 
-Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const CudaOptions& options) {
+Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const CudaOptions& given) {
+  CudaOptions options = given;
+  const bool x86 = kernels::best_isa() != kernels::Isa::kScalar;
+  if (!options.numerics) {
+    const bool float_asked = options.matmul != MatmulPath::kGemv || options.activations != Activations::kFloat;
+    options.numerics = x86 && !float_asked ? Numerics::kExact : Numerics::kFloat;
+  }
   if (options.numerics == Numerics::kExact) {
     if (options.matmul != MatmulPath::kGemv || options.activations != Activations::kFloat) {
       return Status(Code::kInvalidArgument,
                     "INFERD_CUDA_NUMERICS (numerics) = 'exact' has its own matmul: it excludes matmul = 'tensor_cores' "
                     "and activations = 'q8'");
     }
-    if (kernels::best_isa() == kernels::Isa::kScalar) {
+    if (!x86) {
       return Status(Code::kUnimplemented,
                     "exact CUDA numerics reproduce the CPU engine's x86 kernels; this CPU runs the scalar ones");
     }

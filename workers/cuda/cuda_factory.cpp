@@ -4,8 +4,9 @@
 //                                         tiles; either serves every step)
 //   activations  INFERD_CUDA_ACTIVATIONS  float | q8 (default float; q8: matmul inputs quantized as the
 //                                         CPU engine quantizes them)
-//   numerics     INFERD_CUDA_NUMERICS     float | exact (default float; exact: the CPU engine's arithmetic,
-//                                         logits equal to its bit for bit; excludes tensor_cores and q8)
+//   numerics     INFERD_CUDA_NUMERICS     exact | float (default: exact, unless tensor_cores or q8 is set
+//                                         or the host's CPU engine runs its scalar kernels; exact: the CPU
+//                                         engine's arithmetic, logits equal to its bit for bit)
 // A value outside these lists is kInvalidArgument naming the setting and its variable.
 #include <cstdlib>
 #include <string>
@@ -40,12 +41,14 @@ bool pick(const std::string& value, const T (&choices)[N], NameOf name_of, T* ou
 
 Result<std::unique_ptr<Backend>> create(const BackendConfig& config) {
   CudaOptions o;
+  Numerics numerics = Numerics::kExact;
   for (const auto& [key, value] : config.settings) {
     if (!kEnvironment.count(key)) return Status(Code::kInvalidArgument, "the CUDA backend has no setting '" + key + "'");
     std::string expected;
     const bool found = key == "matmul"        ? pick(value, kPaths, matmul_path_name, &o.matmul, &expected)
                        : key == "activations" ? pick(value, kActivations, activations_name, &o.activations, &expected)
-                                              : pick(value, kNumerics, numerics_name, &o.numerics, &expected);
+                                              : pick(value, kNumerics, numerics_name, &numerics, &expected);
+    if (found && key == "numerics") o.numerics = numerics;
     if (!found) {
       return Status(Code::kInvalidArgument,
                     kEnvironment.at(key) + " (" + key + ") = '" + value + "': expected one of " + expected);
@@ -68,9 +71,10 @@ Result<std::unique_ptr<Backend>> create(const BackendConfig& config) {
 std::vector<BackendVariant> variants() {
   std::vector<BackendVariant> v;
   for (MatmulPath p : kPaths) {
-    v.push_back({std::string("cuda_") + matmul_path_name(p), BackendConfig{"", 0, {{"matmul", matmul_path_name(p)}}}});
+    v.push_back({std::string("cuda_") + matmul_path_name(p),
+                 BackendConfig{"", 0, {{"numerics", "float"}, {"matmul", matmul_path_name(p)}}}});
   }
-  v.push_back({"cuda_q8", BackendConfig{"", 0, {{"activations", "q8"}}}});
+  v.push_back({"cuda_q8", BackendConfig{"", 0, {{"numerics", "float"}, {"activations", "q8"}}}});
   v.push_back({"cuda_exact", BackendConfig{"", 0, {{"numerics", "exact"}}}});
   return v;
 }

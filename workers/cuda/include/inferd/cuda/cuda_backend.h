@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "inferd/backend.h"
@@ -65,6 +66,9 @@ const char* activations_name(Activations a);
 // the CPU's fma chains, its RMS norm, SiLU and attention; the logits equal the CPU engine's bit for bit
 // (exact() is true, and the backend-ops suite holds it to that). It needs a host whose CPU engine runs
 // the x86 kernels, and excludes tensor cores and q8 activations (it has its own matmul).
+// Unset (the default): kExact where the host's CPU engine runs the x86 kernels and neither tensor cores
+// nor q8 activations are asked for; else kFloat. The same default as the OpenCL backend's: a GPU gives
+// the CPU's tokens unless told to trade them for speed.
 enum class Numerics : uint8_t { kFloat, kExact };
 const char* numerics_name(Numerics n);
 
@@ -72,7 +76,7 @@ struct CudaOptions {
   int device = 0;
   MatmulPath matmul = MatmulPath::kGemv;
   Activations activations = Activations::kFloat;
-  Numerics numerics = Numerics::kFloat;
+  std::optional<Numerics> numerics;
 };
 
 struct CudaStats {
