@@ -18,7 +18,8 @@
 #      (when models/ has it) and the models made here (smollm2-q4_1: the default model's types and
 #      shapes), prefill against decode, two slots, a cuda|cpu pipeline, a KV cache too large for the device;
 #   3. inferd-bench --backend cuda on SmolLM2-shaped, 1.1B and 8B-shaped Q4_0 models made here by
-#      tools/reference/make_synthetic_gguf.py (random codes): float numerics, exact (the default), tensor cores;
+#      tools/reference/make_synthetic_gguf.py (random codes): float numerics, exact (the default), tensor cores,
+#      decode without CUDA graphs;
 #   4. the daemon: load --backend cuda, 16 concurrent greedy streams against their one-at-a-time outputs,
 #      kill -9 of the CUDA worker mid-stream (the stream completes), status;
 #   5. the OpenCL backend on NVIDIA's OpenCL driver: exact numerics against the CPU, float numerics;
@@ -110,6 +111,11 @@ run() {
     say "  $m: rc=$? $(grep -E '^(prefill|decode|load)' "$out/bench-$m.txt" | tr -s ' ' | tr '\n' ';')"
   done
   grep -m1 '^backend' "$out/bench-8b-q4_0.txt" >> "$summary"
+  for m in smollm2-q4_0 tinyllama-q4_0 8b-q4_0; do
+    INFERD_CUDA_NUMERICS=float INFERD_CUDA_GRAPHS=off timeout 60 "$bin/inferd-bench" --backend cuda -m "$models/$m.gguf" \
+      -p 64 -n 128 -r 2 > "$out/bench-nograph-$m.txt" 2>&1
+    say "  $m, float, CUDA graphs off: rc=$? $(grep -E '^decode' "$out/bench-nograph-$m.txt" | tr -s ' ' | tr '\n' ';')"
+  done
   for m in smollm2-q4_0 tinyllama-q4_0 8b-q4_0; do
     INFERD_CUDA_NUMERICS=exact timeout 100 "$bin/inferd-bench" --backend cuda -m "$models/$m.gguf" -p 512 -n 128 -r 2 \
       > "$out/bench-exact-$m.txt" 2>&1

@@ -92,6 +92,27 @@ class DeviceBuffer {
 
 WType wtype(DType t) { return static_cast<WType>(static_cast<uint32_t>(t)); }
 
+// An instantiated CUDA graph, owned.
+class GraphExec {
+ public:
+  GraphExec() = default;
+  explicit GraphExec(cudaGraphExec_t e) : e_(e) {}
+  ~GraphExec() {
+    if (e_ != nullptr) (void)cudaGraphExecDestroy(e_);
+  }
+  GraphExec(GraphExec&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
+  GraphExec& operator=(GraphExec&& o) noexcept {
+    std::swap(e_, o.e_);
+    return *this;
+  }
+  GraphExec(const GraphExec&) = delete;
+  GraphExec& operator=(const GraphExec&) = delete;
+  cudaGraphExec_t get() const { return e_; }
+
+ private:
+  cudaGraphExec_t e_ = nullptr;
+};
+
 bool is_sticky(cudaError_t e) {
   switch (e) {
     case cudaErrorIllegalAddress:
@@ -185,11 +206,21 @@ struct CudaBackend::Impl {
   ActQuant exact_holds_kind = ActQuant::kNone;
   int32_t score_tokens = 0;
   bool exact() const { return opt.numerics == Numerics::kExact; }  // resolved by create()
+  std::string graphs_text() const {
+    if (!opt.graphs) return "off";
+    return std::to_string(stats.graph_captures) + " captured, " + std::to_string(stats.graph_replays) + " steps replayed" +
+           (graph_note.empty() ? "" : " (" + graph_note + ")");
+  }
   std::string numerics_text() const {
     if (exact()) return "numerics exact (the CPU engine's x86 arithmetic, dp4a integer dots)";
     return std::string("numerics float, matmul ") + matmul_path_name(opt.matmul) + ", matmul inputs " +
            activations_name(opt.activations);
   }
+  // CUDA graphs per step shape (tokens, outputs); a shape whose capture failed runs its kernels directly.
+  std::map<std::pair<int32_t, int32_t>, GraphExec> graphs;
+  std::set<std::pair<int32_t, int32_t>> uncapturable;
+  std::string graph_note;  // why a capture failed, for describe()
+  Status run_nodes(const Graph& g, const graph::StepShape& s);
   // RoPE angle tables per positions input: the device table and the host one it is computed in.
   std::map<TensorId, DeviceBuffer> rope_tables;
   std::vector<float> host_table;
@@ -286,11 +317,11 @@ std::string CudaBackend::describe() const {
   char buf[512];
   std::snprintf(buf, sizeof(buf),
                 "CUDA: %s (sm_%d%d, %d SMs, %.1f GiB, driver %s), weights %s uploaded in %.2f s (%.1f GB/s%s), KV %s, "
-                "activations %s, %s",
+                "activations %s, %s, CUDA graphs %s",
                 d.name.c_str(), d.cc_major, d.cc_minor, d.sms, static_cast<double>(d.total_bytes) / (1 << 30),
                 d.driver.c_str(), mib(I.stats.weight_bytes).c_str(), I.stats.upload_seconds, I.stats.upload_gbps(),
                 I.stats.upload_registered ? ", from the registered mapping" : ", pageable", mib(I.stats.kv_bytes).c_str(),
-                mib(I.stats.activation_bytes).c_str(), I.numerics_text().c_str());
+                mib(I.stats.activation_bytes).c_str(), I.numerics_text().c_str(), I.graphs_text().c_str());
   return buf;
 }
 
@@ -516,6 +547,9 @@ Status CudaBackend::prepare(const Graph& g, const BackendShape& shape) {
   I.weights.clear();
   I.pool.clear();
   I.caches.clear();
+  I.graphs.clear();
+  I.uncapturable.clear();
+  I.graph_note.clear();
   I.rope_tables.clear();
   I.exact_act.reset();
   I.scores.reset();
@@ -575,6 +609,7 @@ Status CudaBackend::prepare(const Graph& g, const BackendShape& shape) {
     I.weights.clear();
     I.pool.clear();
     I.caches.clear();
+    I.graphs.clear();
     I.rope_tables.clear();
     I.exact_act.reset();
     I.scores.reset();
@@ -684,6 +719,19 @@ Status CudaBackend::Impl::run_node(const Graph& g, const Node& n, const graph::S
   return Status::ok();
 }
 
+// The step's kernels, in graph order, on the stream (launched, or recorded while capturing).
+Status CudaBackend::Impl::run_nodes(const Graph& g, const graph::StepShape& s) {
+  for (TensorId& held : quant_holds) held = graph::kNone;
+  exact_holds = graph::kNone;
+  for (size_t ni = 0; ni < g.nodes().size(); ++ni) {
+    const Node& n = g.nodes()[ni];
+    if (g.tensor(n.out[0]).rows == graph::Rows::kOutputs && s.outputs == 0) continue;  // no logits wanted
+    Status st = run_node(g, n, s, ni);
+    if (!st) return n.layer >= 0 ? st.with_context("layer " + std::to_string(n.layer)) : st;
+  }
+  return Status::ok();
+}
+
 Status CudaBackend::compute(const Graph& g, graph::StepIO& io) {
   Impl& I = *impl_;
   if (I.broken) return Status(Code::kFailed, "the CUDA device is unusable after an earlier error: " + I.broken_reason);
@@ -712,14 +760,39 @@ Status CudaBackend::compute(const Graph& g, graph::StepIO& io) {
       if (es != cudaSuccess) return I.fail(es, "the RoPE angles");
     }
   }
-  for (TensorId& held : I.quant_holds) held = graph::kNone;
-  I.exact_holds = graph::kNone;
   Status st;
-  for (size_t ni = 0; ni < g.nodes().size() && st; ++ni) {
-    const Node& n = g.nodes()[ni];
-    if (g.tensor(n.out[0]).rows == graph::Rows::kOutputs && s.outputs == 0) continue;  // no logits wanted
-    st = I.run_node(g, n, s, ni);
-    if (!st && n.layer >= 0) st = st.with_context("layer " + std::to_string(n.layer));
+  const std::pair<int32_t, int32_t> key{s.tokens, s.outputs};
+  if (I.opt.graphs && s.tokens <= kGraphMaxTokens && !I.uncapturable.count(key)) {
+    auto it = I.graphs.find(key);
+    if (it == I.graphs.end()) {
+      // Capture the shape's node sequence (nothing runs while capturing), then replay it below.
+      cudaError_t e = cudaStreamBeginCapture(I.stream, cudaStreamCaptureModeThreadLocal);
+      if (e != cudaSuccess) return I.fail(e, "cudaStreamBeginCapture");
+      const Status captured = I.run_nodes(g, s);
+      cudaGraph_t graph = nullptr;
+      e = cudaStreamEndCapture(I.stream, &graph);
+      cudaGraphExec_t exec = nullptr;
+      if (captured && e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
+      if (graph != nullptr) (void)cudaGraphDestroy(graph);
+      if (!captured || e != cudaSuccess) {
+        (void)cudaGetLastError();  // capture errors are not sticky: run this shape's kernels directly
+        I.uncapturable.insert(key);
+        I.graph_note = !captured ? captured.message() : std::string("capture failed: ") + cudaGetErrorString(e);
+        if (I.broken) return captured;
+      } else {
+        it = I.graphs.emplace(key, GraphExec(exec)).first;
+        ++I.stats.graph_captures;
+      }
+    }
+    if (it != I.graphs.end()) {
+      const cudaError_t e = cudaGraphLaunch(it->second.get(), I.stream);
+      if (e != cudaSuccess) return I.fail(e, "cudaGraphLaunch");
+      ++I.stats.graph_replays;
+    } else {
+      st = I.run_nodes(g, s);
+    }
+  } else {
+    st = I.run_nodes(g, s);
   }
   for (size_t i = 0; st && i < g.outputs().size(); ++i) {
     const TensorId id = g.outputs()[i];

@@ -297,6 +297,43 @@ TEST_P(CudaEngineTest, PrefillEqualsDecodeAndTwoSlotsEqualSeparateRuns) {
   }
 }
 
+// CUDA graphs: decode steps replayed from a captured graph equal the same steps launched kernel by kernel,
+// bit for bit, in both numerics; the backend counts one capture per shape and a replay per step.
+TEST_P(CudaEngineTest, GraphReplaysEqualDirectLaunches) {
+  const std::vector<int32_t> t = tokens(24);
+  for (Numerics numerics : {Numerics::kExact, Numerics::kFloat}) {
+    SCOPED_TRACE(numerics_name(numerics));
+    std::vector<float> out[2];
+    for (int graphs = 0; graphs < 2; ++graphs) {
+      CudaOptions o;
+      o.numerics = numerics;
+      o.graphs = graphs == 1;
+      auto r = runner(1, 512, 0, 0, o);
+      ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+      auto pre = r.value()->eval(0, std::span<const int32_t>(t.data(), 8));  // 8 tokens: a graph too
+      ASSERT_TRUE(pre.is_ok()) << pre.status().to_string();
+      out[graphs].assign(pre->begin(), pre->end());
+      for (size_t i = 8; i < t.size(); ++i) {
+        auto d = r.value()->eval(0, std::span<const int32_t>(&t[i], 1));
+        ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+        out[graphs].insert(out[graphs].end(), d->begin(), d->end());
+      }
+      const auto* cb = dynamic_cast<const CudaBackend*>(&r.value()->backend());
+      ASSERT_NE(cb, nullptr);
+      std::printf("[cuda] %s, graphs %s: %lld captured, %lld replayed\n", numerics_name(numerics), graphs ? "on" : "off",
+                  static_cast<long long>(cb->stats().graph_captures), static_cast<long long>(cb->stats().graph_replays));
+      if (graphs == 1) {
+        EXPECT_GE(cb->stats().graph_captures, 2);  // the 8-token prefill and the 1-token decode shapes
+        EXPECT_GE(cb->stats().graph_replays, static_cast<int64_t>(t.size() - 8 + 1));  // every step
+      } else {
+        EXPECT_EQ(cb->stats().graph_replays, 0);
+      }
+    }
+    ASSERT_EQ(out[0].size(), out[1].size());
+    EXPECT_EQ(0, std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)));
+  }
+}
+
 TEST_P(CudaEngineTest, AStageOnTheGpuAndTheRestOnTheCpuEqualTheWholeModel) {
   const int32_t n_layer = model_->config().n_layer;
   if (n_layer < 2) GTEST_SKIP() << "one layer";

@@ -7,6 +7,8 @@
 //   numerics     INFERD_CUDA_NUMERICS     exact | float (default: exact, unless tensor_cores or q8 is set
 //                                         or the host's CPU engine runs its scalar kernels; exact: the CPU
 //                                         engine's arithmetic, logits equal to its bit for bit)
+//   graphs       INFERD_CUDA_GRAPHS       on | off (default on: steps of up to 16 tokens replay a CUDA
+//                                         graph captured once per shape)
 // A value outside these lists is kInvalidArgument naming the setting and its variable.
 #include <cstdlib>
 #include <string>
@@ -22,7 +24,8 @@ using namespace cuda;
 
 const std::map<std::string, std::string> kEnvironment = {{"matmul", "INFERD_CUDA_MATMUL"},
                                                          {"activations", "INFERD_CUDA_ACTIVATIONS"},
-                                                         {"numerics", "INFERD_CUDA_NUMERICS"}};
+                                                         {"numerics", "INFERD_CUDA_NUMERICS"},
+                                                         {"graphs", "INFERD_CUDA_GRAPHS"}};
 constexpr MatmulPath kPaths[] = {MatmulPath::kGemv, MatmulPath::kTensorCores};
 constexpr Activations kActivations[] = {Activations::kFloat, Activations::kQ8};
 constexpr Numerics kNumerics[] = {Numerics::kFloat, Numerics::kExact};
@@ -45,6 +48,13 @@ Result<std::unique_ptr<Backend>> create(const BackendConfig& config) {
   for (const auto& [key, value] : config.settings) {
     if (!kEnvironment.count(key)) return Status(Code::kInvalidArgument, "the CUDA backend has no setting '" + key + "'");
     std::string expected;
+    if (key == "graphs") {
+      if (value != "on" && value != "off") {
+        return Status(Code::kInvalidArgument, "INFERD_CUDA_GRAPHS (graphs) = '" + value + "': expected one of on, off");
+      }
+      o.graphs = value == "on";
+      continue;
+    }
     const bool found = key == "matmul"        ? pick(value, kPaths, matmul_path_name, &o.matmul, &expected)
                        : key == "activations" ? pick(value, kActivations, activations_name, &o.activations, &expected)
                                               : pick(value, kNumerics, numerics_name, &numerics, &expected);
@@ -76,6 +86,7 @@ std::vector<BackendVariant> variants() {
   }
   v.push_back({"cuda_q8", BackendConfig{"", 0, {{"numerics", "float"}, {"activations", "q8"}}}});
   v.push_back({"cuda_exact", BackendConfig{"", 0, {{"numerics", "exact"}}}});
+  v.push_back({"cuda_exact_nograph", BackendConfig{"", 0, {{"numerics", "exact"}, {"graphs", "off"}}}});
   return v;
 }
 

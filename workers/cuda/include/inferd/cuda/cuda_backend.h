@@ -20,6 +20,8 @@
 // sizes, and nothing stays allocated; a CUDA error in a step fails the step with the runtime's message,
 // and when the error leaves the device context unusable (a sticky error) healthy() turns false: the
 // worker then exits so that the supervisor restarts it.
+// Decode steps run as CUDA graphs (CudaOptions::graphs): the node sequence of a (tokens, outputs) shape is
+// captured once and replayed; the step's inputs are copied in before the replay and its outputs out after.
 // Thread safety: one thread at a time (Backend); prepare() and compute() bind the device to the
 // calling thread.
 #pragma once
@@ -77,13 +79,20 @@ struct CudaOptions {
   MatmulPath matmul = MatmulPath::kGemv;
   Activations activations = Activations::kFloat;
   std::optional<Numerics> numerics;
+  // Steps of up to kGraphMaxTokens tokens (decode and small batches) run as CUDA graphs, captured once per
+  // (tokens, outputs) shape and replayed: one launch instead of hundreds. Every kernel reads the step's
+  // positions, slots and angles from fixed device buffers, so a shape's graph serves every step of that
+  // shape. Off: every kernel launched each step.
+  bool graphs = true;
 };
+inline constexpr int32_t kGraphMaxTokens = 16;
 
 struct CudaStats {
   size_t weight_bytes = 0, kv_bytes = 0, activation_bytes = 0;
   double upload_seconds = 0.0;
   bool upload_registered = false;  // the weights were copied from a registered (pinned) host mapping
   int64_t steps = 0, gemv_matmuls = 0, tensor_core_matmuls = 0, exact_matmuls = 0;
+  int64_t graph_captures = 0, graph_replays = 0;  // CUDA graphs: shapes captured, steps run as a graph
   double upload_gbps() const {
     return upload_seconds > 0 ? static_cast<double>(weight_bytes) / upload_seconds / 1e9 : 0.0;
   }
