@@ -113,7 +113,7 @@ run() {
   grep -m1 '^backend' "$out/bench-8b-q4_0.txt" >> "$summary"
   for m in smollm2-q4_0 tinyllama-q4_0 8b-q4_0; do
     INFERD_CUDA_NUMERICS=float INFERD_CUDA_GRAPHS=off timeout 60 "$bin/inferd-bench" --backend cuda -m "$models/$m.gguf" \
-      -p 64 -n 128 -r 2 > "$out/bench-nograph-$m.txt" 2>&1
+      -p 512 -n 128 -r 2 > "$out/bench-nograph-$m.txt" 2>&1
     say "  $m, float, CUDA graphs off: rc=$? $(grep -E '^decode' "$out/bench-nograph-$m.txt" | tr -s ' ' | tr '\n' ';')"
   done
   for m in smollm2-q4_0 tinyllama-q4_0 8b-q4_0; do

@@ -526,10 +526,12 @@ __global__ void kv_write_kernel(KvLayout kv, const float* k, const float* v, con
   }
 }
 
-constexpr int kAttnWarps = 4;
+constexpr int kAttnWarps = 8;
 
 // One block per (query head, token): its warps take every kAttnWarps-th key of [0, pos], each with an
-// online softmax over its keys (lane l holds dimensions l, l + 32, ...), merged at the end.
+// online softmax over its keys (lane l holds dimensions l, l + 32, ...), merged at the end. Each warp loads
+// its next key and value rows before computing with the current ones, so the loads of successive keys
+// overlap the dependent chain of the online softmax.
 template <int DPL>
 __global__ void __launch_bounds__(kAttnWarps * 32)
     attention_kernel(KvLayout kv, int32_t n_head, const float* __restrict__ q, const int32_t* pos, const int32_t* slot,
@@ -553,18 +555,38 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
     acc[i] = 0.0f;
   }
   float m = -FLT_MAX, l = 0.0f;
+  __half kn[DPL], vn[DPL];  // the next position's key and value values of this lane
+  if (warp <= p) {
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) {
+      kn[i] = K[static_cast<size_t>(warp) * D + lane + 32 * i];
+      vn[i] = V[static_cast<size_t>(warp) * D + lane + 32 * i];
+    }
+  }
   for (int32_t j = warp; j <= p; j += kAttnWarps) {
-    const __half* kr = K + static_cast<size_t>(j) * D;
+    float kc[DPL], vc[DPL];
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) {
+      kc[i] = __half2float(kn[i]);
+      vc[i] = __half2float(vn[i]);
+    }
+    if (j + kAttnWarps <= p) {
+      const size_t next = static_cast<size_t>(j + kAttnWarps) * D;
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) {
+        kn[i] = K[next + lane + 32 * i];
+        vn[i] = V[next + lane + 32 * i];
+      }
+    }
     float s = 0.0f;
 #pragma unroll
-    for (int i = 0; i < DPL; ++i) s = fmaf(qv[i], __half2float(kr[lane + 32 * i]), s);
+    for (int i = 0; i < DPL; ++i) s = fmaf(qv[i], kc[i], s);
     s = warp_sum(s) * scale;
     const float m_new = fmaxf(m, s);
     const float corr = expf(m - m_new), e = expf(s - m_new);
     l = l * corr + e;
-    const __half* vr = V + static_cast<size_t>(j) * D;
 #pragma unroll
-    for (int i = 0; i < DPL; ++i) acc[i] = fmaf(e, __half2float(vr[lane + 32 * i]), acc[i] * corr);
+    for (int i = 0; i < DPL; ++i) acc[i] = fmaf(e, vc[i], acc[i] * corr);
     m = m_new;
   }
   if (lane == 0) {

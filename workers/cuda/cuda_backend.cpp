@@ -208,6 +208,7 @@ struct CudaBackend::Impl {
   bool exact() const { return opt.numerics == Numerics::kExact; }  // resolved by create()
   std::string graphs_text() const {
     if (!opt.graphs) return "off";
+    if (stats.graph_captures == 0 && graph_note.empty()) return "on (steps of up to 16 tokens)";
     return std::to_string(stats.graph_captures) + " captured, " + std::to_string(stats.graph_replays) + " steps replayed" +
            (graph_note.empty() ? "" : " (" + graph_note + ")");
   }
