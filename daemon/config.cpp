@@ -32,6 +32,7 @@ constexpr std::string_view kLogLevels[] = {"trace", "debug", "info", "warn", "er
 enum class Key {
   kSocket, kWorker, kLogLevel, kThreads, kMaxRestarts, kRestartWindow,
   kContext, kParallel, kMaxQueue, kStepsInFlight, kStreamInterval, kMaxTextBytes, kStartTimeout, kStepTimeout, kAdminUids, kLoad,
+  kHttpSocket, kHttpListen, kHttpKeys, kHttpNoAuth,
 };
 
 struct KeyInfo {
@@ -76,6 +77,17 @@ constexpr KeyInfo kKeys[] = {
      "peer uids that may use Admin besides the daemon's own and root; 'any':\n"
      "                         every peer that can open the socket (default: only the daemon's own\n"
      "                         uid and root)"},
+    {"http-socket", Key::kHttpSocket, "PATH|off",
+     "unix socket of the OpenAI-compatible HTTP API (default: next to the RPC\n"
+     "                         socket, inferd.sock -> inferd-http.sock); off: none"},
+    {"http-listen", Key::kHttpListen, "HOST:PORT",
+     "also serve the HTTP API on this TCP address, e.g. 127.0.0.1:11435; every\n"
+     "                         request there needs a key from http-keys (default: none)"},
+    {"http-keys", Key::kHttpKeys, "PATH",
+     "file of bearer keys for http-listen, one per line, mode 0600 (default: none)"},
+    {"http-no-auth", Key::kHttpNoAuth, "true|false",
+     "serve http-listen without keys: anyone who can reach the address may use\n"
+     "                         it (default: false; without keys the listener does not start)"},
     {"load", Key::kLoad, "PATH [id=ID] [ctx=N] [parallel=N] [threads=N] [backend=cpu|cuda[:N]|opencl[:N]]",
      "\n                         load a model at start; repeatable (quote a PATH with spaces: \"...\")"},
 };
@@ -328,6 +340,29 @@ Status apply(Key key, std::string_view value, const Origin& origin, DaemonConfig
       config.admin_any = false;
       return Status::ok();
     }
+    case Key::kHttpSocket:
+      config.http_socket = value == "off" ? std::string("off") : absolute_path(value, origin);
+      if (config.http_socket != "off" && config.http_socket.size() > kMaxSocketPathBytes) {
+        return invalid(quote(config.http_socket) + " is too long for a unix socket path");
+      }
+      return Status::ok();
+    case Key::kHttpListen: {
+      const size_t colon = value.rfind(':');
+      if (colon == std::string_view::npos || colon == 0 || colon + 1 == value.size()) {
+        return invalid("expected HOST:PORT, got " + quote(value));
+      }
+      Result<uint32_t> port = parse_u32(value.substr(colon + 1), 1, 65535);
+      if (!port) return invalid("bad port: " + port.status().message());
+      config.http_listen = value;
+      return Status::ok();
+    }
+    case Key::kHttpKeys:
+      config.http_keys = absolute_path(value, origin);
+      return Status::ok();
+    case Key::kHttpNoAuth:
+      if (value != "true" && value != "false") return invalid("expected true or false, got " + quote(value));
+      config.http_no_auth = value == "true";
+      return Status::ok();
     case Key::kLoad: {
       Result<ModelToLoad> model = parse_load(value, origin);
       if (!model) return model.status();
@@ -462,6 +497,14 @@ std::string default_socket_path() {
   if (runtime != nullptr && *runtime != '\0') return std::string(runtime) + "/inferd/inferd.sock";
   if (::geteuid() == 0) return "/run/inferd/inferd.sock";
   return "/tmp/inferd-" + std::to_string(::geteuid()) + "/inferd.sock";
+}
+
+std::string default_http_socket(const std::string& socket_path) {
+  constexpr std::string_view kSuffix = ".sock";
+  if (socket_path.size() > kSuffix.size() && socket_path.ends_with(kSuffix)) {
+    return socket_path.substr(0, socket_path.size() - kSuffix.size()) + "-http.sock";
+  }
+  return socket_path + "-http";
 }
 
 std::string default_worker_path() {

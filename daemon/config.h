@@ -69,6 +69,13 @@ struct DaemonConfig {
   std::vector<uint32_t> admin_uids;
   bool admin_any = false;
   std::vector<ModelToLoad> load;     // models loaded at start, in order
+  // OpenAI's HTTP API (http_server.h): a unix socket (default: next to `socket_path`, see
+  // default_http_socket(); "off": none), a TCP address "HOST:PORT" (none by default) whose requests need
+  // a bearer key from the `http_keys` file, unless http_no_auth.
+  std::string http_socket;
+  std::string http_listen;
+  std::string http_keys;
+  bool http_no_auth = false;
 
   // True when Admin is open to every peer.
   bool admin_open() const { return admin_any; }
@@ -77,6 +84,10 @@ struct DaemonConfig {
 // $INFERD_SOCKET if set and non-empty; else $XDG_RUNTIME_DIR/inferd/inferd.sock if XDG_RUNTIME_DIR is
 // set; else /run/inferd/inferd.sock when running as root; else /tmp/inferd-<uid>/inferd.sock.
 std::string default_socket_path();
+
+// The HTTP socket next to the RPC socket: ".../inferd.sock" -> ".../inferd-http.sock" (any other name
+// gets "-http" appended).
+std::string default_http_socket(const std::string& socket_path);
 
 // The inferd-worker binary in the directory of /proc/self/exe; "inferd-worker" (found through PATH by
 // the caller) if /proc/self/exe cannot be read.

@@ -16,8 +16,10 @@
 
 #include <kj/async-io.h>
 #include <kj/async-unix.h>
+#include <kj/vector.h>
 
 #include "config.h"
+#include "http_server.h"
 #include "rpc_server.h"
 #include "sd_notify.h"
 #include "supervisor.h"
@@ -74,6 +76,52 @@ int run(DaemonConfig cfg) {
   }
 
   Supervisor sup(cfg);
+  // OpenAI's HTTP API: the unix socket next to the RPC one, and a TCP address when configured. A listener
+  // that was asked for and cannot be served stops the daemon: failing closed beats serving half a config.
+  std::vector<std::string> keys;
+  if (!cfg.http_keys.empty()) {
+    auto k = read_http_keys(cfg.http_keys);
+    if (!k) {
+      spdlog::critical("{}", k.status().message());
+      return 1;
+    }
+    keys = std::move(k).value();
+  }
+  HttpServer http(sup, io.provider->getTimer(), keys);
+  kj::Vector<kj::Promise<void>> http_serving;
+  const std::string http_path = cfg.http_socket.empty() ? default_http_socket(cfg.socket_path) : cfg.http_socket;
+  if (http_path != "off") {
+    auto fd = listen_unix(http_path);
+    if (!fd) {
+      spdlog::critical("HTTP API: {}", fd.status().message());
+      return 1;
+    }
+    http_serving.add(http.listen(io.lowLevelProvider->wrapListenSocketFd(fd.value(), kj::LowLevelAsyncIoProvider::TAKE_OWNERSHIP),
+                                 /*tcp=*/false)
+                         .eagerlyEvaluate([](kj::Exception&& e) {
+                           spdlog::critical("HTTP accept loop failed: {}", e.getDescription().cStr());
+                         }));
+    spdlog::info("OpenAI-compatible HTTP API on {}", http_path);
+  }
+  if (!cfg.http_listen.empty()) {
+    if (keys.empty() && !cfg.http_no_auth) {
+      spdlog::critical("http-listen {} needs bearer keys (http-keys = FILE, mode 0600); http-no-auth = true serves it to "
+                       "anyone who can reach the address",
+                       cfg.http_listen);
+      return 1;
+    }
+    KJ_IF_MAYBE(e, kj::runCatchingExceptions([&] {
+      auto addr = io.provider->getNetwork().parseAddress(cfg.http_listen).wait(io.waitScope);
+      http_serving.add(http.listen(addr->listen(), /*tcp=*/true).eagerlyEvaluate([](kj::Exception&& ex) {
+        spdlog::critical("HTTP accept loop failed: {}", ex.getDescription().cStr());
+      }));
+    })) {
+      spdlog::critical("http-listen {}: {}", cfg.http_listen, e->getDescription().cStr());
+      return 1;
+    }
+    spdlog::info("OpenAI-compatible HTTP API on {}{}", cfg.http_listen, keys.empty() ? " WITHOUT keys (http-no-auth)" : "");
+  }
+
   std::atomic<int64_t> supervisor_heartbeat{0};
   std::thread sup_thread([&] { sup.run(); });
   RpcServer server(sup, *io.provider, *io.lowLevelProvider, listen_fd);
@@ -128,6 +176,7 @@ int run(DaemonConfig cfg) {
   stopped.promise.wait(io.waitScope);
   joiner.join();
   if (!activated) ::unlink(cfg.socket_path.c_str());
+  if (http_path != "off") ::unlink(http_path.c_str());
   spdlog::info("stopped");
   return 0;
 }

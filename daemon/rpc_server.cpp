@@ -19,6 +19,7 @@
 #include <capnp/rpc.h>
 
 #include "inferd/schemas/inferd.capnp.h"
+#include "kj_bridge.h"
 
 namespace inferd::daemon {
 namespace {
@@ -32,22 +33,6 @@ kj::Exception to_exception(const Status& s) {
     default: break;
   }
   return kj::Exception(type, __FILE__, __LINE__, kj::str(s.message().c_str()));
-}
-
-// Runs fn(reply) on the supervisor thread; whatever thread calls reply(value) fulfils the returned
-// promise on this thread (for work the supervisor hands to its text pool).
-template <typename T, typename Fn>
-kj::Promise<T> on_supervisor_async(Supervisor& sup, Fn fn) {
-  auto paf = kj::newPromiseAndCrossThreadFulfiller<T>();
-  auto holder = std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<T>>>(kj::mv(paf.fulfiller));
-  sup.post([holder, fn]() mutable { fn([holder](T value) { (*holder)->fulfill(kj::mv(value)); }); });
-  return kj::mv(paf.promise);
-}
-
-// Runs fn() on the supervisor thread; its result fulfils the returned promise on this thread.
-template <typename T, typename Fn>
-kj::Promise<T> on_supervisor(Supervisor& sup, Fn fn) {
-  return on_supervisor_async<T>(sup, [fn](auto reply) mutable { reply(fn()); });
 }
 
 template <typename T>

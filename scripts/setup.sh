@@ -47,6 +47,12 @@ if ! python3 -c "import capnp" 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check "pycapnp==2.2.4"
 fi
 
+# openai: the HTTP API's end-to-end tests use the official client, as the apps that call the daemon do.
+if ! python3 -c "import openai" 2>/dev/null; then
+  log "installing openai from PyPI"
+  python3 -m pip install --quiet --disable-pip-version-check "openai==3.57.0"
+fi
+
 if [ "${1:-}" = "--python" ]; then
   python3 -c "import gguf, numpy" 2>/dev/null || python3 -m pip install --quiet --disable-pip-version-check gguf numpy
 fi

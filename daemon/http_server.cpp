@@ -1,0 +1,325 @@
+#include "http_server.h"
+// kj::HttpService and kj::TaskSet::ErrorHandler are destroyed through their own Own<> disposers, not
+// through base pointers, and have no virtual destructors.
+#pragma GCC diagnostic ignored "-Wnon-virtual-dtor"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <kj/compat/http.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <string>
+
+#include "kj_bridge.h"
+#include "openai.h"
+
+namespace inferd::daemon {
+
+namespace {
+
+constexpr auto kBodyTimeout = 30 * kj::SECONDS;
+
+const char* reason_phrase(unsigned status) {
+  switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 413: return "Payload Too Large";
+    case 429: return "Too Many Requests";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    default: return "Internal Server Error";
+  }
+}
+
+// Compares without an early exit, so the time taken says nothing about where a guess went wrong.
+bool same_key(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;  // a key's length is no secret worth keeping
+  unsigned diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i]) ^ static_cast<unsigned char>(b[i]);
+  return diff == 0;
+}
+
+// A streamed generation's state, owned by its promise chain.
+struct SseState {
+  kj::Own<kj::AsyncOutputStream> out;
+  std::shared_ptr<GenerationStream> stream;
+  openai::Endpoint endpoint;
+  openai::ResponseId rid;
+  bool include_usage = false;
+  bool first = true;
+};
+
+}  // namespace
+
+struct HttpServer::Impl {
+  Supervisor& sup;
+  kj::Timer& timer;
+  std::vector<std::string> keys;
+  kj::HttpHeaderTable::Builder builder;
+  kj::HttpHeaderId authorization = builder.add("Authorization");
+  kj::Own<kj::HttpHeaderTable> table = builder.build();
+
+  Impl(Supervisor& s, kj::Timer& t, std::vector<std::string> k) : sup(s), timer(t), keys(std::move(k)) {}
+
+  kj::Promise<void> send(kj::HttpService::Response& response, unsigned status, std::string body,
+                         const char* content_type = "application/json", bool retry_after = false) {
+    kj::HttpHeaders h(*table);
+    h.set(kj::HttpHeaderId::CONTENT_TYPE, content_type);
+    if (retry_after) h.add("Retry-After", "1");
+    auto buf = kj::heap<std::string>(std::move(body));
+    auto out = response.send(status, reason_phrase(status), h, static_cast<uint64_t>(buf->size()));
+    auto written = out->write(buf->data(), buf->size());
+    return written.attach(kj::mv(out), kj::mv(buf));
+  }
+  kj::Promise<void> send_error(kj::HttpService::Response& response, const openai::Error& e) {
+    return send(response, e.http_status, e.body, "application/json", e.http_status == 429);
+  }
+  kj::Promise<void> send_status(kj::HttpService::Response& response, const Status& s) {
+    return send_error(response, openai::error_for(s));
+  }
+
+  kj::Promise<void> models(kj::HttpService::Response& response) {
+    Supervisor& s = sup;
+    return on_supervisor<std::vector<ModelInfoData>>(sup, [&s] { return s.list(); })
+        .then([this, &response](std::vector<ModelInfoData> list) {
+          std::vector<std::string> ids;
+          for (const ModelInfoData& m : list) ids.push_back(m.id);
+          return send(response, 200, openai::models_body(ids));
+        });
+  }
+
+  kj::Promise<void> generate(openai::Endpoint endpoint, const kj::HttpHeaders& headers, kj::AsyncInputStream& body,
+                             kj::HttpService::Response& response) {
+    const uint32_t max_text = sup.config().max_text_bytes;
+    // A text of max_text_bytes may double in JSON's escapes; the rest of a request is small.
+    const uint64_t limit = 2 * uint64_t{max_text} + (uint64_t{64} << 10);
+    KJ_IF_MAYBE(length, headers.get(kj::HttpHeaderId::CONTENT_LENGTH)) {
+      uint64_t n = 0;
+      const auto [ptr, ec] = std::from_chars(length->begin(), length->end(), n);
+      if (ec != std::errc() || ptr != length->end() || n > limit) {
+        return send_error(response, openai::error(413, "invalid_request_error",
+                                                  "the request body is larger than this daemon takes (" +
+                                                      std::to_string(limit) + " bytes)",
+                                                  "request_too_large"));
+      }
+    }
+    auto read = timer.timeoutAfter(kBodyTimeout, body.readAllText(limit + 1));
+    return read.then(
+        [this, endpoint, &response, limit, max_text](kj::String text) -> kj::Promise<void> {
+          if (text.size() > limit) {
+            return send_error(response, openai::error(413, "invalid_request_error", "the request body is too large",
+                                                      "request_too_large"));
+          }
+          auto req = openai::parse_request(endpoint, std::string_view(text.cStr(), text.size()), max_text);
+          if (!req) return send_status(response, req.status());
+          return run(std::move(req).value(), response);
+        },
+        [this, &response](kj::Exception&& e) -> kj::Promise<void> {
+          if (e.getType() == kj::Exception::Type::DISCONNECTED) return kj::mv(e);
+          const bool timeout = std::string(e.getDescription().cStr()).find("timed out") != std::string::npos;
+          return send_error(response, timeout ? openai::error(408, "invalid_request_error",
+                                                              "the request body did not arrive within 30 s")
+                                              : openai::error(413, "invalid_request_error",
+                                                              "the request body could not be read: it is too large "
+                                                              "or malformed",
+                                                              "request_too_large"));
+        });
+  }
+
+  kj::Promise<void> run(openai::Request req, kj::HttpService::Response& response) {
+    auto stream = std::make_shared<GenerationStream>();
+    Supervisor& s = sup;
+    const std::string model = req.params.model;
+    const openai::Endpoint endpoint = req.endpoint;
+    const bool streamed = req.stream, include_usage = req.include_usage;
+    auto submitted = on_supervisor_async<Status>(sup, [&s, params = std::move(req.params), stream](auto reply) mutable {
+      s.generate(std::move(params), stream, std::move(reply));
+    });
+    // Dropping this promise (the client disconnected, the server stops) ends the sequence at its next step.
+    auto cancel = kj::defer([&s, stream, model] {
+      stream->cancel();
+      s.post([&s, model] { s.kick(model); });
+    });
+    return submitted
+        .then([this, stream, &response, endpoint, model, streamed, include_usage](Status st) -> kj::Promise<void> {
+          if (!st) return send_status(response, st);
+          openai::ResponseId rid = openai::new_response_id(endpoint, model);
+          if (!streamed) return whole(stream, endpoint, std::move(rid), response);
+          kj::HttpHeaders h(*table);
+          h.set(kj::HttpHeaderId::CONTENT_TYPE, "text/event-stream");
+          h.add("Cache-Control", "no-cache");
+          auto state = kj::heap<SseState>();
+          state->out = response.send(200, "OK", h);
+          state->stream = stream;
+          state->endpoint = endpoint;
+          state->rid = std::move(rid);
+          state->include_usage = include_usage;
+          SseState& ref = *state;
+          return pump(ref).attach(kj::mv(state));
+        })
+        .attach(kj::mv(cancel));
+  }
+
+  // The whole answer once the generation ends.
+  kj::Promise<void> whole(std::shared_ptr<GenerationStream> stream, openai::Endpoint endpoint, openai::ResponseId rid,
+                          kj::HttpService::Response& response) {
+    return stream->ready(/*end_only=*/true).then([this, stream, endpoint, rid = std::move(rid), &response]() {
+      GenerationStream::Batch b = stream->take();
+      INFERD_ASSERT(b.end.has_value(), "ready(true) resolved without the end");
+      if (!b.end->is_ok()) return send_status(response, b.end->status());
+      return send(response, 200, openai::response_body(endpoint, rid, b.text, b.end->value()));
+    });
+  }
+
+  // Server-sent events: each batch of text as it is ready, then the finish reason, the usage when asked
+  // for, and [DONE]. A failed write (the client went away) rejects the chain, which cancels the sequence.
+  static kj::Promise<void> pump(SseState& st) {
+    return st.stream->ready().then([&st]() -> kj::Promise<void> {
+      GenerationStream::Batch b = st.stream->take();
+      auto data = kj::heap<std::string>();
+      if (!b.text.empty() || (st.first && b.end && b.end->is_ok() && st.endpoint == openai::Endpoint::kChat)) {
+        *data += openai::chunk_event(st.endpoint, st.rid, b.text, st.first);
+        st.first = false;
+      }
+      const bool end = b.end.has_value();
+      if (end) {
+        if (b.end->is_ok()) {
+          *data += openai::finish_event(st.endpoint, st.rid, b.end->value().reason);
+          if (st.include_usage) *data += openai::usage_event(st.endpoint, st.rid, b.end->value());
+        } else {
+          *data += openai::error_event(b.end->status());
+        }
+        *data += openai::done_event();
+      }
+      if (data->empty()) return pump(st);
+      auto written = st.out->write(data->data(), data->size()).attach(kj::mv(data));
+      if (end) return written;
+      return written.then([&st] { return pump(st); });
+    });
+  }
+
+  struct Service final : public kj::HttpService {
+    Impl& impl;
+    bool tcp;
+    Service(Impl& i, bool t) : impl(i), tcp(t) {}
+
+    bool authorized(const kj::HttpHeaders& headers) const {
+      if (!tcp || impl.keys.empty()) return true;
+      KJ_IF_MAYBE(value, headers.get(impl.authorization)) {
+        std::string_view v(value->cStr(), value->size());
+        if (!v.starts_with("Bearer ")) return false;
+        v.remove_prefix(7);
+        bool ok = false;
+        for (const std::string& k : impl.keys) ok = same_key(v, k) || ok;
+        return ok;
+      }
+      return false;
+    }
+
+    kj::Promise<void> request(kj::HttpMethod method, kj::StringPtr url, const kj::HttpHeaders& headers,
+                              kj::AsyncInputStream& body, Response& response) override {
+      std::string path(url.cStr(), url.size());
+      path = path.substr(0, path.find('?'));
+      if (!authorized(headers)) {
+        return impl.send_error(response, openai::error(401, "invalid_request_error",
+                                                       "a valid API key is required: Authorization: Bearer KEY",
+                                                       "invalid_api_key"));
+      }
+      const bool get = method == kj::HttpMethod::GET, post = method == kj::HttpMethod::POST;
+      if (path == "/health") {
+        if (!get) return method_not_allowed(response, "GET");
+        return impl.send(response, 200, "{\"status\":\"ok\"}");
+      }
+      if (path == "/v1/models") {
+        if (!get) return method_not_allowed(response, "GET");
+        return impl.models(response);
+      }
+      if (path == "/v1/chat/completions" || path == "/v1/completions") {
+        if (!post) return method_not_allowed(response, "POST");
+        return impl.generate(path == "/v1/completions" ? openai::Endpoint::kCompletions : openai::Endpoint::kChat,
+                             headers, body, response);
+      }
+      return impl.send_error(response, openai::error(404, "invalid_request_error", "no such endpoint: " + path,
+                                                     "unknown_url"));
+    }
+
+    kj::Promise<void> method_not_allowed(Response& response, const char* allowed) {
+      return impl.send_error(response, openai::error(405, "invalid_request_error",
+                                                     std::string("this endpoint takes ") + allowed));
+    }
+  };
+};
+
+HttpServer::HttpServer(Supervisor& supervisor, kj::Timer& timer, std::vector<std::string> keys)
+    : impl_(std::make_unique<Impl>(supervisor, timer, std::move(keys))) {}
+
+HttpServer::~HttpServer() = default;
+
+kj::Promise<void> HttpServer::listen(kj::Own<kj::ConnectionReceiver> listener, bool tcp) {
+  auto service = kj::heap<Impl::Service>(*impl_, tcp);
+  kj::HttpServerSettings settings;
+  settings.headerTimeout = 15 * kj::SECONDS;
+  auto server = kj::heap<kj::HttpServer>(impl_->timer, *impl_->table, *service, settings);
+  auto served = server->listenHttp(*listener);
+  return served.attach(kj::mv(server), kj::mv(service), kj::mv(listener));
+}
+
+Result<std::vector<std::string>> read_http_keys(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+  if (fd < 0) return Status(Code::kFailed, "http-keys " + path + ": cannot open: " + std::strerror(errno));
+  struct stat st {};
+  std::string text;
+  Status status;
+  if (::fstat(fd, &st) != 0) {
+    status = Status(Code::kFailed, "http-keys " + path + ": cannot stat: " + std::strerror(errno));
+  } else if (!S_ISREG(st.st_mode)) {
+    status = Status(Code::kFailed, "http-keys " + path + " is not a regular file");
+  } else if ((st.st_mode & 077) != 0) {
+    status = Status(Code::kFailed, "http-keys " + path + " may be read or written by other users (mode " +
+                                       [&] {
+                                         char b[8];
+                                         std::snprintf(b, sizeof(b), "%04o", st.st_mode & 07777);
+                                         return std::string(b);
+                                       }() +
+                                       "); make it 0600");
+  } else if (st.st_size > (1 << 20)) {
+    status = Status(Code::kFailed, "http-keys " + path + " is larger than 1 MiB");
+  } else {
+    text.resize(static_cast<size_t>(st.st_size));
+    size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = ::read(fd, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
+    }
+    text.resize(done);
+  }
+  ::close(fd);
+  if (!status) return status;
+  std::vector<std::string> keys;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t nl = text.find('\n', pos);
+    if (nl == std::string::npos) nl = text.size();
+    std::string line = text.substr(pos, nl - pos);
+    pos = nl + 1;
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t')) line.pop_back();
+    size_t start = line.find_first_not_of(" \t");
+    if (start == std::string::npos || line[start] == '#') continue;
+    keys.push_back(line.substr(start));
+  }
+  if (keys.empty()) return Status(Code::kInvalidArgument, "http-keys " + path + " holds no key");
+  return keys;
+}
+
+}  // namespace inferd::daemon

@@ -1,0 +1,31 @@
+// daemon/kj_bridge.h — from the KJ event loop (the RPC and HTTP servers) to the supervisor's thread and
+// back: a function posted to the supervisor, its answer fulfilling a promise on the loop's thread.
+// Thread safety: call on the KJ loop's thread; `fn` runs on the supervisor's; `reply` may be called
+// from any thread (the supervisor hands text work to its text pool).
+#pragma once
+
+#include <kj/async.h>
+
+#include <memory>
+
+#include "supervisor.h"
+
+namespace inferd::daemon {
+
+// Runs fn(reply) on the supervisor thread; whatever thread calls reply(value) fulfils the returned
+// promise on this thread.
+template <typename T, typename Fn>
+kj::Promise<T> on_supervisor_async(Supervisor& sup, Fn fn) {
+  auto paf = kj::newPromiseAndCrossThreadFulfiller<T>();
+  auto holder = std::make_shared<kj::Own<kj::CrossThreadPromiseFulfiller<T>>>(kj::mv(paf.fulfiller));
+  sup.post([holder, fn]() mutable { fn([holder](T value) { (*holder)->fulfill(kj::mv(value)); }); });
+  return kj::mv(paf.promise);
+}
+
+// Runs fn() on the supervisor thread; its result fulfils the returned promise on this thread.
+template <typename T, typename Fn>
+kj::Promise<T> on_supervisor(Supervisor& sup, Fn fn) {
+  return on_supervisor_async<T>(sup, [fn](auto reply) mutable { reply(fn()); });
+}
+
+}  // namespace inferd::daemon

@@ -1,0 +1,262 @@
+#!/usr/bin/env python3
+"""End-to-end: OpenAI's HTTP API, with the official `openai` package as the client.
+
+One daemon serves the API on its unix socket (next to the RPC socket, no key) and on a TCP loopback port
+with a bearer key from a mode-0600 keys file. Checked: chat and completions, streamed and not; greedy
+output equal to the Cap'n Proto API's for the same prompt; max_tokens, stop strings, a seed; usage;
+errors as the SDK's typed exceptions (unknown model, bad values, a wrong key); bad input at the HTTP level
+(malformed JSON, a 100 MB body, 200 idle connections and a slowloris client while a request is served);
+a client that disconnects mid-stream cancels its generation; a TCP listener without keys, or with a keys
+file others can read, stops the daemon at start with the reason.
+
+    test_openai.py --bin-dir BUILD/bin --model MODEL.gguf
+
+Exits 77 (skipped) when the `openai` package is not installed (scripts/setup.sh installs it).
+"""
+import http.client
+import json
+import os
+import socket
+import sys
+import time
+
+import harness
+from harness import Connection, request, run_async
+
+try:
+    import openai
+except ImportError:
+    openai = None
+
+MODEL = "smol"
+CONTEXT = 512
+KEY = "sk-inferd-e2e-0123456789"
+
+
+def free_port():
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """http.client over the daemon's unix socket."""
+
+    def __init__(self, path, timeout=60):
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.path)
+
+
+def http_json(conn, method, path, body=None, headers=None):
+    """(status, parsed JSON body) of one request."""
+    data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+    conn.request(method, path, body=data, headers=headers or {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    raw = r.read()
+    return r.status, json.loads(raw) if raw else None
+
+
+class OpenAiTest(harness.DaemonTestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.port = free_port()
+        cls.daemon = harness.Daemon("--http-listen", f"127.0.0.1:{cls.port}", "--http-keys", "KEYS", threads=2)
+        keys = os.path.join(cls.daemon.dir, "keys")
+        with open(keys, "w") as f:
+            f.write(f"# keys of the e2e test\n{KEY}\n")
+        os.chmod(keys, 0o600)
+        cls.daemon.args[cls.daemon.args.index("KEYS")] = keys
+        cls.daemon.start()
+        cls.http_socket = os.path.join(cls.daemon.dir, "inferd-http.sock")
+
+        async def load():
+            conn = await Connection.open(cls.daemon.socket_path)
+            await conn.load(harness.Config.model, id=MODEL, contextSize=CONTEXT, parallel=4)
+            conn.close()
+
+        run_async(load(), daemons=[cls.daemon])
+        cls.client = openai.OpenAI(base_url=f"http://127.0.0.1:{cls.port}/v1", api_key=KEY, max_retries=0,
+                                   timeout=120)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.stop()
+
+    def capnp_text(self, prompt, max_tokens):
+        async def body():
+            conn = await Connection.open(self.daemon.socket_path)
+            out = await conn.generate(request(MODEL, prompt, max_tokens=max_tokens, temperature=0.0))
+            conn.close()
+            return out
+
+        out = run_async(body(), daemons=[self.daemon])
+        self.assertCompleted(out, "generate over Cap'n Proto")
+        return out.text
+
+    def test_completions_equal_the_capnp_api_greedy(self):
+        prompt = "The capital of France is"
+        want = self.capnp_text(prompt, 24)
+        r = self.client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
+        self.assertEqual(r.choices[0].text, want)
+        self.assertEqual(r.choices[0].finish_reason, "length")
+        self.assertEqual(r.usage.completion_tokens, 24)
+        self.assertGreater(r.usage.prompt_tokens, 0)
+        # Streamed: the same text, in pieces, then the finish reason and the usage.
+        pieces, finish, usage = [], None, None
+        for chunk in self.client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0,
+                                                   stream=True, stream_options={"include_usage": True}):
+            if chunk.choices:
+                pieces.append(chunk.choices[0].text)
+                finish = chunk.choices[0].finish_reason or finish
+            if chunk.usage:
+                usage = chunk.usage
+        self.assertEqual("".join(pieces), want)
+        self.assertEqual(finish, "length")
+        self.assertEqual(usage.completion_tokens, 24)
+
+    def test_chat_streamed_and_not(self):
+        messages = [{"role": "system", "content": "You are terse."},
+                    {"role": "user", "content": "Name three colours."}]
+        whole = self.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=32, temperature=0)
+        text = whole.choices[0].message.content
+        self.assertEqual(whole.choices[0].message.role, "assistant")
+        self.assertTrue(text, "an empty answer")
+        self.assertIn(whole.choices[0].finish_reason, ("stop", "length"))
+        self.assertEqual(whole.usage.total_tokens, whole.usage.prompt_tokens + whole.usage.completion_tokens)
+        pieces, roles = [], []
+        for chunk in self.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=32,
+                                                        temperature=0, stream=True):
+            if chunk.choices and chunk.choices[0].delta.content:
+                pieces.append(chunk.choices[0].delta.content)
+            if chunk.choices and chunk.choices[0].delta.role:
+                roles.append(chunk.choices[0].delta.role)
+        self.assertEqual("".join(pieces), text, "the streamed chat differs from the whole one")
+        self.assertEqual(roles, ["assistant"])
+
+    def test_stop_max_tokens_and_seed(self):
+        r = self.client.completions.create(model=MODEL, prompt="One, two, three, four,", max_tokens=40,
+                                           temperature=0, stop=[","])
+        self.assertNotIn(",", r.choices[0].text)
+        self.assertEqual(r.choices[0].finish_reason, "stop")
+        kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=20,
+                      temperature=0.9, seed=1234)
+        a = self.client.chat.completions.create(**kwargs).choices[0].message.content
+        b = self.client.chat.completions.create(**kwargs).choices[0].message.content
+        self.assertEqual(a, b, "the same seed gave different samples")
+
+    def test_errors_are_the_sdks_typed_exceptions(self):
+        with self.assertRaises(openai.NotFoundError) as e:
+            self.client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
+        self.assertIn("no-such-model", str(e.exception))
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], top_p=3)
+        self.assertIn("top_p", str(e.exception))
+        with self.assertRaises(openai.BadRequestError):
+            self.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                                extra_body={"temperature": "hot"})
+        with self.assertRaises(openai.BadRequestError) as e:
+            self.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                                logprobs=True)
+        self.assertIn("logprobs", str(e.exception))
+        wrong = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="sk-wrong", max_retries=0)
+        with self.assertRaises(openai.AuthenticationError):
+            wrong.models.list()
+        self.assertEqual([m.id for m in self.client.models.list()], [MODEL])
+
+    def test_unix_socket_needs_no_key(self):
+        conn = UnixHTTPConnection(self.http_socket)
+        self.assertEqual(http_json(conn, "GET", "/health"), (200, {"status": "ok"}))
+        status, body = http_json(conn, "GET", "/v1/models")
+        self.assertEqual((status, [m["id"] for m in body["data"]]), (200, [MODEL]))
+        status, body = http_json(conn, "POST", "/v1/completions",
+                                 {"model": MODEL, "prompt": "Hello", "max_tokens": 4, "temperature": 0})
+        self.assertEqual(status, 200, body)
+        self.assertEqual(body["usage"]["completion_tokens"], 4)
+        conn.close()
+
+    def test_bad_input_gets_clear_errors_and_the_daemon_keeps_serving(self):
+        conn = UnixHTTPConnection(self.http_socket)
+        status, body = http_json(conn, "POST", "/v1/chat/completions", b"{not json")
+        self.assertEqual(status, 400)
+        self.assertIn("not valid JSON", body["error"]["message"])
+        status, body = http_json(conn, "POST", "/v1/chat/completions", {"model": MODEL, "messages": "hi"})
+        self.assertEqual(status, 400)
+        self.assertIn("messages", body["error"]["message"])
+        status, body = http_json(conn, "GET", "/v1/chat/completions")
+        self.assertEqual(status, 405)
+        status, body = http_json(conn, "GET", "/v2/anything")
+        self.assertEqual(status, 404)
+        conn.close()
+        # A 100 MB body: refused from its Content-Length, before it is read.
+        big = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        big.settimeout(30)
+        big.connect(self.http_socket)
+        big.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: 100000000\r\n\r\n" + b"{" * 65536)
+        reply = big.recv(4096)
+        big.close()
+        self.assertIn(b" 413 ", reply.split(b"\r\n")[0])
+        # 200 idle connections and a client sending its headers a byte at a time: a request still completes.
+        idle = []
+        for _ in range(200):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.connect(("127.0.0.1", self.port))
+            idle.append(s)
+        slow = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        slow.connect(("127.0.0.1", self.port))
+        slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHo")
+        t0 = time.monotonic()
+        r = self.client.completions.create(model=MODEL, prompt="Hi", max_tokens=4, temperature=0)
+        self.assertEqual(r.usage.completion_tokens, 4)
+        self.assertLess(time.monotonic() - t0, 30)
+        for s in idle + [slow]:
+            s.close()
+        self.assertEqual(self.client.completions.create(model=MODEL, prompt="Hi", max_tokens=2,
+                                                        temperature=0).usage.completion_tokens, 2)
+
+    def test_a_client_that_disconnects_mid_stream_cancels_its_generation(self):
+        conn = UnixHTTPConnection(self.http_socket)
+        conn.request("POST", "/v1/completions", body=json.dumps(
+            {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "stream": True}),
+            headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        self.assertEqual(r.status, 200)
+        first = r.readline()
+        self.assertTrue(first.startswith(b"data: "), first)
+        conn.sock.shutdown(socket.SHUT_RDWR)
+        r.close()
+        conn.close()
+        harness.wait_until(lambda: "cancelled by the client" in self.daemon.log(), 60,
+                           "the daemon to cancel the abandoned stream")
+
+    def test_tcp_without_keys_or_with_a_readable_keys_file_does_not_start(self):
+        d = harness.Daemon("--http-listen", f"127.0.0.1:{free_port()}")
+        with self.assertRaises(AssertionError) as e:
+            d.start()
+        self.assertIn("http-keys", str(e.exception))
+        d.stop()
+        d = harness.Daemon("--http-listen", f"127.0.0.1:{free_port()}", "--http-keys", "KEYS")
+        keys = os.path.join(d.dir, "keys")
+        with open(keys, "w") as f:
+            f.write(KEY + "\n")
+        os.chmod(keys, 0o644)
+        d.args[d.args.index("KEYS")] = keys
+        with self.assertRaises(AssertionError) as e:
+            d.start()
+        self.assertIn("0600", str(e.exception))
+        d.stop()
+
+
+if __name__ == "__main__":
+    if openai is None and "--help" not in sys.argv:
+        print("SKIP: the openai package is not installed (pip install openai)", file=sys.stderr)
+        sys.exit(harness.SKIP_RETURN_CODE)
+    harness.main()
