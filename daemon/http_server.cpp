@@ -56,6 +56,7 @@ struct SseState {
   openai::ResponseId rid;
   bool include_usage = false;
   bool first = true;
+  uint32_t interval_ms = 0;  // after the first event, at most one per interval (the daemon's stream-interval)
 };
 
 }  // namespace
@@ -163,8 +164,9 @@ struct HttpServer::Impl {
           state->endpoint = endpoint;
           state->rid = std::move(rid);
           state->include_usage = include_usage;
+          state->interval_ms = sup.config().stream_interval_ms;
           SseState& ref = *state;
-          return pump(ref).attach(kj::mv(state));
+          return pump(ref, timer).attach(kj::mv(state));
         })
         .attach(kj::mv(cancel));
   }
@@ -180,10 +182,16 @@ struct HttpServer::Impl {
     });
   }
 
-  // Server-sent events: each batch of text as it is ready, then the finish reason, the usage when asked
-  // for, and [DONE]. A failed write (the client went away) rejects the chain, which cancels the sequence.
-  static kj::Promise<void> pump(SseState& st) {
-    return st.stream->ready().then([&st]() -> kj::Promise<void> {
+  // Server-sent events: the text as it is ready — the first batch at once, then at most one event per
+  // stream-interval (the end cuts a wait short), as the RPC server paces its batches — then the finish
+  // reason, the usage when asked for, and [DONE]. A failed write (the client went away) rejects the chain,
+  // which cancels the sequence.
+  static kj::Promise<void> pump(SseState& st, kj::Timer& timer) {
+    kj::Promise<void> pace = kj::READY_NOW;
+    if (!st.first && st.interval_ms > 0) {
+      pace = timer.afterDelay(st.interval_ms * kj::MILLISECONDS).exclusiveJoin(st.stream->ready(/*end_only=*/true));
+    }
+    return pace.then([&st] { return st.stream->ready(); }).then([&st, &timer]() -> kj::Promise<void> {
       GenerationStream::Batch b = st.stream->take();
       auto data = kj::heap<std::string>();
       if (!b.text.empty() || (st.first && b.end && b.end->is_ok() && st.endpoint == openai::Endpoint::kChat)) {
@@ -200,10 +208,10 @@ struct HttpServer::Impl {
         }
         *data += openai::done_event();
       }
-      if (data->empty()) return pump(st);
+      if (data->empty()) return pump(st, timer);
       auto written = st.out->write(data->data(), data->size()).attach(kj::mv(data));
       if (end) return written;
-      return written.then([&st] { return pump(st); });
+      return written.then([&st, &timer] { return pump(st, timer); });
     });
   }
 

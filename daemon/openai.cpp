@@ -262,7 +262,8 @@ Result<Request> parse_request(Endpoint endpoint, std::string_view text, uint32_t
       return wrong_type("stop", "a string or an array of strings", *stop);
     }
   }
-  p.stream_interval_ms = 0;  // each batch as soon as it is ready: the HTTP layer sends what it has
+  INFERD_RETURN_IF_ERROR(get_bool(body, "ignore_eos", &p.ignore_eog));  // llama-server's extension
+  // The HTTP layer paces its events by the daemon's stream-interval (http_server.cpp).
   return r;
 }
 

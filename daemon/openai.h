@@ -6,7 +6,7 @@
 // an array of text parts) / prompt (a string, or an array of one string), stream,
 // stream_options.include_usage, max_tokens / max_completion_tokens, temperature, top_p, top_k, min_p,
 // seed, stop (a string or up to 16 strings), frequency_penalty, presence_penalty, repeat_penalty,
-// n (1 only), user (ignored). Fields that would change the answer and are not supported (logprobs,
+// n (1 only), user (ignored), and llama-server's ignore_eos. Fields that would change the answer and are not supported (logprobs,
 // tools, function calling, a response_format other than text, echo, suffix, best_of > 1, n > 1) are a
 // 400 naming the field, never silently dropped; other unknown fields are ignored, as OpenAI's API does.
 // Absent sampling fields take the daemon's defaults (llama.cpp's: temperature 0.8, top_k 40, top_p

@@ -2,10 +2,12 @@
 """IPC overhead and serving throughput of inferd, measured side by side in one run.
 
 1. Decode tokens/s of the in-process engine (build/tools/inferd-bench) and of the same model through the
-   daemon, alternately for --rounds rounds, same threads, same prompt and generation lengths, with two
-   clients: `inferctl generate` (C++, libinferd-client) and a pycapnp client. Both rates come from the
-   daemon's own first-to-last-token time; the clients differ in the CPU they take from the two compute
-   threads while tokens stream. Reports the medians and the ratios daemon / in-process.
+   daemon, alternately for --rounds rounds, same threads, same prompt and generation lengths, with three
+   clients: `inferctl generate` (C++, libinferd-client), a pycapnp client, and OpenAI's HTTP API streamed
+   as server-sent events over the daemon's HTTP unix socket (http.client). The Cap'n Proto rates come
+   from the daemon's own first-to-last-token time, the HTTP rate from the client's arrival times of the
+   first and last text events; the clients differ in the CPU they take from the two compute threads
+   while tokens stream. Reports the medians and the ratios daemon / in-process.
 2. Through the daemon: time to first token and the gap between consecutive batches as the client
    receives them (p50/p99; one token per batch with --daemon-arg=--stream-interval=0) for one stream.
 3. Aggregate generated tokens/s with 1, 4 and 16 concurrent streams (one connection each), next to
@@ -76,7 +78,40 @@ def percentile(xs, p):
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
-async def daemon_rounds(path, args, inproc_results, decode_cpp):
+def http_stream(path, n, seed):
+    """Decode tok/s of one streamed /v1/completions over the HTTP unix socket, from the client's arrival
+    times of the first and last text events; and the generated token count from the usage event."""
+    import http.client
+    import socket as socket_module
+
+    class Conn(http.client.HTTPConnection):
+        def connect(self):
+            self.sock = socket_module.socket(socket_module.AF_UNIX, socket_module.SOCK_STREAM)
+            self.sock.connect(path)
+
+    conn = Conn("localhost", timeout=300)
+    conn.request("POST", "/v1/completions", body=json.dumps(
+        {"model": "bench", "prompt": PROMPT, "max_tokens": n, "temperature": 0, "seed": seed, "ignore_eos": True,
+         "stream": True, "stream_options": {"include_usage": True}}), headers={"Content-Type": "application/json"})
+    r = conn.getresponse()
+    assert r.status == 200, r.read()
+    times, generated = [], None
+    while True:
+        line = r.readline()
+        if not line or line.strip() == b"data: [DONE]":
+            break
+        if not line.startswith(b"data: "):
+            continue
+        event = json.loads(line[6:])
+        if event.get("usage"):
+            generated = event["usage"]["completion_tokens"]
+        elif event["choices"] and event["choices"][0]["text"]:
+            times.append(time.perf_counter())
+    conn.close()
+    return (generated - 1) / (times[-1] - times[0])
+
+
+async def daemon_rounds(path, args, inproc_results, decode_cpp, decode_http):
     client, daemon = await connect(path)
     admin = (await daemon.admin()).admin
     inference = (await daemon.inference()).inference
@@ -95,6 +130,7 @@ async def daemon_rounds(path, args, inproc_results, decode_cpp):
              "-n", str(args.gen), "--temp", "0", "--seed", str(r), "--ignore-eog", "-q", "-p", PROMPT],
             check=True, capture_output=True, text=True).stdout)["result"]
         decode_cpp.append((cpp["generated_tokens"] - 1) * 1000.0 / cpp["generate_ms"])
+        decode_http.append(http_stream(os.path.join(os.path.dirname(path), "inferd-http.sock"), args.gen, r))
         sink = Sink()
         res = await generate(inference, args.gen, r, sink)
         decode.append((res.generatedTokens - 1) * 1000.0 / res.generateMs)
@@ -103,7 +139,8 @@ async def daemon_rounds(path, args, inproc_results, decode_cpp):
         gaps += [(b - a) * 1000.0 for a, b in zip(t, t[1:])]
         per_batch.append(sum(a[1] for a in sink.arrivals) / max(1, len(sink.arrivals)))
         print(f"round {r}: in-process {inproc_results[-1]:.1f} tok/s, daemon with the C++ client "
-              f"{decode_cpp[-1]:.1f} tok/s, with pycapnp {decode[-1]:.1f} tok/s", file=sys.stderr)
+              f"{decode_cpp[-1]:.1f} tok/s, with pycapnp {decode[-1]:.1f} tok/s, over HTTP {decode_http[-1]:.1f} tok/s",
+              file=sys.stderr)
     streams = {}
     for n in args.streams:
         conns = [await connect(path) for _ in range(n)]
@@ -169,20 +206,25 @@ def main():
 
     load_capnp()
     with running_daemon(args.build, *args.daemon_arg) as (_, path):
-        inproc, decode_cpp = [], []
-        decode, ttft, gaps, streams, per_batch = asyncio.run(capnp.run(daemon_rounds(path, args, inproc, decode_cpp)))
+        inproc, decode_cpp, decode_http = [], [], []
+        decode, ttft, gaps, streams, per_batch = asyncio.run(
+            capnp.run(daemon_rounds(path, args, inproc, decode_cpp, decode_http)))
     llama = None if args.no_llamacpp else llamacpp_streams(args)
 
     d, c, i = statistics.median(decode), statistics.median(decode_cpp), statistics.median(inproc)
     # Each round's own ratio too: rounds run back to back, so a neighbour's load hits both sides alike.
     rc = statistics.median(b / a for a, b in zip(inproc, decode_cpp))
     rp = statistics.median(b / a for a, b in zip(inproc, decode))
+    h = statistics.median(decode_http)
+    rh = statistics.median(b / a for a, b in zip(inproc, decode_http))
     print(f"\nmodel {os.path.basename(args.model)}, {args.threads} threads, {args.gen} generated tokens, "
           f"{args.rounds} rounds alternating")
-    print(f"| decode tok/s (median) | in-process | daemon, C++ client | ratio | daemon, pycapnp client | ratio |\n"
-          f"|---|---|---|---|---|---|\n"
-          f"| {os.path.basename(args.model)} | {i:.1f} | {c:.1f} | {c / i:.3f} | {d:.1f} | {d / i:.3f} |")
-    print(f"median of the rounds' own ratios: C++ client {rc:.3f}, pycapnp client {rp:.3f}")
+    print(f"| decode tok/s (median) | in-process | daemon, C++ client | ratio | daemon, pycapnp client | ratio | "
+          f"daemon, HTTP streaming | ratio |\n"
+          f"|---|---|---|---|---|---|---|---|\n"
+          f"| {os.path.basename(args.model)} | {i:.1f} | {c:.1f} | {c / i:.3f} | {d:.1f} | {d / i:.3f} | {h:.1f} | "
+          f"{h / i:.3f} |")
+    print(f"median of the rounds' own ratios: C++ client {rc:.3f}, pycapnp client {rp:.3f}, HTTP {rh:.3f}")
     print(f"\ntime to first token (prompt {len(PROMPT)} chars): median {statistics.median(ttft):.1f} ms; "
           f"gap between batches at the client: p50 {percentile(gaps, 50):.2f} ms, p99 {percentile(gaps, 99):.2f} ms, "
           f"{per_batch:.2f} tokens per batch")
