@@ -16,6 +16,7 @@
 #include <string>
 
 #include "kj_bridge.h"
+#include "metrics.h"
 #include "openai.h"
 
 namespace inferd::daemon {
@@ -95,6 +96,14 @@ struct HttpServer::Impl {
           std::vector<std::string> ids;
           for (const ModelInfoData& m : list) ids.push_back(m.id);
           return send(response, 200, openai::models_body(ids));
+        });
+  }
+
+  kj::Promise<void> metrics(kj::HttpService::Response& response) {
+    Supervisor& s = sup;
+    return on_supervisor<DaemonStatusData>(sup, [&s] { return s.status(); })
+        .then([this, &response](DaemonStatusData st) {
+          return send(response, 200, prometheus_metrics(st), "text/plain; version=0.0.4; charset=utf-8");
         });
   }
 
@@ -246,6 +255,10 @@ struct HttpServer::Impl {
       if (path == "/health") {
         if (!get) return method_not_allowed(response, "GET");
         return impl.send(response, 200, "{\"status\":\"ok\"}");
+      }
+      if (path == "/metrics") {
+        if (!get) return method_not_allowed(response, "GET");
+        return impl.metrics(response);
       }
       if (path == "/v1/models") {
         if (!get) return method_not_allowed(response, "GET");

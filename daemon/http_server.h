@@ -7,7 +7,7 @@
 // one key per line, readable by its owner only). A TCP listener without keys does not start unless
 // http-no-auth is set.
 //
-// Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions (streamed as
+// Endpoints: GET /health, GET /metrics (Prometheus's text format, metrics.h), GET /v1/models, POST /v1/chat/completions, POST /v1/completions (streamed as
 // server-sent events when "stream": true). Like the RPC server it is a translator only: a generation is
 // the supervisor's GenerationStream, and a streamed response that the client stops reading or
 // disconnects from cancels its generation at the next step. Bodies are limited (a text of max-text-bytes

@@ -360,6 +360,9 @@ ModelStatusData ModelHost::status() const {
   st.requests_queued = s.requests_queued;
   st.requests_done = s.requests_done;
   st.requests_failed = s.requests_failed;
+  st.requests_cancelled = s.requests_cancelled;
+  st.ttft = s.ttft;
+  st.token_latency = s.token_latency;
   st.prompt_tokens = s.prompt_tokens;
   st.generated_tokens = s.generated_tokens;
   st.replays = s.replays;

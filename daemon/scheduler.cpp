@@ -172,6 +172,7 @@ bool Scheduler::schedule_one() {
       spdlog::info("request {} on {}: cancelled by the client after {} tokens", s.id, opt_.model_id, s.n_generated());
       slots_[static_cast<size_t>(s.slot)] = 0;
       ++requests_done_;
+      ++requests_cancelled_;
       it = active_.erase(it);
     } else {
       ++it;
@@ -469,6 +470,10 @@ void Scheduler::finish(uint64_t id, FinishReason reason) {
                sum.queue_ms, sum.time_to_first_token_ms,
                sum.generate_ms > 0 ? (sum.generated_tokens - 1) * 1000.0 / sum.generate_ms : 0.0,
                s.replays ? ", replayed " + std::to_string(s.replays) + "x" : "");
+  if (s.has_first) ttft_.observe(sum.time_to_first_token_ms / 1e3);
+  if (sum.generated_tokens > 1 && sum.generate_ms > 0) {
+    token_latency_.observe(sum.generate_ms / 1e3 / static_cast<double>(sum.generated_tokens - 1));
+  }
   s.stream->finish(sum);
   slots_[static_cast<size_t>(s.slot)] = 0;
   prompt_tokens_ += s.n_prompt;
@@ -508,6 +513,9 @@ SchedulerStats Scheduler::stats() const {
   st.requests_queued = static_cast<uint32_t>(queue_.size());
   st.requests_done = requests_done_;
   st.requests_failed = requests_failed_;
+  st.requests_cancelled = requests_cancelled_;
+  st.ttft = ttft_;
+  st.token_latency = token_latency_;
   st.prompt_tokens = prompt_tokens_;
   st.generated_tokens = generated_tokens_;
   st.replays = replays_;

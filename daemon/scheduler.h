@@ -35,6 +35,7 @@
 
 #include "chat_template.h"
 #include "generation.h"
+#include "histogram.h"
 #include "inferd/ipc/ring.h"
 #include "inferd/status.h"
 #include "inferd/tokenizer.h"
@@ -87,6 +88,9 @@ struct SchedulerOptions {
 inline constexpr uint32_t kMaxReplays = 3;  // a request survives this many worker deaths
 
 struct SchedulerStats {
+  uint64_t requests_cancelled = 0;  // by their clients (also counted in requests_done)
+  Histogram ttft = ttft_histogram();
+  Histogram token_latency = token_latency_histogram();
   uint32_t slots_used = 0;
   uint64_t kv_tokens_used = 0;
   uint32_t requests_active = 0, requests_queued = 0;
@@ -185,6 +189,9 @@ class Scheduler {
   SchedulerClock::time_point last_completion_;
   uint64_t step_compute_ns_ = 0, step_wall_ns_ = 0, timed_steps_ = 0;  // for the IPC overhead figure
   uint64_t requests_done_ = 0, requests_failed_ = 0, prompt_tokens_ = 0, generated_tokens_ = 0, replays_ = 0;
+  uint64_t requests_cancelled_ = 0;
+  Histogram ttft_ = ttft_histogram();
+  Histogram token_latency_ = token_latency_histogram();
   std::deque<std::pair<SchedulerClock::time_point, uint32_t>> rate_;
 };
 

@@ -25,6 +25,7 @@
 
 #include "config.h"
 #include "generation.h"
+#include "histogram.h"
 #include "inferd/status.h"
 
 namespace inferd::daemon {
@@ -102,8 +103,10 @@ struct ModelStatusData {
   uint64_t kv_tokens_used = 0;
   uint32_t requests_active = 0, requests_queued = 0;
   uint64_t requests_done = 0, requests_failed = 0, prompt_tokens = 0, generated_tokens = 0, replays = 0;
+  uint64_t requests_cancelled = 0;
   double decode_tokens_per_second = 0;
   double step_compute_us = 0, step_overhead_us = 0;
+  Histogram ttft = ttft_histogram(), token_latency = token_latency_histogram();
 };
 
 struct DaemonStatusData {

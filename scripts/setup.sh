@@ -47,10 +47,11 @@ if ! python3 -c "import capnp" 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check "pycapnp==2.2.4"
 fi
 
-# openai: the HTTP API's end-to-end tests use the official client, as the apps that call the daemon do.
-if ! python3 -c "import openai" 2>/dev/null; then
-  log "installing openai from PyPI"
-  python3 -m pip install --quiet --disable-pip-version-check "openai==3.57.0"
+# openai and prometheus-client: the HTTP API's end-to-end tests use the official client, as the apps that
+# call the daemon do, and Prometheus's own parser for /metrics.
+if ! python3 -c "import openai, prometheus_client" 2>/dev/null; then
+  log "installing openai and prometheus-client from PyPI"
+  python3 -m pip install --quiet --disable-pip-version-check "openai==3.57.0" "prometheus-client==0.26.0"
 fi
 
 if [ "${1:-}" = "--python" ]; then

@@ -6,8 +6,8 @@ with a bearer key from a mode-0600 keys file. Checked: chat and completions, str
 output equal to the Cap'n Proto API's for the same prompt; max_tokens, stop strings, a seed; usage;
 errors as the SDK's typed exceptions (unknown model, bad values, a wrong key); bad input at the HTTP level
 (malformed JSON, a 100 MB body, 200 idle connections and a slowloris client while a request is served);
-a client that disconnects mid-stream cancels its generation; a TCP listener without keys, or with a keys
-file others can read, stops the daemon at start with the reason.
+a client that disconnects mid-stream cancels its generation; /metrics parses with Prometheus's own parser;
+a TCP listener without keys, or with a keys file others can read, stops the daemon at start with the reason.
 
     test_openai.py --bin-dir BUILD/bin --model MODEL.gguf
 
@@ -221,6 +221,36 @@ class OpenAiTest(harness.DaemonTestCase):
             s.close()
         self.assertEqual(self.client.completions.create(model=MODEL, prompt="Hi", max_tokens=2,
                                                         temperature=0).usage.completion_tokens, 2)
+
+    def test_metrics_are_prometheus_text(self):
+        try:
+            from prometheus_client.parser import text_string_to_metric_families
+        except ImportError:
+            self.skipTest("prometheus-client is not installed (pip install prometheus-client)")
+        r = self.client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, temperature=0)
+        self.assertEqual(r.usage.completion_tokens, 3)
+        conn = UnixHTTPConnection(self.http_socket)
+        conn.request("GET", "/metrics")
+        resp = conn.getresponse()
+        self.assertEqual(resp.status, 200)
+        self.assertTrue(resp.getheader("Content-Type").startswith("text/plain; version=0.0.4"))
+        text = resp.read().decode()
+        conn.close()
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+
+        def value(name, **labels):
+            for f in families.values():
+                for s in f.samples:
+                    if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                        return s.value
+            self.fail(f"no sample {name} {labels} in /metrics:\n{text}")
+
+        self.assertGreaterEqual(value("inferd_requests_total", model=MODEL, outcome="completed"), 1)
+        self.assertGreaterEqual(value("inferd_generated_tokens_total", model=MODEL), 3)
+        self.assertGreaterEqual(value("inferd_time_to_first_token_seconds_count", model=MODEL), 1)
+        self.assertEqual(value("inferd_model_state", model=MODEL, state="ready"), 1)
+        self.assertEqual(value("inferd_kv_slots", model=MODEL), 4)
+        self.assertEqual(families["inferd_time_per_output_token_seconds"].type, "histogram")
 
     def test_a_client_that_disconnects_mid_stream_cancels_its_generation(self):
         conn = UnixHTTPConnection(self.http_socket)
