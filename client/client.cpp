@@ -163,6 +163,8 @@ ModelInfo from_rpc(rpc::ModelInfo::Reader r) {
   }
   for (auto w : r.getWorkers()) m.workers.push_back(from_rpc(w));
   m.load_ms = r.getLoadMs();
+  m.keep_alive_s = r.getKeepAliveS();
+  m.unload_in_s = r.getUnloadInS();
   return m;
 }
 
@@ -234,6 +236,7 @@ void to_rpc(const LoadOptions& o, rpc::LoadOptions::Builder b) {
   for (unsigned i = 0; i < o.layer_split.size(); ++i) split.set(i, o.layer_split[i]);
   auto backends = b.initStageBackends(static_cast<unsigned>(o.stage_backends.size()));
   for (unsigned i = 0; i < o.stage_backends.size(); ++i) backends.set(i, text(o.stage_backends[i]));
+  b.setKeepAliveS(o.keep_alive_s);
 }
 
 void to_rpc(const Sampling& s, rpc::Sampling::Builder b) {

@@ -32,7 +32,7 @@ constexpr std::string_view kLogLevels[] = {"trace", "debug", "info", "warn", "er
 enum class Key {
   kSocket, kWorker, kLogLevel, kThreads, kMaxRestarts, kRestartWindow,
   kContext, kParallel, kMaxQueue, kStepsInFlight, kStreamInterval, kMaxTextBytes, kStartTimeout, kStepTimeout, kAdminUids, kLoad,
-  kHttpSocket, kHttpListen, kHttpKeys, kHttpNoAuth,
+  kHttpSocket, kHttpListen, kHttpKeys, kHttpNoAuth, kModelDirs, kKeepAlive,
 };
 
 struct KeyInfo {
@@ -88,6 +88,12 @@ constexpr KeyInfo kKeys[] = {
     {"http-no-auth", Key::kHttpNoAuth, "true|false",
      "serve http-listen without keys: anyone who can reach the address may use\n"
      "                         it (default: false; without keys the listener does not start)"},
+    {"model-dirs", Key::kModelDirs, "DIR[:DIR...]",
+     "directories of GGUF files: a request for a model that is not loaded, by\n"
+     "                         a file's name (with or without .gguf), loads it (default: none)"},
+    {"keep-alive", Key::kKeepAlive, "SECONDS",
+     "a model loaded by name is unloaded after this long without requests;\n"
+     "                         0 = never (default: 300)"},
     {"load", Key::kLoad, "PATH [id=ID] [ctx=N] [parallel=N] [threads=N] [backend=cpu|cuda[:N]|opencl[:N]]",
      "\n                         load a model at start; repeatable (quote a PATH with spaces: \"...\")"},
 };
@@ -354,6 +360,30 @@ Status apply(Key key, std::string_view value, const Origin& origin, DaemonConfig
       Result<uint32_t> port = parse_u32(value.substr(colon + 1), 1, 65535);
       if (!port) return invalid("bad port: " + port.status().message());
       config.http_listen = value;
+      return Status::ok();
+    }
+    case Key::kModelDirs: {
+      std::vector<std::string> dirs;
+      std::string_view rest = value;
+      while (true) {
+        const size_t colon = rest.find(':');
+        const std::string_view item = trim(rest.substr(0, colon));
+        if (item.empty()) return invalid("empty entry in the directory list " + quote(value));
+        dirs.push_back(absolute_path(item, origin));
+        if (colon == std::string_view::npos) break;
+        rest.remove_prefix(colon + 1);
+      }
+      config.model_dirs = std::move(dirs);
+      return Status::ok();
+    }
+    case Key::kKeepAlive: {
+      if (value == "0") {
+        config.keep_alive_s = 0;
+        return Status::ok();
+      }
+      Result<double> s = parse_seconds(value);
+      if (!s) return s.status();
+      config.keep_alive_s = *s;
       return Status::ok();
     }
     case Key::kHttpKeys:

@@ -73,6 +73,10 @@ struct DaemonConfig {
   // default_http_socket(); "off": none), a TCP address "HOST:PORT" (none by default) whose requests need
   // a bearer key from the `http_keys` file, unless http_no_auth.
   std::string http_socket;
+  // Models requested by name (a file "<dir>/<name>[.gguf]") are loaded on first use from these
+  // directories, and unloaded after keep_alive_s idle seconds (0: never).
+  std::vector<std::string> model_dirs;
+  double keep_alive_s = 300;
   std::string http_listen;
   std::string http_keys;
   bool http_no_auth = false;

@@ -191,6 +191,30 @@ TEST_F(ConfigTest, AdminUidsAnyAndMaxTextBytes) {
   EXPECT_FALSE(parse({"--max-text-bytes", "999999999"}).is_ok());
 }
 
+TEST_F(ConfigTest, HttpApiAndModelsByName) {
+  Result<DaemonConfig> r = parse({"--socket", "/tmp/x/inferd.sock"});
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(default_http_socket(r->socket_path), "/tmp/x/inferd-http.sock");
+  EXPECT_EQ(default_http_socket("/run/d/api"), "/run/d/api-http");
+  EXPECT_EQ(r->keep_alive_s, 300.0);
+  EXPECT_TRUE(r->model_dirs.empty());
+  r = parse({"--http-listen", "127.0.0.1:11435", "--http-keys", "/etc/inferd/keys", "--http-socket", "off",
+             "--model-dirs", "/srv/models:/opt/m", "--keep-alive", "0"});
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r->http_listen, "127.0.0.1:11435");
+  EXPECT_EQ(r->http_keys, "/etc/inferd/keys");
+  EXPECT_EQ(r->http_socket, "off");
+  EXPECT_EQ(r->model_dirs, (std::vector<std::string>{"/srv/models", "/opt/m"}));
+  EXPECT_EQ(r->keep_alive_s, 0.0);
+  EXPECT_FALSE(r->http_no_auth);
+  for (const char* bad : {"11435", "host:", ":80", "h:0", "h:65536", "h:http"}) {
+    EXPECT_FALSE(parse({"--http-listen", bad}).is_ok()) << bad;
+  }
+  EXPECT_FALSE(parse({"--http-no-auth", "yes"}).is_ok());
+  EXPECT_FALSE(parse({"--keep-alive", "-1"}).is_ok());
+  EXPECT_FALSE(parse({"--model-dirs", "/a::/b"}).is_ok());
+}
+
 TEST_F(ConfigTest, FlagsOverrideFile) {
   const std::string path = write("inferd.conf",
                                  "threads = 12\n"

@@ -58,6 +58,24 @@ int run(DaemonConfig cfg) {
   kj::UnixEventPort::captureSignal(SIGINT);
   auto io = kj::setupAsyncIo();
 
+  // The HTTP API's keys are checked before any socket is bound: a daemon that will not serve its
+  // configuration never answers on any of its sockets.
+  std::vector<std::string> keys;
+  if (!cfg.http_keys.empty()) {
+    auto k = read_http_keys(cfg.http_keys);
+    if (!k) {
+      spdlog::critical("{}", k.status().message());
+      return 1;
+    }
+    keys = std::move(k).value();
+  }
+  if (!cfg.http_listen.empty() && keys.empty() && !cfg.http_no_auth) {
+    spdlog::critical("http-listen {} needs bearer keys (http-keys = FILE, mode 0600); http-no-auth = true serves it to "
+                     "anyone who can reach the address",
+                     cfg.http_listen);
+    return 1;
+  }
+
   int listen_fd = -1;
   bool activated = false;
   std::vector<int> fds = systemd::listen_fds();
@@ -78,15 +96,6 @@ int run(DaemonConfig cfg) {
   Supervisor sup(cfg);
   // OpenAI's HTTP API: the unix socket next to the RPC one, and a TCP address when configured. A listener
   // that was asked for and cannot be served stops the daemon: failing closed beats serving half a config.
-  std::vector<std::string> keys;
-  if (!cfg.http_keys.empty()) {
-    auto k = read_http_keys(cfg.http_keys);
-    if (!k) {
-      spdlog::critical("{}", k.status().message());
-      return 1;
-    }
-    keys = std::move(k).value();
-  }
   HttpServer http(sup, io.provider->getTimer(), keys);
   kj::Vector<kj::Promise<void>> http_serving;
   const std::string http_path = cfg.http_socket.empty() ? default_http_socket(cfg.socket_path) : cfg.http_socket;
@@ -104,12 +113,6 @@ int run(DaemonConfig cfg) {
     spdlog::info("OpenAI-compatible HTTP API on {}", http_path);
   }
   if (!cfg.http_listen.empty()) {
-    if (keys.empty() && !cfg.http_no_auth) {
-      spdlog::critical("http-listen {} needs bearer keys (http-keys = FILE, mode 0600); http-no-auth = true serves it to "
-                       "anyone who can reach the address",
-                       cfg.http_listen);
-      return 1;
-    }
     KJ_IF_MAYBE(e, kj::runCatchingExceptions([&] {
       auto addr = io.provider->getNetwork().parseAddress(cfg.http_listen).wait(io.waitScope);
       http_serving.add(http.listen(addr->listen(), /*tcp=*/true).eagerlyEvaluate([](kj::Exception&& ex) {

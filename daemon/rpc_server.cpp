@@ -65,6 +65,8 @@ void fill(rpc::ModelInfo::Builder b, const ModelInfoData& m) {
   b.setVocabSize(m.vocab_size);
   b.setChatTemplate(m.chat_template);
   b.setLoadMs(m.load_ms);
+  b.setKeepAliveS(m.keep_alive_s);
+  b.setUnloadInS(m.unload_in_s);
   auto placement = b.initPlacement();
   placement.setSummary(m.placement_summary);
   auto stages = placement.initStages(static_cast<unsigned>(m.placement.size()));
@@ -260,6 +262,7 @@ class AdminImpl final : public rpc::Admin::Server {
     spec.max_queue = o.getMaxQueue();
     for (uint32_t b : o.getLayerSplit()) spec.layer_split.push_back(b);
     for (capnp::Text::Reader b : o.getStageBackends()) spec.stage_backends.emplace_back(b.cStr(), b.size());
+    spec.keep_alive_s = o.getKeepAliveS();
     auto relay = std::make_shared<ProgressRelay>();
     kj::Promise<void> progress = kj::READY_NOW;
     if (params.hasProgress()) {

@@ -1,6 +1,7 @@
 #include "supervisor.h"
 
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -61,10 +62,16 @@ void Supervisor::stop() {
     }
   };
   if (*remaining == 0) {
+    sweep_timer_.cancel();
     work_.reset();
     io_.stop();
     return;
   }
+  sweep_timer_.cancel();
+  for (auto& [id, waiting] : parked_) {
+    for (Parked& p : waiting) p.reply(Status(Code::kDisconnected, "the daemon is shutting down"));
+  }
+  parked_.clear();
   for (auto& [id, host] : models_) host->shutdown(Status(Code::kDisconnected, "the daemon is shutting down"), done_one);
   for (auto& host : retiring_) host->shutdown(Status(Code::kDisconnected, "the daemon is shutting down"), done_one);
 }
@@ -119,6 +126,19 @@ void Supervisor::load(LoadSpec spec, std::shared_ptr<LoadProgressSink> progress,
   if (spec.pad_step == 0) spec.pad_step = 64;
   if (spec.pad_step != 64 && spec.pad_step != 128) return fail(Code::kInvalidArgument, "pad step must be 64 or 128");
   if (spec.max_queue == 0) spec.max_queue = config_.max_queue;
+  if (!(spec.keep_alive_s >= 0) || spec.keep_alive_s > 365.0 * 86400) {
+    return fail(Code::kInvalidArgument, "keep-alive must be 0 (never unload) to a year, in seconds");
+  }
+  // Requests parked for this model go on (or fail) once the load ends, whichever way it ends.
+  done = [this, id = spec.id, user = std::move(done)](Result<ModelInfoData> r) {
+    const Status s = r ? Status::ok() : r.status();
+    user(std::move(r));
+    release_parked(id, s);
+  };
+  if (spec.keep_alive_s > 0) {
+    last_busy_[spec.id] = Clock::now();
+    arm_sweep();
+  }
 
   const uint64_t serial = ++load_serial_;
   models_.emplace(spec.id, std::make_unique<ModelHost>(*this, spec, serial));
@@ -198,9 +218,23 @@ Status Supervisor::unload(const std::string& id) {
   return Status::ok();
 }
 
+ModelInfoData Supervisor::with_keep_alive(ModelInfoData m) const {
+  ModelHost* h = find(m.id);
+  if (h == nullptr) return m;
+  m.keep_alive_s = h->spec().keep_alive_s;
+  auto it = last_busy_.find(m.id);
+  if (m.keep_alive_s > 0 && it != last_busy_.end() && m.state == ModelState::kReady) {
+    const ModelStatusData st = h->status();
+    if (st.requests_active + st.requests_queued == 0) {
+      m.unload_in_s = std::max(0.0, m.keep_alive_s - ms_between(it->second, Clock::now()) / 1e3);
+    }
+  }
+  return m;
+}
+
 std::vector<ModelInfoData> Supervisor::list() const {
   std::vector<ModelInfoData> out;
-  for (auto& [id, host] : models_) out.push_back(host->info());
+  for (auto& [id, host] : models_) out.push_back(with_keep_alive(host->info()));
   return out;
 }
 
@@ -210,7 +244,10 @@ DaemonStatusData Supervisor::status() const {
   st.pid = static_cast<uint32_t>(::getpid());
   st.uptime_ms = static_cast<uint64_t>(ms_between(started_, Clock::now()));
   st.socket_path = config_.socket_path;
-  for (auto& [id, host] : models_) st.models.push_back(host->status());
+  for (auto& [id, host] : models_) {
+    st.models.push_back(host->status());
+    st.models.back().info = with_keep_alive(std::move(st.models.back().info));
+  }
   st.connections = connections_;
   st.requests_total = requests_total_;
   st.requests_rejected = requests_rejected_;
@@ -267,8 +304,39 @@ void Supervisor::generate(GenerateParams params, std::shared_ptr<GenerationStrea
     if (s.code() == Code::kOverloaded) ++requests_rejected_;
     reply(std::move(s));
   };
+  if (stopping_) return answer(Status(Code::kDisconnected, "the daemon is shutting down"));
   ModelHost* h = find(params.model);
-  if (!h) return answer(Status(Code::kNotFound, "no model with id '" + params.model + "' is loaded"));
+  if (!h && !valid_id(params.model)) {
+    return answer(Status(Code::kNotFound, "no model with id '" + params.model + "' is loaded"));
+  }
+  if (!h || h->state() == ModelState::kLoading) {
+    std::vector<Parked>& waiting = parked_[params.model];
+    if (!h) {
+      const std::optional<std::string> path = model_file(params.model);
+      if (!path) {
+        parked_.erase(params.model);
+        return answer(Status(Code::kNotFound, "no model with id '" + params.model + "' is loaded" +
+                                                  (config_.model_dirs.empty() ? "" : " or found in model-dirs")));
+      }
+      LoadSpec spec;
+      spec.path = *path;
+      spec.id = params.model;
+      spec.keep_alive_s = config_.keep_alive_s;
+      spdlog::info("model {} requested by name: loading {}", spec.id, spec.path);
+      waiting.push_back(Parked{std::move(params), std::move(stream), answer});
+      load(spec, nullptr, [id = spec.id](Result<ModelInfoData> r) {
+        if (!r) spdlog::error("load of {} by name failed: {}", id, r.status().message());
+      });
+      return;
+    }
+    if (waiting.size() >= config_.max_queue) {
+      return answer(Status(Code::kOverloaded, "model " + params.model + " is loading and " +
+                                                  std::to_string(waiting.size()) + " requests already wait for it"));
+    }
+    waiting.push_back(Parked{std::move(params), std::move(stream), answer});
+    return;
+  }
+  if (last_busy_.count(params.model)) last_busy_[params.model] = Clock::now();
   if (Status ok = h->admit(params); !ok) return answer(ok);  // before any tokenizing
   const bool text_input = params.input != GenerateParams::Input::kTokens;
   std::string text;
@@ -300,6 +368,67 @@ void Supervisor::generate(GenerateParams params, std::shared_ptr<GenerationStrea
       answer(again->enqueue(std::move(params), std::move(stream)));
     });
   });
+}
+
+std::optional<std::string> Supervisor::model_file(const std::string& name) const {
+  if (name.empty() || name.size() > 128 || name.find('/') != std::string::npos || name[0] == '.') return std::nullopt;
+  for (const std::string& dir : config_.model_dirs) {
+    for (const std::string& candidate : {dir + "/" + name, dir + "/" + name + ".gguf"}) {
+      struct stat st {};
+      if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode)) return candidate;
+    }
+  }
+  return std::nullopt;
+}
+
+void Supervisor::release_parked(const std::string& id, const Status& loaded) {
+  auto it = parked_.find(id);
+  if (it == parked_.end()) return;
+  std::vector<Parked> waiting = std::move(it->second);
+  parked_.erase(it);
+  for (Parked& p : waiting) {
+    if (!loaded) {
+      p.reply(Status(loaded.code(), "model " + id + " could not be loaded: " + loaded.message()));
+    } else {
+      generate(std::move(p.params), std::move(p.stream), std::move(p.reply));
+    }
+  }
+}
+
+void Supervisor::arm_sweep() {
+  if (sweep_armed_ || stopping_) return;
+  sweep_armed_ = true;
+  sweep_timer_.expires_after(std::chrono::seconds(1));
+  sweep_timer_.async_wait([this](const asio::error_code& ec) {
+    sweep_armed_ = false;
+    if (!ec) sweep_idle();
+  });
+}
+
+void Supervisor::sweep_idle() {
+  if (stopping_) return;
+  const auto now = Clock::now();
+  std::vector<std::string> idle;
+  for (auto it = last_busy_.begin(); it != last_busy_.end();) {
+    ModelHost* h = find(it->first);
+    if (h == nullptr) {  // unloaded meanwhile
+      it = last_busy_.erase(it);
+      continue;
+    }
+    const ModelStatusData st = h->status();
+    if (h->state() != ModelState::kReady || st.requests_active + st.requests_queued > 0 || parked_.count(it->first)) {
+      it->second = now;
+    } else if (ms_between(it->second, now) / 1e3 >= h->spec().keep_alive_s) {
+      idle.push_back(it->first);
+    }
+    ++it;
+  }
+  for (const std::string& id : idle) {
+    spdlog::info("model {} idle for its keep-alive of {:.0f} s: unloading", id, find(id)->spec().keep_alive_s);
+    last_busy_.erase(id);
+    (void)unload(id);
+  }
+  if (!last_busy_.empty()) arm_sweep();
 }
 
 void Supervisor::kick(const std::string& model) {

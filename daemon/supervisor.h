@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,8 @@ struct LoadSpec {
   std::vector<uint32_t> layer_split;  // first layer of each pipeline stage after the first
   // The backend of each stage (layer_split.size() + 1 names); empty: every stage runs `backend`.
   std::vector<std::string> stage_backends;
+  // Unloaded after this many seconds without a request (0: never). Loads by name take keep-alive.
+  double keep_alive_s = 0;
 };
 
 struct PlacementStageInfo {
@@ -94,6 +97,8 @@ struct ModelInfoData {
   std::vector<PlacementExchangeInfo> placement_exchanges;
   std::vector<WorkerInfoData> workers;
   double load_ms = 0;
+  double keep_alive_s = 0;  // 0: never unloaded for idleness
+  double unload_in_s = -1;  // seconds until the idle unload; -1: not scheduled (never, or busy)
 };
 
 struct ModelStatusData {
@@ -182,6 +187,9 @@ class Supervisor {
   // Queues a generation; results arrive on `stream`. The request is checked (unknown model, bad values,
   // a full queue: OVERLOADED) before its text is tokenized on the text pool; then it is queued, and
   // `reply` gets OK or the reason nothing was queued.
+  // A model that is not loaded but is a file in model-dirs (the name, or the name + ".gguf") is loaded
+  // under that name first, with keep-alive; requests for a model that is loading wait for it (at most
+  // max-queue of them), then go on as any request.
   void generate(GenerateParams params, std::shared_ptr<GenerationStream> stream, Reply<Status> reply);
   // Wakes the model's scheduler to notice a cancelled stream.
   void kick(const std::string& model);
@@ -194,6 +202,20 @@ class Supervisor {
 
  private:
   ModelHost* find(const std::string& id) const;
+  // The file for a model requested by name: "<dir>/<name>" or "<dir>/<name>.gguf" in model-dirs.
+  std::optional<std::string> model_file(const std::string& name) const;
+  // Requests waiting for their model's load; released when it ends.
+  struct Parked {
+    GenerateParams params;
+    std::shared_ptr<GenerationStream> stream;
+    Reply<Status> reply;
+  };
+  void release_parked(const std::string& id, const Status& loaded);
+  // `m` with its keep-alive and the time left before its idle unload.
+  ModelInfoData with_keep_alive(ModelInfoData m) const;
+  // Unloads models idle longer than their keep-alive; runs every second while one has a keep-alive.
+  void sweep_idle();
+  void arm_sweep();
 
   DaemonConfig config_;
   asio::io_context io_;
@@ -208,6 +230,11 @@ class Supervisor {
   uint64_t requests_total_ = 0, requests_rejected_ = 0;
   uint64_t load_serial_ = 0;
   bool stopping_ = false;
+  std::map<std::string, std::vector<Parked>> parked_;
+  // Idle unloads: when each model with a keep-alive was last busy.
+  std::map<std::string, std::chrono::steady_clock::time_point> last_busy_;
+  asio::steady_timer sweep_timer_{io_};
+  bool sweep_armed_ = false;
 };
 
 }  // namespace inferd::daemon

@@ -55,6 +55,7 @@ struct LoadOptions {
   # One backend per pipeline stage, in order ("cpu", "opencl", "opencl:1", ...), e.g. ["opencl", "cpu"]
   # with layerSplit [15]: the first 15 layers on the GPU, the rest on the CPU (llama.cpp's -ngl). Empty:
   # every stage uses `backend`. Otherwise its length must be layerSplit's plus one (INVALID_ARGUMENT).
+  keepAliveS @10 :Float64;  # unload after this many seconds without a request; 0: never (the default)
 }
 
 struct PlacementStage {
@@ -135,6 +136,8 @@ struct ModelInfo {
   workers @12 :List(WorkerInfo);
   loadMs @13 :Float64;      # time the load took
   weightsHugePageBytes @14 :UInt64;  # of weightsBytes, backed by 2 MiB pages (0: 4 KiB pages only)
+  keepAliveS @15 :Float64;  # unloaded after this many idle seconds; 0: never
+  unloadInS @16 :Float64;   # seconds until that idle unload; -1: not scheduled (never, or busy)
 }
 
 struct ModelStatus {

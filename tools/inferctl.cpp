@@ -421,7 +421,9 @@ Json to_json(const ModelInfo& m) {
                 {"assignments", assignments},
                 {"exchanges", exchanges}}},
               {"workers", workers},
-              {"load_ms", m.load_ms}};
+              {"load_ms", m.load_ms},
+              {"keep_alive_s", m.keep_alive_s},
+              {"unload_in_s", m.unload_in_s}};
 }
 
 Json to_json(const DaemonStatus& s) {
@@ -618,6 +620,13 @@ int cmd_load(const Context& ctx) {
   o.batch_tokens = a.u32("--batch", 0);
   o.pad_step = a.u32("--pad-step", 0);
   o.max_queue = a.u32("--max-queue", 0);
+  if (auto k = a.get("--keep-alive")) {
+    char* end = nullptr;
+    o.keep_alive_s = std::strtod(k->c_str(), &end);
+    if (end == k->c_str() || *end != '\0' || !(o.keep_alive_s >= 0)) {
+      throw UsageError("--keep-alive expects seconds (0: never unload), got '" + *k + "'");
+    }
+  }
   if (auto split = a.get("--layer-split")) o.layer_split = parse_layer_split(*split);
   if (auto backends = a.get("--stage-backends")) o.stage_backends = parse_stage_backends(*backends);
   // The daemon opens the file from its own working directory.
@@ -652,6 +661,13 @@ int cmd_unload(const Context& ctx) {
   return kExitOk;
 }
 
+// When a model with a keep-alive is unloaded: "in 4m 12s", "when idle 5m" (busy), or "never".
+std::string unloads(const ModelInfo& m) {
+  if (m.keep_alive_s <= 0) return "never";
+  if (m.unload_in_s < 0) return "after " + format_duration(m.keep_alive_s * 1000.0) + " idle";
+  return "in " + format_duration(m.unload_in_s * 1000.0);
+}
+
 int cmd_list(const Context& ctx) {
   expect_positional(ctx.args, 0, "no arguments");
   Client client = ctx.connect();
@@ -662,10 +678,10 @@ int cmd_list(const Context& ctx) {
     print_json(out);
     return kExitOk;
   }
-  Table t({"ID", "STATE", "ARCH", "WEIGHTS", "CTX", "PARALLEL", "PLACEMENT", "WORKERS"});
+  Table t({"ID", "STATE", "ARCH", "WEIGHTS", "CTX", "PARALLEL", "PLACEMENT", "WORKERS", "UNLOADS"});
   for (const ModelInfo& m : models) {
     t.add({m.id, state_name(m.state), or_dash(m.arch), format_bytes(m.weights_bytes), std::to_string(m.context_size),
-           std::to_string(m.parallel), or_dash(m.placement.summary), workers_summary(m)});
+           std::to_string(m.parallel), or_dash(m.placement.summary), workers_summary(m), unloads(m)});
   }
   std::fputs(t.render().c_str(), stdout);
   return kExitOk;
@@ -1055,7 +1071,8 @@ std::vector<Command> commands() {
                                                "the first layers on the GPU, the rest on the CPU (default: "
                                                "--backend for all)"},
                 {{"--pad-step"}, "N", "decode shapes padded to multiples of N (default 64)"},
-                {{"--max-queue"}, "N", "requests waiting for a slot before OVERLOADED (default 64)"}},
+                {{"--max-queue"}, "N", "requests waiting for a slot before OVERLOADED (default 64)"},
+                {{"--keep-alive"}, "S", "unload after S seconds without a request (default 0: never)"}},
                cmd_load});
   c.push_back({"unload", "ID", "unload a model", {}, cmd_unload});
   c.push_back({"ps", "", "list loaded models (same as list)", {}, cmd_list});

@@ -7,6 +7,8 @@ output equal to the Cap'n Proto API's for the same prompt; max_tokens, stop stri
 errors as the SDK's typed exceptions (unknown model, bad values, a wrong key); bad input at the HTTP level
 (malformed JSON, a 100 MB body, 200 idle connections and a slowloris client while a request is served);
 a client that disconnects mid-stream cancels its generation; /metrics parses with Prometheus's own parser;
+a model named by a file in model-dirs loads on first use (requests wait for it) and is unloaded after its
+keep-alive;
 a TCP listener without keys, or with a keys file others can read, stops the daemon at start with the reason.
 
     test_openai.py --bin-dir BUILD/bin --model MODEL.gguf
@@ -266,6 +268,53 @@ class OpenAiTest(harness.DaemonTestCase):
         conn.close()
         harness.wait_until(lambda: "cancelled by the client" in self.daemon.log(), 60,
                            "the daemon to cancel the abandoned stream")
+
+    def test_models_by_name_load_on_first_use_and_unload_when_idle(self):
+        d = harness.Daemon("--model-dirs", "DIR", "--keep-alive", "2", threads=2)
+        models = os.path.join(d.dir, "models")
+        os.mkdir(models)
+        os.symlink(harness.Config.model, os.path.join(models, "smollm2.gguf"))
+        d.args[d.args.index("DIR")] = models
+        d.start()
+        self.addCleanup(d.stop)
+        socket_path = os.path.join(d.dir, "inferd-http.sock")
+        # Two requests for the model by name while it loads: both wait for the load and complete.
+        import concurrent.futures
+
+        def ask(n):
+            conn = UnixHTTPConnection(socket_path, timeout=120)
+            status, body = http_json(conn, "POST", "/v1/completions",
+                                     {"model": "smollm2", "prompt": "The capital of France is", "max_tokens": n,
+                                      "temperature": 0})
+            conn.close()
+            return status, body
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            results = list(pool.map(ask, [4, 5]))
+        for (status, body), n in zip(results, [4, 5]):
+            self.assertEqual(status, 200, body)
+            self.assertEqual(body["usage"]["completion_tokens"], n)
+        self.assertIn("requested by name", d.log())
+        # A name that is no file there is still a 404.
+        conn = UnixHTTPConnection(socket_path)
+        status, body = http_json(conn, "POST", "/v1/completions", {"model": "nothing", "prompt": "x"})
+        conn.close()
+        self.assertEqual(status, 404, body)
+        self.assertIn("model-dirs", body["error"]["message"])
+
+        async def listed():
+            conn = await Connection.open(d.socket_path)
+            out = [(m.id, m.keepAliveS, m.unloadInS) for m in await conn.list()]
+            conn.close()
+            return out
+
+        (mid, keep, left), = run_async(listed(), daemons=[d])
+        self.assertEqual((mid, keep), ("smollm2", 2.0))
+        self.assertLessEqual(left, 2.0)
+        # Idle past its keep-alive: unloaded; asked again: loaded again.
+        harness.wait_until(lambda: not run_async(listed(), daemons=[d]), 30, "the idle model to be unloaded")
+        self.assertIn("idle for its keep-alive", d.log())
+        self.assertEqual(ask(3)[0], 200)
 
     def test_tcp_without_keys_or_with_a_readable_keys_file_does_not_start(self):
         d = harness.Daemon("--http-listen", f"127.0.0.1:{free_port()}")

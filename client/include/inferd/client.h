@@ -66,6 +66,7 @@ struct LoadOptions {
   // 15 layers on the GPU, like llama.cpp's -ngl). Empty: every worker uses `backend`; otherwise
   // layer_split.size() + 1 names.
   std::vector<std::string> stage_backends;
+  double keep_alive_s = 0;  // unload after this many seconds without a request; 0: never
 };
 
 struct PlacementStage {
@@ -134,6 +135,8 @@ struct ModelInfo {
   Placement placement;
   std::vector<WorkerInfo> workers;
   double load_ms = 0;
+  double keep_alive_s = 0;  // 0: never unloaded for idleness
+  double unload_in_s = -1;  // seconds until the idle unload; -1: not scheduled
 };
 
 struct ModelStatus {
