@@ -32,7 +32,7 @@ constexpr std::string_view kLogLevels[] = {"trace", "debug", "info", "warn", "er
 enum class Key {
   kSocket, kWorker, kLogLevel, kThreads, kMaxRestarts, kRestartWindow,
   kContext, kParallel, kMaxQueue, kStepsInFlight, kStreamInterval, kMaxTextBytes, kStartTimeout, kStepTimeout, kAdminUids, kLoad,
-  kHttpSocket, kHttpListen, kHttpKeys, kHttpNoAuth, kModelDirs, kKeepAlive,
+  kHttpSocket, kHttpListen, kHttpKeys, kHttpNoAuth, kHttpConnectionsPerPeer, kModelDirs, kKeepAlive,
 };
 
 struct KeyInfo {
@@ -88,6 +88,9 @@ constexpr KeyInfo kKeys[] = {
     {"http-no-auth", Key::kHttpNoAuth, "true|false",
      "serve http-listen without keys: anyone who can reach the address may use\n"
      "                         it (default: false; without keys the listener does not start)"},
+    {"http-connections-per-peer", Key::kHttpConnectionsPerPeer, "N",
+     "open HTTP connections one peer (uid, or address on TCP) may hold; past it\n"
+     "                         a connection is answered 429 and closed; >= 1 (default: 64)"},
     {"model-dirs", Key::kModelDirs, "DIR[:DIR...]",
      "directories of GGUF files: a request for a model that is not loaded, by\n"
      "                         a file's name (with or without .gguf), loads it (default: none)"},
@@ -360,6 +363,12 @@ Status apply(Key key, std::string_view value, const Origin& origin, DaemonConfig
       Result<uint32_t> port = parse_u32(value.substr(colon + 1), 1, 65535);
       if (!port) return invalid("bad port: " + port.status().message());
       config.http_listen = value;
+      return Status::ok();
+    }
+    case Key::kHttpConnectionsPerPeer: {
+      Result<uint32_t> n = parse_u32(value, 1, 1u << 20);
+      if (!n) return n.status();
+      config.http_connections_per_peer = *n;
       return Status::ok();
     }
     case Key::kModelDirs: {

@@ -80,6 +80,9 @@ struct DaemonConfig {
   std::string http_listen;
   std::string http_keys;
   bool http_no_auth = false;
+  // Open HTTP connections one peer may hold (a uid on the unix socket, an address on TCP); past it a new
+  // connection is answered 429 and closed.
+  uint32_t http_connections_per_peer = 64;
 
   // True when Admin is open to every peer.
   bool admin_open() const { return admin_any; }

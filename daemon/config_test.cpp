@@ -198,6 +198,9 @@ TEST_F(ConfigTest, HttpApiAndModelsByName) {
   EXPECT_EQ(default_http_socket("/run/d/api"), "/run/d/api-http");
   EXPECT_EQ(r->keep_alive_s, 300.0);
   EXPECT_TRUE(r->model_dirs.empty());
+  EXPECT_EQ(r->http_connections_per_peer, 64u);
+  EXPECT_EQ(parse({"--http-connections-per-peer", "8"})->http_connections_per_peer, 8u);
+  EXPECT_FALSE(parse({"--http-connections-per-peer", "0"}).is_ok());
   r = parse({"--http-listen", "127.0.0.1:11435", "--http-keys", "/etc/inferd/keys", "--http-socket", "off",
              "--model-dirs", "/srv/models:/opt/m", "--keep-alive", "0"});
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();

@@ -3,8 +3,11 @@
 // through base pointers, and have no virtual destructors.
 #pragma GCC diagnostic ignored "-Wnon-virtual-dtor"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,6 +16,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <map>
 #include <string>
 
 #include "kj_bridge.h"
@@ -49,6 +53,37 @@ bool same_key(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
+// Who is on the other end of a connection, for the per-peer limit: "uid N" on a unix socket
+// (SO_PEERCRED), the address on TCP; "" when the kernel does not say.
+std::string peer_of(kj::AsyncIoStream& conn) {
+  KJ_IF_MAYBE(fd, conn.getFd()) {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    if (::getpeername(*fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "";
+    if (addr.ss_family == AF_UNIX) {
+      struct ucred cred {};
+      socklen_t clen = sizeof(cred);
+      if (::getsockopt(*fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0) return "uid " + std::to_string(cred.uid);
+      return "";
+    }
+    char host[INET6_ADDRSTRLEN] = {};
+    if (addr.ss_family == AF_INET) {
+      ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&addr)->sin_addr, host, sizeof(host));
+    } else if (addr.ss_family == AF_INET6) {
+      ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&addr)->sin6_addr, host, sizeof(host));
+    }
+    return host;
+  }
+  return "";
+}
+
+class ConnectionLogger final : public kj::TaskSet::ErrorHandler {
+ public:
+  void taskFailed(kj::Exception&& e) override {
+    spdlog::debug("HTTP connection ended: {}", e.getDescription().cStr());
+  }
+};
+
 // A streamed generation's state, owned by its promise chain.
 struct SseState {
   kj::Own<kj::AsyncOutputStream> out;
@@ -70,7 +105,17 @@ struct HttpServer::Impl {
   kj::HttpHeaderId authorization = builder.add("Authorization");
   kj::Own<kj::HttpHeaderTable> table = builder.build();
 
+  std::map<std::string, uint32_t> per_peer;  // open connections by peer_of(), over every listener
+  std::map<std::string, uint64_t> refused;   // connections refused per peer (logged at 1, 10, 100, ...)
+  struct Listener;
+
   Impl(Supervisor& s, kj::Timer& t, std::vector<std::string> k) : sup(s), timer(t), keys(std::move(k)) {}
+
+  // Accepts connections and serves each with `server`, at most http-connections-per-peer per peer; a
+  // connection past that gets a 429 and is closed without being read.
+  kj::Promise<void> accept_loop(Listener& l);
+
+
 
   kj::Promise<void> send(kj::HttpService::Response& response, unsigned status, std::string body,
                          const char* content_type = "application/json", bool retry_after = false) {
@@ -280,18 +325,59 @@ struct HttpServer::Impl {
   };
 };
 
+// One listening socket: its HTTP server and its connections. Connections are declared last, so they end
+// before the server they run on is destroyed.
+struct HttpServer::Impl::Listener {
+  kj::Own<kj::ConnectionReceiver> receiver;
+  kj::Own<Service> service;
+  kj::Own<kj::HttpServer> server;
+  ConnectionLogger logger;
+  kj::TaskSet tasks{logger};
+};
+
+kj::Promise<void> HttpServer::Impl::accept_loop(Listener& l) {
+  return l.receiver->accept().then([this, &l](kj::Own<kj::AsyncIoStream> conn) {
+    std::string peer = peer_of(*conn);
+    uint32_t& held = per_peer[peer];
+    if (held >= sup.config().http_connections_per_peer) {
+      const uint64_t n = ++refused[peer];
+      if (n == 1 || n == 10 || n == 100 || n % 1000 == 0) {
+        spdlog::warn("HTTP connection from {} refused: it holds {} already (http-connections-per-peer); {} refused so far",
+                     peer.empty() ? std::string("an unknown peer") : peer, held, n);
+      }
+      const openai::Error e = openai::error(429, "rate_limit_error",
+                                            "too many open connections from this client (" + std::to_string(held) + ")",
+                                            "too_many_connections");
+      auto reply = kj::heap<std::string>("HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
+                                         "Retry-After: 1\r\nConnection: close\r\nContent-Length: " +
+                                         std::to_string(e.body.size()) + "\r\n\r\n" + e.body);
+      auto written = conn->write(reply->data(), reply->size());
+      l.tasks.add(written.attach(kj::mv(conn), kj::mv(reply)));
+    } else {
+      ++held;
+      l.tasks.add(l.server->listenHttp(kj::mv(conn)).attach(kj::defer([this, peer] {
+        auto it = per_peer.find(peer);
+        if (it != per_peer.end() && --it->second == 0) per_peer.erase(it);
+      })));
+    }
+    return accept_loop(l);
+    });
+}
+
 HttpServer::HttpServer(Supervisor& supervisor, kj::Timer& timer, std::vector<std::string> keys)
     : impl_(std::make_unique<Impl>(supervisor, timer, std::move(keys))) {}
 
 HttpServer::~HttpServer() = default;
 
 kj::Promise<void> HttpServer::listen(kj::Own<kj::ConnectionReceiver> listener, bool tcp) {
-  auto service = kj::heap<Impl::Service>(*impl_, tcp);
+  auto l = kj::heap<Impl::Listener>();
+  l->receiver = kj::mv(listener);
+  l->service = kj::heap<Impl::Service>(*impl_, tcp);
   kj::HttpServerSettings settings;
   settings.headerTimeout = 15 * kj::SECONDS;
-  auto server = kj::heap<kj::HttpServer>(impl_->timer, *impl_->table, *service, settings);
-  auto served = server->listenHttp(*listener);
-  return served.attach(kj::mv(server), kj::mv(service), kj::mv(listener));
+  l->server = kj::heap<kj::HttpServer>(impl_->timer, *impl_->table, *l->service, settings);
+  auto served = impl_->accept_loop(*l);
+  return served.attach(kj::mv(l));
 }
 
 Result<std::vector<std::string>> read_http_keys(const std::string& path) {

@@ -11,7 +11,8 @@
 // server-sent events when "stream": true). Like the RPC server it is a translator only: a generation is
 // the supervisor's GenerationStream, and a streamed response that the client stops reading or
 // disconnects from cancels its generation at the next step. Bodies are limited (a text of max-text-bytes
-// plus JSON's overhead: 413 past it), a body must arrive within 30 s, headers within KJ's 15 s.
+// plus JSON's overhead: 413 past it), a body must arrive within 30 s, headers within KJ's 15 s, and one
+// peer (a uid on the unix socket, an address on TCP) may hold http-connections-per-peer connections.
 //
 // Thread safety: construct and use on the thread that runs the KJ event loop.
 #pragma once

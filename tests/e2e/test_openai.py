@@ -5,7 +5,8 @@ One daemon serves the API on its unix socket (next to the RPC socket, no key) an
 with a bearer key from a mode-0600 keys file. Checked: chat and completions, streamed and not; greedy
 output equal to the Cap'n Proto API's for the same prompt; max_tokens, stop strings, a seed; usage;
 errors as the SDK's typed exceptions (unknown model, bad values, a wrong key); bad input at the HTTP level
-(malformed JSON, a 100 MB body, 200 idle connections and a slowloris client while a request is served);
+(malformed JSON, a 100 MB body, a slowloris client while a request is served, 200 idle connections from
+one address: past the per-peer limit they are answered 429);
 a client that disconnects mid-stream cancels its generation; /metrics parses with Prometheus's own parser;
 a model named by a file in model-dirs loads on first use (requests wait for it) and is unloaded after its
 keep-alive;
@@ -206,12 +207,7 @@ class OpenAiTest(harness.DaemonTestCase):
         reply = big.recv(4096)
         big.close()
         self.assertIn(b" 413 ", reply.split(b"\r\n")[0])
-        # 200 idle connections and a client sending its headers a byte at a time: a request still completes.
-        idle = []
-        for _ in range(200):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.connect(("127.0.0.1", self.port))
-            idle.append(s)
+        # A client sending its headers a byte at a time does not hold up a request on another connection.
         slow = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         slow.connect(("127.0.0.1", self.port))
         slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHo")
@@ -219,10 +215,33 @@ class OpenAiTest(harness.DaemonTestCase):
         r = self.client.completions.create(model=MODEL, prompt="Hi", max_tokens=4, temperature=0)
         self.assertEqual(r.usage.completion_tokens, 4)
         self.assertLess(time.monotonic() - t0, 30)
+        # 200 idle connections from one address: past http-connections-per-peer (64) each is answered 429,
+        # and so is this client's next one while they stay open; the daemon keeps serving the unix socket,
+        # and the address again once they close.
+        idle = []
+        for _ in range(200):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.connect(("127.0.0.1", self.port))
+            idle.append(s)
+        harness.wait_until(lambda: "http-connections-per-peer" in self.daemon.log(), 30, "connections to be refused")
+        with self.assertRaises(openai.RateLimitError):  # a new connection (the shared client's stays served)
+            self.fresh_client().completions.create(model=MODEL, prompt="Hi", max_tokens=2, temperature=0)
+        conn = UnixHTTPConnection(self.http_socket)
+        self.assertEqual(http_json(conn, "GET", "/health")[0], 200)
+        conn.close()
         for s in idle + [slow]:
             s.close()
-        self.assertEqual(self.client.completions.create(model=MODEL, prompt="Hi", max_tokens=2,
-                                                        temperature=0).usage.completion_tokens, 2)
+        harness.wait_until(lambda: self._answers_tcp(), 30, "the address to be served again")
+
+    def fresh_client(self):
+        return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=KEY, max_retries=0, timeout=120)
+
+    def _answers_tcp(self):
+        try:
+            return self.fresh_client().completions.create(model=MODEL, prompt="Hi", max_tokens=2,
+                                                          temperature=0).usage.completion_tokens == 2
+        except openai.RateLimitError:
+            return False
 
     def test_metrics_are_prometheus_text(self):
         try:
