@@ -419,44 +419,6 @@ Status apply(Key key, std::string_view value, const Origin& origin, DaemonConfig
   return Status::ok();
 }
 
-// Reads a whole (small, regular) file. kNotFound when it does not exist.
-Result<std::string> read_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    const int err = errno;
-    return Status(err == ENOENT ? Code::kNotFound : Code::kFailed,
-                  path + ": cannot open: " + std::strerror(err));
-  }
-  struct stat st {};
-  std::string text;
-  Status status;
-  if (::fstat(fd, &st) != 0) {
-    status = Status(Code::kFailed, path + ": cannot stat: " + std::strerror(errno));
-  } else if (!S_ISREG(st.st_mode)) {
-    status = invalid(path + ": not a regular file");
-  } else if (static_cast<uint64_t>(st.st_size) > kMaxConfigBytes) {
-    status = invalid(path + ": " + std::to_string(st.st_size) + " bytes; a configuration file may hold " +
-                     std::to_string(kMaxConfigBytes));
-  } else {
-    text.resize(static_cast<size_t>(st.st_size));
-    size_t done = 0;
-    while (done < text.size()) {
-      const ssize_t n = ::read(fd, text.data() + done, text.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        status = Status(Code::kFailed, path + ": cannot read: " + std::strerror(errno));
-        break;
-      }
-      if (n == 0) break;  // the file shrank meanwhile: use what is there
-      done += static_cast<size_t>(n);
-    }
-    text.resize(done);
-  }
-  ::close(fd);
-  if (!status.is_ok()) return status;
-  return text;
-}
-
 Status apply_file(const std::string& path, std::string_view text, const Origin& origin,
                   DaemonConfig& config) {
   int first_line[std::size(kKeys)] = {};  // where each key was set; 0: not yet
@@ -538,6 +500,46 @@ std::string default_socket_path() {
   return "/tmp/inferd-" + std::to_string(::geteuid()) + "/inferd.sock";
 }
 
+Result<std::string> read_small_file(const std::string& path, size_t max_bytes, bool follow_links,
+                                    const std::function<Status(const struct stat&)>& check) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | (follow_links ? 0 : O_NOFOLLOW));
+  if (fd < 0) {
+    const int err = errno;
+    return Status(err == ENOENT ? Code::kNotFound : Code::kFailed,
+                  path + ": cannot open: " + std::strerror(err));
+  }
+  struct stat st {};
+  std::string text;
+  Status status;
+  if (::fstat(fd, &st) != 0) {
+    status = Status(Code::kFailed, path + ": cannot stat: " + std::strerror(errno));
+  } else if (!S_ISREG(st.st_mode)) {
+    status = invalid(path + ": not a regular file");
+  } else if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    status = invalid(path + ": " + std::to_string(st.st_size) + " bytes; at most " + std::to_string(max_bytes) +
+                     " are read");
+  } else if (check && !(status = check(st))) {
+    // refused by the caller's check
+  } else {
+    text.resize(static_cast<size_t>(st.st_size));
+    size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = ::read(fd, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        status = Status(Code::kFailed, path + ": cannot read: " + std::strerror(errno));
+        break;
+      }
+      if (n == 0) break;  // the file shrank meanwhile: use what is there
+      done += static_cast<size_t>(n);
+    }
+    text.resize(done);
+  }
+  ::close(fd);
+  if (!status.is_ok()) return status;
+  return text;
+}
+
 std::string default_http_socket(const std::string& socket_path) {
   constexpr std::string_view kSuffix = ".sock";
   if (socket_path.size() > kSuffix.size() && socket_path.ends_with(kSuffix)) {
@@ -584,7 +586,7 @@ Result<DaemonConfig> parse_config(int argc, const char* const* argv,
 
   DaemonConfig config;
   if (!config_path.empty()) {
-    Result<std::string> text = read_file(config_path);
+    Result<std::string> text = read_small_file(config_path, kMaxConfigBytes);
     if (text) {
       const Origin file{std::filesystem::path(absolute_path(config_path, command_line))
                             .parent_path()

@@ -11,7 +11,10 @@
 // The returned values are plain data.
 #pragma once
 
+#include <sys/stat.h>
+
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -91,6 +94,13 @@ struct DaemonConfig {
 // $INFERD_SOCKET if set and non-empty; else $XDG_RUNTIME_DIR/inferd/inferd.sock if XDG_RUNTIME_DIR is
 // set; else /run/inferd/inferd.sock when running as root; else /tmp/inferd-<uid>/inferd.sock.
 std::string default_socket_path();
+
+// A small regular file read whole: opened without blocking (a FIFO is refused, never waited on), and
+// without following a final symlink unless `follow_links`; larger than `max_bytes` is refused. `check`,
+// when given, sees the open file's stat before anything is read and may refuse it. kNotFound when the
+// file does not exist; kInvalidArgument when it is not a regular file or too large; kFailed otherwise.
+Result<std::string> read_small_file(const std::string& path, size_t max_bytes, bool follow_links = true,
+                                    const std::function<Status(const struct stat&)>& check = nullptr);
 
 // The HTTP socket next to the RPC socket: ".../inferd.sock" -> ".../inferd-http.sock" (any other name
 // gets "-http" appended).

@@ -4,21 +4,19 @@
 #pragma GCC diagnostic ignored "-Wnon-virtual-dtor"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <kj/compat/http.h>
 
-#include <cerrno>
 #include <charconv>
 #include <cstring>
 #include <map>
 #include <string>
 
+#include "config.h"
 #include "kj_bridge.h"
 #include "metrics.h"
 #include "openai.h"
@@ -381,38 +379,14 @@ kj::Promise<void> HttpServer::listen(kj::Own<kj::ConnectionReceiver> listener, b
 }
 
 Result<std::vector<std::string>> read_http_keys(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
-  if (fd < 0) return Status(Code::kFailed, "http-keys " + path + ": cannot open: " + std::strerror(errno));
-  struct stat st {};
-  std::string text;
-  Status status;
-  if (::fstat(fd, &st) != 0) {
-    status = Status(Code::kFailed, "http-keys " + path + ": cannot stat: " + std::strerror(errno));
-  } else if (!S_ISREG(st.st_mode)) {
-    status = Status(Code::kFailed, "http-keys " + path + " is not a regular file");
-  } else if ((st.st_mode & 077) != 0) {
-    status = Status(Code::kFailed, "http-keys " + path + " may be read or written by other users (mode " +
-                                       [&] {
-                                         char b[8];
-                                         std::snprintf(b, sizeof(b), "%04o", st.st_mode & 07777);
-                                         return std::string(b);
-                                       }() +
-                                       "); make it 0600");
-  } else if (st.st_size > (1 << 20)) {
-    status = Status(Code::kFailed, "http-keys " + path + " is larger than 1 MiB");
-  } else {
-    text.resize(static_cast<size_t>(st.st_size));
-    size_t done = 0;
-    while (done < text.size()) {
-      const ssize_t n = ::read(fd, text.data() + done, text.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
-      done += static_cast<size_t>(n);
-    }
-    text.resize(done);
-  }
-  ::close(fd);
-  if (!status) return status;
+  auto read = read_small_file(path, 1 << 20, /*follow_links=*/false, [&path](const struct stat& st) {
+    if ((st.st_mode & 077) == 0) return Status::ok();
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", st.st_mode & 07777);
+    return Status(Code::kFailed, path + " may be read or written by other users (mode " + mode + "); make it 0600");
+  });
+  if (!read) return Status(read.status().code(), "http-keys " + read.status().message());
+  const std::string& text = read.value();
   std::vector<std::string> keys;
   size_t pos = 0;
   while (pos < text.size()) {

@@ -348,6 +348,8 @@ ModelInfoData ModelHost::info() const {
   return m;
 }
 
+size_t ModelHost::in_flight() const { return scheduler_ ? scheduler_->in_flight() : 0; }
+
 ModelStatusData ModelHost::status() const {
   ModelStatusData st;
   st.info = info();

@@ -117,6 +117,8 @@ class ModelHost : public SchedulerHost {
 
   ModelInfoData info() const;
   ModelStatusData status() const;
+  // Requests active or queued on the model (0 before its scheduler exists); cheap, unlike status().
+  size_t in_flight() const;
 
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
   // For tokenization off the supervisor thread: the tokenizer outlives an unload while it is in use.

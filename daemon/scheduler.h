@@ -137,6 +137,8 @@ class Scheduler {
   void stop() { stopped_ = true; }
 
   SchedulerStats stats() const;
+  // Requests holding a slot or waiting for one (what stats() counts as active + queued), without the rest.
+  size_t in_flight() const { return active_.size() + queue_.size(); }
   size_t steps_in_flight() const { return steps_.size(); }
   // Steps a stage answered, and the tokens of those its answer counted for (not abandoned).
   uint64_t stage_steps(size_t stage) const { return stages_[stage].steps; }

@@ -218,23 +218,18 @@ Status Supervisor::unload(const std::string& id) {
   return Status::ok();
 }
 
-ModelInfoData Supervisor::with_keep_alive(ModelInfoData m) const {
-  ModelHost* h = find(m.id);
-  if (h == nullptr) return m;
-  m.keep_alive_s = h->spec().keep_alive_s;
+ModelInfoData Supervisor::with_keep_alive(const ModelHost& h, ModelInfoData m) const {
+  m.keep_alive_s = h.spec().keep_alive_s;
   auto it = last_busy_.find(m.id);
-  if (m.keep_alive_s > 0 && it != last_busy_.end() && m.state == ModelState::kReady) {
-    const ModelStatusData st = h->status();
-    if (st.requests_active + st.requests_queued == 0) {
-      m.unload_in_s = std::max(0.0, m.keep_alive_s - ms_between(it->second, Clock::now()) / 1e3);
-    }
+  if (m.keep_alive_s > 0 && it != last_busy_.end() && m.state == ModelState::kReady && h.in_flight() == 0) {
+    m.unload_in_s = std::max(0.0, m.keep_alive_s - ms_between(it->second, Clock::now()) / 1e3);
   }
   return m;
 }
 
 std::vector<ModelInfoData> Supervisor::list() const {
   std::vector<ModelInfoData> out;
-  for (auto& [id, host] : models_) out.push_back(with_keep_alive(host->info()));
+  for (auto& [id, host] : models_) out.push_back(with_keep_alive(*host, host->info()));
   return out;
 }
 
@@ -246,7 +241,7 @@ DaemonStatusData Supervisor::status() const {
   st.socket_path = config_.socket_path;
   for (auto& [id, host] : models_) {
     st.models.push_back(host->status());
-    st.models.back().info = with_keep_alive(std::move(st.models.back().info));
+    st.models.back().info = with_keep_alive(*host, std::move(st.models.back().info));
   }
   st.connections = connections_;
   st.requests_total = requests_total_;
@@ -415,8 +410,7 @@ void Supervisor::sweep_idle() {
       it = last_busy_.erase(it);
       continue;
     }
-    const ModelStatusData st = h->status();
-    if (h->state() != ModelState::kReady || st.requests_active + st.requests_queued > 0 || parked_.count(it->first)) {
+    if (h->state() != ModelState::kReady || h->in_flight() > 0 || parked_.count(it->first)) {
       it->second = now;
     } else if (ms_between(it->second, now) / 1e3 >= h->spec().keep_alive_s) {
       idle.push_back(it->first);

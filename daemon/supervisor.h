@@ -212,7 +212,7 @@ class Supervisor {
   };
   void release_parked(const std::string& id, const Status& loaded);
   // `m` with its keep-alive and the time left before its idle unload.
-  ModelInfoData with_keep_alive(ModelInfoData m) const;
+  ModelInfoData with_keep_alive(const ModelHost& h, ModelInfoData m) const;
   // Unloads models idle longer than their keep-alive; runs every second while one has a keep-alive.
   void sweep_idle();
   void arm_sweep();
