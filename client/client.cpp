@@ -165,6 +165,9 @@ ModelInfo from_rpc(rpc::ModelInfo::Reader r) {
   m.load_ms = r.getLoadMs();
   m.keep_alive_s = r.getKeepAliveS();
   m.unload_in_s = r.getUnloadInS();
+  m.load_stage = str(r.getLoadStage());
+  m.load_done = r.getLoadDone();
+  m.load_total = r.getLoadTotal();
   return m;
 }
 

@@ -37,6 +37,24 @@ struct GenerateParams {
   bool parse_special = true;
   bool ignore_eog = false;
   int32_t stream_interval_ms = -1;  // -1: the daemon's stream-interval; else 0..kMaxStreamIntervalMs
+  // Each generated token's log-probability and this many most likely alternatives (0..20); -1: none.
+  int32_t logprobs = -1;
+  // Instead of generating: the prompt's embedding (the last token's hidden state after the output
+  // norm, L2-normalized), in GenerateSummary::embedding.
+  bool embedding = false;
+  // ollama's keep_alive for a model loaded by name (seconds; 0: never unload); -1: unchanged.
+  double keep_alive_s = -1;
+};
+
+// A token and its log-probability (log-softmax of the model's logits, before penalties and temperature).
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+  std::string piece;  // its bytes, as the tokenizer decodes it alone (may be part of a UTF-8 character)
+};
+struct TokenLogprobs {
+  TokenLogprob chosen;
+  std::vector<TokenLogprob> top;  // most likely first
 };
 
 enum class FinishReason { kEndOfGeneration, kMaxTokens, kStop, kContextFull };
@@ -48,6 +66,7 @@ struct GenerateSummary {
   uint64_t seed = 0;
   double queue_ms = 0, time_to_first_token_ms = 0, prompt_ms = 0, generate_ms = 0;
   uint32_t replays = 0;
+  std::vector<float> embedding;  // GenerateParams::embedding: unit length
 };
 
 class GenerationStream {
@@ -55,16 +74,18 @@ class GenerationStream {
   struct Batch {
     std::vector<int32_t> tokens;
     std::string text;
+    std::vector<TokenLogprobs> logprobs;  // one per token, when the request asked for them
     std::optional<Result<GenerateSummary>> end;  // set once, with the last batch
   };
 
   // Supervisor thread.
-  void push(std::span<const int32_t> tokens, std::string_view text) {
+  void push(std::span<const int32_t> tokens, std::string_view text, TokenLogprobs* logprobs = nullptr) {
     kj::Own<kj::CrossThreadPromiseFulfiller<void>> waiter;
     {
       std::lock_guard<std::mutex> lock(mu_);
       pending_.tokens.insert(pending_.tokens.end(), tokens.begin(), tokens.end());
       pending_.text += text;
+      if (logprobs != nullptr) pending_.logprobs.push_back(std::move(*logprobs));
       if (!waiter_end_only_) waiter = kj::mv(waiter_);
     }
     if (waiter.get() != nullptr) waiter->fulfill();

@@ -4,6 +4,7 @@
 #pragma GCC diagnostic ignored "-Wnon-virtual-dtor"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
@@ -17,6 +18,7 @@
 #include <string>
 
 #include "config.h"
+#include "inferd/ipc/unique_fd.h"
 #include "kj_bridge.h"
 #include "metrics.h"
 #include "openai.h"
@@ -89,15 +91,58 @@ struct SseState {
   openai::Endpoint endpoint;
   openai::ResponseId rid;
   bool include_usage = false;
+  bool logprobs = false;
+  size_t text_offset = 0;  // completions' logprobs: bytes of text before the next event's tokens
   bool first = true;
   uint32_t interval_ms = 0;  // after the first event, at most one per interval (the daemon's stream-interval)
 };
+
+// Watches a connection for its peer's end: a duplicate of the socket (KJ's own observer of the
+// connection stays untouched), observed for readability, then peeked: end of file or an error means
+// the client has gone; data (a pipelined request) means it is still there, and the watch ends
+// unresolved.
+struct PeerWatch {
+  ipc::UniqueFd fd;
+  kj::UnixEventPort::FdObserver observer;
+  PeerWatch(kj::UnixEventPort& port, int dup) : fd(dup), observer(port, dup, kj::UnixEventPort::FdObserver::OBSERVE_READ) {}
+};
+
+kj::Promise<void> wait_gone(PeerWatch& w) {
+  return w.observer.whenBecomesReadable().then([&w]() -> kj::Promise<void> {
+    char c;
+    const ssize_t n = ::recv(w.fd.get(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return kj::READY_NOW;
+    if (n > 0) return kj::NEVER_DONE;
+    return wait_gone(w);
+  });
+}
+
+// Resolves when the client on `fd` has gone (never when the fd cannot be watched).
+kj::Promise<void> peer_gone(kj::UnixEventPort& port, int fd) {
+  if (fd < 0) return kj::NEVER_DONE;
+  const int dup = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (dup < 0) return kj::NEVER_DONE;
+  auto w = kj::heap<PeerWatch>(port, dup);
+  PeerWatch& ref = *w;
+  return wait_gone(ref).attach(kj::mv(w));
+}
+
+// `work` unless the client goes first: then it is dropped (which cancels a generation) and the
+// connection ends without an answer.
+kj::Promise<void> unless_gone(kj::UnixEventPort& port, int fd, kj::Promise<void> work) {
+  return work.exclusiveJoin(peer_gone(port, fd).then([]() -> kj::Promise<void> {
+    return kj::Exception(kj::Exception::Type::DISCONNECTED, __FILE__, __LINE__, kj::str("the client closed its connection"));
+  }));
+}
+
+constexpr size_t kEmbeddingWindow = 16;  // inputs of one embeddings request queued at once
 
 }  // namespace
 
 struct HttpServer::Impl {
   Supervisor& sup;
   kj::Timer& timer;
+  kj::UnixEventPort& events;
   std::vector<std::string> keys;
   kj::HttpHeaderTable::Builder builder;
   kj::HttpHeaderId authorization = builder.add("Authorization");
@@ -107,7 +152,8 @@ struct HttpServer::Impl {
   std::map<std::string, uint64_t> refused;   // connections refused per peer (logged at 1, 10, 100, ...)
   struct Listener;
 
-  Impl(Supervisor& s, kj::Timer& t, std::vector<std::string> k) : sup(s), timer(t), keys(std::move(k)) {}
+  Impl(Supervisor& s, kj::Timer& t, kj::UnixEventPort& e, std::vector<std::string> k)
+      : sup(s), timer(t), events(e), keys(std::move(k)) {}
 
   // Accepts connections and serves each with `server`, at most http-connections-per-peer per peer; a
   // connection past that gets a 429 and is closed without being read.
@@ -150,8 +196,11 @@ struct HttpServer::Impl {
         });
   }
 
-  kj::Promise<void> generate(openai::Endpoint endpoint, const kj::HttpHeaders& headers, kj::AsyncInputStream& body,
-                             kj::HttpService::Response& response) {
+  // Reads a request body of at most the size a text of max-text-bytes needs (413 past it, 408 when it
+  // does not arrive within 30 s), then hands it to `use`.
+  kj::Promise<void> with_body(const kj::HttpHeaders& headers, kj::AsyncInputStream& body,
+                              kj::HttpService::Response& response,
+                              kj::Function<kj::Promise<void>(std::string_view)> use) {
     const uint32_t max_text = sup.config().max_text_bytes;
     // A text of max_text_bytes may double in JSON's escapes; the rest of a request is small.
     const uint64_t limit = 2 * uint64_t{max_text} + (uint64_t{64} << 10);
@@ -167,14 +216,12 @@ struct HttpServer::Impl {
     }
     auto read = timer.timeoutAfter(kBodyTimeout, body.readAllText(limit + 1));
     return read.then(
-        [this, endpoint, &response, limit, max_text](kj::String text) -> kj::Promise<void> {
+        [this, &response, limit, use = kj::mv(use)](kj::String text) mutable -> kj::Promise<void> {
           if (text.size() > limit) {
             return send_error(response, openai::error(413, "invalid_request_error", "the request body is too large",
                                                       "request_too_large"));
           }
-          auto req = openai::parse_request(endpoint, std::string_view(text.cStr(), text.size()), max_text);
-          if (!req) return send_status(response, req.status());
-          return run(std::move(req).value(), response);
+          return use(std::string_view(text.cStr(), text.size())).attach(kj::mv(text));
         },
         [this, &response](kj::Exception&& e) -> kj::Promise<void> {
           if (e.getType() == kj::Exception::Type::DISCONNECTED) return kj::mv(e);
@@ -188,12 +235,96 @@ struct HttpServer::Impl {
         });
   }
 
+  kj::Promise<void> generate(openai::Endpoint endpoint, const kj::HttpHeaders& headers, kj::AsyncInputStream& body,
+                             kj::HttpService::Response& response, int fd) {
+    return with_body(headers, body, response, [this, endpoint, &response, fd](std::string_view text) -> kj::Promise<void> {
+      auto req = openai::parse_request(endpoint, text, sup.config().max_text_bytes);
+      if (!req) return send_status(response, req.status());
+      return unless_gone(events, fd, run(std::move(req).value(), response));
+    });
+  }
+
+  kj::Promise<void> embeddings(const kj::HttpHeaders& headers, kj::AsyncInputStream& body,
+                               kj::HttpService::Response& response, int fd) {
+    return with_body(headers, body, response, [this, &response, fd](std::string_view text) -> kj::Promise<void> {
+      auto req = openai::parse_embedding_request(text, sup.config().max_text_bytes);
+      if (!req) return send_status(response, req.status());
+      return unless_gone(events, fd, embed(std::move(req).value(), response));
+    });
+  }
+
+  // One input's embedding: its summary, or why it failed. Dropping the promise cancels it.
+  kj::Promise<Result<GenerateSummary>> embed_one(GenerateParams params) {
+    auto stream = std::make_shared<GenerationStream>();
+    Supervisor& s = sup;
+    const std::string model = params.model;
+    auto submitted = on_supervisor_async<Status>(sup, [&s, params = std::move(params), stream](auto reply) mutable {
+      s.generate(std::move(params), stream, std::move(reply));
+    });
+    auto cancel = kj::defer([&s, stream, model] {
+      stream->cancel();
+      s.post([&s, model] { s.kick(model); });
+    });
+    return submitted
+        .then([stream](Status st) -> kj::Promise<Result<GenerateSummary>> {
+          if (!st) return Result<GenerateSummary>(st);
+          return stream->ready(/*end_only=*/true).then([stream]() -> Result<GenerateSummary> {
+            GenerationStream::Batch b = stream->take();
+            INFERD_ASSERT(b.end.has_value(), "ready(true) resolved without the end");
+            return std::move(*b.end);
+          });
+        })
+        .attach(kj::mv(cancel));
+  }
+
+  struct EmbedState {
+    openai::EmbeddingRequest req;
+    std::vector<GenerateSummary> results;
+    size_t next = 0;
+  };
+
+  // The inputs kEmbeddingWindow at a time (each window's run as one batch by the scheduler), then the
+  // response; the first failure answers for the request.
+  kj::Promise<void> embed(openai::EmbeddingRequest req, kj::HttpService::Response& response) {
+    auto st = kj::heap<EmbedState>();
+    st->req = std::move(req);
+    st->results.resize(st->req.inputs.size());
+    for (GenerateParams& p : st->req.inputs) p.keep_alive_s = st->req.keep_alive_s;
+    EmbedState& ref = *st;
+    return embed_window(ref, response).attach(kj::mv(st));
+  }
+
+  kj::Promise<void> embed_window(EmbedState& st, kj::HttpService::Response& response) {
+    if (st.next == st.req.inputs.size()) {
+      return send(response, 200, openai::embeddings_body(st.req.model, st.results, st.req.base64));
+    }
+    const size_t begin = st.next, end = std::min(st.req.inputs.size(), begin + kEmbeddingWindow);
+    st.next = end;
+    auto window = kj::heapArrayBuilder<kj::Promise<Result<GenerateSummary>>>(end - begin);
+    for (size_t i = begin; i < end; ++i) window.add(embed_one(std::move(st.req.inputs[i])));
+    return kj::joinPromises(window.finish())
+        .then([this, &st, &response, begin](kj::Array<Result<GenerateSummary>> done) -> kj::Promise<void> {
+          for (size_t i = 0; i < done.size(); ++i) {
+            if (!done[i]) {
+              const Status& why = done[i].status();
+              return send_status(response, st.req.inputs.size() == 1
+                                               ? why
+                                               : Status(why.code(), "input " + std::to_string(begin + i) + ": " +
+                                                                        why.message()));
+            }
+            st.results[begin + i] = std::move(done[i]).value();
+          }
+          return embed_window(st, response);
+        });
+  }
+
   kj::Promise<void> run(openai::Request req, kj::HttpService::Response& response) {
     auto stream = std::make_shared<GenerationStream>();
     Supervisor& s = sup;
     const std::string model = req.params.model;
     const openai::Endpoint endpoint = req.endpoint;
-    const bool streamed = req.stream, include_usage = req.include_usage;
+    const bool streamed = req.stream, include_usage = req.include_usage, logprobs = req.params.logprobs >= 0;
+    req.params.keep_alive_s = req.keep_alive_s;
     auto submitted = on_supervisor_async<Status>(sup, [&s, params = std::move(req.params), stream](auto reply) mutable {
       s.generate(std::move(params), stream, std::move(reply));
     });
@@ -203,10 +334,10 @@ struct HttpServer::Impl {
       s.post([&s, model] { s.kick(model); });
     });
     return submitted
-        .then([this, stream, &response, endpoint, model, streamed, include_usage](Status st) -> kj::Promise<void> {
+        .then([this, stream, &response, endpoint, model, streamed, include_usage, logprobs](Status st) -> kj::Promise<void> {
           if (!st) return send_status(response, st);
           openai::ResponseId rid = openai::new_response_id(endpoint, model);
-          if (!streamed) return whole(stream, endpoint, std::move(rid), response);
+          if (!streamed) return whole(stream, endpoint, std::move(rid), logprobs, response);
           kj::HttpHeaders h(*table);
           h.set(kj::HttpHeaderId::CONTENT_TYPE, "text/event-stream");
           h.add("Cache-Control", "no-cache");
@@ -216,6 +347,7 @@ struct HttpServer::Impl {
           state->endpoint = endpoint;
           state->rid = std::move(rid);
           state->include_usage = include_usage;
+          state->logprobs = logprobs;
           state->interval_ms = sup.config().stream_interval_ms;
           SseState& ref = *state;
           return pump(ref, timer).attach(kj::mv(state));
@@ -225,12 +357,14 @@ struct HttpServer::Impl {
 
   // The whole answer once the generation ends.
   kj::Promise<void> whole(std::shared_ptr<GenerationStream> stream, openai::Endpoint endpoint, openai::ResponseId rid,
-                          kj::HttpService::Response& response) {
-    return stream->ready(/*end_only=*/true).then([this, stream, endpoint, rid = std::move(rid), &response]() {
+                          bool logprobs, kj::HttpService::Response& response) {
+    return stream->ready(/*end_only=*/true).then([this, stream, endpoint, rid = std::move(rid), logprobs, &response]() {
       GenerationStream::Batch b = stream->take();
       INFERD_ASSERT(b.end.has_value(), "ready(true) resolved without the end");
       if (!b.end->is_ok()) return send_status(response, b.end->status());
-      return send(response, 200, openai::response_body(endpoint, rid, b.text, b.end->value()));
+      size_t offset = 0;
+      return send(response, 200,
+                  openai::response_body(endpoint, rid, b.text, b.end->value(), {logprobs, &b.logprobs, &offset}));
     });
   }
 
@@ -246,8 +380,9 @@ struct HttpServer::Impl {
     return pace.then([&st] { return st.stream->ready(); }).then([&st, &timer]() -> kj::Promise<void> {
       GenerationStream::Batch b = st.stream->take();
       auto data = kj::heap<std::string>();
-      if (!b.text.empty() || (st.first && b.end && b.end->is_ok() && st.endpoint == openai::Endpoint::kChat)) {
-        *data += openai::chunk_event(st.endpoint, st.rid, b.text, st.first);
+      if (!b.text.empty() || (st.logprobs && !b.logprobs.empty()) ||
+          (st.first && b.end && b.end->is_ok() && st.endpoint == openai::Endpoint::kChat)) {
+        *data += openai::chunk_event(st.endpoint, st.rid, b.text, st.first, {st.logprobs, &b.logprobs, &st.text_offset});
         st.first = false;
       }
       const bool end = b.end.has_value();
@@ -267,10 +402,12 @@ struct HttpServer::Impl {
     });
   }
 
+  // One connection's service: it knows its socket, to notice a client that goes while it waits.
   struct Service final : public kj::HttpService {
     Impl& impl;
     bool tcp;
-    Service(Impl& i, bool t) : impl(i), tcp(t) {}
+    int fd;
+    Service(Impl& i, bool t, int f) : impl(i), tcp(t), fd(f) {}
 
     bool authorized(const kj::HttpHeaders& headers) const {
       if (!tcp || impl.keys.empty()) return true;
@@ -310,7 +447,11 @@ struct HttpServer::Impl {
       if (path == "/v1/chat/completions" || path == "/v1/completions") {
         if (!post) return method_not_allowed(response, "POST");
         return impl.generate(path == "/v1/completions" ? openai::Endpoint::kCompletions : openai::Endpoint::kChat,
-                             headers, body, response);
+                             headers, body, response, fd);
+      }
+      if (path == "/v1/embeddings") {
+        if (!post) return method_not_allowed(response, "POST");
+        return impl.embeddings(headers, body, response, fd);
       }
       return impl.send_error(response, openai::error(404, "invalid_request_error", "no such endpoint: " + path,
                                                      "unknown_url"));
@@ -327,7 +468,6 @@ struct HttpServer::Impl {
 // before the server they run on is destroyed.
 struct HttpServer::Impl::Listener {
   kj::Own<kj::ConnectionReceiver> receiver;
-  kj::Own<Service> service;
   kj::Own<kj::HttpServer> server;
   ConnectionLogger logger;
   kj::TaskSet tasks{logger};
@@ -362,18 +502,23 @@ kj::Promise<void> HttpServer::Impl::accept_loop(Listener& l) {
     });
 }
 
-HttpServer::HttpServer(Supervisor& supervisor, kj::Timer& timer, std::vector<std::string> keys)
-    : impl_(std::make_unique<Impl>(supervisor, timer, std::move(keys))) {}
+HttpServer::HttpServer(Supervisor& supervisor, kj::Timer& timer, kj::UnixEventPort& events, std::vector<std::string> keys)
+    : impl_(std::make_unique<Impl>(supervisor, timer, events, std::move(keys))) {}
 
 HttpServer::~HttpServer() = default;
 
 kj::Promise<void> HttpServer::listen(kj::Own<kj::ConnectionReceiver> listener, bool tcp) {
   auto l = kj::heap<Impl::Listener>();
   l->receiver = kj::mv(listener);
-  l->service = kj::heap<Impl::Service>(*impl_, tcp);
   kj::HttpServerSettings settings;
   settings.headerTimeout = 15 * kj::SECONDS;
-  l->server = kj::heap<kj::HttpServer>(impl_->timer, *impl_->table, *l->service, settings);
+  Impl& impl = *impl_;
+  kj::HttpServer::HttpServiceFactory factory = [&impl, tcp](kj::AsyncIoStream& conn) -> kj::Own<kj::HttpService> {
+    int fd = -1;
+    KJ_IF_MAYBE(f, conn.getFd()) { fd = *f; }
+    return kj::heap<Impl::Service>(impl, tcp, fd);
+  };
+  l->server = kj::heap<kj::HttpServer>(impl_->timer, *impl_->table, kj::mv(factory), settings);
   auto served = impl_->accept_loop(*l);
   return served.attach(kj::mv(l));
 }

@@ -7,10 +7,13 @@
 // one key per line, readable by its owner only). A TCP listener without keys does not start unless
 // http-no-auth is set.
 //
-// Endpoints: GET /health, GET /metrics (Prometheus's text format, metrics.h), GET /v1/models, POST /v1/chat/completions, POST /v1/completions (streamed as
-// server-sent events when "stream": true). Like the RPC server it is a translator only: a generation is
-// the supervisor's GenerationStream, and a streamed response that the client stops reading or
-// disconnects from cancels its generation at the next step. Bodies are limited (a text of max-text-bytes
+// Endpoints: GET /health, GET /metrics (Prometheus's text format, metrics.h), GET /v1/models,
+// POST /v1/chat/completions, POST /v1/completions (streamed as server-sent events when "stream": true),
+// POST /v1/embeddings. Like the RPC server it is a translator only: a generation is the supervisor's
+// GenerationStream. A client that disconnects cancels its generation at the next step, streamed or not:
+// each request watches its connection (a duplicate of the socket, polled for the peer's end) while it
+// waits, so a closed connection is noticed before any answer is written. (A client that half-closes
+// its sending side after the request is taken for gone, as llama-server takes it.) Bodies are limited (a text of max-text-bytes
 // plus JSON's overhead: 413 past it), a body must arrive within 30 s, headers within KJ's 15 s, and one
 // peer (a uid on the unix socket, an address on TCP) may hold http-connections-per-peer connections.
 //
@@ -18,6 +21,7 @@
 #pragma once
 
 #include <kj/async-io.h>
+#include <kj/async-unix.h>
 
 #include <memory>
 #include <string>
@@ -30,7 +34,8 @@ namespace inferd::daemon {
 class HttpServer {
  public:
   // `keys`: the bearer keys a request on a TCP listener must present (empty: none required).
-  HttpServer(Supervisor& supervisor, kj::Timer& timer, std::vector<std::string> keys);
+  // `events`: the loop's event port, to watch connections for a client that has gone.
+  HttpServer(Supervisor& supervisor, kj::Timer& timer, kj::UnixEventPort& events, std::vector<std::string> keys);
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;

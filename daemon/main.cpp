@@ -96,7 +96,7 @@ int run(DaemonConfig cfg) {
   Supervisor sup(cfg);
   // OpenAI's HTTP API: the unix socket next to the RPC one, and a TCP address when configured. A listener
   // that was asked for and cannot be served stops the daemon: failing closed beats serving half a config.
-  HttpServer http(sup, io.provider->getTimer(), keys);
+  HttpServer http(sup, io.provider->getTimer(), io.unixEventPort, keys);
   kj::Vector<kj::Promise<void>> http_serving;
   const std::string http_path = cfg.http_socket.empty() ? default_http_socket(cfg.socket_path) : cfg.http_socket;
   if (http_path != "off") {

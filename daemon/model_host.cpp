@@ -87,6 +87,7 @@ Status ModelHost::attach(std::shared_ptr<const ipc::WeightsSegment> weights, std
   so.batch_tokens = spec_.batch_tokens;
   so.max_queue = spec_.max_queue;
   so.steps_in_flight = sup_.config().steps_in_flight;
+  so.n_embd = static_cast<uint32_t>(c.n_embd);
   so.step_timeout = std::chrono::milliseconds(static_cast<int64_t>(sup_.config().step_timeout_s * 1000.0));
   std::vector<StagePort*> ports;
   for (Stage& st : stages_) ports.push_back(&st);
@@ -287,6 +288,7 @@ ModelInfoData ModelHost::info() const {
   m.parallel = spec_.parallel;
   m.load_ms = load_ms_;
   m.chat_template = chat_template_name(chat_template_);
+  if (state_ == ModelState::kLoading && load_tracker_) load_tracker_->fill(m);
   if (!model_) return m;
   const ModelConfig& c = model_->config();
   m.name = c.name;

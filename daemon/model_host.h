@@ -79,6 +79,10 @@ class ModelHost : public SchedulerHost {
   ~ModelHost() override;
 
   const LoadSpec& spec() const { return spec_; }
+  // A by-name model's keep-alive, as a request's keep_alive sets it.
+  void set_keep_alive(double seconds) { spec_.keep_alive_s = seconds; }
+  // Where the load stands, for info() while loading.
+  void set_load_tracker(std::shared_ptr<const LoadTracker> t) { load_tracker_ = std::move(t); }
   uint64_t serial() const { return serial_; }  // unique per load, so a late result finds its own host
   ModelState state() const { return state_; }
 
@@ -137,6 +141,7 @@ class ModelHost : public SchedulerHost {
   ChatTemplate chat_template_ = ChatTemplate::kChatml;
   uint32_t n_ctx_ = 0;
   double load_ms_ = 0;
+  std::shared_ptr<const LoadTracker> load_tracker_;
 
   graph::PlacementPlan plan_;
   std::vector<graph::Exchange> plan_exchanges_;

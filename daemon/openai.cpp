@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -102,12 +103,63 @@ Result<std::string> content_text(const json& content, size_t index) {
   return text;
 }
 
-Status refuse_unsupported(const json& body, Endpoint endpoint) {
-  auto present = [&](const char* name) { return field(body, name) != nullptr; };
-  if (const json* v = field(body, "logprobs"); v != nullptr && !(v->is_boolean() && !v->get<bool>())) {
-    return Status(Code::kUnimplemented, "'logprobs' is not supported by this server yet");
+// Chat: "logprobs": true with "top_logprobs": N (0..20); completions: "logprobs": N (0..20). `out`: N,
+// or -1 when none are wanted.
+Status get_logprobs(const json& body, Endpoint endpoint, int32_t* out) {
+  constexpr int64_t kMax = 20;
+  *out = -1;
+  if (endpoint == Endpoint::kChat) {
+    bool want = false;
+    INFERD_RETURN_IF_ERROR(get_bool(body, "logprobs", &want));
+    int64_t top = 0;
+    bool has_top = false;
+    INFERD_RETURN_IF_ERROR(get_int(body, "top_logprobs", 0, kMax, &top, &has_top));
+    if (has_top && !want) return bad("'top_logprobs' needs 'logprobs': true");
+    if (want) *out = static_cast<int32_t>(top);
+    return Status::ok();
   }
-  if (present("top_logprobs")) return Status(Code::kUnimplemented, "'top_logprobs' is not supported by this server yet");
+  const json* v = field(body, "logprobs");
+  if (v != nullptr && v->is_boolean()) {  // some clients send the chat form to /v1/completions
+    if (v->get<bool>()) *out = 0;
+    return Status::ok();
+  }
+  int64_t n = -1;
+  bool has = false;
+  INFERD_RETURN_IF_ERROR(get_int(body, "logprobs", 0, kMax, &n, &has));
+  if (has) *out = static_cast<int32_t>(n);
+  return Status::ok();
+}
+
+// ollama's keep_alive: seconds as a number, or a duration string ("90s", "5m", "1h", "0"); a negative
+// value (ollama: forever) is 0, never unload.
+Status get_keep_alive(const json& body, double* out) {
+  const json* v = field(body, "keep_alive");
+  if (v == nullptr) return Status::ok();
+  double seconds = 0;
+  if (v->is_number()) {
+    seconds = v->get<double>();
+  } else if (v->is_string()) {
+    const std::string t = v->get<std::string>();
+    size_t used = 0;
+    double n = 0;
+    try {
+      n = std::stod(t, &used);
+    } catch (const std::exception&) {
+      return bad("'keep_alive' must be seconds or a duration such as \"5m\", got \"" + t.substr(0, 32) + "\"");
+    }
+    const std::string unit = t.substr(used);
+    const double scale = unit.empty() || unit == "s" ? 1 : unit == "ms" ? 1e-3 : unit == "m" ? 60 : unit == "h" ? 3600 : -1;
+    if (scale < 0) return bad("'keep_alive' has an unknown unit \"" + unit.substr(0, 8) + "\" (use ms, s, m or h)");
+    seconds = n * scale;
+  } else {
+    return wrong_type("keep_alive", "a number of seconds or a duration string", *v);
+  }
+  if (!std::isfinite(seconds) || seconds > 365.0 * 86400) return bad("'keep_alive' must be at most a year");
+  *out = seconds < 0 ? 0 : seconds;
+  return Status::ok();
+}
+
+Status refuse_unsupported(const json& body, Endpoint endpoint) {
   for (const char* name : {"tools", "functions", "tool_choice", "function_call"}) {
     if (const json* v = field(body, name); v != nullptr && !(v->is_array() && v->empty()) && !(v->is_string() && v->get<std::string>() == "none")) {
       return Status(Code::kUnimplemented, std::string("'") + name + "': tool and function calling are not supported");
@@ -158,6 +210,45 @@ json base(Endpoint e, const ResponseId& rid, bool chunk) {
 }
 
 std::string event(const json& j) { return "data: " + dump(j) + "\n\n"; }
+
+json bytes_of(const std::string& piece) {
+  json b = json::array();
+  for (unsigned char c : piece) b.push_back(static_cast<int>(c));
+  return b;
+}
+
+json logprobs_json(Endpoint e, const Logprobs& lp) {
+  if (!lp.wanted) return nullptr;
+  static const std::vector<TokenLogprobs> kNone;
+  const std::vector<TokenLogprobs>& tokens = lp.tokens != nullptr ? *lp.tokens : kNone;
+  if (e == Endpoint::kChat) {
+    json content = json::array();
+    for (const TokenLogprobs& t : tokens) {
+      json top = json::array();
+      for (const TokenLogprob& a : t.top) {
+        top.push_back(json{{"token", a.piece}, {"logprob", a.logprob}, {"bytes", bytes_of(a.piece)}});
+      }
+      content.push_back(json{{"token", t.chosen.piece},
+                             {"logprob", t.chosen.logprob},
+                             {"bytes", bytes_of(t.chosen.piece)},
+                             {"top_logprobs", top}});
+    }
+    return json{{"content", content}, {"refusal", nullptr}};
+  }
+  json toks = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  for (const TokenLogprobs& t : tokens) {
+    toks.push_back(t.chosen.piece);
+    lps.push_back(t.chosen.logprob);
+    json top = json::object();
+    for (const TokenLogprob& a : t.top) {
+      if (!top.contains(a.piece)) top[a.piece] = a.logprob;  // two ids may decode alike: the likelier is kept
+    }
+    tops.push_back(top);
+    offsets.push_back(lp.offset != nullptr ? *lp.offset : 0);
+    if (lp.offset != nullptr) *lp.offset += t.chosen.piece.size();
+  }
+  return json{{"tokens", toks}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
 
 }  // namespace
 
@@ -263,6 +354,8 @@ Result<Request> parse_request(Endpoint endpoint, std::string_view text, uint32_t
     }
   }
   INFERD_RETURN_IF_ERROR(get_bool(body, "ignore_eos", &p.ignore_eog));  // llama-server's extension
+  INFERD_RETURN_IF_ERROR(get_logprobs(body, endpoint, &p.logprobs));
+  INFERD_RETURN_IF_ERROR(get_keep_alive(body, &r.keep_alive_s));
   // The HTTP layer paces its events by the daemon's stream-interval (http_server.cpp).
   return r;
 }
@@ -286,9 +379,10 @@ ResponseId new_response_id(Endpoint endpoint, const std::string& model) {
   return ResponseId{buf, unix_now(), model};
 }
 
-std::string response_body(Endpoint endpoint, const ResponseId& rid, const std::string& text, const GenerateSummary& s) {
+std::string response_body(Endpoint endpoint, const ResponseId& rid, const std::string& text, const GenerateSummary& s,
+                          Logprobs logprobs) {
   json j = base(endpoint, rid, false);
-  json choice{{"index", 0}, {"finish_reason", finish_reason(s.reason)}, {"logprobs", nullptr}};
+  json choice{{"index", 0}, {"finish_reason", finish_reason(s.reason)}, {"logprobs", logprobs_json(endpoint, logprobs)}};
   if (endpoint == Endpoint::kChat) {
     choice["message"] = json{{"role", "assistant"}, {"content", text}};
   } else {
@@ -299,9 +393,10 @@ std::string response_body(Endpoint endpoint, const ResponseId& rid, const std::s
   return dump(j);
 }
 
-std::string chunk_event(Endpoint endpoint, const ResponseId& rid, const std::string& text, bool first) {
+std::string chunk_event(Endpoint endpoint, const ResponseId& rid, const std::string& text, bool first,
+                        Logprobs logprobs) {
   json j = base(endpoint, rid, true);
-  json choice{{"index", 0}, {"finish_reason", nullptr}, {"logprobs", nullptr}};
+  json choice{{"index", 0}, {"finish_reason", nullptr}, {"logprobs", logprobs_json(endpoint, logprobs)}};
   if (endpoint == Endpoint::kChat) {
     json delta{{"content", text}};
     if (first) delta["role"] = "assistant";
@@ -359,6 +454,132 @@ Error error_for(const Status& s) {
     case Code::kDisconnected: return error(503, "server_error", m, "unavailable");
     default: return error(500, "server_error", m);
   }
+}
+
+Result<EmbeddingRequest> parse_embedding_request(std::string_view text, uint32_t max_text_bytes) {
+  json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) return bad("the request body is not valid JSON");
+  if (!body.is_object()) return bad("the request body must be a JSON object");
+  EmbeddingRequest r;
+  const json* model = field(body, "model");
+  if (model == nullptr) return bad("you must provide a 'model' parameter");
+  if (!model->is_string() || model->get<std::string>().empty()) return wrong_type("model", "a non-empty string", *model);
+  r.model = model->get<std::string>();
+  if (const json* f = field(body, "encoding_format")) {
+    if (!f->is_string() || (f->get<std::string>() != "float" && f->get<std::string>() != "base64")) {
+      return bad("'encoding_format' must be \"float\" or \"base64\"");
+    }
+    r.base64 = f->get<std::string>() == "base64";
+  }
+  if (field(body, "dimensions") != nullptr) {
+    return Status(Code::kUnimplemented, "'dimensions': embeddings have the model's hidden size; it cannot be changed");
+  }
+  INFERD_RETURN_IF_ERROR(get_keep_alive(body, &r.keep_alive_s));
+  const json* input = field(body, "input");
+  if (input == nullptr) return bad("you must provide an 'input' parameter");
+  auto one = [&](GenerateParams p) {
+    p.model = r.model;
+    p.embedding = true;
+    p.max_tokens = 1;
+    r.inputs.push_back(std::move(p));
+  };
+  auto tokens = [&](const json& a, const std::string& where) -> Status {
+    GenerateParams p;
+    p.input = GenerateParams::Input::kTokens;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (!a[i].is_number_integer()) return wrong_type(where + "[" + std::to_string(i) + "]", "a token id", a[i]);
+      const int64_t id = a[i].get<int64_t>();
+      if (id < 0 || id > std::numeric_limits<int32_t>::max()) return bad("'" + where + "[" + std::to_string(i) + "]' is not a token id");
+      p.tokens.push_back(static_cast<int32_t>(id));
+    }
+    one(std::move(p));
+    return Status::ok();
+  };
+  size_t text_bytes = 0;
+  if (input->is_string()) {
+    GenerateParams p;
+    p.prompt = input->get<std::string>();
+    text_bytes = p.prompt.size();
+    one(std::move(p));
+  } else if (input->is_array() && !input->empty() && (*input)[0].is_number()) {
+    text_bytes = input->size() * 4;
+    INFERD_RETURN_IF_ERROR(tokens(*input, "input"));
+  } else if (input->is_array() && !input->empty()) {
+    if (input->size() > kMaxEmbeddingInputs) {
+      return bad("'input' holds " + std::to_string(input->size()) + " inputs; at most " +
+                 std::to_string(kMaxEmbeddingInputs));
+    }
+    for (size_t i = 0; i < input->size(); ++i) {
+      const json& x = (*input)[i];
+      const std::string where = "input[" + std::to_string(i) + "]";
+      if (x.is_string()) {
+        GenerateParams p;
+        p.prompt = x.get<std::string>();
+        text_bytes += p.prompt.size();
+        one(std::move(p));
+      } else if (x.is_array()) {
+        text_bytes += x.size() * 4;
+        INFERD_RETURN_IF_ERROR(tokens(x, where));
+      } else {
+        return wrong_type(where, "a string or an array of token ids", x);
+      }
+    }
+  } else {
+    return wrong_type("input", "a string, an array of strings or an array of token ids", *input);
+  }
+  if (text_bytes > max_text_bytes) {
+    return Status(Code::kOutOfRange, "the input is " + std::to_string(text_bytes) + " bytes; this daemon takes at most " +
+                                         std::to_string(max_text_bytes));
+  }
+  for (size_t i = 0; i < r.inputs.size(); ++i) {
+    const GenerateParams& p = r.inputs[i];
+    if (p.input == GenerateParams::Input::kPrompt ? p.prompt.empty() : p.tokens.empty()) {
+      return bad(r.inputs.size() == 1 ? std::string("'input' is empty") : "'input[" + std::to_string(i) + "]' is empty");
+    }
+  }
+  return r;
+}
+
+std::string base64(std::string_view bytes) {
+  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  size_t i = 0;
+  for (; i + 3 <= bytes.size(); i += 3) {
+    const uint32_t v = uint32_t{static_cast<uint8_t>(bytes[i])} << 16 | uint32_t{static_cast<uint8_t>(bytes[i + 1])} << 8 |
+                       static_cast<uint8_t>(bytes[i + 2]);
+    for (int k = 3; k >= 0; --k) out.push_back(kAlphabet[(v >> (6 * k)) & 63]);
+  }
+  if (const size_t rest = bytes.size() - i; rest > 0) {
+    uint32_t v = uint32_t{static_cast<uint8_t>(bytes[i])} << 16;
+    if (rest == 2) v |= uint32_t{static_cast<uint8_t>(bytes[i + 1])} << 8;
+    out.push_back(kAlphabet[(v >> 18) & 63]);
+    out.push_back(kAlphabet[(v >> 12) & 63]);
+    out.push_back(rest == 2 ? kAlphabet[(v >> 6) & 63] : '=');
+    out.push_back('=');
+  }
+  return out;
+}
+
+std::string embeddings_body(const std::string& model, const std::vector<GenerateSummary>& results, bool b64) {
+  static_assert(std::endian::native == std::endian::little, "base64 embeddings are little-endian float32");
+  json data = json::array();
+  uint64_t prompt_tokens = 0;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const std::vector<float>& e = results[i].embedding;
+    json item{{"object", "embedding"}, {"index", i}};
+    if (b64) {
+      item["embedding"] = base64(std::string_view(reinterpret_cast<const char*>(e.data()), e.size() * sizeof(float)));
+    } else {
+      item["embedding"] = e;
+    }
+    data.push_back(std::move(item));
+    prompt_tokens += results[i].prompt_tokens;
+  }
+  return dump(json{{"object", "list"},
+                   {"data", data},
+                   {"model", model},
+                   {"usage", json{{"prompt_tokens", prompt_tokens}, {"total_tokens", prompt_tokens}}}});
 }
 
 std::string models_body(const std::vector<std::string>& ids) {

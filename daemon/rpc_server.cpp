@@ -67,6 +67,9 @@ void fill(rpc::ModelInfo::Builder b, const ModelInfoData& m) {
   b.setLoadMs(m.load_ms);
   b.setKeepAliveS(m.keep_alive_s);
   b.setUnloadInS(m.unload_in_s);
+  b.setLoadStage(m.load_stage);
+  b.setLoadDone(m.load_done);
+  b.setLoadTotal(m.load_total);
   auto placement = b.initPlacement();
   placement.setSummary(m.placement_summary);
   auto stages = placement.initStages(static_cast<unsigned>(m.placement.size()));

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -28,6 +29,9 @@ struct Scheduler::Sequence {
   SamplingParams sampling;
   uint32_t max_tokens = 0;
   bool ignore_eog = false;
+  int32_t logprobs = -1;   // alternatives per token with its log-probability; -1: none
+  bool embedding = false;  // an embedding request: the prompt, then one embedding instead of tokens
+  std::vector<float> embedding_out;
   TextOutput text;
   int32_t slot = -1;
   size_t fed = 0;        // tokens of history in the worker's KV cache
@@ -59,8 +63,16 @@ Scheduler::~Scheduler() = default;
 
 namespace {
 
-Status validate_request(const GenerateParams& p) {
+Status validate_request(const GenerateParams& p, uint32_t n_embd) {
   INFERD_RETURN_IF_ERROR(validate(p.sampling));
+  if (p.logprobs < -1 || p.logprobs > static_cast<int32_t>(ipc::kMaxTopLogprobs)) {
+    return Status(Code::kInvalidArgument, "top_logprobs must be in [0, " + std::to_string(ipc::kMaxTopLogprobs) +
+                                              "], got " + std::to_string(p.logprobs));
+  }
+  if (p.embedding && (n_embd == 0 || n_embd > ipc::kMaxEmbdFloats)) {
+    return Status(Code::kUnimplemented, "this model gives no embeddings (its hidden size " + std::to_string(n_embd) +
+                                            " is above " + std::to_string(ipc::kMaxEmbdFloats) + ")");
+  }
   if (p.stop.size() > kMaxStopStrings) {
     return Status(Code::kInvalidArgument, "at most " + std::to_string(kMaxStopStrings) + " stop strings");
   }
@@ -75,7 +87,7 @@ Status validate_request(const GenerateParams& p) {
 }  // namespace
 
 Status Scheduler::admit(const GenerateParams& p) const {
-  INFERD_RETURN_IF_ERROR(validate_request(p));
+  INFERD_RETURN_IF_ERROR(validate_request(p, opt_.n_embd));
   return queue_room();
 }
 
@@ -93,7 +105,7 @@ Result<std::string> Scheduler::prompt_text(const GenerateParams& p) const {
 }
 
 Status Scheduler::enqueue(GenerateParams p, std::shared_ptr<GenerationStream> stream) {
-  INFERD_RETURN_IF_ERROR(validate_request(p));
+  INFERD_RETURN_IF_ERROR(validate_request(p, opt_.n_embd));
   std::vector<int32_t> prompt;
   switch (p.input) {
     case GenerateParams::Input::kPrompt:
@@ -117,7 +129,11 @@ Status Scheduler::enqueue(GenerateParams p, std::shared_ptr<GenerationStream> st
       break;
   }
   if (prompt.empty()) return Status(Code::kInvalidArgument, "the prompt is empty");
-  if (prompt.size() >= opt_.context_size) {
+  if (p.embedding && prompt.size() > opt_.context_size) {
+    return Status(Code::kOutOfRange, "the input is " + std::to_string(prompt.size()) + " tokens but model " +
+                                         opt_.model_id + "'s context holds " + std::to_string(opt_.context_size));
+  }
+  if (!p.embedding && prompt.size() >= opt_.context_size) {
     return Status(Code::kOutOfRange, "the prompt is " + std::to_string(prompt.size()) + " tokens but model " +
                                          opt_.model_id + "'s context holds " + std::to_string(opt_.context_size) +
                                          " (the prompt must leave room for at least one generated token)");
@@ -133,8 +149,10 @@ Status Scheduler::enqueue(GenerateParams p, std::shared_ptr<GenerationStream> st
     seq->sampling.seed = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
     if (seq->sampling.seed == SamplingParams::kSeedFromClock) seq->sampling.seed = 0;
   }
-  seq->max_tokens = p.max_tokens;
+  seq->max_tokens = p.embedding ? 1 : p.max_tokens;  // an embedding is the one answer
   seq->ignore_eog = p.ignore_eog;
+  seq->logprobs = p.embedding ? -1 : p.logprobs;
+  seq->embedding = p.embedding;
   seq->text = TextOutput(std::move(p.stop));
   seq->t_arrival = host_.now();
   queue_.push_back(std::move(seq));
@@ -197,6 +215,8 @@ bool Scheduler::schedule_one() {
   sub->n_seqs = 0;
   sub->n_tokens = 0;
   uint32_t budget = opt_.batch_tokens;
+  // Embeddings a completion has room for (ipc::kMaxEmbdFloats floats).
+  uint32_t embd_room = opt_.n_embd > 0 ? ipc::kMaxEmbdFloats / opt_.n_embd : 0;
   // Positions of a sequence not sent to the worker yet; the last `pending` are being sampled.
   auto unsent = [](const Sequence& s) { return s.history.size() + s.pending - s.sent(); };
   auto add = [&](Sequence& s) {
@@ -209,6 +229,14 @@ bool Scheduler::schedule_one() {
                     s.pending);
       chunk = static_cast<uint32_t>(std::min<size_t>(s.history.size() - sent, budget));
       want = sent + chunk == s.history.size();
+      if (want && s.embedding) {
+        if (embd_room == 0) {  // the step has no room for its embedding: the last token waits for the next
+          --chunk;
+          want = false;
+        } else {
+          --embd_room;
+        }
+      }
     } else {  // the token the worker is sampling for it now: queue the step after, ahead
       INFERD_ASSERT(s.pending > 0 && sent + 1 == s.history.size() + s.pending);
       if (!continues_after_pending(s)) return;
@@ -220,6 +248,11 @@ bool Scheduler::schedule_one() {
     e = {};
     e.slot = static_cast<uint32_t>(s.slot);
     e.flags = want ? ipc::kSeqWantToken : 0;
+    if (want && s.embedding) e.flags |= ipc::kSeqWantEmbedding;
+    if (want && s.logprobs >= 0) {
+      e.flags |= ipc::kSeqWantLogprobs;
+      e.top_logprobs = static_cast<uint32_t>(s.logprobs);
+    }
     e.n_sampled = s.n_generated() + s.pending;
     e.seed = s.sampling.seed;
     e.temperature = s.sampling.temperature;
@@ -236,7 +269,7 @@ bool Scheduler::schedule_one() {
       t.pos = static_cast<int32_t>(sent + i);
       t.seq = sub->n_seqs;
     }
-    step.entries.push_back({s.id, chunk, want});
+    step.entries.push_back({s.id, chunk, want, want && s.embedding});
     s.in_flight += chunk;
     if (want) ++s.pending;
     ++sub->n_seqs;
@@ -357,19 +390,35 @@ void Scheduler::on_completion(size_t stage_index) {
     }
     Step step = std::move(steps_.front());
     steps_.pop_front();
-    std::vector<int32_t> tokens(step.entries.size(), -1);
+    // Every answer checked against what the step asked before any is used (`c` is a private copy).
+    std::vector<Answer> answers(step.entries.size());
+    size_t embd_floats = 0;
     bool bad = c->n_outputs > step.entries.size();
     for (uint32_t i = 0; !bad && i < c->n_outputs; ++i) {
       const ipc::StepOutput& o = c->outputs[i];
-      if (o.seq >= step.entries.size() || !step.entries[o.seq].want || o.token < 0 || o.token >= tokenizer_.n_vocab()) {
+      if (o.seq >= step.entries.size() || !step.entries[o.seq].want || answers[o.seq].output >= 0) {
         bad = true;
-      } else {
-        tokens[o.seq] = o.token;
+        break;
       }
+      const StepEntry& e = step.entries[o.seq];
+      Answer& a = answers[o.seq];
+      a.output = static_cast<int32_t>(i);
+      if (e.embedding) {
+        bad = o.token != ipc::kTokenEmbedding;
+        a.embd_offset = embd_floats;
+        embd_floats += opt_.n_embd;
+        continue;
+      }
+      bad = o.token < 0 || o.token >= tokenizer_.n_vocab() || o.n_top > ipc::kMaxTopLogprobs;
+      for (uint32_t k = 0; !bad && k < o.n_top; ++k) {
+        bad = c->top[i][k].token < 0 || c->top[i][k].token >= tokenizer_.n_vocab();
+      }
+      a.token = o.token;
     }
-    for (size_t i = 0; !bad && i < step.entries.size(); ++i) bad = step.entries[i].want && tokens[i] < 0;
-    port.release_completion();
+    bad = bad || embd_floats != c->n_embd_floats;
+    for (size_t i = 0; !bad && i < step.entries.size(); ++i) bad = step.entries[i].want && answers[i].output < 0;
     if (bad) {
+      port.release_completion();
       spdlog::error("model {}: worker sent a malformed completion; killing it", opt_.model_id);
       port.kill();
       return;
@@ -387,12 +436,26 @@ void Scheduler::on_completion(size_t stage_index) {
       Sequence& s = *it->second;
       s.fed += step.entries[i].chunk;
       s.in_flight -= step.entries[i].chunk;
-      if (step.entries[i].want) {
-        --s.pending;
-        ++decoded;
-        accept_token(s, tokens[i], now);
+      if (!step.entries[i].want) continue;
+      --s.pending;
+      const Answer& a = answers[i];
+      if (step.entries[i].embedding) {
+        accept_embedding(s, std::span<const float>(c->embd + a.embd_offset, opt_.n_embd), now);
+        continue;
       }
+      ++decoded;
+      if (s.logprobs < 0) {
+        accept_token(s, a.token, now, nullptr);
+        continue;
+      }
+      const ipc::StepOutput& o = c->outputs[a.output];
+      TokenLogprobs lp;
+      lp.chosen = token_logprob(a.token, o.logprob);
+      const uint32_t n_top = std::min(o.n_top, static_cast<uint32_t>(s.logprobs));
+      for (uint32_t k = 0; k < n_top; ++k) lp.top.push_back(token_logprob(c->top[a.output][k].token, c->top[a.output][k].logprob));
+      accept_token(s, a.token, now, &lp);
     }
+    port.release_completion();
     rate_.push_back({now, decoded});
     while (!rate_.empty() && now - rate_.front().first > std::chrono::seconds(5)) rate_.pop_front();
   }
@@ -431,7 +494,24 @@ void Scheduler::restart_sequences() {
   }
 }
 
-void Scheduler::accept_token(Sequence& s, int32_t token, Clock::time_point now) {
+TokenLogprob Scheduler::token_logprob(int32_t token, float logprob) const {
+  return TokenLogprob{token, logprob, tokenizer_.token_to_piece(token, false)};
+}
+
+void Scheduler::accept_embedding(Sequence& s, std::span<const float> embedding, Clock::time_point now) {
+  s.has_first = true;
+  s.t_first = s.t_last = now;
+  double norm = 0;
+  for (float v : embedding) norm += static_cast<double>(v) * v;
+  norm = std::sqrt(norm);
+  s.embedding_out.assign(embedding.begin(), embedding.end());
+  if (norm > 0) {
+    for (float& v : s.embedding_out) v = static_cast<float>(v / norm);
+  }
+  finish(s.id, FinishReason::kEndOfGeneration);
+}
+
+void Scheduler::accept_token(Sequence& s, int32_t token, Clock::time_point now, TokenLogprobs* logprobs) {
   if (!s.has_first) {
     s.has_first = true;
     s.t_first = now;
@@ -441,7 +521,7 @@ void Scheduler::accept_token(Sequence& s, int32_t token, Clock::time_point now) 
   s.history.push_back(token);
   ++generated_tokens_;
   std::string text = s.text.push(tokenizer_.token_to_piece(token, false));
-  s.stream->push(std::span<const int32_t>(&token, 1), text);
+  s.stream->push(std::span<const int32_t>(&token, 1), text, logprobs);
   if (s.text.stopped()) return finish(s.id, FinishReason::kStop);
   if (s.max_tokens != 0 && s.n_generated() >= s.max_tokens) return finish(s.id, FinishReason::kMaxTokens);
   if (s.history.size() >= opt_.context_size) return finish(s.id, FinishReason::kContextFull);
@@ -463,6 +543,7 @@ void Scheduler::finish(uint64_t id, FinishReason reason) {
   sum.prompt_ms = s.has_first ? ms_between(s.t_admitted, s.t_first) : 0;
   sum.generate_ms = s.has_first ? ms_between(s.t_first, s.t_last) : 0;
   sum.replays = s.replays;
+  sum.embedding = std::move(s.embedding_out);
   static const char* kReasons[] = {"end of generation", "max tokens", "stop string", "context full"};
   spdlog::info("request {} on {}: {} prompt + {} generated tokens, {} | queue {:.1f} ms, first token {:.1f} ms, "
                "{:.1f} tok/s{}",

@@ -80,6 +80,7 @@ struct SchedulerOptions {
   uint32_t batch_tokens = 512;
   uint32_t max_queue = 64;
   uint32_t steps_in_flight = 2;  // per worker, when there is one stage
+  uint32_t n_embd = 0;           // floats per embedding (0: the model gives none)
   // A step that takes longer than this means the worker hangs (a GPU fault, a deadlock): it is killed
   // and its requests replayed. Far above any real step (512 tokens of an 8B model on 2 cores take ~1 min).
   std::chrono::milliseconds step_timeout = std::chrono::minutes(10);
@@ -150,6 +151,13 @@ class Scheduler {
     uint64_t seq;
     uint32_t chunk;
     bool want;
+    bool embedding;  // want: an embedding, not a token
+  };
+  // What a completion brought one entry of its step.
+  struct Answer {
+    int32_t token = -1;
+    int32_t output = -1;      // index in the completion's outputs
+    size_t embd_offset = 0;   // embedding: its first float in the completion
   };
   struct Step {
     uint64_t id = 0;
@@ -168,7 +176,9 @@ class Scheduler {
   void submit_to(size_t stage);
   void arm_hang_detector();
   void restart_sequences();
-  void accept_token(Sequence& s, int32_t token, SchedulerClock::time_point now);
+  void accept_token(Sequence& s, int32_t token, SchedulerClock::time_point now, TokenLogprobs* logprobs);
+  void accept_embedding(Sequence& s, std::span<const float> embedding, SchedulerClock::time_point now);
+  TokenLogprob token_logprob(int32_t token, float logprob) const;
   void finish(uint64_t id, FinishReason reason);
   void fail_sequence(uint64_t id, const Status& why);
 

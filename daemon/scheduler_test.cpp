@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 
@@ -31,8 +32,11 @@ class FakeStage final : public StagePort {
   }
   int pid() const override { return 4242; }
 
+  uint32_t n_embd = 4;  // floats per embedding the fake worker writes
+
   // Answers the oldest step: token `token + seq` for every sequence that wants one (a last stage), or
-  // no tokens (a stage before the last).
+  // no tokens (a stage before the last). A sequence that asks for logprobs gets -0.25 and alternatives
+  // token + seq + 1, + 2, ... with -1, -2, ...; one that asks for an embedding gets {seq + 3, seq + 4, 0, ...}.
   ipc::Submission answer(int32_t token, bool samples = true) {
     EXPECT_FALSE(given.empty());
     ipc::Submission s = given.front();
@@ -41,10 +45,25 @@ class FakeStage final : public StagePort {
     c.id = s.id;
     for (uint32_t i = 0; samples && i < s.n_seqs; ++i) {
       if (!(s.seqs[i].flags & ipc::kSeqWantToken)) continue;
-      ipc::StepOutput& o = c.outputs[c.n_outputs++];
+      const uint32_t index = c.n_outputs++;
+      ipc::StepOutput& o = c.outputs[index];
       o = {};
       o.seq = i;
+      if (s.seqs[i].flags & ipc::kSeqWantEmbedding) {
+        o.token = ipc::kTokenEmbedding;
+        float* e = c.embd + c.n_embd_floats;
+        std::fill(e, e + n_embd, 0.0f);
+        e[0] = static_cast<float>(i + 3);
+        e[1] = static_cast<float>(i + 4);
+        c.n_embd_floats += n_embd;
+        continue;
+      }
       o.token = token + static_cast<int32_t>(i);
+      if (s.seqs[i].flags & ipc::kSeqWantLogprobs) {
+        o.logprob = -0.25f;
+        o.n_top = s.seqs[i].top_logprobs;
+        for (uint32_t k = 0; k < o.n_top; ++k) c.top[index][k] = {o.token + 1 + static_cast<int32_t>(k), -1.0f - k};
+      }
     }
     answers.push_back(c);
     return s;
@@ -108,6 +127,8 @@ class SchedulerTest : public ::testing::Test {
     o.max_queue = max_queue;
     o.steps_in_flight = steps_in_flight;
     o.step_timeout = std::chrono::milliseconds(1000);
+    o.n_embd = n_embd_;
+    for (auto& st : stages_) st->n_embd = n_embd_;
     sched_ = std::make_unique<Scheduler>(o, *tokenizer_, ChatTemplate::kChatml, host_, ports);
   }
 
@@ -138,12 +159,121 @@ class SchedulerTest : public ::testing::Test {
   }
 
   static std::unique_ptr<Tokenizer> tokenizer_;
+  uint32_t n_embd_ = 4;
   ManualHost host_;
   std::vector<std::unique_ptr<FakeStage>> stages_;
   std::unique_ptr<Scheduler> sched_;
 };
 
 std::unique_ptr<Tokenizer> SchedulerTest::tokenizer_;
+
+// An embedding request: the prompt with the last token asking for its embedding, nothing queued ahead,
+// and the answer normalized to unit length; it generates no token.
+TEST_F(SchedulerTest, AnEmbeddingIsThePromptsLastHiddenStateNormalized) {
+  make();
+  GenerateParams p;
+  p.model = "m";
+  p.input = GenerateParams::Input::kTokens;
+  p.tokens = {10, 11, 12};
+  p.embedding = true;
+  auto stream = std::make_shared<GenerationStream>();
+  ASSERT_TRUE(sched_->enqueue(p, stream).is_ok());
+  ASSERT_EQ(stage().given.size(), 1u);  // no step ahead: an embedding is the one answer
+  const ipc::Submission& sub = stage().given[0];
+  EXPECT_EQ(sub.seqs[0].flags, ipc::kSeqWantToken | ipc::kSeqWantEmbedding);
+  stage().answer(100);
+  sched_->on_completion(0);
+  GenerationStream::Batch b = stream->take();
+  EXPECT_TRUE(b.tokens.empty());
+  ASSERT_TRUE(b.end.has_value() && b.end->is_ok());
+  EXPECT_EQ(b.end->value().prompt_tokens, 3u);
+  EXPECT_EQ(b.end->value().generated_tokens, 0u);
+  EXPECT_EQ(b.end->value().embedding, (std::vector<float>{0.6f, 0.8f, 0.0f, 0.0f}));  // {3, 4, 0, 0} / 5
+  EXPECT_FALSE(stage().killed);
+  EXPECT_TRUE(stage().given.empty());
+  // A prompt may fill the whole context (nothing is generated after it); one token more may not.
+  p.tokens.assign(64, 5);
+  EXPECT_TRUE(sched_->enqueue(p, std::make_shared<GenerationStream>()).is_ok());
+  p.tokens.assign(65, 5);
+  EXPECT_EQ(sched_->enqueue(p, std::make_shared<GenerationStream>()).code(), Code::kOutOfRange);
+}
+
+// A completion holds kMaxEmbdFloats floats: a step asks for at most that many embeddings, the other
+// sequences' last token waits for the next step.
+TEST_F(SchedulerTest, AStepAsksForNoMoreEmbeddingsThanACompletionHolds) {
+  n_embd_ = ipc::kMaxEmbdFloats / 2;
+  make(1, /*parallel=*/3, 4);
+  std::vector<std::shared_ptr<GenerationStream>> streams;
+  stage().up = false;  // all three queued before the first step is built
+  for (int i = 0; i < 3; ++i) {
+    GenerateParams p;
+    p.model = "m";
+    p.input = GenerateParams::Input::kTokens;
+    p.tokens = {10, 11};
+    p.embedding = true;
+    streams.push_back(std::make_shared<GenerationStream>());
+    ASSERT_TRUE(sched_->enqueue(p, streams.back()).is_ok());
+  }
+  stage().up = true;
+  sched_->schedule();
+  ASSERT_GE(stage().given.size(), 1u);
+  EXPECT_EQ(stage().given[0].n_seqs, 3u);
+  uint32_t asked = 0;
+  for (uint32_t i = 0; i < stage().given[0].n_seqs; ++i) asked += (stage().given[0].seqs[i].flags & ipc::kSeqWantEmbedding) != 0;
+  EXPECT_EQ(asked, 2u);
+  while (!stage().given.empty()) {
+    stage().answer(100);
+    sched_->on_completion(0);
+  }
+  for (auto& s : streams) {
+    GenerationStream::Batch b = s->take();
+    ASSERT_TRUE(b.end.has_value() && b.end->is_ok());
+    EXPECT_EQ(b.end->value().embedding.size(), ipc::kMaxEmbdFloats / 2);
+  }
+  EXPECT_FALSE(stage().killed);
+}
+
+// Logprobs travel from the completion to the stream with each token's text; a worker that answers
+// an embedding with the wrong number of floats is killed.
+TEST_F(SchedulerTest, LogprobsReachTheStreamAndMalformedEmbeddingsKillTheWorker) {
+  make();
+  GenerateParams p;
+  p.model = "m";
+  p.input = GenerateParams::Input::kTokens;
+  p.tokens = {10, 11};
+  p.max_tokens = 1;
+  p.ignore_eog = true;
+  p.logprobs = 2;
+  auto stream = std::make_shared<GenerationStream>();
+  ASSERT_TRUE(sched_->enqueue(p, stream).is_ok());
+  EXPECT_TRUE(stage().given[0].seqs[0].flags & ipc::kSeqWantLogprobs);
+  EXPECT_EQ(stage().given[0].seqs[0].top_logprobs, 2u);
+  stage().answer(100);
+  sched_->on_completion(0);
+  GenerationStream::Batch b = stream->take();
+  ASSERT_EQ(b.logprobs.size(), 1u);
+  EXPECT_EQ(b.logprobs[0].chosen.token, 100);
+  EXPECT_EQ(b.logprobs[0].chosen.logprob, -0.25f);
+  EXPECT_EQ(b.logprobs[0].chosen.piece, tokenizer_->token_to_piece(100, false));
+  ASSERT_EQ(b.logprobs[0].top.size(), 2u);
+  EXPECT_EQ(b.logprobs[0].top[1].token, 102);
+  EXPECT_EQ(b.logprobs[0].top[1].logprob, -2.0f);
+  // Out-of-range top_logprobs are refused before anything is queued.
+  p.logprobs = 21;
+  EXPECT_EQ(sched_->enqueue(p, std::make_shared<GenerationStream>()).code(), Code::kInvalidArgument);
+
+  GenerateParams e;
+  e.model = "m";
+  e.input = GenerateParams::Input::kTokens;
+  e.tokens = {10, 11};
+  e.embedding = true;
+  auto estream = std::make_shared<GenerationStream>();
+  ASSERT_TRUE(sched_->enqueue(e, estream).is_ok());
+  stage().n_embd = 3;  // one float short
+  stage().answer(100);
+  sched_->on_completion(0);
+  EXPECT_TRUE(stage().killed);
+}
 
 TEST_F(SchedulerTest, APromptIsPrefilledThenDecodedWithAStepQueuedAhead) {
   make();

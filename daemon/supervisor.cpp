@@ -81,7 +81,7 @@ ModelHost* Supervisor::find(const std::string& id) const {
   return it == models_.end() ? nullptr : it->second.get();
 }
 
-void Supervisor::load(LoadSpec spec, std::shared_ptr<LoadProgressSink> progress,
+void Supervisor::load(LoadSpec spec, std::shared_ptr<LoadProgressSink> client_progress,
                       std::function<void(Result<ModelInfoData>)> done) {
   auto fail = [&](Code code, const std::string& why) { done(Status(code, why)); };
   if (stopping_) return fail(Code::kDisconnected, "the daemon is shutting down");
@@ -141,7 +141,11 @@ void Supervisor::load(LoadSpec spec, std::shared_ptr<LoadProgressSink> progress,
   }
 
   const uint64_t serial = ++load_serial_;
-  models_.emplace(spec.id, std::make_unique<ModelHost>(*this, spec, serial));
+  auto tracker = std::make_shared<LoadTracker>(std::move(client_progress));
+  auto host = std::make_unique<ModelHost>(*this, spec, serial);
+  host->set_load_tracker(tracker);
+  models_.emplace(spec.id, std::move(host));
+  std::shared_ptr<LoadProgressSink> progress = tracker;
   spdlog::info("loading {} as {} ({} slots, context {}, {} threads)", spec.path, spec.id, spec.parallel,
                spec.context_size ? std::to_string(spec.context_size) : std::string("default"),
                spec.threads ? std::to_string(spec.threads) : std::string("all"));
@@ -316,7 +320,8 @@ void Supervisor::generate(GenerateParams params, std::shared_ptr<GenerationStrea
       LoadSpec spec;
       spec.path = *path;
       spec.id = params.model;
-      spec.keep_alive_s = config_.keep_alive_s;
+      spec.keep_alive_s = params.keep_alive_s >= 0 ? params.keep_alive_s : config_.keep_alive_s;
+      spec.by_name = true;
       spdlog::info("model {} requested by name: loading {}", spec.id, spec.path);
       waiting.push_back(Parked{std::move(params), std::move(stream), answer});
       load(spec, nullptr, [id = spec.id](Result<ModelInfoData> r) {
@@ -330,6 +335,9 @@ void Supervisor::generate(GenerateParams params, std::shared_ptr<GenerationStrea
     }
     waiting.push_back(Parked{std::move(params), std::move(stream), answer});
     return;
+  }
+  if (params.keep_alive_s >= 0 && h->spec().by_name && params.keep_alive_s != h->spec().keep_alive_s) {
+    set_keep_alive(*h, params.keep_alive_s);
   }
   if (last_busy_.count(params.model)) last_busy_[params.model] = Clock::now();
   if (Status ok = h->admit(params); !ok) return answer(ok);  // before any tokenizing
@@ -423,6 +431,18 @@ void Supervisor::sweep_idle() {
     (void)unload(id);
   }
   if (!last_busy_.empty()) arm_sweep();
+}
+
+void Supervisor::set_keep_alive(ModelHost& h, double seconds) {
+  const std::string& id = h.spec().id;
+  spdlog::info("model {}: keep-alive {:.0f} s (was {:.0f} s), as a request asks", id, seconds, h.spec().keep_alive_s);
+  h.set_keep_alive(seconds);
+  if (seconds > 0) {
+    last_busy_[id] = Clock::now();
+    arm_sweep();
+  } else {
+    last_busy_.erase(id);
+  }
 }
 
 void Supervisor::kick(const std::string& model) {

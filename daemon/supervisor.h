@@ -39,8 +39,11 @@ struct LoadSpec {
   std::vector<uint32_t> layer_split;  // first layer of each pipeline stage after the first
   // The backend of each stage (layer_split.size() + 1 names); empty: every stage runs `backend`.
   std::vector<std::string> stage_backends;
-  // Unloaded after this many seconds without a request (0: never). Loads by name take keep-alive.
+  // Unloaded after this many seconds without a request (0: never). Loads by name take keep-alive, or
+  // the first request's keep_alive; later requests' keep_alive change it (loads by name only: a model an
+  // admin loaded keeps the admin's setting).
   double keep_alive_s = 0;
+  bool by_name = false;  // loaded on a request's first use of its name (model-dirs)
 };
 
 struct PlacementStageInfo {
@@ -99,6 +102,9 @@ struct ModelInfoData {
   double load_ms = 0;
   double keep_alive_s = 0;  // 0: never unloaded for idleness
   double unload_in_s = -1;  // seconds until the idle unload; -1: not scheduled (never, or busy)
+  // While loading: the stage ("copying", "validating", "starting workers") and its progress.
+  std::string load_stage;
+  uint64_t load_done = 0, load_total = 0;
 };
 
 struct ModelStatusData {
@@ -129,6 +135,35 @@ class LoadProgressSink {
  public:
   virtual ~LoadProgressSink() = default;
   virtual void update(const std::string& stage, uint64_t done, uint64_t total) = 0;
+};
+
+// A load's latest progress, for status (any client sees it, not only the one that asked for the
+// load), passed on to the loading client's sink when there is one. Thread-safe: the loader thread
+// updates it, the supervisor thread reads it.
+class LoadTracker final : public LoadProgressSink {
+ public:
+  explicit LoadTracker(std::shared_ptr<LoadProgressSink> client) : client_(std::move(client)) {}
+  void update(const std::string& stage, uint64_t done, uint64_t total) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stage_ = stage;
+      done_ = done;
+      total_ = total;
+    }
+    if (client_) client_->update(stage, done, total);
+  }
+  void fill(ModelInfoData& m) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    m.load_stage = stage_;
+    m.load_done = done_;
+    m.load_total = total_;
+  }
+
+ private:
+  std::shared_ptr<LoadProgressSink> client_;
+  mutable std::mutex mu_;
+  std::string stage_;
+  uint64_t done_ = 0, total_ = 0;
 };
 
 class ModelHost;
@@ -213,6 +248,7 @@ class Supervisor {
   void release_parked(const std::string& id, const Status& loaded);
   // `m` with its keep-alive and the time left before its idle unload.
   ModelInfoData with_keep_alive(const ModelHost& h, ModelInfoData m) const;
+  void set_keep_alive(ModelHost& h, double seconds);
   // Unloads models idle longer than their keep-alive; runs every second while one has a keep-alive.
   void sweep_idle();
   void arm_sweep();

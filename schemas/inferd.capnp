@@ -138,6 +138,9 @@ struct ModelInfo {
   weightsHugePageBytes @14 :UInt64;  # of weightsBytes, backed by 2 MiB pages (0: 4 KiB pages only)
   keepAliveS @15 :Float64;  # unloaded after this many idle seconds; 0: never
   unloadInS @16 :Float64;   # seconds until that idle unload; -1: not scheduled (never, or busy)
+  loadStage @17 :Text;      # while loading: "copying", "validating", "starting workers"
+  loadDone @18 :UInt64;     # progress of that stage: loadDone of loadTotal (bytes, for the copy)
+  loadTotal @19 :UInt64;
 }
 
 struct ModelStatus {

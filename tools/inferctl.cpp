@@ -350,6 +350,15 @@ class Args {
 
 const char* state_name(ModelState s) { return to_string(s); }
 
+// The state, with a loading model's progress: "loading (copying 42%)".
+std::string state_text(const ModelInfo& m) {
+  std::string s = state_name(m.state);
+  if (m.state != ModelState::kLoading || m.load_stage.empty()) return s;
+  s += " (" + m.load_stage;
+  if (m.load_total > 1) s += " " + std::to_string(static_cast<int>(100.0 * static_cast<double>(m.load_done) / static_cast<double>(m.load_total))) + "%";
+  return s + ")";
+}
+
 const char* finish_name(FinishReason r) {
   switch (r) {
     case FinishReason::kEndOfGeneration: return "end_of_generation";
@@ -423,7 +432,10 @@ Json to_json(const ModelInfo& m) {
               {"workers", workers},
               {"load_ms", m.load_ms},
               {"keep_alive_s", m.keep_alive_s},
-              {"unload_in_s", m.unload_in_s}};
+              {"unload_in_s", m.unload_in_s},
+              {"load_stage", m.load_stage},
+              {"load_done", m.load_done},
+              {"load_total", m.load_total}};
 }
 
 Json to_json(const DaemonStatus& s) {
@@ -540,7 +552,7 @@ std::string workers_summary(const ModelInfo& m) {
 }
 
 void print_model(const ModelInfo& m) {
-  std::printf("%s  %s%s\n", m.id.c_str(), state_name(m.state),
+  std::printf("%s  %s%s\n", m.id.c_str(), state_text(m).c_str(),
               m.load_ms > 0 ? (", loaded in " + format_duration(m.load_ms)).c_str() : "");
   Table t({"", ""});
   t.add({"path", m.path});
@@ -680,7 +692,7 @@ int cmd_list(const Context& ctx) {
   }
   Table t({"ID", "STATE", "ARCH", "WEIGHTS", "CTX", "PARALLEL", "PLACEMENT", "WORKERS", "UNLOADS"});
   for (const ModelInfo& m : models) {
-    t.add({m.id, state_name(m.state), or_dash(m.arch), format_bytes(m.weights_bytes), std::to_string(m.context_size),
+    t.add({m.id, state_text(m), or_dash(m.arch), format_bytes(m.weights_bytes), std::to_string(m.context_size),
            std::to_string(m.parallel), or_dash(m.placement.summary), workers_summary(m), unloads(m)});
   }
   std::fputs(t.render().c_str(), stdout);
@@ -708,7 +720,7 @@ int cmd_status(const Context& ctx) {
 
   for (const ModelStatus& ms : s.models) {
     const ModelInfo& m = ms.info;
-    std::printf("\nmodel %s  %s\n", m.id.c_str(), state_name(m.state));
+    std::printf("\nmodel %s  %s\n", m.id.c_str(), state_text(m).c_str());
     Table t({"", ""});
     t.add({"weights", format_bytes(m.weights_bytes) + " (" + format_bytes(m.weights_huge_page_bytes) +
                           " in 2 MiB pages)" + (m.arch.empty() ? "" : ", " + m.arch) +

@@ -18,6 +18,7 @@ import os
 import random
 import signal
 import statistics
+import subprocess
 import sys
 
 import harness
@@ -243,6 +244,35 @@ class CrashTest(harness.DaemonTestCase):
                 return harness.children(daemon.pid) == []
 
             await harness.wait_until_async(no_children, 10, "the hung workers to be gone")
+            conn.close()
+
+        run_async(body(), daemons=[daemon])
+
+    # Where a load stands is in status for every client, not only the one loading: here its workers hang
+    # before ready, so the load stays at "starting workers" until it is unloaded.
+    def test_status_and_inferctl_show_where_a_load_stands(self):
+        daemon = harness.Daemon("--start-timeout", "120", fault="hang").start()
+        self.addCleanup(daemon.stop)
+
+        async def body():
+            conn = await Connection.open(daemon.socket_path)
+            loading = asyncio.ensure_future(conn.load(harness.Config.model, id=MODEL_ID))
+            other = await Connection.open(daemon.socket_path)
+
+            async def starting():
+                st = await other.status()
+                return bool(st.models) and st.models[0].info.loadStage == "starting workers"
+
+            await harness.wait_until_async(starting, 60, "status to show the load starting its workers")
+            info = (await other.status()).models[0].info
+            self.assertEqual(str(info.state), "loading")
+            ps = subprocess.run([os.path.join(harness.Config.bin_dir, "inferctl"), "--socket", daemon.socket_path, "ps"],
+                                capture_output=True, text=True, timeout=60)
+            self.assertEqual(ps.returncode, 0, ps.stderr)
+            self.assertIn("loading (starting workers)", ps.stdout)
+            await other.unload(MODEL_ID)
+            await self.expect_error(asyncio.wait_for(loading, 60), "FAILED", "unloaded", context="load unloaded while starting")
+            other.close()
             conn.close()
 
         run_async(body(), daemons=[daemon])

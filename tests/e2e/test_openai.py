@@ -7,9 +7,12 @@ output equal to the Cap'n Proto API's for the same prompt; max_tokens, stop stri
 errors as the SDK's typed exceptions (unknown model, bad values, a wrong key); bad input at the HTTP level
 (malformed JSON, a 100 MB body, a slowloris client while a request is served, 200 idle connections from
 one address: past the per-peer limit they are answered 429);
-a client that disconnects mid-stream cancels its generation; /metrics parses with Prometheus's own parser;
-a model named by a file in model-dirs loads on first use (requests wait for it) and is unloaded after its
-keep-alive;
+a client that disconnects mid-stream, or before a non-streamed answer, cancels its generation; /metrics
+parses with Prometheus's own parser; a model named by a file in model-dirs loads on first use (requests
+wait for it) and is unloaded after its keep-alive, which a request's keep_alive changes; embeddings
+(through the SDK, base64 and float) agree with the model's own output layer: the output matrix applied
+to a prompt's embedding ranks the next tokens as the logprobs of a completion of the same prompt do, to
+within float rounding;
 a TCP listener without keys, or with a keys file others can read, stops the daemon at start with the reason.
 
     test_openai.py --bin-dir BUILD/bin --model MODEL.gguf
@@ -18,6 +21,7 @@ Exits 77 (skipped) when the `openai` package is not installed (scripts/setup.sh 
 """
 import http.client
 import json
+import math
 import os
 import socket
 import sys
@@ -167,8 +171,8 @@ class OpenAiTest(harness.DaemonTestCase):
                                                 extra_body={"temperature": "hot"})
         with self.assertRaises(openai.BadRequestError) as e:
             self.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
-                                                logprobs=True)
-        self.assertIn("logprobs", str(e.exception))
+                                                logprobs=True, top_logprobs=21)
+        self.assertIn("top_logprobs", str(e.exception))
         wrong = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="sk-wrong", max_retries=0)
         with self.assertRaises(openai.AuthenticationError):
             wrong.models.list()
@@ -288,6 +292,122 @@ class OpenAiTest(harness.DaemonTestCase):
         harness.wait_until(lambda: "cancelled by the client" in self.daemon.log(), 60,
                            "the daemon to cancel the abandoned stream")
 
+    def test_logprobs_follow_the_text_and_are_a_distribution(self):
+        r = self.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Name a colour."}],
+                                                max_tokens=12, temperature=0, logprobs=True, top_logprobs=4)
+        content = r.choices[0].logprobs.content
+        self.assertEqual(len(content), r.usage.completion_tokens)
+        self.assertEqual("".join(t.token for t in content), r.choices[0].message.content)
+        for t in content:
+            self.assertLessEqual(t.logprob, 0.0)
+            self.assertEqual(bytes(t.bytes).decode("utf-8", "replace"), t.token)
+            self.assertEqual(len(t.top_logprobs), 4)
+            lps = [a.logprob for a in t.top_logprobs]
+            self.assertEqual(lps, sorted(lps, reverse=True))
+            self.assertLessEqual(sum(math.exp(x) for x in lps), 1.0 + 1e-4)
+            # Greedy, no penalties: the sampled token is the most likely one.
+            self.assertEqual(t.top_logprobs[0].token, t.token)
+            self.assertAlmostEqual(t.top_logprobs[0].logprob, t.logprob, places=5)
+        # Streamed: the same entries, chunk by chunk.
+        streamed = []
+        for chunk in self.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Name a colour."}],
+                                                         max_tokens=12, temperature=0, logprobs=True, top_logprobs=4,
+                                                         stream=True):
+            if chunk.choices and chunk.choices[0].logprobs:
+                streamed += chunk.choices[0].logprobs.content
+        self.assertEqual([(t.token, round(t.logprob, 5)) for t in streamed],
+                         [(t.token, round(t.logprob, 5)) for t in content])
+        # Completions: the legacy shape, offsets into the text.
+        c = self.client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6,
+                                           temperature=0, logprobs=2)
+        lp = c.choices[0].logprobs
+        self.assertEqual("".join(lp.tokens), c.choices[0].text)
+        self.assertEqual(len(lp.token_logprobs), 6)
+        self.assertEqual(lp.text_offset[0], 0)
+        self.assertEqual(lp.text_offset[1], len(lp.tokens[0].encode()))
+        self.assertTrue(all(len(t) <= 2 for t in lp.top_logprobs))
+
+    def test_embeddings_rank_the_next_token_as_the_model_does(self):
+        import numpy as np
+        import gguf
+
+        prompt = "The capital of France is"
+        e = self.client.embeddings.create(model=MODEL, input=prompt)  # the SDK asks for base64 by default
+        vec = np.array(e.data[0].embedding, dtype=np.float64)
+        self.assertEqual(vec.shape, (576,))  # SmolLM2-135M's hidden size
+        self.assertAlmostEqual(float(np.linalg.norm(vec)), 1.0, places=5)
+        self.assertGreater(e.usage.prompt_tokens, 0)
+        # The same text as floats, several inputs at once (one of them token ids): same vectors, in order.
+        toks = run_async(self._tokenize(prompt), daemons=[self.daemon])
+        conn = UnixHTTPConnection(self.http_socket)
+        status, body = http_json(conn, "POST", "/v1/embeddings",
+                                 {"model": MODEL, "input": ["hello there", prompt, toks], "encoding_format": "float"})
+        conn.close()
+        self.assertEqual(status, 200, body)
+        self.assertEqual([d["index"] for d in body["data"]], [0, 1, 2])
+        np.testing.assert_allclose(body["data"][1]["embedding"], vec, atol=1e-6)
+        np.testing.assert_allclose(body["data"][2]["embedding"], vec, atol=1e-6)
+        self.assertLess(float(np.dot(body["data"][0]["embedding"], vec)), 0.999)
+        # The output layer applied to the embedding gives the logits up to a positive scale (the norm):
+        # its ranking and log-probability differences are a completion's.
+        reader = gguf.GGUFReader(harness.Config.model)
+        t = {x.name: x for x in reader.tensors}
+        w = t.get("output.weight") or t["token_embd.weight"]
+        W = gguf.quants.dequantize(w.data, w.tensor_type).reshape(-1, 576).astype(np.float64)
+        # The CPU engine multiplies by a Q8_0 weight with its input quantized to Q8_0 too (per block of
+        # 32, a scale per block, so the same for the normalized vector), as llama.cpp does.
+        q = gguf.quants.quantize(vec.astype(np.float32).reshape(1, -1), gguf.GGMLQuantizationType.Q8_0)
+        z = W @ gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0).reshape(-1).astype(np.float64)
+        c = self.client.completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0, logprobs=5)
+        top = c.choices[0].logprobs.top_logprobs[0]  # token text -> logprob, best first
+        order = [int(i) for i in np.argsort(-z)[:5]]
+        pieces = run_async(self._pieces(order), daemons=[self.daemon])
+        self.assertEqual(pieces[0], c.choices[0].logprobs.tokens[0])
+        lps = [top[p] for p in pieces]
+        scale = (lps[0] - lps[4]) / (z[order[0]] - z[order[4]])
+        for k in (1, 2, 3):
+            self.assertAlmostEqual(lps[0] - lps[k], scale * (z[order[0]] - z[order[k]]), delta=2e-3)
+        # Bad input: a clear 400; a model that is not there: 404.
+        with self.assertRaises(openai.BadRequestError):
+            self.client.embeddings.create(model=MODEL, input="x", dimensions=8)
+        with self.assertRaises(openai.NotFoundError):
+            self.client.embeddings.create(model="no-such-model", input="x")
+
+    async def _tokenize(self, text):
+        conn = await Connection.open(self.daemon.socket_path)
+        out = await conn.tokenize(MODEL, text, add_special=True, parse_special=True)
+        conn.close()
+        return out
+
+    async def _pieces(self, ids):
+        conn = await Connection.open(self.daemon.socket_path)
+        out = [await conn.detokenize(MODEL, [i]) for i in ids]
+        conn.close()
+        return out
+
+    def test_a_client_that_disconnects_before_the_answer_cancels_its_generation(self):
+        before = self.daemon.log().count("cancelled by the client")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(self.http_socket)
+        body = json.dumps({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "temperature": 0,
+                           "ignore_eos": True}).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+        async def active():
+            conn = await Connection.open(self.daemon.socket_path)
+            m = await conn.model_status(MODEL)
+            conn.close()
+            return m.requestsActive
+
+        # The generation holds a slot before the client goes (no answer is written before its end).
+        harness.wait_until(lambda: run_async(active(), daemons=[self.daemon]) >= 1, 60, "the request to start")
+        s.close()
+        harness.wait_until(lambda: self.daemon.log().count("cancelled by the client") > before, 60,
+                           "the daemon to cancel the abandoned non-streamed request")
+        harness.wait_until(lambda: run_async(active(), daemons=[self.daemon]) == 0, 60, "its slot to be free")
+        self.assertNotIn("+ 400 generated tokens", self.daemon.log())
+
     def test_models_by_name_load_on_first_use_and_unload_when_idle(self):
         d = harness.Daemon("--model-dirs", "DIR", "--keep-alive", "2", threads=2)
         models = os.path.join(d.dir, "models")
@@ -334,6 +454,17 @@ class OpenAiTest(harness.DaemonTestCase):
         harness.wait_until(lambda: not run_async(listed(), daemons=[d]), 30, "the idle model to be unloaded")
         self.assertIn("idle for its keep-alive", d.log())
         self.assertEqual(ask(3)[0], 200)
+        # A request's keep_alive (ollama's) changes a by-name model's: 0 keeps it, then "1s" lets it go.
+        conn = UnixHTTPConnection(socket_path, timeout=120)
+        status, body = http_json(conn, "POST", "/v1/completions",
+                                 {"model": "smollm2", "prompt": "Hi", "max_tokens": 1, "keep_alive": 0})
+        self.assertEqual(status, 200, body)
+        (mid, keep, left), = run_async(listed(), daemons=[d])
+        self.assertEqual((keep, left), (0.0, -1.0))
+        status, body = http_json(conn, "POST", "/v1/embeddings", {"model": "smollm2", "input": "Hi", "keep_alive": "1s"})
+        conn.close()
+        self.assertEqual(status, 200, body)
+        harness.wait_until(lambda: not run_async(listed(), daemons=[d]), 30, "the model to go after its new keep-alive")
 
     def test_tcp_without_keys_or_with_a_readable_keys_file_does_not_start(self):
         d = harness.Daemon("--http-listen", f"127.0.0.1:{free_port()}")

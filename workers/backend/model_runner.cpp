@@ -70,8 +70,13 @@ Status ModelRunner::init(std::shared_ptr<const Model> model, std::unique_ptr<Bac
   slots_.reserve(n);
   rows_.reserve(n);
   io_.inputs.assign(graph_.inputs().size(), graph::HostTensor{});
-  INFERD_ASSERT(graph_.outputs().size() == 1, "a model's graph has one output, got %zu", graph_.outputs().size());
-  io_.outputs.assign(1, &output_);
+  // The logits (or a stage's hidden states) and, on the last stage, the normalized hidden states.
+  io_.outputs.clear();
+  for (graph::TensorId id : graph_.outputs()) {
+    INFERD_ASSERT(id == graph_.io.logits || id == graph_.io.hidden_out || id == graph_.io.embd,
+                  "graph output %s is not bound", graph_.tensor(id).name.c_str());
+    io_.outputs.push_back(id == graph_.io.embd ? &embd_ : &output_);
+  }
   return Status::ok();
 }
 

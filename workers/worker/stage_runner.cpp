@@ -24,7 +24,8 @@ class StageRunner final : public StepBackend {
   StageRunner(std::unique_ptr<ModelRunner> runner, const BackendOptions& o)
       : runner_(std::move(runner)),
         logic_({runner_->runner_options().n_slots, runner_->runner_options().n_ubatch, runner_->runner_options().n_ctx,
-                runner_->n_vocab(), vocabulary_size(runner_->model())},
+                runner_->n_vocab(), vocabulary_size(runner_->model()),
+                runner_->is_last_stage() ? runner_->model().config().n_embd : 0},
                runner_->is_last_stage()),
         slots_{[this](int32_t s) { return runner_->slot_length(s); }, [this](int32_t s) { runner_->clear_slot(s); }},
         hidden_in_(o.hidden_in),
@@ -46,7 +47,7 @@ class StageRunner final : public StepBackend {
       hidden_out_->publish(sub.id, result.value().data(), sub.n_tokens);
       return Status::ok();
     }
-    logic_.sample(sub, result.value(), out);
+    logic_.sample(sub, result.value(), runner_->embeddings(), out);
     return Status::ok();
   }
 

@@ -1,5 +1,8 @@
 #include "step_logic.h"
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -18,11 +21,24 @@ Status StepLogic::check(const ipc::Submission& sub, const Slots& slots) const {
     return bad(std::to_string(sub.n_tokens) + " tokens (at most " + std::to_string(limits_.n_ubatch) + ")");
   }
   std::vector<bool> slot_used(static_cast<size_t>(limits_.n_slots), false);
+  uint64_t embd_floats = 0;
   for (uint32_t s = 0; s < sub.n_seqs; ++s) {
-    const uint32_t slot = sub.seqs[s].slot;
+    const ipc::StepSeq& seq = sub.seqs[s];
+    const uint32_t slot = seq.slot;
     if (slot >= static_cast<uint32_t>(limits_.n_slots)) return bad("slot " + std::to_string(slot));
     if (slot_used[slot]) return bad("slot " + std::to_string(slot) + " appears twice");
     slot_used[slot] = true;
+    if ((seq.flags & ipc::kSeqWantLogprobs) != 0 && seq.top_logprobs > ipc::kMaxTopLogprobs) {
+      return bad("slot " + std::to_string(slot) + " asks for " + std::to_string(seq.top_logprobs) + " top logprobs");
+    }
+    if ((seq.flags & ipc::kSeqWantEmbedding) != 0 && (seq.flags & ipc::kSeqWantToken) != 0) {
+      if (samples_ && limits_.n_embd <= 0) return bad("slot " + std::to_string(slot) + " asks for an embedding");
+      embd_floats += static_cast<uint64_t>(limits_.n_embd);
+    }
+  }
+  if (embd_floats > ipc::kMaxEmbdFloats) {
+    return bad("the step's embeddings need " + std::to_string(embd_floats) + " floats; a completion holds " +
+               std::to_string(ipc::kMaxEmbdFloats));
   }
   std::vector<int32_t> next_pos(sub.n_seqs, -1);
   for (uint32_t i = 0; i < sub.n_tokens; ++i) {
@@ -98,24 +114,72 @@ Status StepLogic::begin(const ipc::Submission& sub, const Slots& slots) {
   return Status::ok();
 }
 
-void StepLogic::sample(const ipc::Submission& sub, std::span<const float> logits, ipc::Completion& out) {
+void StepLogic::sample(const ipc::Submission& sub, std::span<const float> logits, std::span<const float> embd,
+                       ipc::Completion& out) {
   INFERD_ASSERT(samples_);
   for (const BatchToken& b : batch_) samplers_[static_cast<size_t>(b.slot)]->accept(b.token);
   const size_t n_vocab = static_cast<size_t>(limits_.n_vocab);
+  const size_t n_embd = static_cast<size_t>(std::max(limits_.n_embd, 0));
   out.n_outputs = 0;
+  out.n_embd_floats = 0;
   size_t row = 0;
   for (uint32_t i = 0; i < sub.n_tokens; ++i) {
     if (!batch_[i].logits) continue;
     INFERD_ASSERT((row + 1) * n_vocab <= logits.size());
     const uint32_t s = sub.tokens[i].seq;
-    ipc::StepOutput& o = out.outputs[out.n_outputs++];
+    const ipc::StepSeq& seq = sub.seqs[s];
+    const uint32_t slot = seq.slot;
+    const uint32_t index = out.n_outputs++;
+    ipc::StepOutput& o = out.outputs[index];
     o = {};
     o.seq = s;
-    const uint32_t slot = sub.seqs[s].slot;
-    o.token = samplers_[slot]->sample(logits.subspan(row * n_vocab, static_cast<size_t>(sample_vocab())));
+    if ((seq.flags & ipc::kSeqWantEmbedding) != 0) {  // room checked by begin()
+      INFERD_ASSERT((row + 1) * n_embd <= embd.size() && out.n_embd_floats + n_embd <= ipc::kMaxEmbdFloats);
+      std::copy_n(embd.begin() + static_cast<std::ptrdiff_t>(row * n_embd), n_embd, out.embd + out.n_embd_floats);
+      out.n_embd_floats += static_cast<uint32_t>(n_embd);
+      o.token = ipc::kTokenEmbedding;
+      ++row;
+      continue;
+    }
+    const std::span<const float> row_logits = logits.subspan(row * n_vocab, static_cast<size_t>(sample_vocab()));
+    o.token = samplers_[slot]->sample(row_logits);
+    if ((seq.flags & ipc::kSeqWantLogprobs) != 0) logprobs(row_logits, seq.top_logprobs, o, out.top[index]);
     last_sampled_[slot] = o.token;
     ++row;
   }
+}
+
+// Log-softmax of the raw logits (the model's distribution, before penalties and temperature): the
+// sampled token's value and the n_top most likely tokens' (ties: the lower id first). NaN logits count
+// as -infinity, as the sampler counts them.
+void StepLogic::logprobs(std::span<const float> logits, uint32_t n_top, ipc::StepOutput& o, ipc::TopLogprob* top) {
+  auto value = [](float v) { return std::isnan(v) ? -std::numeric_limits<float>::infinity() : v; };
+  float max = -std::numeric_limits<float>::infinity();
+  for (float v : logits) max = std::max(max, value(v));
+  double sum = 0;
+  for (float v : logits) sum += std::exp(static_cast<double>(value(v)) - max);
+  const double log_z = static_cast<double>(max) + std::log(sum);
+  auto lp = [&](float v) { return static_cast<float>(static_cast<double>(value(v)) - log_z); };
+  o.logprob = lp(logits[static_cast<size_t>(o.token)]);
+  // The best n_top so far, in a heap ordered by `better`: its front is the worst of them, the one to drop.
+  auto better = [](const ipc::TopLogprob& a, const ipc::TopLogprob& b) {
+    return a.logprob > b.logprob || (a.logprob == b.logprob && a.token < b.token);
+  };
+  heap_.clear();
+  for (size_t i = 0; i < logits.size() && n_top > 0; ++i) {
+    const ipc::TopLogprob c{static_cast<int32_t>(i), value(logits[i])};
+    if (heap_.size() < n_top) {
+      heap_.push_back(c);
+      std::push_heap(heap_.begin(), heap_.end(), better);
+    } else if (better(c, heap_.front())) {
+      std::pop_heap(heap_.begin(), heap_.end(), better);
+      heap_.back() = c;
+      std::push_heap(heap_.begin(), heap_.end(), better);
+    }
+  }
+  std::sort_heap(heap_.begin(), heap_.end(), better);  // best first
+  o.n_top = static_cast<uint32_t>(heap_.size());
+  for (size_t k = 0; k < heap_.size(); ++k) top[k] = {heap_[k].token, lp(heap_[k].logprob)};
 }
 
 }  // namespace inferd::worker

@@ -30,6 +30,7 @@ class StepLogic {
     // The ids the sampler may pick, [0, n_sample) (0: n_vocab): the tokenizer's vocabulary where it is
     // smaller than the embedding (padded rows have no token, and the daemon would refuse them).
     int32_t n_sample = 0;
+    int32_t n_embd = 0;  // floats per embedding (0: this stage returns none)
   };
   // The engine's view of its KV slots.
   struct Slots {
@@ -51,17 +52,22 @@ class StepLogic {
   std::span<const BatchToken> batch() const { return batch_; }
 
   // Adds every token of the batch to its sequence's sampling history, then samples one token per
-  // row marked `logits` (`logits` holds those rows in batch order, n_vocab floats each) into `out`.
-  void sample(const ipc::Submission& sub, std::span<const float> logits, ipc::Completion& out);
+  // row marked `logits` (`logits` holds those rows in batch order, n_vocab floats each) into `out`,
+  // with its log-probabilities when the sequence asked; a sequence that asked for its embedding gets
+  // its row of `embd` (n_embd floats per row, in the same order) instead of a token.
+  void sample(const ipc::Submission& sub, std::span<const float> logits, std::span<const float> embd,
+              ipc::Completion& out);
 
  private:
   Status check(const ipc::Submission& sub, const Slots& slots) const;
+  void logprobs(std::span<const float> logits, uint32_t n_top, ipc::StepOutput& o, ipc::TopLogprob* top);
 
   Limits limits_;
   bool samples_;
   std::vector<std::optional<Sampler>> samplers_;  // per KV slot
   std::vector<int32_t> last_sampled_;             // per KV slot: sampled and not fed yet, else -1
   std::vector<BatchToken> batch_;
+  std::vector<ipc::TopLogprob> heap_;  // logprobs(): the best n_top so far
 };
 
 }  // namespace inferd::worker

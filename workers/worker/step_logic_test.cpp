@@ -57,7 +57,7 @@ TEST(StepLogic, BuildsTheBatchAndSamplesTheLastTokenOfEachSequence) {
   std::vector<float> logits(kVocab, 0.0f);
   logits[5] = 3.0f;
   ipc::Completion out{};
-  logic.sample(*sub, logits, out);
+  logic.sample(*sub, logits, {}, out);
   ASSERT_EQ(out.n_outputs, 1u);
   EXPECT_EQ(out.outputs[0].seq, 0u);
   EXPECT_EQ(out.outputs[0].token, 5);  // greedy
@@ -76,13 +76,86 @@ TEST(StepLogic, NeverSamplesPastTheVocabulary) {
     logits[kVocab - 1] = 50.0f;  // a padded row
     logits[2] = 1.0f;
     ipc::Completion out{};
-    logic.sample(*sub, logits, out);
+    logic.sample(*sub, logits, {}, out);
     ASSERT_EQ(out.n_outputs, 1u);
     EXPECT_LT(out.outputs[0].token, kVocab - 3) << "temperature " << temperature;
     if (temperature == 0.0f) {
       EXPECT_EQ(out.outputs[0].token, 2);
     }
   }
+}
+
+// Log-probabilities are the log-softmax of the raw logits over the vocabulary the sampler may pick:
+// the sampled token's, and the n best (ties: the lower id first), most likely first.
+TEST(StepLogic, ReportsLogprobsOfTheSampledTokenAndTheBestAlternatives) {
+  StepLogic logic({4, 16, 32, kVocab, kVocab - 1}, true);  // the last row is padding
+  FakeSlots fs;
+  auto sub = one_seq(0, 0, 2);
+  sub->seqs[0].flags |= ipc::kSeqWantLogprobs;
+  sub->seqs[0].top_logprobs = 3;
+  sub->seqs[0].repeat_penalty = 1.5f;  // penalties change the draw, not the reported distribution
+  ASSERT_TRUE(logic.begin(*sub, fs.slots()).is_ok());
+  const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 2.0f, 1.0f, std::nanf(""), 0.0f, 99.0f};
+  double z = 0;
+  for (int i = 0; i < kVocab - 1; ++i) z += std::isnan(logits[i]) ? 0.0 : std::exp(static_cast<double>(logits[i]));
+  auto lp = [&](int i) { return static_cast<float>(logits[i] - std::log(z)); };
+  ipc::Completion out{};
+  logic.sample(*sub, logits, {}, out);
+  ASSERT_EQ(out.n_outputs, 1u);
+  const ipc::StepOutput& o = out.outputs[0];
+  EXPECT_EQ(o.token, 3);  // greedy on the penalized logits: token 1 was in the prompt, so 3 wins
+  EXPECT_NEAR(o.logprob, lp(3), 1e-6);
+  ASSERT_EQ(o.n_top, 3u);
+  EXPECT_EQ(out.top[0][0].token, 1);  // 1 and 3 tie: the lower id first
+  EXPECT_EQ(out.top[0][1].token, 3);
+  EXPECT_EQ(out.top[0][2].token, 4);
+  EXPECT_NEAR(out.top[0][0].logprob, lp(1), 1e-6);
+  EXPECT_NEAR(out.top[0][2].logprob, lp(4), 1e-6);
+  // Asked for none: only the sampled token's.
+  auto again = one_seq(1, 0, 1);
+  again->seqs[0].flags |= ipc::kSeqWantLogprobs;
+  ASSERT_TRUE(logic.begin(*again, fs.slots()).is_ok());
+  ipc::Completion out2{};
+  logic.sample(*again, logits, {}, out2);
+  EXPECT_EQ(out2.outputs[0].n_top, 0u);
+  EXPECT_NEAR(out2.outputs[0].logprob, lp(1), 1e-6);
+}
+
+// An embedding: the row's hidden state (n_embd floats) goes into the completion instead of a token, and
+// the sequence samples nothing.
+TEST(StepLogic, AnEmbeddingIsTheRowsHiddenStateInsteadOfAToken) {
+  constexpr int32_t kEmbd = 3;
+  StepLogic logic({4, 16, 32, kVocab, 0, kEmbd}, true);
+  FakeSlots fs;
+  auto sub = std::make_unique<ipc::Submission>(*one_seq(0, 0, 2));
+  sub->n_seqs = 2;
+  sub->seqs[1] = sub->seqs[0];
+  sub->seqs[1].slot = 1;
+  sub->seqs[0].flags |= ipc::kSeqWantEmbedding;
+  sub->tokens[2] = {4, 0, 1};
+  sub->n_tokens = 3;
+  ASSERT_TRUE(logic.begin(*sub, fs.slots()).is_ok());
+  std::vector<float> logits(2 * kVocab, 0.0f);
+  logits[kVocab + 6] = 1.0f;
+  const std::vector<float> embd = {1, 2, 3, 4, 5, 6};
+  ipc::Completion out{};
+  logic.sample(*sub, logits, embd, out);
+  ASSERT_EQ(out.n_outputs, 2u);
+  EXPECT_EQ(out.outputs[0].token, ipc::kTokenEmbedding);
+  EXPECT_EQ(out.outputs[1].token, 6);
+  ASSERT_EQ(out.n_embd_floats, 3u);
+  EXPECT_EQ(std::vector<float>(out.embd, out.embd + 3), (std::vector<float>{1, 2, 3}));
+  // A step asking for more embeddings than a completion holds is refused.
+  StepLogic wide({4, 16, 32, kVocab, 0, static_cast<int32_t>(ipc::kMaxEmbdFloats)}, true);
+  sub->seqs[1].flags |= ipc::kSeqWantEmbedding;
+  const Status st = wide.begin(*sub, fs.slots());
+  EXPECT_EQ(st.code(), Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("embeddings need"), std::string::npos) << st.to_string();
+  // More alternatives than the completion holds is a malformed submission.
+  auto many = one_seq(0, 0, 1);
+  many->seqs[0].flags |= ipc::kSeqWantLogprobs;
+  many->seqs[0].top_logprobs = ipc::kMaxTopLogprobs + 1;
+  EXPECT_EQ(logic.begin(*many, fs.slots()).code(), Code::kInvalidArgument);
 }
 
 TEST(StepLogic, MalformedSubmissionsAreErrorsNotCrashes) {
@@ -151,19 +224,19 @@ TEST(StepLogic, StepsAheadFeedTheTokenTheSlotSampledLast) {
   auto prompt = one_seq(1, 0, 3);
   ASSERT_TRUE(logic.begin(*prompt, fs.slots()).is_ok());
   ipc::Completion out{};
-  logic.sample(*prompt, logits, out);
+  logic.sample(*prompt, logits, {}, out);
   ASSERT_EQ(out.outputs[0].token, 6);
   fs.length[1] = 3;
   ASSERT_TRUE(logic.begin(*ahead, fs.slots()).is_ok());
   ASSERT_EQ(logic.batch().size(), 1u);
   EXPECT_EQ(logic.batch()[0].token, 6);
   EXPECT_EQ(logic.batch()[0].pos, 3);
-  logic.sample(*ahead, logits, out);  // samples the next one
+  logic.sample(*ahead, logits, {}, out);  // samples the next one
   ASSERT_TRUE(logic.begin(*ahead, fs.slots()).is_ok());
   EXPECT_EQ(logic.begin(*ahead, fs.slots()).code(), Code::kInvalidArgument);  // fed once only
 
   // Only a sequence's first token in a step can be the sampled one.
-  logic.sample(*ahead, logits, out);
+  logic.sample(*ahead, logits, {}, out);
   auto second = one_seq(1, 3, 2);
   second->tokens[1].token = ipc::kTokenSampled;
   EXPECT_EQ(logic.begin(*second, fs.slots()).code(), Code::kInvalidArgument);
@@ -194,7 +267,7 @@ TEST(StepLogic, ReplayedSequenceResumesItsRandomDraws) {
     fs.length[0] = k;
     ASSERT_TRUE(a.begin(*sub, fs.slots()).is_ok());
     ipc::Completion out{};
-    a.sample(*sub, logits, out);
+    a.sample(*sub, logits, {}, out);
     drawn.push_back(out.outputs[0].token);
   }
   // Replay: the same 4 tokens from position 0 in one step, sampler skipped by 3 draws.
@@ -205,7 +278,7 @@ TEST(StepLogic, ReplayedSequenceResumesItsRandomDraws) {
   replay->seqs[0].n_sampled = 3;
   ASSERT_TRUE(b.begin(*replay, fb.slots()).is_ok());
   ipc::Completion out{};
-  b.sample(*replay, logits, out);
+  b.sample(*replay, logits, {}, out);
   EXPECT_EQ(out.outputs[0].token, drawn[3]);
 }
 

@@ -137,6 +137,9 @@ struct ModelInfo {
   double load_ms = 0;
   double keep_alive_s = 0;  // 0: never unloaded for idleness
   double unload_in_s = -1;  // seconds until the idle unload; -1: not scheduled
+  // While loading: the stage ("copying", "validating", "starting workers") and its progress.
+  std::string load_stage;
+  uint64_t load_done = 0, load_total = 0;
 };
 
 struct ModelStatus {

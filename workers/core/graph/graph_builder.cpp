@@ -146,6 +146,8 @@ Result<Graph> build_forward(const Model& model, int32_t first_layer, int32_t end
                                          : b.weight(model.output(), "output.weight");
     g.io.logits = b.node(Op::kMatmul, -1, {norm, out_w}, b.act("logits", c.n_vocab, -1, Rows::kOutputs, Role::kLogits));
     g.mark_output(g.io.logits);
+    g.io.embd = norm;
+    g.mark_output(norm);
   }
   INFERD_RETURN_IF_ERROR(g.validate());
   return g;

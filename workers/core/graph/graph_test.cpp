@@ -50,7 +50,12 @@ TEST(Graph, TheForwardPassOfALlamaModel) {
   ASSERT_NE(g->io.logits, kNone);
   EXPECT_EQ(g->tensor(g->io.logits).cols, model->config().n_vocab);
   EXPECT_EQ(g->tensor(g->io.logits).rows, Rows::kOutputs);
-  EXPECT_EQ(g->outputs(), std::vector<TensorId>{g->io.logits});
+  // The logits, and the rows' normalized hidden states they are computed from (for embeddings).
+  EXPECT_EQ(g->outputs(), (std::vector<TensorId>{g->io.logits, g->io.embd}));
+  ASSERT_NE(g->io.embd, kNone);
+  EXPECT_EQ(g->tensor(g->io.embd).cols, model->config().n_embd);
+  EXPECT_EQ(g->tensor(g->io.embd).rows, Rows::kOutputs);
+  EXPECT_EQ(g->tensor(g->io.embd).name, "output_norm");
   // Every matmul names its weight tensor and type, as the file has them.
   const std::string text = g->to_string();
   EXPECT_NE(text.find("blk.0: blk.0.q = matmul(blk.0.attn_norm, blk.0.attn_q.weight["), std::string::npos) << text;

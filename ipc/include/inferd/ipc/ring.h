@@ -3,14 +3,17 @@
 //
 //   submissions  supervisor -> worker   one forward step each: the tokens to process (slot, position,
 //                                       id) and, per sequence, its sampling parameters
-//   completions  worker -> supervisor   per step: the token sampled for each sequence that asked
+//   completions  worker -> supervisor   per step: the token sampled for each sequence that asked (with
+//                                       its log-probability and the most likely alternatives when asked),
+//                                       or its embedding (the last token's normalized hidden state)
 //
 // Layout of the segment (a memfd the supervisor creates per worker process and passes at spawn):
 //
 //   0       RingHeader (320 B): magic "INFDRNG1", version, capacities, limits, offsets,
 //           then four 64-byte-aligned counters: sub_head, sub_tail, comp_head, comp_tail
 //   sub_offset    Submission[sub_capacity]
-//   comp_offset   Completion[comp_capacity]
+//   comp_offset   Completion[comp_capacity]   (each ends in up to kMaxEmbdFloats embedding floats, of
+//                                             which only n_embd_floats are read)
 //
 // Counters only grow (64-bit: they never wrap); entry i lives at index i % capacity. The producer
 // fills entry head % capacity, then publishes it with a release store of head + 1; the consumer reads
@@ -47,22 +50,30 @@
 namespace inferd::ipc {
 
 inline constexpr char kRingMagic[8] = {'I', 'N', 'F', 'D', 'R', 'N', 'G', '1'};
-inline constexpr uint32_t kRingVersion = 2;
+inline constexpr uint32_t kRingVersion = 3;
 inline constexpr uint32_t kMaxStepTokens = 512;  // most tokens in one forward step
 inline constexpr uint32_t kMaxStepSeqs = 64;     // most sequences in one forward step (= most KV slots)
+inline constexpr uint32_t kMaxTopLogprobs = 20;  // most alternatives reported per sampled token (OpenAI's limit)
+inline constexpr uint32_t kMaxEmbdFloats = 16384;  // embedding floats one completion carries (all its sequences')
 
 // One sequence's part in a step.
 struct StepSeq {
   uint32_t slot;            // KV slot
-  uint32_t flags;           // kSeqWantToken
+  uint32_t flags;           // kSeqWant*
   uint32_t n_sampled;       // tokens this request sampled before this step; a replay resumes the
                             // random sequence there
-  uint32_t reserved0;
+  uint32_t top_logprobs;    // with kSeqWantLogprobs: how many alternatives, <= kMaxTopLogprobs
   uint64_t seed;            // sampling seed (resolved by the supervisor: never "from the clock" here)
   float temperature, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty;
   int32_t top_k, repeat_last_n;
 };
 inline constexpr uint32_t kSeqWantToken = 1u << 0;  // sample a token after this step's last token
+// With kSeqWantToken: also report the sampled token's log-probability and the top_logprobs most likely
+// tokens' (log-softmax of the model's logits over the vocabulary, before penalties and temperature).
+inline constexpr uint32_t kSeqWantLogprobs = 1u << 1;
+// With kSeqWantToken: instead of sampling, report the last token's hidden state after the output norm
+// (n_embd floats), for embeddings; the sequence samples nothing.
+inline constexpr uint32_t kSeqWantEmbedding = 1u << 2;
 static_assert(sizeof(StepSeq) == 56);
 
 // StepToken::token of a sequence's first token in a step: the token its slot sampled in an earlier
@@ -86,11 +97,18 @@ struct Submission {
 
 struct StepOutput {
   uint32_t seq;             // index into the submission's seqs
-  int32_t token;
-  uint32_t reserved0;
-  uint32_t reserved1;
+  int32_t token;            // the sampled token; kTokenEmbedding for an embedding
+  float logprob;            // kSeqWantLogprobs: the sampled token's log-probability
+  uint32_t n_top;           // kSeqWantLogprobs: alternatives in Completion::top[output index]
 };
 static_assert(sizeof(StepOutput) == 16);
+inline constexpr int32_t kTokenEmbedding = -2;
+
+struct TopLogprob {
+  int32_t token;
+  float logprob;
+};
+static_assert(sizeof(TopLogprob) == 8);
 
 struct Completion {
   uint64_t id;              // the submission's id
@@ -98,8 +116,13 @@ struct Completion {
   uint32_t n_outputs;
   uint64_t compute_ns;      // time spent in the forward pass and sampling
   StepOutput outputs[kMaxStepSeqs];
+  TopLogprob top[kMaxStepSeqs][kMaxTopLogprobs];  // per output: its n_top alternatives, most likely first
   char error[256];          // NUL-terminated
+  uint32_t n_embd_floats;   // the embeddings of the outputs that are kTokenEmbedding, n_embd floats each,
+  uint32_t reserved0;       // in output order
+  float embd[kMaxEmbdFloats];  // last: a reader copies only the n_embd_floats it needs
 };
+static_assert(offsetof(Completion, embd) % 8 == 0);
 
 struct RingHeader {
   char magic[8];

@@ -79,6 +79,9 @@ class ModelRunner {
   // Errors: kInvalidArgument (bad token id / slot / position / hidden_in size), kOutOfRange (past the
   // context); the backend's errors.
   Result<std::span<const float>> forward(std::span<const BatchToken> batch, std::span<const float> hidden_in = {});
+  // After forward() on the last stage: the hidden states (after the output norm, n_embd floats each) of
+  // the rows whose logits it returned, in the same order; valid until the next call. For embeddings.
+  std::span<const float> embeddings() const { return embd_; }
 
   // Appends `tokens` to `slot` in passes of at most n_ubatch tokens. Returns the logits of the last
   // token, or of every token when `all_logits`. Whole models only (kInvalidArgument for a stage).
@@ -118,6 +121,7 @@ class ModelRunner {
   std::vector<int32_t> ids_, pos_, slots_, rows_;
   graph::StepIO io_;
   std::vector<float> output_;
+  std::vector<float> embd_;
   std::vector<float> all_logits_;
   std::vector<BatchToken> eval_batch_;
 };

@@ -128,6 +128,9 @@ class Graph {
   struct Io {
     TensorId token_ids = kNone, positions = kNone, slots = kNone, out_rows = kNone, hidden_in = kNone;
     TensorId logits = kNone, hidden_out = kNone;
+    // The last stage's second output: the output rows' hidden states after the output norm (what the
+    // logits are computed from), for embeddings.
+    TensorId embd = kNone;
   };
 
   TensorId add_tensor(Tensor t);
