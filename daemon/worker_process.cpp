@@ -14,7 +14,9 @@
 #include <capnp/message.h>
 #include <capnp/serialize.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 
 #include "config.h"
@@ -176,17 +178,58 @@ void WorkerProcess::read_frame_body(uint32_t length) {
   });
 }
 
-void WorkerProcess::handle_frame(const std::vector<uint8_t>& frame) {
+Result<WorkerMessage> decode_worker_message(std::span<const uint8_t> frame) {
+  if (frame.empty() || frame.size() % sizeof(capnp::word) != 0 || frame.size() > ipc::kMaxFrameBytes) {
+    return Status(Code::kCorrupt, "a control frame of " + std::to_string(frame.size()) + " bytes");
+  }
+  // A private, word-aligned copy: the reader needs alignment, and the bytes are the worker's.
+  auto words = kj::heapArray<capnp::word>(frame.size() / sizeof(capnp::word));
+  std::memcpy(words.begin(), frame.data(), frame.size());
+  auto text = [](capnp::Text::Reader t) {
+    return std::string(t.cStr(), std::min<size_t>(t.size(), kMaxWorkerText));
+  };
   try {
-    kj::ArrayPtr<const capnp::word> words(reinterpret_cast<const capnp::word*>(frame.data()),
-                                          frame.size() / sizeof(capnp::word));
-    capnp::FlatArrayMessageReader reader(words);
+    capnp::ReaderOptions options;
+    options.traversalLimitInWords = words.size() + 64;  // the frame, once
+    options.nestingLimit = 16;
+    capnp::FlatArrayMessageReader reader(words, options);
     auto m = reader.getRoot<wire::FromWorker>();
+    WorkerMessage out;
     switch (m.which()) {
-      case wire::FromWorker::HELLO: {
-        auto hello = m.getHello();
-        if (hello.getProtocolVersion() != wire::WORKER_PROTOCOL_VERSION) {
-          return fail_protocol("speaks worker protocol " + std::to_string(hello.getProtocolVersion()) +
+      case wire::FromWorker::HELLO:
+        out.kind = WorkerMessage::Kind::kHello;
+        out.protocol_version = m.getHello().getProtocolVersion();
+        return out;
+      case wire::FromWorker::READY: {
+        auto r = m.getReady();
+        out.kind = WorkerMessage::Kind::kReady;
+        out.ready = WorkerReady{text(r.getDevice()), r.getKvBytes(), r.getArenaBytes(), r.getStartMs()};
+        if (!std::isfinite(out.ready.start_ms)) out.ready.start_ms = 0;
+        return out;
+      }
+      case wire::FromWorker::FAILED:
+        out.kind = WorkerMessage::Kind::kFailed;
+        out.failure = text(m.getFailed());
+        return out;
+      case wire::FromWorker::PONG:
+        out.kind = WorkerMessage::Kind::kPong;
+        return out;
+    }
+    return Status(Code::kCorrupt, "an unknown control message");
+  } catch (const kj::Exception& e) {
+    return Status(Code::kCorrupt, std::string("a malformed control message: ") +
+                                      std::string(e.getDescription().cStr()).substr(0, 200));
+  }
+}
+
+void WorkerProcess::handle_frame(const std::vector<uint8_t>& frame) {
+  auto decoded = decode_worker_message(frame);
+  if (!decoded) return fail_protocol("sent " + decoded.status().message());
+  const WorkerMessage& m = decoded.value();
+  switch (m.kind) {
+      case WorkerMessage::Kind::kHello: {
+        if (m.protocol_version != wire::WORKER_PROTOCOL_VERSION) {
+          return fail_protocol("speaks worker protocol " + std::to_string(m.protocol_version) +
                                ", this supervisor " + std::to_string(wire::WORKER_PROTOCOL_VERSION));
         }
         capnp::MallocMessageBuilder msg;
@@ -203,23 +246,16 @@ void WorkerProcess::handle_frame(const std::vector<uint8_t>& frame) {
         send_frame(ipc::encode_frame(msg));
         return;
       }
-      case wire::FromWorker::READY: {
-        auto r = m.getReady();
-        WorkerReady ready{r.getDevice(), r.getKvBytes(), r.getArenaBytes(), r.getStartMs()};
+      case WorkerMessage::Kind::kReady:
         ready_ = true;
-        if (events_.on_ready) events_.on_ready(ready);
+        if (events_.on_ready) events_.on_ready(m.ready);
         return;
-      }
-      case wire::FromWorker::FAILED:
-        failure_ = m.getFailed().cStr();
+      case WorkerMessage::Kind::kFailed:
+        failure_ = m.failure;
         spdlog::error("worker {} ({}) could not start: {}", pid_, spec_.model_id, failure_);
         return;  // it exits next; finish_exit() reports it with this reason
-      case wire::FromWorker::PONG:
+      case WorkerMessage::Kind::kPong:
         return;
-    }
-    fail_protocol("sent an unknown control message");
-  } catch (const kj::Exception& e) {
-    fail_protocol(std::string("sent a malformed control message: ") + e.getDescription().cStr());
   }
 }
 

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,20 @@ struct WorkerReady {
   uint64_t arena_bytes = 0;
   double start_ms = 0;
 };
+
+// A control message from a worker, decoded and checked: the worker is not trusted, so anything it
+// sends that is not one of these, well formed, is an error (the supervisor then kills it). Strings are
+// cut to kMaxWorkerText bytes (they end up in logs and status).
+struct WorkerMessage {
+  enum class Kind { kHello, kReady, kFailed, kPong };
+  Kind kind = Kind::kPong;
+  uint32_t protocol_version = 0;  // kHello
+  WorkerReady ready;              // kReady
+  std::string failure;            // kFailed
+};
+inline constexpr size_t kMaxWorkerText = 4096;
+// `frame`: one frame's payload (ipc/frame.h), any alignment. kCorrupt naming what is wrong.
+Result<WorkerMessage> decode_worker_message(std::span<const uint8_t> frame);
 
 class WorkerProcess : public std::enable_shared_from_this<WorkerProcess> {
  public:

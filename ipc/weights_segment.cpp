@@ -99,8 +99,9 @@ const TensorEntry* WeightsSegment::tensors() const {
 
 Result<std::shared_ptr<const WeightsSegment>> WeightsSegment::create(const std::string& path,
                                                                     const ProgressFn& progress) {
-  // 1. Parse the file once for the layout (this reads the metadata pages only).
-  auto parsed = gguf::GgufFile::open(path);
+  // 1. Parse the file once for the layout: its metadata and tensor table only, read with pread (a file
+  //    truncated meanwhile is an error, not SIGBUS).
+  auto parsed = gguf::GgufFile::read_header(path);
   if (!parsed) return parsed.status();
   const gguf::GgufFile& src = *parsed.value();
 

@@ -4,6 +4,9 @@
 #   inferd_fuzz_gguf       the GGUF reader and model loader; seeds: tests/data/corrupt, tests/data/tokenizer
 #   inferd_fuzz_tokenizer  SmolLM2's BPE and a SentencePiece vocabulary; seeds: tests/fuzz/corpus/tokenizer
 #   inferd_fuzz_ring       the step ring as the supervisor reads it from a hostile worker
+#   inferd_fuzz_control    the control frames a worker sends, as the supervisor decodes them;
+#                          seeds: tests/fuzz/corpus/control (one of each message)
+#   inferd_fuzz_requests   OpenAI JSON bodies, chat templates, stop strings; seeds: tests/fuzz/corpus/requests
 # New inputs go to build-fuzz/corpus/<target> (kept between runs, so longer runs build on shorter ones).
 # A crash, a leak or a sanitizer report fails the script and leaves the reproducer in build-fuzz/.
 # Prints each target's executions ("Done N runs in S second(s)").
@@ -12,7 +15,8 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DINFERD_FUZZ=ON \
   -DINFERD_SANITIZE=address,undefined -DINFERD_CUDA=OFF -DINFERD_OPENCL=OFF -DINFERD_BUILD_TESTS=OFF >/dev/null
-cmake --build build-fuzz --target inferd_fuzz_gguf inferd_fuzz_tokenizer inferd_fuzz_ring >/dev/null
+cmake --build build-fuzz --target inferd_fuzz_gguf inferd_fuzz_tokenizer inferd_fuzz_ring inferd_fuzz_control \
+  inferd_fuzz_requests >/dev/null
 
 run() {
   local target=$1
@@ -32,3 +36,5 @@ run() {
 run inferd_fuzz_gguf "$PWD/tests/data/corrupt" "$PWD/tests/data/tokenizer"
 run inferd_fuzz_tokenizer "$PWD/tests/fuzz/corpus/tokenizer"
 run inferd_fuzz_ring
+run inferd_fuzz_control "$PWD/tests/fuzz/corpus/control"
+run inferd_fuzz_requests "$PWD/tests/fuzz/corpus/requests"

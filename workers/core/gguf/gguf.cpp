@@ -219,19 +219,31 @@ class ValidatedReader {
 
 // Bounds-checked reading of an untrusted file. Every failure names the file, what was being read
 // and the byte offset where it starts.
+}  // namespace
+
+// The bounds-checked reader of parse() (declared in gguf.h for GgufFile::parse_body).
 class Parser {
  public:
-  Parser(const std::string& name, const uint8_t* base, size_t size) : name_(name), base_(base), size_(size) {}
+  // `size` bytes at `base` are readable; the file has `file_size` (more, when only a prefix was read).
+  Parser(const std::string& name, const uint8_t* base, size_t size, size_t file_size)
+      : name_(name), base_(base), size_(size), file_size_(file_size) {}
 
   size_t pos() const { return pos_; }
   size_t left() const { return size_ - pos_; }
+  size_t file_left() const { return file_size_ - pos_; }
+  // A check against left() failed: when `fits_in_file`, only the prefix was too short.
+  void short_of(bool fits_in_file) const { ran_out_ = ran_out_ || fits_in_file; }
 
   Status error(size_t at, const std::string& what) const {
     return Status(Code::kCorrupt, name_ + ": " + what + " (at byte offset " + std::to_string(at) + ")");
   }
 
+  // Whether an error came from the bytes running out (a prefix may just be too short).
+  bool ran_out() const { return ran_out_; }
+
   Status need(size_t n, const std::string& what) const {
     if (left() < n) {
+      short_of(n <= file_left());
       return error(pos_, "truncated file: " + what + " needs " + std::to_string(n) + " bytes, only " +
                              std::to_string(left()) + " left");
     }
@@ -251,6 +263,7 @@ class Parser {
     uint64_t len = 0;
     INFERD_RETURN_IF_ERROR(read(what + " length", &len));
     if (len > left()) {
+      short_of(len <= file_left());
       return error(at, what + ": string length " + std::to_string(len) + " exceeds the " +
                            std::to_string(left()) + " bytes left in the file");
     }
@@ -285,6 +298,7 @@ class Parser {
       INFERD_RETURN_IF_ERROR(read(what + ": array length", &count));
       uint64_t min_bytes = min_value_bytes(elem);
       if (count > left() / min_bytes) {
+        short_of(count <= file_left() / min_bytes);
         return error(at, what + ": array of " + std::to_string(count) + " " + value_type_name(elem) +
                              " values does not fit in the " + std::to_string(left()) + " bytes left");
       }
@@ -324,8 +338,12 @@ class Parser {
   const std::string& name_;
   const uint8_t* base_;
   size_t size_;
+  size_t file_size_;
   size_t pos_ = 0;
+  mutable bool ran_out_ = false;
 };
+
+namespace {
 
 }  // namespace
 
@@ -395,6 +413,7 @@ GgufFile::GgufFile(std::string path, std::unique_ptr<MappedFile> mapping, std::v
     base_ = buffer_.data();
     size_ = buffer_.size();
   }
+  file_size_ = size_;
 }
 
 GgufFile::~GgufFile() = default;
@@ -418,13 +437,65 @@ Result<std::unique_ptr<GgufFile>> GgufFile::from_memory(const uint8_t* data, siz
   std::unique_ptr<GgufFile> file(new GgufFile(std::move(name), nullptr, {}));
   file->keepalive_ = std::move(keepalive);
   file->base_ = data;
-  file->size_ = size;
+  file->size_ = file->file_size_ = size;
   INFERD_RETURN_IF_ERROR(file->parse());
   return file;
 }
 
+Result<std::unique_ptr<GgufFile>> GgufFile::read_header(const std::string& path) {
+  // Opened as MappedFile::open opens: O_NONBLOCK (a FIFO or a device never blocks), a regular file only.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    int err = errno;
+    return Status(err == ENOENT ? Code::kNotFound : Code::kFailed, path + ": cannot open: " + std::strerror(err));
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return Status(Code::kFailed, path + ": cannot stat: " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) return Status(Code::kInvalidArgument, path + ": not a regular file");
+  if (st.st_size == 0) return Status(Code::kCorrupt, path + ": file is empty (0 bytes)");
+  const size_t file_size = static_cast<size_t>(st.st_size);
+  // Real files' metadata (the vocabulary included) fits in a few MiB: start with 1 MiB, grow 4x, up to
+  // 256 MiB (a file whose metadata needs more is refused, not read whole into memory).
+  constexpr size_t kMaxHeader = size_t{256} << 20;
+  size_t want = std::min<size_t>(file_size, size_t{1} << 20);
+  for (;;) {
+    std::vector<uint8_t> bytes(want);
+    size_t got = 0;
+    while (got < want) {
+      const ssize_t n = ::pread(fd, bytes.data() + got, want - got, static_cast<off_t>(got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return Status(Code::kFailed, path + ": read failed: " + std::strerror(errno));
+      if (n == 0) return Status(Code::kFailed, path + ": the file shrank while it was read");
+      got += static_cast<size_t>(n);
+    }
+    std::unique_ptr<GgufFile> file(new GgufFile(path, nullptr, std::move(bytes)));
+    file->file_size_ = file_size;
+    Status parsed = file->parse();
+    if (parsed) {
+      for (TensorInfo& t : file->tensors_) t.data = nullptr;  // whatever data the prefix holds is not for use
+      return file;
+    }
+    if (!file->ran_out_ || want == file_size) return parsed;
+    if (want >= kMaxHeader) {
+      return Status(Code::kCorrupt, path + ": the metadata and tensor table take more than " +
+                                        std::to_string(kMaxHeader >> 20) + " MiB");
+    }
+    want = std::min({file_size, kMaxHeader, want * 4});
+  }
+}
+
 Status GgufFile::parse() {
-  Parser in(path_, base_, size_);
+  Parser in(path_, base_, size_, file_size_);
+  Status st = parse_body(in);
+  ran_out_ = !st && in.ran_out();
+  return st;
+}
+
+Status GgufFile::parse_body(Parser& in) {
   if (size_ == 0) return in.error(0, "file is empty (0 bytes)");
 
   // Header: magic, version, tensor count, kv count.
@@ -453,16 +524,19 @@ Status GgufFile::parse() {
   INFERD_RETURN_IF_ERROR(in.read("tensor count", &n_tensors));
   INFERD_RETURN_IF_ERROR(in.read("kv count", &n_kv));
   if (n_tensors > in.left() / kMinTensorInfoBytes) {
+    in.short_of(n_tensors <= in.file_left() / kMinTensorInfoBytes);
     return in.error(counts_at, "tensor count " + std::to_string(n_tensors) + " cannot fit in the " +
                                    std::to_string(in.left()) + " bytes left");
   }
   if (n_kv > in.left() / kMinKvBytes) {
+    in.short_of(n_kv <= in.file_left() / kMinKvBytes);
     return in.error(counts_at + 8, "kv count " + std::to_string(n_kv) + " cannot fit in the " +
                                        std::to_string(in.left()) + " bytes left");
   }
   uint64_t min_rest = 0;
   if (__builtin_mul_overflow(n_tensors, kMinTensorInfoBytes, &min_rest) ||
       __builtin_add_overflow(min_rest, n_kv * kMinKvBytes, &min_rest) || min_rest > in.left()) {
+    in.short_of(min_rest <= in.file_left());
     return in.error(counts_at, std::to_string(n_tensors) + " tensors and " + std::to_string(n_kv) +
                                    " kv pairs cannot fit in the " + std::to_string(in.left()) + " bytes left");
   }
@@ -594,12 +668,12 @@ Status GgufFile::parse() {
     }
     uint64_t begin = 0, end = 0;
     if (__builtin_add_overflow(data_offset_, t.offset, &begin) || __builtin_add_overflow(begin, t.nbytes, &end) ||
-        end > size_) {
+        end > file_size_) {
       return in.error(info_at[i], what + ": data [data section + " + std::to_string(t.offset) + ", +" +
                                       std::to_string(t.nbytes) + " bytes) extends past end of file (data section at " +
-                                      std::to_string(data_offset_) + ", file size " + std::to_string(size_) + ")");
+                                      std::to_string(data_offset_) + ", file size " + std::to_string(file_size_) + ")");
     }
-    t.data = base_ + begin;
+    t.data = end <= size_ ? base_ + begin : nullptr;  // read_header(): the data is not read
   }
   std::vector<size_t> order(tensors_.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;

@@ -367,6 +367,59 @@ TEST(GgufTest, OpenMapsAFile) {
   EXPECT_EQ(std::memcmp((*f)->find_tensor("c.weight")->data, pattern(20, 3).data(), 20), 0);
 }
 
+// read_header() parses what open() parses from a pread prefix, growing it past 1 MiB of metadata, and
+// leaves the data unread; a file cut inside its metadata is a clean error (there is no mapping to fault).
+TEST(GgufTest, ReadHeaderParsesThePrefixWithoutMapping) {
+  std::vector<std::string> vocab(70000);
+  for (size_t i = 0; i < vocab.size(); ++i) vocab[i] = "token-" + std::to_string(i) + std::string(16, 'x');
+  auto bytes = sample_builder().kv_string_array("tokenizer.ggml.tokens", vocab).build();  // ~2 MiB
+  ASSERT_GT(bytes.size(), size_t{1} << 21);
+  const std::string path = testing::TempDir() + "gguf_header_" + std::to_string(::getpid()) + ".gguf";
+  auto write = [&](size_t n) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(n));
+  };
+  write(bytes.size());
+  auto mapped = GgufFile::open(path);
+  auto header = GgufFile::read_header(path);
+  ASSERT_TRUE(mapped.is_ok()) << mapped.status().to_string();
+  ASSERT_TRUE(header.is_ok()) << header.status().to_string();
+  EXPECT_EQ((*header)->file_size(), bytes.size());
+  EXPECT_EQ((*header)->data_offset(), (*mapped)->data_offset());
+  EXPECT_EQ((*header)->keys(), (*mapped)->keys());
+  EXPECT_EQ((*header)->get_string_array("tokenizer.ggml.tokens").value().back(), vocab.back());
+  ASSERT_EQ((*header)->tensors().size(), (*mapped)->tensors().size());
+  for (size_t i = 0; i < (*header)->tensors().size(); ++i) {
+    const TensorInfo& a = (*header)->tensors()[i];
+    const TensorInfo& b = (*mapped)->tensors()[i];
+    EXPECT_EQ(a.name, b.name);
+    EXPECT_EQ(a.offset, b.offset);
+    EXPECT_EQ(a.nbytes, b.nbytes);
+    EXPECT_EQ(a.data, nullptr);  // not read
+  }
+  // Cut inside the vocabulary: truncated, said so, at whatever prefix size.
+  write(bytes.size() / 2);
+  auto cut = GgufFile::read_header(path);
+  ASSERT_FALSE(cut.is_ok());
+  EXPECT_EQ(cut.status().code(), Code::kCorrupt);
+  EXPECT_NE(cut.status().message().find("tokenizer.ggml.tokens"), std::string::npos) << cut.status().to_string();
+  // A tensor count no file of this size can hold is corrupt at once (not a reason to read more).
+  write(bytes.size());
+  std::vector<uint8_t> absurd = bytes;
+  const uint64_t n = uint64_t{1} << 40;
+  std::memcpy(absurd.data() + 8, &n, 8);
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(absurd.data()), static_cast<std::streamsize>(absurd.size()));
+  }
+  auto bad = GgufFile::read_header(path);
+  ::unlink(path.c_str());
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("tensor count"), std::string::npos) << bad.status().to_string();
+  EXPECT_EQ(GgufFile::read_header("/nonexistent/model.gguf").status().code(), Code::kNotFound);
+  EXPECT_EQ(GgufFile::read_header(testing::TempDir()).status().code(), Code::kInvalidArgument);
+}
+
 TEST(GgufTest, MissingFileIsNotFound) {
   auto f = GgufFile::open("/nonexistent/dir/model.gguf");
   ASSERT_FALSE(f.is_ok());

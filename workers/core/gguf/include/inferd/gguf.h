@@ -81,6 +81,8 @@ class MappedFile {
   size_t size_;
 };
 
+class Parser;
+
 class GgufFile {
  public:
   static Result<std::unique_ptr<GgufFile>> open(const std::string& path);
@@ -90,6 +92,11 @@ class GgufFile {
   // segment). `keepalive` owns the memory; the GgufFile holds it until destroyed.
   static Result<std::unique_ptr<GgufFile>> from_memory(const uint8_t* data, size_t size, std::string name,
                                                        std::shared_ptr<const void> keepalive);
+  // The metadata and tensor table only, read with pread into a buffer (a prefix of the file, grown until
+  // the table fits): nothing is mapped, so a file truncated or rewritten meanwhile gives an error, never
+  // SIGBUS. Tensor data pointers are null; file_size() is the file's. Opened as open() opens (O_NONBLOCK,
+  // a regular file only). For laying out a copy of the file (ipc::WeightsSegment).
+  static Result<std::unique_ptr<GgufFile>> read_header(const std::string& path);
 
   GgufFile(const GgufFile&) = delete;
   GgufFile& operator=(const GgufFile&) = delete;
@@ -98,7 +105,7 @@ class GgufFile {
   const std::string& path() const { return path_; }
   uint32_t version() const { return version_; }
   size_t alignment() const { return alignment_; }
-  size_t file_size() const { return size_; }
+  size_t file_size() const { return file_size_; }
   const uint8_t* data() const { return base_; }
   // Start of the tensor data section, in bytes from the start of the file.
   size_t data_offset() const { return data_offset_; }
@@ -137,6 +144,7 @@ class GgufFile {
 
   GgufFile(std::string path, std::unique_ptr<MappedFile> mapping, std::vector<uint8_t> buffer);
   Status parse();
+  Status parse_body(Parser& in);
   const KvEntry* find(std::string_view key) const;
   Result<const KvEntry*> find_typed(std::string_view key, ValueType type) const;
   Status type_error(const KvEntry& kv, const char* expected) const;
@@ -147,7 +155,9 @@ class GgufFile {
   std::vector<uint8_t> buffer_;          // set by from_buffer()
   std::shared_ptr<const void> keepalive_;  // set by from_memory()
   const uint8_t* base_ = nullptr;
-  size_t size_ = 0;
+  size_t size_ = 0;        // bytes at base_
+  size_t file_size_ = 0;   // the file's (size_, but for read_header())
+  bool ran_out_ = false;   // parse() failed for want of bytes past size_
   uint32_t version_ = 0;
   size_t alignment_ = kDefaultAlignment;
   size_t data_offset_ = 0;
