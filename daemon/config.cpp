@@ -31,7 +31,7 @@ constexpr std::string_view kLogLevels[] = {"trace", "debug", "info", "warn", "er
 
 enum class Key {
   kSocket, kWorker, kLogLevel, kThreads, kMaxRestarts, kRestartWindow,
-  kContext, kParallel, kMaxQueue, kStepsInFlight, kStreamInterval, kMaxTextBytes, kStartTimeout, kStepTimeout, kAdminUids, kLoad,
+  kContext, kParallel, kMaxQueue, kClientMaxQueue, kClientMaxSlots, kStepsInFlight, kStreamInterval, kMaxTextBytes, kStartTimeout, kStepTimeout, kAdminUids, kLoad,
   kHttpSocket, kHttpListen, kHttpKeys, kHttpNoAuth, kHttpConnectionsPerPeer, kModelDirs, kKeepAlive,
 };
 
@@ -57,6 +57,12 @@ constexpr KeyInfo kKeys[] = {
     {"context", Key::kContext, "N", "tokens per sequence; 0 = min(training context, 4096) (default: 0)"},
     {"parallel", Key::kParallel, "N", "sequences in flight per model; >= 1 (default: 4)"},
     {"max-queue", Key::kMaxQueue, "N", "requests waiting for a slot before OVERLOADED; >= 1 (default: 64)"},
+    {"client-max-queue", Key::kClientMaxQueue, "N",
+     "queue places of a model one client (a uid, or a TCP address) may hold;\n"
+     "                         0 = half of max-queue (default: 0)"},
+    {"client-max-slots", Key::kClientMaxSlots, "N",
+     "KV slots of a model one client may hold; 0 = no cap: a free slot goes to\n"
+     "                         the waiting client that holds the fewest (default: 0)"},
     {"steps-in-flight", Key::kStepsInFlight, "N",
      "steps queued per worker, 1-4; with 2 a worker starts each decode step\n"
      "                         on the token it just sampled, without waiting for the daemon (default: 2)"},
@@ -293,6 +299,8 @@ Status apply(Key key, std::string_view value, const Origin& origin, DaemonConfig
     case Key::kContext:
     case Key::kParallel:
     case Key::kMaxQueue:
+    case Key::kClientMaxQueue:
+    case Key::kClientMaxSlots:
     case Key::kStepsInFlight:
     case Key::kStreamInterval: {
       const uint32_t min = (key == Key::kParallel || key == Key::kMaxQueue || key == Key::kStepsInFlight) ? 1 : 0;
@@ -306,6 +314,8 @@ Status apply(Key key, std::string_view value, const Origin& origin, DaemonConfig
                         : key == Key::kContext     ? config.default_context
                         : key == Key::kParallel    ? config.default_parallel
                         : key == Key::kMaxQueue    ? config.max_queue
+                        : key == Key::kClientMaxQueue ? config.client_max_queue
+                        : key == Key::kClientMaxSlots ? config.client_max_slots
                         : key == Key::kStepsInFlight ? config.steps_in_flight
                                                      : config.stream_interval_ms;
       field = *n;

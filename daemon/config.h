@@ -57,6 +57,11 @@ struct DaemonConfig {
   uint32_t default_context = 0;      // 0: min(training context, 4096)
   uint32_t default_parallel = 4;     // >= 1
   uint32_t max_queue = 64;           // >= 1: requests waiting for a slot before OVERLOADED
+  // Fairness between clients (a uid on a unix socket, an address on TCP): one client holds at most this
+  // many of a model's queue places (0: half of max-queue, at least 1) and KV slots (0: no cap beyond
+  // the fair-share admission, which gives a free slot to the waiting client holding the fewest).
+  uint32_t client_max_queue = 0;
+  uint32_t client_max_slots = 0;
   uint32_t steps_in_flight = 2;      // 1..kMaxStepsInFlight: steps queued per worker (supervisor.cpp)
   uint32_t stream_interval_ms = 20;  // 0..kMaxStreamIntervalMs: a request's default streamIntervalMs
   // Largest text one request may have tokenized (a prompt, the messages of a chat, tokenize's text); the

@@ -44,6 +44,9 @@ struct GenerateParams {
   bool embedding = false;
   // ollama's keep_alive for a model loaded by name (seconds; 0: never unload); -1: unchanged.
   double keep_alive_s = -1;
+  // Who asks, for fairness between clients: "uid N" (a unix socket's peer, the RPC and the HTTP API
+  // alike), a TCP peer's address; "" when unknown (such requests share one client).
+  std::string client;
 };
 
 // A token and its log-probability (log-softmax of the model's logits, before penalties and temperature).

@@ -236,19 +236,21 @@ struct HttpServer::Impl {
   }
 
   kj::Promise<void> generate(openai::Endpoint endpoint, const kj::HttpHeaders& headers, kj::AsyncInputStream& body,
-                             kj::HttpService::Response& response, int fd) {
-    return with_body(headers, body, response, [this, endpoint, &response, fd](std::string_view text) -> kj::Promise<void> {
+                             kj::HttpService::Response& response, int fd, const std::string& peer) {
+    return with_body(headers, body, response, [this, endpoint, &response, fd, peer](std::string_view text) -> kj::Promise<void> {
       auto req = openai::parse_request(endpoint, text, sup.config().max_text_bytes);
       if (!req) return send_status(response, req.status());
+      req->params.client = peer;
       return unless_gone(events, fd, run(std::move(req).value(), response));
     });
   }
 
   kj::Promise<void> embeddings(const kj::HttpHeaders& headers, kj::AsyncInputStream& body,
-                               kj::HttpService::Response& response, int fd) {
-    return with_body(headers, body, response, [this, &response, fd](std::string_view text) -> kj::Promise<void> {
+                               kj::HttpService::Response& response, int fd, const std::string& peer) {
+    return with_body(headers, body, response, [this, &response, fd, peer](std::string_view text) -> kj::Promise<void> {
       auto req = openai::parse_embedding_request(text, sup.config().max_text_bytes);
       if (!req) return send_status(response, req.status());
+      for (GenerateParams& p : req->inputs) p.client = peer;
       return unless_gone(events, fd, embed(std::move(req).value(), response));
     });
   }
@@ -298,7 +300,11 @@ struct HttpServer::Impl {
     if (st.next == st.req.inputs.size()) {
       return send(response, 200, openai::embeddings_body(st.req.model, st.results, st.req.base64));
     }
-    const size_t begin = st.next, end = std::min(st.req.inputs.size(), begin + kEmbeddingWindow);
+    // At most the client's share of the queue at once (client-max-queue; half of max-queue by default).
+    const DaemonConfig& cfg = sup.config();
+    const size_t share = cfg.client_max_queue > 0 ? cfg.client_max_queue : std::max<uint32_t>(1, cfg.max_queue / 2);
+    const size_t width = std::min(kEmbeddingWindow, share);
+    const size_t begin = st.next, end = std::min(st.req.inputs.size(), begin + width);
     st.next = end;
     auto window = kj::heapArrayBuilder<kj::Promise<Result<GenerateSummary>>>(end - begin);
     for (size_t i = begin; i < end; ++i) window.add(embed_one(std::move(st.req.inputs[i])));
@@ -402,12 +408,14 @@ struct HttpServer::Impl {
     });
   }
 
-  // One connection's service: it knows its socket, to notice a client that goes while it waits.
+  // One connection's service: it knows its socket, to notice a client that goes while it waits, and
+  // its peer, for fairness between clients.
   struct Service final : public kj::HttpService {
     Impl& impl;
     bool tcp;
     int fd;
-    Service(Impl& i, bool t, int f) : impl(i), tcp(t), fd(f) {}
+    std::string peer;
+    Service(Impl& i, bool t, int f, std::string p) : impl(i), tcp(t), fd(f), peer(std::move(p)) {}
 
     bool authorized(const kj::HttpHeaders& headers) const {
       if (!tcp || impl.keys.empty()) return true;
@@ -447,11 +455,11 @@ struct HttpServer::Impl {
       if (path == "/v1/chat/completions" || path == "/v1/completions") {
         if (!post) return method_not_allowed(response, "POST");
         return impl.generate(path == "/v1/completions" ? openai::Endpoint::kCompletions : openai::Endpoint::kChat,
-                             headers, body, response, fd);
+                             headers, body, response, fd, peer);
       }
       if (path == "/v1/embeddings") {
         if (!post) return method_not_allowed(response, "POST");
-        return impl.embeddings(headers, body, response, fd);
+        return impl.embeddings(headers, body, response, fd, peer);
       }
       return impl.send_error(response, openai::error(404, "invalid_request_error", "no such endpoint: " + path,
                                                      "unknown_url"));
@@ -516,7 +524,7 @@ kj::Promise<void> HttpServer::listen(kj::Own<kj::ConnectionReceiver> listener, b
   kj::HttpServer::HttpServiceFactory factory = [&impl, tcp](kj::AsyncIoStream& conn) -> kj::Own<kj::HttpService> {
     int fd = -1;
     KJ_IF_MAYBE(f, conn.getFd()) { fd = *f; }
-    return kj::heap<Impl::Service>(impl, tcp, fd);
+    return kj::heap<Impl::Service>(impl, tcp, fd, peer_of(conn));
   };
   l->server = kj::heap<kj::HttpServer>(impl_->timer, *impl_->table, kj::mv(factory), settings);
   auto served = impl_->accept_loop(*l);

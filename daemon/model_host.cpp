@@ -88,6 +88,8 @@ Status ModelHost::attach(std::shared_ptr<const ipc::WeightsSegment> weights, std
   so.max_queue = spec_.max_queue;
   so.steps_in_flight = sup_.config().steps_in_flight;
   so.n_embd = static_cast<uint32_t>(c.n_embd);
+  so.client_max_queue = sup_.config().client_max_queue;
+  so.client_max_slots = sup_.config().client_max_slots;
   so.step_timeout = std::chrono::milliseconds(static_cast<int64_t>(sup_.config().step_timeout_s * 1000.0));
   std::vector<StagePort*> ports;
   for (Stage& st : stages_) ports.push_back(&st);

@@ -335,7 +335,9 @@ class AdminImpl final : public rpc::Admin::Server {
 
 class InferenceImpl final : public rpc::Inference::Server {
  public:
-  InferenceImpl(Supervisor& sup, kj::Timer& timer) : sup_(sup), timer_(timer) {}
+  // `client`: who is connected, for fairness between clients ("uid N", "" when unknown).
+  InferenceImpl(Supervisor& sup, kj::Timer& timer, std::string client)
+      : sup_(sup), timer_(timer), client_(std::move(client)) {}
 
   kj::Promise<void> list(ListContext context) override { return list_models(sup_, context); }
 
@@ -374,6 +376,7 @@ class InferenceImpl final : public rpc::Inference::Server {
     auto stream = std::make_shared<GenerationStream>();
     Supervisor& sup = sup_;
     daemon::GenerateParams gp = std::move(params).value();
+    gp.client = client_;
     std::string model = gp.model;
     const uint32_t interval_ms = gp.stream_interval_ms >= 0 ? static_cast<uint32_t>(gp.stream_interval_ms)
                                                             : sup_.config().stream_interval_ms;
@@ -441,6 +444,7 @@ class InferenceImpl final : public rpc::Inference::Server {
 
   Supervisor& sup_;
   kj::Timer& timer_;
+  std::string client_;
 };
 
 class DaemonImpl final : public rpc::Daemon::Server {
@@ -463,7 +467,8 @@ class DaemonImpl final : public rpc::Daemon::Server {
   }
 
   kj::Promise<void> inference(InferenceContext context) override {
-    context.getResults().setInference(kj::heap<InferenceImpl>(sup_, timer_));
+    context.getResults().setInference(
+        kj::heap<InferenceImpl>(sup_, timer_, peer_.known ? "uid " + std::to_string(peer_.uid) : std::string()));
     return kj::READY_NOW;
   }
 

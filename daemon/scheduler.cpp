@@ -29,6 +29,7 @@ struct Scheduler::Sequence {
   SamplingParams sampling;
   uint32_t max_tokens = 0;
   bool ignore_eog = false;
+  std::string client;      // GenerateParams::client
   int32_t logprobs = -1;   // alternatives per token with its log-probability; -1: none
   bool embedding = false;  // an embedding request: the prompt, then one embedding instead of tokens
   std::vector<float> embedding_out;
@@ -88,13 +89,19 @@ Status validate_request(const GenerateParams& p, uint32_t n_embd) {
 
 Status Scheduler::admit(const GenerateParams& p) const {
   INFERD_RETURN_IF_ERROR(validate_request(p, opt_.n_embd));
-  return queue_room();
+  return queue_room(p.client);
 }
 
-Status Scheduler::queue_room() const {
+Status Scheduler::queue_room(const std::string& client) const {
   if (queue_.size() >= opt_.max_queue) {
     return Status(Code::kOverloaded, "model " + opt_.model_id + " has " + std::to_string(queue_.size()) +
                                          " requests waiting (max-queue); retry later");
+  }
+  const size_t share = opt_.client_max_queue > 0 ? opt_.client_max_queue : std::max<uint32_t>(1, opt_.max_queue / 2);
+  const size_t mine = static_cast<size_t>(std::count_if(queue_.begin(), queue_.end(), [&](const auto& s) { return s->client == client; }));
+  if (mine >= share) {
+    return Status(Code::kOverloaded, "this client has " + std::to_string(mine) + " requests waiting for model " +
+                                         opt_.model_id + " (its share of the queue, client-max-queue); retry later");
   }
   return Status::ok();
 }
@@ -138,8 +145,9 @@ Status Scheduler::enqueue(GenerateParams p, std::shared_ptr<GenerationStream> st
                                          opt_.model_id + "'s context holds " + std::to_string(opt_.context_size) +
                                          " (the prompt must leave room for at least one generated token)");
   }
-  INFERD_RETURN_IF_ERROR(queue_room());
+  INFERD_RETURN_IF_ERROR(queue_room(p.client));
   auto seq = std::make_unique<Sequence>();
+  seq->client = p.client;
   seq->id = ++next_seq_id_;
   seq->stream = std::move(stream);
   seq->n_prompt = static_cast<uint32_t>(prompt.size());
@@ -164,6 +172,25 @@ void Scheduler::schedule() {
   while (schedule_one()) {
   }
   arm_hang_detector();
+}
+
+// The queued request a free slot goes to: the oldest of the waiting client that holds the fewest slots
+// (among those under client_max_slots); end() when none may have one.
+std::deque<std::unique_ptr<Scheduler::Sequence>>::iterator Scheduler::next_admitted() {
+  std::map<std::string_view, uint32_t> held;
+  for (const auto& [id, s] : active_) ++held[s->client];
+  auto best = queue_.end();
+  uint32_t best_held = 0;
+  for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+    const auto h = held.find((*it)->client);
+    const uint32_t n = h == held.end() ? 0 : h->second;
+    if (opt_.client_max_slots > 0 && n >= opt_.client_max_slots) continue;
+    if (best == queue_.end() || n < best_held) {
+      best = it;
+      best_held = n;
+    }
+  }
+  return best;
 }
 
 // Steps a worker holds at once: one per pipeline stage, else the configured number.
@@ -199,8 +226,10 @@ bool Scheduler::schedule_one() {
   std::erase_if(queue_, [](const auto& s) { return s->stream->cancelled(); });
   for (size_t slot = 0; slot < slots_.size() && !queue_.empty(); ++slot) {
     if (slots_[slot] != 0) continue;
-    auto seq = std::move(queue_.front());
-    queue_.pop_front();
+    const auto next = next_admitted();
+    if (next == queue_.end()) break;  // every waiting client holds its cap of slots
+    auto seq = std::move(*next);
+    queue_.erase(next);
     seq->slot = static_cast<int32_t>(slot);
     seq->t_admitted = now;
     slots_[slot] = seq->id;
@@ -288,15 +317,23 @@ bool Scheduler::schedule_one() {
   step.n_tokens = sub->n_tokens;
   step.submitted = now;
   steps_.push_back(std::move(step));
-  submit_to(0);
-  return true;
+  return submit_to(0);
 }
 
-// Copies the current step into a stage's ring and wakes its worker.
-void Scheduler::submit_to(size_t stage) {
+// Copies the current step into a stage's ring and wakes its worker. False when the ring has no room:
+// at most depth() steps are in flight and depth() <= the ring's capacity, so only a worker that wrote
+// a submission counter it should not have can make that happen; it is killed (its steps are then
+// abandoned and replayed, as for any worker that dies).
+bool Scheduler::submit_to(size_t stage) {
   const ipc::Submission& src = *submission_;
   ipc::Submission* dst = ports_[stage]->submission_slot();
-  INFERD_ASSERT(dst != nullptr);  // at most depth() steps in flight, depth() <= the ring's capacity
+  if (dst == nullptr) {
+    spdlog::error("model {}: worker {}'s ring has no room for step {} (it wrote an impossible submission counter); "
+                  "killing it",
+                  opt_.model_id, ports_[stage]->pid(), src.id);
+    ports_[stage]->kill();
+    return false;
+  }
   dst->id = src.id;
   dst->n_seqs = src.n_seqs;
   dst->n_tokens = src.n_tokens;
@@ -304,6 +341,7 @@ void Scheduler::submit_to(size_t stage) {
   std::memcpy(dst->tokens, src.tokens, sizeof(ipc::StepToken) * src.n_tokens);
   stages_[stage].in_flight.push_back(src.id);
   ports_[stage]->publish_submission();
+  return true;
 }
 
 // The hang detector: the worker running the oldest step in flight must finish it within step_timeout of
@@ -385,7 +423,7 @@ void Scheduler::on_completion(size_t stage_index) {
         port.kill();
         return;
       }
-      submit_to(stage_index + 1);
+      if (!submit_to(stage_index + 1)) return;
       continue;
     }
     Step step = std::move(steps_.front());

@@ -3,7 +3,9 @@
 //
 // Scheduling (continuous batching): a step holds one token for every sequence that is decoding, then
 // prompt chunks of the sequences still prefilling, up to batch_tokens; queued requests are admitted into
-// free slots between steps. A single worker is kept `steps_in_flight` steps ahead: the step after a
+// free slots between steps. Fairness between clients: one client holds at most client_max_queue queue
+// places, and a free slot goes to the oldest request of the waiting client that holds the fewest slots
+// (so a client that arrives while another fills every slot gets the next one that frees up). A single worker is kept `steps_in_flight` steps ahead: the step after a
 // decode step is queued before that step's token is known, naming its input ipc::kTokenSampled, so the
 // worker never waits for the supervisor between tokens. Such a step is only queued for a sequence that
 // goes on unless the pending token ends it (end of generation, a stop string); if it does, what the step
@@ -81,6 +83,10 @@ struct SchedulerOptions {
   uint32_t max_queue = 64;
   uint32_t steps_in_flight = 2;  // per worker, when there is one stage
   uint32_t n_embd = 0;           // floats per embedding (0: the model gives none)
+  // Per client (GenerateParams::client): queue places (0: max_queue / 2, at least 1) and KV slots
+  // (0: no cap) it may hold. Free slots go to the waiting client that holds the fewest, oldest first.
+  uint32_t client_max_queue = 0;
+  uint32_t client_max_slots = 0;
   // A step that takes longer than this means the worker hangs (a GPU fault, a deadlock): it is killed
   // and its requests replayed. Far above any real step (512 tokens of an 8B model on 2 cores take ~1 min).
   std::chrono::milliseconds step_timeout = std::chrono::minutes(10);
@@ -118,8 +124,8 @@ class Scheduler {
   Status admit(const GenerateParams& params) const;
   // The text a prompt or chat request tokenizes to (the messages through the model's chat template).
   Result<std::string> prompt_text(const GenerateParams& params) const;
-  // kOverloaded when the queue is full.
-  Status queue_room() const;
+  // kOverloaded when the queue is full, or `client` holds its share of it.
+  Status queue_room(const std::string& client) const;
   // Queues steps until every worker has its share in flight; also admits queued requests and lets
   // cancelled ones go. Call after anything that may free or need a worker.
   void schedule();
@@ -171,9 +177,10 @@ class Scheduler {
   };
 
   size_t depth() const;
+  std::deque<std::unique_ptr<Sequence>>::iterator next_admitted();
   bool continues_after_pending(const Sequence& s) const;
   bool schedule_one();
-  void submit_to(size_t stage);
+  bool submit_to(size_t stage);
   void arm_hang_detector();
   void restart_sequences();
   void accept_token(Sequence& s, int32_t token, SchedulerClock::time_point now, TokenLogprobs* logprobs);

@@ -112,7 +112,8 @@ class SchedulerTest : public ::testing::Test {
   }
   static void TearDownTestSuite() { tokenizer_.reset(); }
 
-  void make(size_t n_stages = 1, uint32_t parallel = 2, uint32_t max_queue = 4, uint32_t steps_in_flight = 2) {
+  void make(size_t n_stages = 1, uint32_t parallel = 2, uint32_t max_queue = 4, uint32_t steps_in_flight = 2,
+            uint32_t client_max_slots = 0) {
     stages_.clear();
     std::vector<StagePort*> ports;
     for (size_t i = 0; i < n_stages; ++i) {
@@ -128,13 +129,16 @@ class SchedulerTest : public ::testing::Test {
     o.steps_in_flight = steps_in_flight;
     o.step_timeout = std::chrono::milliseconds(1000);
     o.n_embd = n_embd_;
+    o.client_max_slots = client_max_slots;
     for (auto& st : stages_) st->n_embd = n_embd_;
     sched_ = std::make_unique<Scheduler>(o, *tokenizer_, ChatTemplate::kChatml, host_, ports);
   }
 
-  // A request for `prompt` (token ids), `max_tokens` greedy tokens.
-  std::shared_ptr<GenerationStream> request(std::vector<int32_t> prompt, uint32_t max_tokens, Status* status = nullptr) {
+  // A request for `prompt` (token ids), `max_tokens` greedy tokens, from `client`.
+  std::shared_ptr<GenerationStream> request(std::vector<int32_t> prompt, uint32_t max_tokens, Status* status = nullptr,
+                                            std::string client = "") {
     GenerateParams p;
+    p.client = std::move(client);
     p.model = "m";
     p.input = GenerateParams::Input::kTokens;
     p.tokens = std::move(prompt);
@@ -202,7 +206,7 @@ TEST_F(SchedulerTest, AnEmbeddingIsThePromptsLastHiddenStateNormalized) {
 // sequences' last token waits for the next step.
 TEST_F(SchedulerTest, AStepAsksForNoMoreEmbeddingsThanACompletionHolds) {
   n_embd_ = ipc::kMaxEmbdFloats / 2;
-  make(1, /*parallel=*/3, 4);
+  make(1, /*parallel=*/3, 8);
   std::vector<std::shared_ptr<GenerationStream>> streams;
   stage().up = false;  // all three queued before the first step is built
   for (int i = 0; i < 3; ++i) {
@@ -273,6 +277,87 @@ TEST_F(SchedulerTest, LogprobsReachTheStreamAndMalformedEmbeddingsKillTheWorker)
   stage().answer(100);
   sched_->on_completion(0);
   EXPECT_TRUE(stage().killed);
+}
+
+// One client holds at most half of the queue (client-max-queue's default); another still gets in.
+TEST_F(SchedulerTest, OneClientHoldsAtMostItsShareOfTheQueue) {
+  make(1, /*parallel=*/1, /*max_queue=*/4);
+  request({10}, 50, nullptr, "uid 1");  // admitted
+  request({10}, 50, nullptr, "uid 1");  // queued
+  request({10}, 50, nullptr, "uid 1");  // queued: its share (2 of 4)
+  Status st;
+  request({10}, 50, &st, "uid 1");
+  EXPECT_EQ(st.code(), Code::kOverloaded);
+  EXPECT_NE(st.message().find("client-max-queue"), std::string::npos) << st.to_string();
+  request({10}, 50, &st, "uid 2");
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  EXPECT_EQ(sched_->stats().requests_queued, 3u);
+}
+
+// A free slot goes to the waiting client holding the fewest slots, not to the oldest request: a client
+// that arrives after another has queued many is served next.
+TEST_F(SchedulerTest, AFreeSlotGoesToTheWaitingClientHoldingTheFewest) {
+  make(1, /*parallel=*/2, /*max_queue=*/8);
+  stage().up = false;  // everything queued before the first admission
+  auto a1 = request({10}, 2, nullptr, "uid 1");
+  auto a2 = request({11}, 2, nullptr, "uid 1");
+  auto a3 = request({12}, 2, nullptr, "uid 1");
+  auto b1 = request({13}, 2, nullptr, "uid 2");  // the newest
+  stage().up = true;
+  sched_->schedule();
+  EXPECT_EQ(sched_->stats().requests_active, 2u);
+  ASSERT_FALSE(stage().given.empty());
+  // The first step prefills a1 and b1 (uid 2 held no slot), not a2.
+  EXPECT_EQ(tokens_of(stage().given.front()), (std::vector<int32_t>{10, 13}));
+  // When a slot frees up, uid 1 and uid 2 hold one each: a2, the oldest, is next.
+  std::vector<int32_t> firsts;
+  while (!stage().given.empty()) {
+    const ipc::Submission s = stage().answer(100);
+    for (uint32_t i = 0; i < s.n_tokens; ++i) {
+      if (s.tokens[i].pos == 0) firsts.push_back(s.tokens[i].token);
+    }
+    sched_->on_completion(0);
+  }
+  EXPECT_EQ(firsts, (std::vector<int32_t>{10, 13, 11, 12}));
+  for (auto* s : {&a1, &a2, &a3, &b1}) {
+    GenerationStream::Batch b = (*s)->take();
+    ASSERT_TRUE(b.end.has_value() && b.end->is_ok());
+  }
+}
+
+// client-max-slots caps one client's slots even when others are free.
+TEST_F(SchedulerTest, ClientMaxSlotsCapsOneClientsSlots) {
+  make(1, /*parallel=*/3, /*max_queue=*/8, 2, /*client_max_slots=*/1);
+  stage().up = false;
+  request({10}, 5, nullptr, "uid 1");
+  request({10}, 5, nullptr, "uid 1");
+  request({10}, 5, nullptr, "uid 2");
+  stage().up = true;
+  sched_->schedule();
+  EXPECT_EQ(sched_->stats().requests_active, 2u);  // one of uid 1's, uid 2's; a slot stays free
+  EXPECT_EQ(sched_->stats().requests_queued, 1u);
+}
+
+// A worker whose ring says it is full when the scheduler kept room for the step (a hostile worker wrote
+// its submission counter) is killed, not trusted, and the daemon does not abort.
+TEST_F(SchedulerTest, ARingWithoutRoomItShouldHaveKillsTheWorker) {
+  make();
+  stage().capacity = 0;  // what a worker's impossible sub_tail looks like from here
+  auto stream = request({10, 11}, 3);
+  EXPECT_TRUE(stage().killed);
+  sched_->stage_lost(0);
+  sched_->replay("killed");
+  stage().capacity = 4;
+  stage().killed = false;
+  stage().up = true;
+  sched_->schedule();
+  while (!stage().given.empty()) {
+    stage().answer(100);
+    sched_->on_completion(0);
+  }
+  GenerationStream::Batch b = stream->take();
+  ASSERT_TRUE(b.end.has_value() && b.end->is_ok());
+  EXPECT_EQ(b.tokens, (std::vector<int32_t>{100, 100, 100}));
 }
 
 TEST_F(SchedulerTest, APromptIsPrefilledThenDecodedWithAStepQueuedAhead) {

@@ -159,7 +159,12 @@ void RingSegment::publish_completion() {
 
 const Completion* RingSegment::next_completion() {
   const uint64_t head = header().comp_head.load(std::memory_order_acquire);
-  if (!plausible(comp_tail_, head, comp_tail_ + comp_capacity_) || head == comp_tail_) return nullptr;
+  if (!plausible(comp_tail_, head, comp_tail_ + comp_capacity_)) return nullptr;
+  // The peer's other counter is checked here too, so a lie about it is caught at the next wake-up even
+  // when no submission follows.
+  const uint64_t sub_tail = header().sub_tail.load(std::memory_order_acquire);
+  if (!plausible(sub_head_ >= sub_capacity_ ? sub_head_ - sub_capacity_ : 0, sub_tail, sub_head_)) return nullptr;
+  if (head == comp_tail_) return nullptr;
   // Everything up to the embeddings, then only the embedding floats the entry says it holds (bounded
   // by the array, whatever the peer wrote), so a step without embeddings copies ~14 KiB, not 78.
   const auto* src = entry<Completion>(comp_offset_, comp_tail_, comp_capacity_);

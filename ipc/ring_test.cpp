@@ -84,6 +84,29 @@ TEST(Ring, ASubmissionTailFromTheFutureBreaksTheRing) {
   sup->header().sub_tail.store(5, std::memory_order_release);  // the worker "consumed" what was never sent
   EXPECT_EQ(sup->submission_slot(), nullptr);
   EXPECT_TRUE(sup->broken());
+  // Reading completions checks it too, so the lie is caught at the next wake-up even when no submission
+  // follows (a worker that lies and then stops).
+  auto again = std::move(RingSegment::create(2, 2)).value();
+  again->header().sub_tail.store(5, std::memory_order_release);
+  EXPECT_EQ(again->next_completion(), nullptr);
+  EXPECT_TRUE(again->broken());
+}
+
+// A completion's embedding floats are copied only as far as the array goes, whatever count it claims.
+TEST(Ring, AnEmbeddingCountPastTheArrayIsCutAtIt) {
+  auto sup = std::move(RingSegment::create(2, 2)).value();
+  auto worker = std::move(RingSegment::attach(UniqueFd(::dup(sup->fd())))).value();
+  Completion* c = worker->completion_slot();
+  ASSERT_NE(c, nullptr);
+  c->id = 0;
+  c->n_outputs = 0;
+  c->n_embd_floats = 0xffffffffu;
+  c->embd[kMaxEmbdFloats - 1] = 2.5f;
+  worker->publish_completion();
+  const Completion* got = sup->next_completion();
+  ASSERT_NE(got, nullptr);
+  EXPECT_EQ(got->n_embd_floats, kMaxEmbdFloats);
+  EXPECT_EQ(got->embd[kMaxEmbdFloats - 1], 2.5f);
 }
 
 TEST(Ring, TheSegmentCannotBeResized) {

@@ -300,6 +300,40 @@ class CrashTest(harness.DaemonTestCase):
 
         run_async(body(), daemons=[daemon])
 
+    # More hostile workers, each through a whole daemon: a submission counter from the future, a
+    # completion naming a token outside the vocabulary with more embedding floats than exist, and a
+    # header whose geometry is scribbled over. The first two are killed and their request replayed
+    # with nothing lost; the third changes nothing the supervisor reads, so nothing happens at all.
+    def test_hostile_workers_are_killed_or_ignored_and_requests_complete(self):
+        prompt, n = "Once upon a time", 24
+        want = harness.inferd_run(prompt, n)
+        for fault, evidence, killed in (("subtail:3", "wrote ring counters out of order", True),
+                                        ("entry:3", "malformed completion", True),
+                                        ("geometry:2", None, False)):
+            with self.subTest(fault=fault):
+                daemon = harness.Daemon(fault=fault).start()
+                self.addCleanup(daemon.stop)
+
+                async def body():
+                    conn = await Connection.open(daemon.socket_path)
+                    await conn.load(harness.Config.model, id=MODEL_ID, contextSize=512, parallel=2)
+                    pid = (await conn.status()).models[0].info.workers[0].pid
+                    out = await conn.generate(request(MODEL_ID, prompt, max_tokens=n, ignoreEog=False))
+                    self.assertCompleted(out, f"the request on the worker with fault {fault}")
+                    self.assertTextMatches(out, want, f"output with fault {fault} differs from inferd-run's")
+                    if killed:
+                        self.assertIn(evidence, daemon.log())
+                        m = await self.wait_restarted(conn, pid)
+                        self.assertGreaterEqual(m.replays, 1)
+                    else:
+                        m = await conn.model_status(MODEL_ID)
+                        self.assertEqual(m.info.workers[0].pid, pid, "a worker that only scribbled was replaced")
+                        self.assertEqual(m.replays, 0)
+                    conn.close()
+
+                run_async(body(), daemons=[daemon])
+                daemon.stop()
+
     def test_worker_crash_loop_at_start_fails_the_load(self):
         daemon = harness.Daemon(fault="start").start()
         self.addCleanup(daemon.stop)
