@@ -31,7 +31,7 @@ constexpr std::string_view kLogLevels[] = {"trace", "debug", "info", "warn", "er
 
 enum class Key {
   kSocket, kWorker, kLogLevel, kThreads, kMaxRestarts, kRestartWindow,
-  kContext, kParallel, kMaxQueue, kClientMaxQueue, kClientMaxSlots, kStepsInFlight, kStreamInterval, kMaxTextBytes, kStartTimeout, kStepTimeout, kAdminUids, kLoad,
+  kContext, kParallel, kMaxQueue, kClientMaxQueue, kClientMaxSlots, kStepsInFlight, kStreamInterval, kMaxTextBytes, kStartTimeout, kStepTimeout, kStreamStallTimeout, kAdminUids, kLoad,
   kHttpSocket, kHttpListen, kHttpKeys, kHttpNoAuth, kHttpConnectionsPerPeer, kModelDirs, kKeepAlive,
 };
 
@@ -79,6 +79,9 @@ constexpr KeyInfo kKeys[] = {
     {"step-timeout", Key::kStepTimeout, "SECONDS",
      "a step not finished this long means the worker hangs: it is killed and\n"
      "                         the requests in that step fail; > 0 (default: 600)"},
+    {"stream-stall-timeout", Key::kStreamStallTimeout, "SECONDS",
+     "a client that does not accept the tokens sent to it this long is cut\n"
+     "                         off and its generation cancelled; > 0 (default: 60)"},
     {"admin-uids", Key::kAdminUids, "UID,...",
      "peer uids that may use Admin besides the daemon's own and root; 'any':\n"
      "                         every peer that can open the socket (default: only the daemon's own\n"
@@ -329,12 +332,14 @@ Status apply(Key key, std::string_view value, const Origin& origin, DaemonConfig
     }
     case Key::kRestartWindow:
     case Key::kStartTimeout:
-    case Key::kStepTimeout: {
+    case Key::kStepTimeout:
+    case Key::kStreamStallTimeout: {
       Result<double> s = parse_seconds(value);
       if (!s) return s.status();
-      (key == Key::kRestartWindow ? config.restart_window_s
+      (key == Key::kRestartWindow  ? config.restart_window_s
        : key == Key::kStartTimeout ? config.start_timeout_s
-                                   : config.step_timeout_s) = *s;
+       : key == Key::kStepTimeout  ? config.step_timeout_s
+                                   : config.stream_stall_timeout_s) = *s;
       return Status::ok();
     }
     case Key::kAdminUids: {

@@ -72,6 +72,10 @@ struct DaemonConfig {
   // the requests in that step fail.
   double start_timeout_s = 300;
   double step_timeout_s = 600;
+  // A client that does not accept what a stream sends it (a token batch, an HTTP write) within this
+  // many seconds is cut off and its generation cancelled; meanwhile its sequence is paused once its
+  // backlog passes GenerationStream::kMaxBacklogBytes.
+  double stream_stall_timeout_s = 60;
   // Admin (load, unload, status) is for the daemon's own uid and root, plus these uids; admin_any opens
   // it to every peer that can open the socket ("admin-uids = any").
   std::vector<uint32_t> admin_uids;

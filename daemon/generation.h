@@ -1,6 +1,11 @@
 // daemon/generation.h — a generation request, and the stream that carries its tokens from the
 // supervisor thread (producer) to the RPC thread (consumer).
 //
+// Slow readers: what a stream holds for its client is bounded. Past kMaxBacklogBytes not taken, the
+// stream is backed_up() and the scheduler gives its sequence no further steps (the others go on); the
+// client's next take() calls the drain callback, which has the scheduler resume it. The front ends end
+// a stream whose client does not accept what is sent within stream-stall-timeout (which cancels it).
+//
 // Thread safety: GenerationStream is shared by exactly two threads: the supervisor calls push(),
 // finish() and reads cancelled(); the RPC thread calls ready(), take() and cancel(). Everything else
 // here is plain data.
@@ -10,6 +15,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -74,6 +80,8 @@ struct GenerateSummary {
 
 class GenerationStream {
  public:
+  static constexpr size_t kMaxBacklogBytes = 256 << 10;
+
   struct Batch {
     std::vector<int32_t> tokens;
     std::string text;
@@ -88,7 +96,12 @@ class GenerationStream {
       std::lock_guard<std::mutex> lock(mu_);
       pending_.tokens.insert(pending_.tokens.end(), tokens.begin(), tokens.end());
       pending_.text += text;
-      if (logprobs != nullptr) pending_.logprobs.push_back(std::move(*logprobs));
+      backlog_ += tokens.size() * sizeof(int32_t) + text.size();
+      if (logprobs != nullptr) {
+        backlog_ += sizeof(TokenLogprobs) + logprobs->chosen.piece.size();
+        for (const TokenLogprob& t : logprobs->top) backlog_ += sizeof(TokenLogprob) + t.piece.size();
+        pending_.logprobs.push_back(std::move(*logprobs));
+      }
       if (!waiter_end_only_) waiter = kj::mv(waiter_);
     }
     if (waiter.get() != nullptr) waiter->fulfill();
@@ -116,18 +129,38 @@ class GenerationStream {
     return kj::mv(paf.promise);
   }
   Batch take() {
-    std::lock_guard<std::mutex> lock(mu_);
-    Batch out = std::move(pending_);
-    pending_ = Batch{};
+    std::function<void()> drained;
+    Batch out;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      out = std::move(pending_);
+      pending_ = Batch{};
+      if (backlog_ > kMaxBacklogBytes) drained = on_drain_;
+      backlog_ = 0;
+    }
+    if (drained) drained();
     return out;
+  }
+
+  // Supervisor thread: whether the client has left more than kMaxBacklogBytes untaken, and what to do
+  // (on the consumer's thread) when it takes them.
+  bool backed_up() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return backlog_ > kMaxBacklogBytes;
+  }
+  void set_on_drain(std::function<void()> f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    on_drain_ = std::move(f);
   }
   void cancel() { cancelled_.store(true, std::memory_order_release); }
 
  private:
   bool has_data() const { return !pending_.tokens.empty() || !pending_.text.empty() || pending_.end.has_value(); }
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   Batch pending_;
+  size_t backlog_ = 0;  // bytes of pending_ (about)
+  std::function<void()> on_drain_;
   kj::Own<kj::CrossThreadPromiseFulfiller<void>> waiter_;
   bool waiter_end_only_ = false;
   std::atomic<bool> cancelled_{false};

@@ -95,6 +95,7 @@ struct SseState {
   size_t text_offset = 0;  // completions' logprobs: bytes of text before the next event's tokens
   bool first = true;
   uint32_t interval_ms = 0;  // after the first event, at most one per interval (the daemon's stream-interval)
+  kj::Duration stall = 60 * kj::SECONDS;  // stream-stall-timeout: a write not accepted by then ends it
 };
 
 // Watches a connection for its peer's end: a duplicate of the socket (KJ's own observer of the
@@ -161,6 +162,11 @@ struct HttpServer::Impl {
 
 
 
+  // A client that does not accept what is written to it within stream-stall-timeout is cut off.
+  kj::Duration stall() const {
+    return static_cast<int64_t>(sup.config().stream_stall_timeout_s * 1000) * kj::MILLISECONDS;
+  }
+
   kj::Promise<void> send(kj::HttpService::Response& response, unsigned status, std::string body,
                          const char* content_type = "application/json", bool retry_after = false) {
     kj::HttpHeaders h(*table);
@@ -168,7 +174,7 @@ struct HttpServer::Impl {
     if (retry_after) h.add("Retry-After", "1");
     auto buf = kj::heap<std::string>(std::move(body));
     auto out = response.send(status, reason_phrase(status), h, static_cast<uint64_t>(buf->size()));
-    auto written = out->write(buf->data(), buf->size());
+    auto written = timer.timeoutAfter(stall(), out->write(buf->data(), buf->size()));
     return written.attach(kj::mv(out), kj::mv(buf));
   }
   kj::Promise<void> send_error(kj::HttpService::Response& response, const openai::Error& e) {
@@ -355,6 +361,7 @@ struct HttpServer::Impl {
           state->include_usage = include_usage;
           state->logprobs = logprobs;
           state->interval_ms = sup.config().stream_interval_ms;
+          state->stall = stall();
           SseState& ref = *state;
           return pump(ref, timer).attach(kj::mv(state));
         })
@@ -402,7 +409,16 @@ struct HttpServer::Impl {
         *data += openai::done_event();
       }
       if (data->empty()) return pump(st, timer);
-      auto written = st.out->write(data->data(), data->size()).attach(kj::mv(data));
+      auto written = timer.timeoutAfter(st.stall, st.out->write(data->data(), data->size()))
+                         .catch_([&st](kj::Exception&& e) -> kj::Promise<void> {
+                           if (e.getType() == kj::Exception::Type::OVERLOADED) {  // timeoutAfter's
+                             spdlog::warn("HTTP stream {}: the client has not read for {} s (stream-stall-timeout); "
+                                          "cancelling it",
+                                          st.rid.id, st.stall / kj::SECONDS);
+                           }
+                           return kj::mv(e);
+                         })
+                         .attach(kj::mv(data));
       if (end) return written;
       return written.then([&st, &timer] { return pump(st, timer); });
     });

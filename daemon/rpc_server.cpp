@@ -391,7 +391,8 @@ class InferenceImpl final : public rpc::Inference::Server {
     return submitted
         .then([this, stream, sink, context, interval_ms](Status s) mutable -> kj::Promise<void> {
           if (!s) return to_exception(s);
-          return pump(stream, sink, context, timer_, interval_ms, true);
+          const auto stall = static_cast<int64_t>(sup_.config().stream_stall_timeout_s * 1000) * kj::MILLISECONDS;
+          return pump(stream, sink, context, timer_, interval_ms, stall, true);
         })
         .attach(kj::mv(cancel));
   }
@@ -400,12 +401,13 @@ class InferenceImpl final : public rpc::Inference::Server {
   // Sends the stream's batches in order: the first as soon as it is ready, then at most one per
   // `interval_ms` (the end of the stream cuts a wait short).
   static kj::Promise<void> pump(std::shared_ptr<GenerationStream> stream, rpc::TokenSink::Client sink,
-                                GenerateContext context, kj::Timer& timer, uint32_t interval_ms, bool first) {
+                                GenerateContext context, kj::Timer& timer, uint32_t interval_ms, kj::Duration stall,
+                                bool first) {
     kj::Promise<void> pace = kj::READY_NOW;
     if (!first && interval_ms > 0) {
       pace = timer.afterDelay(interval_ms * kj::MILLISECONDS).exclusiveJoin(stream->ready(/*end_only=*/true));
     }
-    return pace.then([stream] { return stream->ready(); }).then([stream, sink, context, &timer, interval_ms]() mutable -> kj::Promise<void> {
+    return pace.then([stream] { return stream->ready(); }).then([stream, sink, context, &timer, interval_ms, stall]() mutable -> kj::Promise<void> {
       GenerationStream::Batch batch = stream->take();
       kj::Promise<void> sent = kj::READY_NOW;
       if (!batch.tokens.empty() || !batch.text.empty()) {
@@ -414,11 +416,12 @@ class InferenceImpl final : public rpc::Inference::Server {
         auto t = b.initTokens(static_cast<unsigned>(batch.tokens.size()));
         for (unsigned i = 0; i < batch.tokens.size(); ++i) t.set(i, batch.tokens[i]);
         b.setText(batch.text);
-        sent = req.send();
+        // A client that does not take its tokens is cut off: dropping the chain cancels the generation.
+        sent = timer.timeoutAfter(stall, req.send());
       }
       if (!batch.end) {
-        return sent.then([stream, sink, context, &timer, interval_ms]() mutable {
-          return pump(stream, sink, context, timer, interval_ms, false);
+        return sent.then([stream, sink, context, &timer, interval_ms, stall]() mutable {
+          return pump(stream, sink, context, timer, interval_ms, stall, false);
         });
       }
       // The barrier: every batch has been handled by the client before generate returns.

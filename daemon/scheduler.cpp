@@ -250,6 +250,7 @@ bool Scheduler::schedule_one() {
   auto unsent = [](const Sequence& s) { return s.history.size() + s.pending - s.sent(); };
   auto add = [&](Sequence& s) {
     if (budget == 0) return;
+    if (s.stream->backed_up()) return;  // its client is not reading: no further steps until it does
     const size_t sent = s.sent();
     uint32_t chunk = 0;
     bool want = false, sampled = false;

@@ -360,6 +360,40 @@ TEST_F(SchedulerTest, ARingWithoutRoomItShouldHaveKillsTheWorker) {
   EXPECT_EQ(b.tokens, (std::vector<int32_t>{100, 100, 100}));
 }
 
+// A client that does not take its tokens: past GenerationStream::kMaxBacklogBytes its sequence gets no
+// further steps (the others go on); taking the backlog calls the drain callback, and it resumes.
+TEST_F(SchedulerTest, ASlowReadersSequenceWaitsForItsClientAndOthersGoOn) {
+  make(1, /*parallel=*/2, 4, /*steps_in_flight=*/1);
+  auto slow = request({10}, 4);
+  auto fast = request({11}, 4);
+  bool drained = false;
+  slow->set_on_drain([&] { drained = true; });
+  slow->push({}, std::string(GenerationStream::kMaxBacklogBytes + 1, 'x'));  // what it has not read
+  ASSERT_TRUE(slow->backed_up());
+  auto seqs_in = [](const ipc::Submission& s) { return s.n_seqs; };
+  // Step 1 was built before the backlog (prefill of both); from then on only `fast` gets steps.
+  for (int i = 0; i < 6 && !stage().given.empty(); ++i) {
+    const ipc::Submission s = stage().answer(100);
+    if (i > 0) {
+      EXPECT_EQ(seqs_in(s), 1u) << "step " << i;
+    }
+    sched_->on_completion(0);
+  }
+  GenerationStream::Batch f = fast->take();
+  ASSERT_TRUE(f.end.has_value() && f.end->is_ok());
+  EXPECT_EQ(f.tokens.size(), 4u);
+  EXPECT_FALSE(slow->take().text.empty());  // the client reads: its backlog goes
+  EXPECT_TRUE(drained);
+  sched_->schedule();  // what the drain callback asks for
+  while (!stage().given.empty()) {
+    stage().answer(100);
+    sched_->on_completion(0);
+  }
+  GenerationStream::Batch b = slow->take();
+  ASSERT_TRUE(b.end.has_value() && b.end->is_ok());
+  EXPECT_EQ(b.end->value().generated_tokens, 4u);
+}
+
 TEST_F(SchedulerTest, APromptIsPrefilledThenDecodedWithAStepQueuedAhead) {
   make();
   auto stream = request({10, 11, 12}, 3);

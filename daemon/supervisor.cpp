@@ -341,6 +341,8 @@ void Supervisor::generate(GenerateParams params, std::shared_ptr<GenerationStrea
   }
   if (last_busy_.count(params.model)) last_busy_[params.model] = Clock::now();
   if (Status ok = h->admit(params); !ok) return answer(ok);  // before any tokenizing
+  // A client that takes its backlog lets its sequence go on (the scheduler paused it).
+  stream->set_on_drain([this, model = params.model] { post([this, model] { kick(model); }); });
   const bool text_input = params.input != GenerateParams::Input::kTokens;
   std::string text;
   if (text_input) {

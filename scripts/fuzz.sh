@@ -3,10 +3,12 @@
 # UndefinedBehaviorSanitizer into build-fuzz/, and runs each for SECONDS (default 60) from its seeds:
 #   inferd_fuzz_gguf       the GGUF reader and model loader; seeds: tests/data/corrupt, tests/data/tokenizer
 #   inferd_fuzz_tokenizer  SmolLM2's BPE and a SentencePiece vocabulary; seeds: tests/fuzz/corpus/tokenizer
-#   inferd_fuzz_ring       the step ring as the supervisor reads it from a hostile worker
+#   inferd_fuzz_ring       the step ring as the supervisor reads it from a hostile worker; seeds: tests/fuzz/corpus/ring
 #   inferd_fuzz_control    the control frames a worker sends, as the supervisor decodes them;
 #                          seeds: tests/fuzz/corpus/control (one of each message)
 #   inferd_fuzz_requests   OpenAI JSON bodies, chat templates, stop strings; seeds: tests/fuzz/corpus/requests
+#   inferd_fuzz_rpc        the RPC and HTTP servers fed raw bytes through their sockets, a supervisor behind;
+#                          seeds: tests/fuzz/corpus/rpc (recorded client sessions, HTTP requests)
 # New inputs go to build-fuzz/corpus/<target> (kept between runs, so longer runs build on shorter ones).
 # A crash, a leak or a sanitizer report fails the script and leaves the reproducer in build-fuzz/.
 # Prints each target's executions ("Done N runs in S second(s)").
@@ -16,7 +18,7 @@ seconds=${1:-60}
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DINFERD_FUZZ=ON \
   -DINFERD_SANITIZE=address,undefined -DINFERD_CUDA=OFF -DINFERD_OPENCL=OFF -DINFERD_BUILD_TESTS=OFF >/dev/null
 cmake --build build-fuzz --target inferd_fuzz_gguf inferd_fuzz_tokenizer inferd_fuzz_ring inferd_fuzz_control \
-  inferd_fuzz_requests >/dev/null
+  inferd_fuzz_requests inferd_fuzz_rpc >/dev/null
 
 run() {
   local target=$1
@@ -27,14 +29,15 @@ run() {
   if ! (cd build-fuzz && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
         "./tests/fuzz/$target" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
         -print_final_stats=1 "corpus/$target" "$@" > "$target.log" 2>&1); then
-    grep -E "ERROR|SUMMARY|Test unit written" "$log" || tail -20 "$log"
+    grep -a -E "ERROR|SUMMARY|Test unit written" "$log" || tail -20 "$log"
     echo "fuzz: $target FAILED (log: $log)" >&2
     return 1
   fi
-  grep -E "^Done" "$log"
+  grep -a -E "^Done" "$log"
 }
 run inferd_fuzz_gguf "$PWD/tests/data/corrupt" "$PWD/tests/data/tokenizer"
 run inferd_fuzz_tokenizer "$PWD/tests/fuzz/corpus/tokenizer"
-run inferd_fuzz_ring
+run inferd_fuzz_ring "$PWD/tests/fuzz/corpus/ring"
 run inferd_fuzz_control "$PWD/tests/fuzz/corpus/control"
 run inferd_fuzz_requests "$PWD/tests/fuzz/corpus/requests"
+run inferd_fuzz_rpc "$PWD/tests/fuzz/corpus/rpc"

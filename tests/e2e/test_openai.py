@@ -408,6 +408,43 @@ class OpenAiTest(harness.DaemonTestCase):
         harness.wait_until(lambda: run_async(active(), daemons=[self.daemon]) == 0, 60, "its slot to be free")
         self.assertNotIn("+ 400 generated tokens", self.daemon.log())
 
+    def test_a_client_that_stops_reading_is_cut_off_and_the_daemon_keeps_serving(self):
+        d = harness.Daemon("--stream-stall-timeout", "1", threads=2)
+        d.start()
+        self.addCleanup(d.stop)
+
+        async def load():
+            conn = await Connection.open(d.socket_path)
+            await conn.load(harness.Config.model, id=MODEL, contextSize=CONTEXT, parallel=2)
+            conn.close()
+
+        run_async(load(), daemons=[d])
+        http_socket = os.path.join(d.dir, "inferd-http.sock")
+        # A stream of ~1.5 KB per token (20 alternatives each) that the client never reads: the socket's
+        # buffers fill, the daemon's write waits, and after stream-stall-timeout the stream is cut off.
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(http_socket)
+        body = json.dumps({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 480, "temperature": 0,
+                           "ignore_eos": True, "stream": True, "logprobs": 20}).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        harness.wait_until(lambda: "has not read for" in d.log(), 120, "the daemon to cut off the client that stopped reading")
+        received = b""
+        s.settimeout(30)
+        while True:
+            chunk = s.recv(1 << 16)
+            if not chunk:
+                break
+            received += chunk
+        s.close()
+        self.assertTrue(received.startswith(b"HTTP/1.1 200"), received[:100])
+        self.assertNotIn(b"data: [DONE]", received)
+        # Meanwhile and after, the daemon serves others.
+        conn = UnixHTTPConnection(http_socket)
+        status, out = http_json(conn, "POST", "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 2})
+        conn.close()
+        self.assertEqual(status, 200, out)
+
     def test_models_by_name_load_on_first_use_and_unload_when_idle(self):
         d = harness.Daemon("--model-dirs", "DIR", "--keep-alive", "2", threads=2)
         models = os.path.join(d.dir, "models")

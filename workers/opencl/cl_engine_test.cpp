@@ -899,7 +899,7 @@ void expect_file_equals_the_cpu_engine(const std::string& path, int32_t prefill,
   std::vector<int32_t> tokens(static_cast<size_t>(prefill + decode));
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7919 + 11) % static_cast<size_t>(n_vocab));
   size_t rows = 0;
-  int differ = 0;
+  int differ = 0, embd_differ = 0;
   float max_diff = 0.0f;
   auto compare = [&](size_t first, size_t n) {
     const std::span<const int32_t> pass(&tokens[first], n);
@@ -910,6 +910,11 @@ void expect_file_equals_the_cpu_engine(const std::string& path, int32_t prefill,
     ASSERT_EQ(got->size(), want->size());
     for (size_t i = 0; i < got->size(); ++i) differ += (*got)[i] != (*want)[i];
     max_diff = std::max(max_diff, max_abs_diff(got.value(), want.value()));
+    // The normalized hidden states the logits come from (what embeddings are made of) too.
+    const std::span<const float> we = cpu.value()->embeddings(), ge = cl.value()->embeddings();
+    ASSERT_EQ(we.size(), static_cast<size_t>(model.value()->config().n_embd));
+    ASSERT_EQ(ge.size(), we.size());
+    for (size_t i = 0; i < ge.size(); ++i) embd_differ += ge[i] != we[i];
     ++rows;
   };
   for (size_t i = 0; i < static_cast<size_t>(prefill); i += 64) compare(i, std::min<size_t>(64, static_cast<size_t>(prefill) - i));
@@ -919,6 +924,7 @@ void expect_file_equals_the_cpu_engine(const std::string& path, int32_t prefill,
               std::filesystem::path(path).filename().c_str(), tokens.size(), differ, rows * static_cast<size_t>(n_vocab),
               static_cast<double>(max_diff));
   EXPECT_EQ(differ, 0);
+  EXPECT_EQ(embd_differ, 0);
 }
 
 // The committed mixed-small model (Q4_0, Q8_0, Q4_K and Q6_K in every layer, a Q6_K output).
