@@ -169,6 +169,7 @@ int run(const Args& args, const WorkerHooks& hooks) {
         const uint64_t step_id = sub->id;
         out->id = sub->id;
         out->n_outputs = 0;
+        out->n_embd_floats = 0;
         out->error[0] = '\0';
         Status st = be.step(*sub, *out);
         out->status = static_cast<int32_t>(st.code());
