@@ -22,6 +22,7 @@
 #include "kj_bridge.h"
 #include "metrics.h"
 #include "openai.h"
+#include "scheduler.h"
 
 namespace inferd::daemon {
 
@@ -163,9 +164,7 @@ struct HttpServer::Impl {
 
 
   // A client that does not accept what is written to it within stream-stall-timeout is cut off.
-  kj::Duration stall() const {
-    return static_cast<int64_t>(sup.config().stream_stall_timeout_s * 1000) * kj::MILLISECONDS;
-  }
+  kj::Duration stall() const { return stream_stall_timeout(sup.config()); }
 
   kj::Promise<void> send(kj::HttpService::Response& response, unsigned status, std::string body,
                          const char* content_type = "application/json", bool retry_after = false) {
@@ -308,8 +307,7 @@ struct HttpServer::Impl {
     }
     // At most the client's share of the queue at once (client-max-queue; half of max-queue by default).
     const DaemonConfig& cfg = sup.config();
-    const size_t share = cfg.client_max_queue > 0 ? cfg.client_max_queue : std::max<uint32_t>(1, cfg.max_queue / 2);
-    const size_t width = std::min(kEmbeddingWindow, share);
+    const size_t width = std::min<size_t>(kEmbeddingWindow, client_queue_share(cfg.client_max_queue, cfg.max_queue));
     const size_t begin = st.next, end = std::min(st.req.inputs.size(), begin + width);
     st.next = end;
     auto window = kj::heapArrayBuilder<kj::Promise<Result<GenerateSummary>>>(end - begin);

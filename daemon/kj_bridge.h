@@ -5,6 +5,7 @@
 #pragma once
 
 #include <kj/async.h>
+#include <kj/time.h>
 
 #include <memory>
 
@@ -14,6 +15,11 @@ namespace inferd::daemon {
 
 // Runs fn(reply) on the supervisor thread; whatever thread calls reply(value) fulfils the returned
 // promise on this thread.
+// stream-stall-timeout as KJ's timers take it.
+inline kj::Duration stream_stall_timeout(const DaemonConfig& config) {
+  return static_cast<int64_t>(config.stream_stall_timeout_s * 1000) * kj::MILLISECONDS;
+}
+
 template <typename T, typename Fn>
 kj::Promise<T> on_supervisor_async(Supervisor& sup, Fn fn) {
   auto paf = kj::newPromiseAndCrossThreadFulfiller<T>();

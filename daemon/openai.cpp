@@ -159,6 +159,23 @@ Status get_keep_alive(const json& body, double* out) {
   return Status::ok();
 }
 
+// A request body: a JSON object.
+Status parse_body(std::string_view text, json* out) {
+  *out = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (out->is_discarded()) return bad("the request body is not valid JSON");
+  if (!out->is_object()) return bad("the request body must be a JSON object");
+  return Status::ok();
+}
+
+// The required "model": a non-empty string.
+Status get_model(const json& body, std::string* out) {
+  const json* model = field(body, "model");
+  if (model == nullptr) return bad("you must provide a 'model' parameter");
+  if (!model->is_string() || model->get<std::string>().empty()) return wrong_type("model", "a non-empty string", *model);
+  *out = model->get<std::string>();
+  return Status::ok();
+}
+
 Status refuse_unsupported(const json& body, Endpoint endpoint) {
   for (const char* name : {"tools", "functions", "tool_choice", "function_call"}) {
     if (const json* v = field(body, name); v != nullptr && !(v->is_array() && v->empty()) && !(v->is_string() && v->get<std::string>() == "none")) {
@@ -253,16 +270,12 @@ json logprobs_json(Endpoint e, const Logprobs& lp) {
 }  // namespace
 
 Result<Request> parse_request(Endpoint endpoint, std::string_view text, uint32_t max_text_bytes) {
-  json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) return bad("the request body is not valid JSON");
-  if (!body.is_object()) return bad("the request body must be a JSON object");
+  json body;
+  INFERD_RETURN_IF_ERROR(parse_body(text, &body));
   Request r;
   r.endpoint = endpoint;
   GenerateParams& p = r.params;
-  const json* model = field(body, "model");
-  if (model == nullptr) return bad("you must provide a 'model' parameter");
-  if (!model->is_string() || model->get<std::string>().empty()) return wrong_type("model", "a non-empty string", *model);
-  p.model = model->get<std::string>();
+  INFERD_RETURN_IF_ERROR(get_model(body, &p.model));
   INFERD_RETURN_IF_ERROR(refuse_unsupported(body, endpoint));
 
   size_t text_bytes = 0;
@@ -457,14 +470,10 @@ Error error_for(const Status& s) {
 }
 
 Result<EmbeddingRequest> parse_embedding_request(std::string_view text, uint32_t max_text_bytes) {
-  json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) return bad("the request body is not valid JSON");
-  if (!body.is_object()) return bad("the request body must be a JSON object");
+  json body;
+  INFERD_RETURN_IF_ERROR(parse_body(text, &body));
   EmbeddingRequest r;
-  const json* model = field(body, "model");
-  if (model == nullptr) return bad("you must provide a 'model' parameter");
-  if (!model->is_string() || model->get<std::string>().empty()) return wrong_type("model", "a non-empty string", *model);
-  r.model = model->get<std::string>();
+  INFERD_RETURN_IF_ERROR(get_model(body, &r.model));
   if (const json* f = field(body, "encoding_format")) {
     if (!f->is_string() || (f->get<std::string>() != "float" && f->get<std::string>() != "base64")) {
       return bad("'encoding_format' must be \"float\" or \"base64\"");

@@ -391,8 +391,7 @@ class InferenceImpl final : public rpc::Inference::Server {
     return submitted
         .then([this, stream, sink, context, interval_ms](Status s) mutable -> kj::Promise<void> {
           if (!s) return to_exception(s);
-          const auto stall = static_cast<int64_t>(sup_.config().stream_stall_timeout_s * 1000) * kj::MILLISECONDS;
-          return pump(stream, sink, context, timer_, interval_ms, stall, true);
+          return pump(stream, sink, context, timer_, interval_ms, stream_stall_timeout(sup_.config()), true);
         })
         .attach(kj::mv(cancel));
   }

@@ -97,7 +97,7 @@ Status Scheduler::queue_room(const std::string& client) const {
     return Status(Code::kOverloaded, "model " + opt_.model_id + " has " + std::to_string(queue_.size()) +
                                          " requests waiting (max-queue); retry later");
   }
-  const size_t share = opt_.client_max_queue > 0 ? opt_.client_max_queue : std::max<uint32_t>(1, opt_.max_queue / 2);
+  const size_t share = client_queue_share(opt_.client_max_queue, opt_.max_queue);
   const size_t mine = static_cast<size_t>(std::count_if(queue_.begin(), queue_.end(), [&](const auto& s) { return s->client == client; }));
   if (mine >= share) {
     return Status(Code::kOverloaded, "this client has " + std::to_string(mine) + " requests waiting for model " +

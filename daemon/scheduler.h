@@ -26,6 +26,7 @@
 // Thread safety: every method runs on one thread (the supervisor's io_context).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -91,6 +92,11 @@ struct SchedulerOptions {
   // and its requests replayed. Far above any real step (512 tokens of an 8B model on 2 cores take ~1 min).
   std::chrono::milliseconds step_timeout = std::chrono::minutes(10);
 };
+
+// The queue places one client may hold: client_max_queue, or half of max_queue (at least 1) when 0.
+inline uint32_t client_queue_share(uint32_t client_max_queue, uint32_t max_queue) {
+  return client_max_queue > 0 ? client_max_queue : std::max<uint32_t>(1, max_queue / 2);
+}
 
 inline constexpr uint32_t kMaxReplays = 3;  // a request survives this many worker deaths
 

@@ -29,25 +29,33 @@ using inferd::Code;
 using inferd::Status;
 using inferd::worker::StepBackend;
 
-// Answers the N-th step with a completion no correct worker writes (once per supervisor).
-class CorruptNthAnswer final : public StepBackend {
+// A step backend around the real one: what a fault does not change goes to it.
+class Wrapped : public StepBackend {
  public:
-  CorruptNthAnswer(std::unique_ptr<StepBackend> inner, uint64_t n) : inner_(std::move(inner)), at_(n) {}
-  Status step(const inferd::ipc::Submission& sub, inferd::ipc::Completion& out) override;
+  explicit Wrapped(std::unique_ptr<StepBackend> inner) : inner_(std::move(inner)) {}
   std::string device() const override { return inner_->device(); }
   uint64_t kv_bytes() const override { return inner_->kv_bytes(); }
   uint64_t arena_bytes() const override { return inner_->arena_bytes(); }
 
- private:
+ protected:
   std::unique_ptr<StepBackend> inner_;
+};
+
+// Answers the N-th step with a completion no correct worker writes (once per supervisor).
+class CorruptNthAnswer final : public Wrapped {
+ public:
+  CorruptNthAnswer(std::unique_ptr<StepBackend> inner, uint64_t n) : Wrapped(std::move(inner)), at_(n) {}
+  Status step(const inferd::ipc::Submission& sub, inferd::ipc::Completion& out) override;
+
+ private:
   uint64_t at_;
   uint64_t steps_ = 0;
 };
 
-class FailNthStep final : public StepBackend {
+class FailNthStep final : public Wrapped {
  public:
   FailNthStep(std::unique_ptr<StepBackend> inner, uint64_t n, bool breaks_device)
-      : inner_(std::move(inner)), fail_at_(n), breaks_device_(breaks_device) {}
+      : Wrapped(std::move(inner)), fail_at_(n), breaks_device_(breaks_device) {}
   Status step(const inferd::ipc::Submission& sub, inferd::ipc::Completion& out) override {
     if (++steps_ == fail_at_ && (!breaks_device_ || first_device_fault())) {
       broken_ = breaks_device_;
@@ -68,12 +76,8 @@ class FailNthStep final : public StepBackend {
     ::close(fd);
     return true;
   }
-  std::string device() const override { return inner_->device(); }
-  uint64_t kv_bytes() const override { return inner_->kv_bytes(); }
-  uint64_t arena_bytes() const override { return inner_->arena_bytes(); }
 
  private:
-  std::unique_ptr<StepBackend> inner_;
   uint64_t fail_at_;
   bool breaks_device_;
   bool broken_ = false;

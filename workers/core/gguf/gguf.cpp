@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <utility>
+
 #include <algorithm>
 #include <bit>
 #include <cerrno>
@@ -343,10 +345,6 @@ class Parser {
   mutable bool ran_out_ = false;
 };
 
-namespace {
-
-}  // namespace
-
 const char* value_type_name(ValueType type) {
   switch (type) {
     case ValueType::kU8: return "u8";
@@ -368,35 +366,48 @@ const char* value_type_name(ValueType type) {
 
 // ---- MappedFile --------------------------------------------------------------------------------
 
-Result<std::unique_ptr<MappedFile>> MappedFile::open(const std::string& path) {
-  // O_NONBLOCK: opening a FIFO (or a device) must not wait for a writer; it is refused below as not a
-  // regular file before anything is read. (On a regular file the flag changes nothing.) Symlinks are
-  // followed: the file they name must be a regular file.
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
+namespace {
+
+// An open, non-empty regular file, closed with the object.
+struct RegularFile {
+  int fd = -1;
+  size_t size = 0;
+  RegularFile() = default;
+  RegularFile(const RegularFile&) = delete;
+  RegularFile& operator=(const RegularFile&) = delete;
+  RegularFile(RegularFile&& o) noexcept : fd(std::exchange(o.fd, -1)), size(o.size) {}
+  ~RegularFile() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// O_NONBLOCK: opening a FIFO (or a device) must not wait for a writer; it is refused as not a regular
+// file before anything is read. (On a regular file the flag changes nothing.) Symlinks are followed: the
+// file they name must be a regular file.
+Result<RegularFile> open_regular(const std::string& path) {
+  RegularFile f;
+  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (f.fd < 0) {
     int err = errno;
-    return Status(err == ENOENT ? Code::kNotFound : Code::kFailed,
-                  path + ": cannot open: " + std::strerror(err));
+    return Status(err == ENOENT ? Code::kNotFound : Code::kFailed, path + ": cannot open: " + std::strerror(err));
   }
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    return Status(Code::kFailed, path + ": cannot stat: " + std::strerror(err));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return Status(Code::kInvalidArgument, path + ": not a regular file");
-  }
-  if (st.st_size == 0) {
-    ::close(fd);
-    return Status(Code::kCorrupt, path + ": file is empty (0 bytes)");
-  }
-  size_t size = static_cast<size_t>(st.st_size);
-  void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-  int err = errno;
-  ::close(fd);  // the mapping keeps its own reference to the file
-  if (p == MAP_FAILED) return Status(Code::kFailed, path + ": mmap failed: " + std::strerror(err));
+  if (::fstat(f.fd, &st) != 0) return Status(Code::kFailed, path + ": cannot stat: " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) return Status(Code::kInvalidArgument, path + ": not a regular file");
+  if (st.st_size == 0) return Status(Code::kCorrupt, path + ": file is empty (0 bytes)");
+  f.size = static_cast<size_t>(st.st_size);
+  return f;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<MappedFile>> MappedFile::open(const std::string& path) {
+  auto f = open_regular(path);
+  if (!f) return f.status();
+  const size_t size = f->size;
+  void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, f->fd, 0);
+  // The mapping keeps its own reference to the file, which closes with `f`.
+  if (p == MAP_FAILED) return Status(Code::kFailed, path + ": mmap failed: " + std::strerror(errno));
   return std::unique_ptr<MappedFile>(new MappedFile(static_cast<const uint8_t*>(p), size));
 }
 
@@ -443,21 +454,10 @@ Result<std::unique_ptr<GgufFile>> GgufFile::from_memory(const uint8_t* data, siz
 }
 
 Result<std::unique_ptr<GgufFile>> GgufFile::read_header(const std::string& path) {
-  // Opened as MappedFile::open opens: O_NONBLOCK (a FIFO or a device never blocks), a regular file only.
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    int err = errno;
-    return Status(err == ENOENT ? Code::kNotFound : Code::kFailed, path + ": cannot open: " + std::strerror(err));
-  }
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) return Status(Code::kFailed, path + ": cannot stat: " + std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) return Status(Code::kInvalidArgument, path + ": not a regular file");
-  if (st.st_size == 0) return Status(Code::kCorrupt, path + ": file is empty (0 bytes)");
-  const size_t file_size = static_cast<size_t>(st.st_size);
+  auto f = open_regular(path);  // as MappedFile::open opens
+  if (!f) return f.status();
+  const int fd = f->fd;
+  const size_t file_size = f->size;
   // Real files' metadata (the vocabulary included) fits in a few MiB: start with 1 MiB, grow 4x, up to
   // 256 MiB (a file whose metadata needs more is refused, not read whole into memory).
   constexpr size_t kMaxHeader = size_t{256} << 20;
