@@ -263,25 +263,14 @@ struct HttpServer::Impl {
   // One input's embedding: its summary, or why it failed. Dropping the promise cancels it.
   kj::Promise<Result<GenerateSummary>> embed_one(GenerateParams params) {
     auto stream = std::make_shared<GenerationStream>();
-    Supervisor& s = sup;
-    const std::string model = params.model;
-    auto submitted = on_supervisor_async<Status>(sup, [&s, params = std::move(params), stream](auto reply) mutable {
-      s.generate(std::move(params), stream, std::move(reply));
+    return start_generation(sup, std::move(params), stream, [stream](Status st) -> kj::Promise<Result<GenerateSummary>> {
+      if (!st) return Result<GenerateSummary>(st);
+      return stream->ready(/*end_only=*/true).then([stream]() -> Result<GenerateSummary> {
+        GenerationStream::Batch b = stream->take();
+        INFERD_ASSERT(b.end.has_value(), "ready(true) resolved without the end");
+        return std::move(*b.end);
+      });
     });
-    auto cancel = kj::defer([&s, stream, model] {
-      stream->cancel();
-      s.post([&s, model] { s.kick(model); });
-    });
-    return submitted
-        .then([stream](Status st) -> kj::Promise<Result<GenerateSummary>> {
-          if (!st) return Result<GenerateSummary>(st);
-          return stream->ready(/*end_only=*/true).then([stream]() -> Result<GenerateSummary> {
-            GenerationStream::Batch b = stream->take();
-            INFERD_ASSERT(b.end.has_value(), "ready(true) resolved without the end");
-            return std::move(*b.end);
-          });
-        })
-        .attach(kj::mv(cancel));
   }
 
   struct EmbedState {
@@ -330,21 +319,13 @@ struct HttpServer::Impl {
 
   kj::Promise<void> run(openai::Request req, kj::HttpService::Response& response) {
     auto stream = std::make_shared<GenerationStream>();
-    Supervisor& s = sup;
     const std::string model = req.params.model;
     const openai::Endpoint endpoint = req.endpoint;
     const bool streamed = req.stream, include_usage = req.include_usage, logprobs = req.params.logprobs >= 0;
     req.params.keep_alive_s = req.keep_alive_s;
-    auto submitted = on_supervisor_async<Status>(sup, [&s, params = std::move(req.params), stream](auto reply) mutable {
-      s.generate(std::move(params), stream, std::move(reply));
-    });
-    // Dropping this promise (the client disconnected, the server stops) ends the sequence at its next step.
-    auto cancel = kj::defer([&s, stream, model] {
-      stream->cancel();
-      s.post([&s, model] { s.kick(model); });
-    });
-    return submitted
-        .then([this, stream, &response, endpoint, model, streamed, include_usage, logprobs](Status st) -> kj::Promise<void> {
+    return start_generation(
+        sup, std::move(req.params), stream,
+        [this, stream, &response, endpoint, model, streamed, include_usage, logprobs](Status st) -> kj::Promise<void> {
           if (!st) return send_status(response, st);
           openai::ResponseId rid = openai::new_response_id(endpoint, model);
           if (!streamed) return whole(stream, endpoint, std::move(rid), logprobs, response);
@@ -362,8 +343,7 @@ struct HttpServer::Impl {
           state->stall = stall();
           SseState& ref = *state;
           return pump(ref, timer).attach(kj::mv(state));
-        })
-        .attach(kj::mv(cancel));
+        });
   }
 
   // The whole answer once the generation ends.

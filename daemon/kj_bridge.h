@@ -13,13 +13,13 @@
 
 namespace inferd::daemon {
 
-// Runs fn(reply) on the supervisor thread; whatever thread calls reply(value) fulfils the returned
-// promise on this thread.
 // stream-stall-timeout as KJ's timers take it.
 inline kj::Duration stream_stall_timeout(const DaemonConfig& config) {
   return static_cast<int64_t>(config.stream_stall_timeout_s * 1000) * kj::MILLISECONDS;
 }
 
+// Runs fn(reply) on the supervisor thread; whatever thread calls reply(value) fulfils the returned
+// promise on this thread.
 template <typename T, typename Fn>
 kj::Promise<T> on_supervisor_async(Supervisor& sup, Fn fn) {
   auto paf = kj::newPromiseAndCrossThreadFulfiller<T>();
@@ -32,6 +32,22 @@ kj::Promise<T> on_supervisor_async(Supervisor& sup, Fn fn) {
 template <typename T, typename Fn>
 kj::Promise<T> on_supervisor(Supervisor& sup, Fn fn) {
   return on_supervisor_async<T>(sup, [fn](auto reply) mutable { reply(fn()); });
+}
+
+// Hands a generation to the supervisor; `then` continues with whether it was accepted (Status).
+// Dropping the returned promise (the client went away, the server stops) cancels the generation at
+// its next step. The one way both front ends start generations.
+template <typename Then>
+auto start_generation(Supervisor& sup, GenerateParams params, std::shared_ptr<GenerationStream> stream, Then&& then) {
+  const std::string model = params.model;
+  auto submitted = on_supervisor_async<Status>(sup, [&sup, params = std::move(params), stream](auto reply) mutable {
+    sup.generate(std::move(params), stream, std::move(reply));
+  });
+  auto cancel = kj::defer([&sup, stream, model] {
+    stream->cancel();
+    sup.post([&sup, model] { sup.kick(model); });
+  });
+  return submitted.then(std::forward<Then>(then)).attach(kj::mv(cancel));
 }
 
 }  // namespace inferd::daemon

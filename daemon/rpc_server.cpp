@@ -374,26 +374,17 @@ class InferenceImpl final : public rpc::Inference::Server {
     if (!params) return to_exception(params.status());
     auto sink = context.getParams().getSink();
     auto stream = std::make_shared<GenerationStream>();
-    Supervisor& sup = sup_;
     daemon::GenerateParams gp = std::move(params).value();
     gp.client = client_;
-    std::string model = gp.model;
     const uint32_t interval_ms = gp.stream_interval_ms >= 0 ? static_cast<uint32_t>(gp.stream_interval_ms)
                                                             : sup_.config().stream_interval_ms;
-    auto submitted = on_supervisor_async<Status>(sup_, [&sup, gp, stream](auto reply) mutable {
-      sup.generate(std::move(gp), stream, std::move(reply));
-    });
-    // Dropping this promise (the client cancelled or disconnected) stops the sequence at its next step.
-    auto cancel = kj::defer([&sup, stream, model] {
-      stream->cancel();
-      sup.post([&sup, model] { sup.kick(model); });
-    });
-    return submitted
-        .then([this, stream, sink, context, interval_ms](Status s) mutable -> kj::Promise<void> {
-          if (!s) return to_exception(s);
-          return pump(stream, sink, context, timer_, interval_ms, stream_stall_timeout(sup_.config()), true);
-        })
-        .attach(kj::mv(cancel));
+    // Dropping the promise (the client cancelled or disconnected) stops the sequence at its next step.
+    return start_generation(sup_, std::move(gp), stream,
+                            [this, stream, sink, context, interval_ms](Status s) mutable -> kj::Promise<void> {
+                              if (!s) return to_exception(s);
+                              return pump(stream, sink, context, timer_, interval_ms,
+                                          stream_stall_timeout(sup_.config()), true);
+                            });
   }
 
  private:
