@@ -19,8 +19,8 @@ using json = nlohmann::json;
 
 Status bad(std::string message) { return Status(Code::kInvalidArgument, std::move(message)); }
 
-// Text for JSON: invalid UTF-8 (a model can emit a partial character only at the very end, which the
-// text output holds back; this is a second line of defence) becomes U+FFFD instead of an exception.
+// Text for JSON: invalid UTF-8 becomes U+FFFD instead of an exception. Generated text is valid UTF-8
+// already (TextOutput decodes it); this is a second line of defence.
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 const char* type_name(const json& v) {

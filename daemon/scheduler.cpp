@@ -81,6 +81,7 @@ Status validate_request(const GenerateParams& p, uint32_t n_embd) {
     if (s.size() > kMaxStopBytes) {
       return Status(Code::kInvalidArgument, "a stop string is longer than " + std::to_string(kMaxStopBytes) + " bytes");
     }
+    if (!is_valid_utf8(s)) return Status(Code::kInvalidArgument, "a stop string is not valid UTF-8");
   }
   return Status::ok();
 }

@@ -591,6 +591,13 @@ TEST_F(SchedulerTest, AFullQueueIsOverloadedAndBadRequestsAreRefused) {
   EXPECT_EQ(s.code(), Code::kInvalidArgument);
   request({-1}, 4, &s);
   EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  GenerateParams bad_stop;  // a stop string that is not UTF-8 could match inside a character's bytes
+  bad_stop.model = "m";
+  bad_stop.input = GenerateParams::Input::kTokens;
+  bad_stop.tokens = {5};
+  bad_stop.stop.emplace_back("ok");
+  bad_stop.stop.emplace_back(1, static_cast<char>(0xBD));
+  EXPECT_EQ(sched_->enqueue(bad_stop, std::make_shared<GenerationStream>()).code(), Code::kInvalidArgument);
 }
 
 TEST_F(SchedulerTest, ACancelledRequestLeavesAtAStepBoundaryAndFreesItsSlot) {

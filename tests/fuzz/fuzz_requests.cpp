@@ -1,7 +1,7 @@
 // libFuzzer target: what a client's request text goes through before it reaches a model — OpenAI's JSON
 // bodies (chat, completions, embeddings), chat messages through every template family, and generated
-// text through the stop-string filter. Checked beyond memory safety: released text never contains a
-// stop string, and nothing is released after one.
+// text through the stop-string filter. Checked beyond memory safety: released text is valid UTF-8, never
+// contains a stop string, and nothing is released after one.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -56,7 +56,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const size_t n_stop = std::min<size_t>(data[0] / 4 % 4, parts.size());
       std::vector<std::string> stop;
       for (size_t i = 0; i < n_stop; ++i) {
-        if (!parts[i].empty()) stop.push_back(parts[i]);
+        // The scheduler refuses a request with a stop string that is not valid UTF-8.
+        if (!parts[i].empty() && is_valid_utf8(parts[i])) stop.push_back(parts[i]);
       }
       TextOutput out(stop);
       std::string released;
@@ -68,6 +69,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         stopped = out.stopped();
       }
       if (!out.stopped()) released += out.finish();
+      INFERD_ASSERT(is_valid_utf8(released), "released text is not valid UTF-8");
       for (const std::string& s : stop) {
         INFERD_ASSERT(released.find(s) == std::string::npos, "a stop string was released");
       }
