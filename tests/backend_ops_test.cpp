@@ -403,11 +403,18 @@ Result<std::vector<std::vector<float>>> run(Backend& b, const CaseData& d, bool 
       return Status(Code::kUnimplemented, std::string(graph::op_name(n.op)) + " (" + g.tensor(n.out[0]).name + ")");
     }
   }
-  INFERD_RETURN_IF_ERROR(b.prepare(g, d.shape));
+  // The KV pool as ModelRunner makes it by default: a run of blocks per slot, each slot's table its own run.
+  BackendShape shape = d.shape;
+  const int32_t per_slot = graph::kv_blocks_per_slot(shape.n_ctx);
+  if (shape.n_blocks == 0) shape.n_blocks = shape.n_slots * per_slot;
+  std::vector<int32_t> kv_table(static_cast<size_t>(shape.n_slots) * static_cast<size_t>(per_slot));
+  for (size_t i = 0; i < kv_table.size(); ++i) kv_table[i] = static_cast<int32_t>(i);
+  INFERD_RETURN_IF_ERROR(b.prepare(g, shape));
   std::vector<std::vector<float>> out;
   for (const CaseData::StepData& s : d.steps) {
     graph::StepIO io;
     io.shape = s.shape;
+    io.kv_table = kv_table;
     for (size_t i = 0; i < g.inputs().size(); ++i) {
       if (g.tensor(g.inputs()[i]).elem == Elem::kInt32) {
         io.inputs.push_back({s.ints[i].data(), s.ints[i].size()});

@@ -44,6 +44,12 @@ Status ModelRunner::init(std::shared_ptr<const Model> model, std::unique_ptr<Bac
   RunnerOptions opt = options;
   if (opt.n_ctx == 0) opt.n_ctx = default_context(cfg);
   INFERD_RETURN_IF_ERROR(check_engine_shape(opt.n_ctx, opt.n_slots, opt.n_ubatch, opt.pad_step));
+  const int32_t per_slot = graph::kv_blocks_per_slot(opt.n_ctx);
+  const int64_t own_runs = static_cast<int64_t>(per_slot) * opt.n_slots;
+  if (opt.n_blocks == 0) opt.n_blocks = static_cast<int32_t>(std::min<int64_t>(own_runs, 1 << 24));
+  if (opt.n_blocks < 1 || opt.n_blocks > (1 << 24)) {
+    return make_error(Code::kInvalidArgument, "n_blocks must be in [1, 16777216], got %d", opt.n_blocks);
+  }
   if (opt.end_layer == 0) opt.end_layer = cfg.n_layer;
   auto g = graph::build_forward(*model, opt.first_layer, opt.end_layer);
   if (!g) return g.status();
@@ -57,13 +63,18 @@ Status ModelRunner::init(std::shared_ptr<const Model> model, std::unique_ptr<Bac
                                               graph::op_name(n.op) + " (" + graph.tensor(n.out[0]).name + ")");
     }
   }
-  INFERD_RETURN_IF_ERROR(backend->prepare(graph, BackendShape{opt.n_slots, opt.n_ctx, opt.n_ubatch, opt.pad_step}));
+  INFERD_RETURN_IF_ERROR(
+      backend->prepare(graph, BackendShape{opt.n_slots, opt.n_ctx, opt.n_ubatch, opt.pad_step, opt.n_blocks}));
   model_ = std::move(model);
   backend_ = std::move(backend);
   runner_options_ = opt;
   graph_ = std::move(graph);
   slot_len_.assign(static_cast<size_t>(opt.n_slots), 0);
   next_len_ = slot_len_;
+  blocks_per_slot_ = per_slot;
+  kv_table_.resize(static_cast<size_t>(own_runs));
+  for (int64_t i = 0; i < own_runs; ++i) kv_table_[static_cast<size_t>(i)] = i < opt.n_blocks ? static_cast<int32_t>(i) : -1;
+  io_.kv_table = kv_table_;
   const size_t n = static_cast<size_t>(opt.n_ubatch);
   ids_.reserve(n);
   pos_.reserve(n);
@@ -114,6 +125,11 @@ Result<std::span<const float>> ModelRunner::forward(std::span<const BatchToken> 
     if (bt.pos != next) {
       return make_error(Code::kInvalidArgument, "slot %d: token at position %d, but the sequence continues at %d",
                         bt.slot, bt.pos, next);
+    }
+    // The blocks of the slot's earlier positions are valid (set_slot, earlier steps); this one's must be.
+    if (kv_table_[static_cast<size_t>(bt.slot) * static_cast<size_t>(blocks_per_slot_) +
+                  static_cast<size_t>(bt.pos / graph::kKvBlockTokens)] < 0) {
+      return make_error(Code::kInvalidArgument, "slot %d has no KV block for position %d", bt.slot, bt.pos);
     }
     next = bt.pos + 1;
     max_len = std::max(max_len, bt.pos + 1);
@@ -187,6 +203,31 @@ Result<std::span<const float>> ModelRunner::eval(int32_t slot, std::span<const i
   }
   if (all_logits) return std::span<const float>(all_logits_);
   return last;
+}
+
+Status ModelRunner::set_slot(int32_t slot, std::span<const int32_t> blocks, int32_t length) {
+  const RunnerOptions& opt = runner_options_;
+  if (slot < 0 || slot >= opt.n_slots) {
+    return make_error(Code::kInvalidArgument, "slot %d is out of range [0, %d)", slot, opt.n_slots);
+  }
+  if (blocks.size() > static_cast<size_t>(blocks_per_slot_)) {
+    return make_error(Code::kInvalidArgument, "slot %d: %zu KV blocks, but a slot has at most %d", slot, blocks.size(),
+                      blocks_per_slot_);
+  }
+  for (int32_t b : blocks) {
+    if (b < 0 || b >= opt.n_blocks) {
+      return make_error(Code::kInvalidArgument, "slot %d: KV block %d is outside the pool [0, %d)", slot, b, opt.n_blocks);
+    }
+  }
+  if (length < 0 || length > opt.n_ctx || static_cast<int64_t>(length) > static_cast<int64_t>(blocks.size()) * graph::kKvBlockTokens) {
+    return make_error(Code::kInvalidArgument, "slot %d: a length of %d does not fit its %zu KV blocks", slot, length,
+                      blocks.size());
+  }
+  int32_t* row = &kv_table_[static_cast<size_t>(slot) * static_cast<size_t>(blocks_per_slot_)];
+  std::copy(blocks.begin(), blocks.end(), row);
+  std::fill(row + blocks.size(), row + blocks_per_slot_, -1);
+  slot_len_[static_cast<size_t>(slot)] = length;
+  return Status::ok();
 }
 
 void ModelRunner::truncate_slot(int32_t slot, int32_t length) {

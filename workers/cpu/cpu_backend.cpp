@@ -196,7 +196,7 @@ Status CpuBackend::prepare(const graph::Graph& g, const BackendShape& shape) {
     stage.n_head = g.heads.n_head;
     stage.n_head_kv = g.heads.n_head_kv;
     stage.head_dim = g.heads.head_dim;
-    auto kv = KvCache::create(stage, shape.n_slots, shape.n_ctx);
+    auto kv = KvCache::create(stage, shape.n_blocks, graph::kv_blocks_per_slot(shape.n_ctx));
     if (!kv) return kv.status();
     I.kv = std::move(kv).value();
   }
@@ -271,6 +271,12 @@ Status CpuBackend::compute(const graph::Graph& g, graph::StepIO& io) {
   const cpu::Program& prog = *I.programs[which];
   const MatmulPath path = I.forced ? I.forced_path : choose_matmul_path(sh.tokens);
   INFERD_RETURN_IF_ERROR(I.ensure_plan(prog, sh.tokens, sh.outputs, sh.kv_pad));
+  if (I.kv) {
+    INFERD_ASSERT(io.kv_table.size() == static_cast<size_t>(I.shape.n_slots) *
+                                            static_cast<size_t>(graph::kv_blocks_per_slot(I.shape.n_ctx)),
+                  "the step's KV block table has %zu entries", io.kv_table.size());
+    I.kv->bind(io.kv_table);
+  }
   for (size_t i = 0; i < g.outputs().size(); ++i) {
     const graph::Tensor& t = g.tensor(g.outputs()[i]);
     io.outputs[i]->resize(static_cast<size_t>(graph::Graph::rows(t, sh)) * static_cast<size_t>(t.cols));

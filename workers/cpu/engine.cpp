@@ -14,6 +14,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const Model> mode
   ro.n_slots = options.n_slots;
   ro.n_ubatch = options.n_ubatch;
   ro.pad_step = options.pad_step;
+  ro.n_blocks = options.n_blocks;
   ro.first_layer = options.first_layer;
   ro.end_layer = options.end_layer;
   INFERD_RETURN_IF_ERROR(e->init(std::move(model), std::move(backend).value(), ro));

@@ -231,5 +231,45 @@ TEST_F(EngineTest, ReusedSlotEqualsFreshEngine) {
   }
 }
 
+// The KV cache is a pool of blocks: a slot whose blocks are scattered over the pool computes what a slot
+// with its own run computes, bit for bit; a sequence that starts on another's blocks (a shared prompt
+// prefix: set_slot with the prefix's length) computes only the rest and gets the same logits.
+TEST_F(EngineTest, ScatteredAndSharedKvBlocksEqualTheSlotsOwnRun) {
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 150; ++i) prompt.push_back(kPrompt[static_cast<size_t>(i) % kPrompt.size()] + i % 7);
+  auto plain = make(/*n_slots=*/1, 2, /*n_ctx=*/256);
+  auto want = plain->eval(0, prompt, /*all_logits=*/true);
+  ASSERT_TRUE(want.is_ok()) << want.status().to_string();
+  const std::vector<float> all(want->begin(), want->end());
+  const size_t nv = static_cast<size_t>(plain->n_vocab());
+
+  EngineOptions o;
+  o.n_slots = 2;
+  o.n_threads = 2;
+  o.n_ctx = 256;
+  o.n_blocks = 12;
+  auto e = Engine::create(model_, o);
+  ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+  Engine& eng = *e.value();
+  const std::vector<int32_t> first = {7, 2, 10};
+  ASSERT_TRUE(eng.set_slot(0, first, 0).is_ok());
+  auto got = eng.eval(0, prompt, /*all_logits=*/true);
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  EXPECT_TRUE(std::equal(all.begin(), all.end(), got->begin()));
+
+  // Slot 1 shares blocks 7 and 2 (positions 0-127) and computes positions 128-149 in block 4.
+  const std::vector<int32_t> shared = {7, 2, 4};
+  ASSERT_TRUE(eng.set_slot(1, shared, 128).is_ok());
+  auto rest = eng.eval(1, std::span<const int32_t>(prompt).subspan(128), /*all_logits=*/true);
+  ASSERT_TRUE(rest.is_ok()) << rest.status().to_string();
+  EXPECT_TRUE(std::equal(rest->begin(), rest->end(), all.begin() + static_cast<std::ptrdiff_t>(128 * nv)));
+
+  // Bad tables are errors: a block outside the pool, a length its blocks cannot hold, a position past them.
+  EXPECT_EQ(eng.set_slot(1, std::vector<int32_t>{12}, 0).code(), Code::kInvalidArgument);
+  EXPECT_EQ(eng.set_slot(1, std::vector<int32_t>{1}, 65).code(), Code::kInvalidArgument);
+  ASSERT_TRUE(eng.set_slot(1, std::vector<int32_t>{1}, 64).is_ok());
+  EXPECT_EQ(eng.eval(1, std::span<const int32_t>(prompt).first(1)).status().code(), Code::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace inferd

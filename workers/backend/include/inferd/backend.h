@@ -30,11 +30,14 @@ namespace inferd {
 
 // The fixed shapes a backend prepares for: KV slots and positions per slot (the cache of every layer the
 // graph computes), the most tokens in one step, and the step by which attention pads the KV length.
+// The KV cache is a pool of n_blocks blocks of graph::kKvBlockTokens positions each (graph.h); each step's
+// StepIO::kv_table maps the slots' positions to blocks.
 struct BackendShape {
   int32_t n_slots = 1;
   int32_t n_ctx = 0;
   int32_t max_tokens = 512;
   int32_t pad_step = 64;
+  int32_t n_blocks = 0;  // KV blocks in the pool; the runner resolves 0 to n_slots * kv_blocks_per_slot(n_ctx)
 };
 
 // Device memory a backend holds, in bytes.

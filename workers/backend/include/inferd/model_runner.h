@@ -9,6 +9,10 @@
 // token sequence in passes of at most n_ubatch tokens (chunked prefill). The CPU engine (Engine) and
 // the OpenCL engine (opencl::ClEngine) are this class with their backend.
 //
+// KV blocks: the backend's cache is a pool of blocks (graph::kKvBlockTokens positions each) and each
+// slot a table of them (graph.h); by default slot s owns its own run of blocks. The daemon's scheduler
+// allocates blocks itself (set_slot) and shares the blocks of a common prompt prefix between sequences.
+//
 // Batches: a batch may mix slots (continuous batching: the decode steps of many sequences in one
 // pass) and several tokens of one slot (prefill). Attention runs over the KV length rounded up to
 // pad_step (64 or 128), positions past each token's own masked, so shapes change only when a length
@@ -48,6 +52,10 @@ struct RunnerOptions {
   int32_t n_slots = 1;     // sequences that can be in flight at once
   int32_t n_ubatch = 512;  // most tokens in one forward pass
   int32_t pad_step = 64;   // attention pads the KV length to a multiple of this: 64 or 128
+  // KV blocks in the pool (graph::kKvBlockTokens positions each); 0: one run of blocks per slot,
+  // n_slots * kv_blocks_per_slot(n_ctx), each slot's table starting as its own run (what a runner
+  // driven by position alone needs). A driver that allocates blocks itself sets tables with set_slot().
+  int32_t n_blocks = 0;
   // The layers this runner computes, [first_layer, end_layer) (end_layer 0: through the last).
   int32_t first_layer = 0;
   int32_t end_layer = 0;
@@ -87,7 +95,12 @@ class ModelRunner {
   // token, or of every token when `all_logits`. Whole models only (kInvalidArgument for a stage).
   Result<std::span<const float>> eval(int32_t slot, std::span<const int32_t> tokens, bool all_logits = false);
 
-  // Forgets a slot's sequence (its cache rows are simply overwritten later).
+  // Gives `slot` the KV blocks `blocks` (its positions [0, 64), [64, 128), ... in order; at most
+  // kv_blocks_per_slot(n_ctx)) and the length `length`: its first `length` positions are already in those
+  // blocks (a cached prompt prefix another sequence computed), the next token continues at `length`.
+  // kInvalidArgument for a block id outside the pool or a length the blocks or the context cannot hold.
+  Status set_slot(int32_t slot, std::span<const int32_t> blocks, int32_t length);
+  // Forgets a slot's sequence (its cache rows are simply overwritten later; its blocks stay its own).
   void clear_slot(int32_t slot) { truncate_slot(slot, 0); }
   // Shortens a slot's sequence to `length` tokens (<= current length).
   void truncate_slot(int32_t slot, int32_t length);
@@ -97,6 +110,8 @@ class ModelRunner {
   bool is_last_stage() const { return runner_options_.end_layer == model_->config().n_layer; }
   const Model& model() const { return *model_; }
   int32_t n_vocab() const { return model_->config().n_vocab; }
+  int32_t n_blocks() const { return runner_options_.n_blocks; }
+  int32_t blocks_per_slot() const { return blocks_per_slot_; }
   // The options in effect (n_ctx and end_layer resolved).
   const RunnerOptions& runner_options() const { return runner_options_; }
   const RunnerStats& runner_stats() const { return runner_stats_; }
@@ -117,6 +132,8 @@ class ModelRunner {
   RunnerStats runner_stats_;
   graph::Graph graph_;
   std::vector<int32_t> slot_len_, next_len_;
+  int32_t blocks_per_slot_ = 0;
+  std::vector<int32_t> kv_table_;  // [n_slots][blocks_per_slot_], -1 = none
   // The step's inputs and outputs (reused: no allocation per step).
   std::vector<int32_t> ids_, pos_, slots_, rows_;
   graph::StepIO io_;

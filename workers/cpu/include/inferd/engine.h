@@ -26,6 +26,7 @@ struct EngineOptions {
   int32_t n_threads = 0;   // 0: the number of CPUs this process may run on
   int32_t n_ubatch = 512;  // most tokens in one forward pass
   int32_t pad_step = 64;   // decode attends over lengths rounded up to this; 64 or 128
+  int32_t n_blocks = 0;    // KV blocks in the pool (RunnerOptions::n_blocks); 0: a run per slot
   // The layers this engine runs, [first_layer, end_layer) (end_layer 0: all). An engine whose range
   // starts after layer 0 takes hidden states instead of embedding tokens; one whose range ends before
   // the last layer returns hidden states instead of logits (a pipeline stage; see forward()).

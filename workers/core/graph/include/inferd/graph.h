@@ -179,10 +179,21 @@ struct HostTensor {
   const void* data = nullptr;
   size_t count = 0;  // elements
 };
+// The KV cache of every backend is a pool of blocks of kKvBlockTokens positions (for every layer the
+// graph computes). A slot's position p lives in block kv_table[slot * blocks_per_slot + p / kKvBlockTokens],
+// at row p % kKvBlockTokens: the table is how the kv_write / rope_kv / attention operators find rows.
+// Blocks are allocated by whoever drives the runner (the daemon's scheduler, which shares the blocks of a
+// common prompt prefix between sequences); a block is only written by one sequence at a time.
+inline constexpr int32_t kKvBlockTokens = 64;
+inline constexpr int32_t kv_blocks_per_slot(int32_t n_ctx) { return (n_ctx + kKvBlockTokens - 1) / kKvBlockTokens; }
+
 struct StepIO {
   StepShape shape;
   std::vector<HostTensor> inputs;
   std::vector<std::vector<float>*> outputs;
+  // [n_slots][kv_blocks_per_slot(n_ctx)] block ids, row-major; an entry a step's positions reach is in
+  // [0, n_blocks) (the runner validates it); others are -1.
+  std::span<const int32_t> kv_table;
 };
 
 // Which backend runs a node: true when it supports the node of `g` (op, types, shapes).
