@@ -194,6 +194,12 @@ ModelStatus from_rpc(rpc::ModelStatus::Reader r) {
   s.replays = r.getReplays();
   s.step_compute_us = r.getStepComputeUs();
   s.step_overhead_us = r.getStepOverheadUs();
+  s.cache_blocks = r.getCacheBlocks();
+  s.cache_blocks_used = r.getCacheBlocksUsed();
+  s.cache_blocks_cached = r.getCacheBlocksCached();
+  s.cache_hits = r.getCacheHits();
+  s.cache_hit_tokens = r.getCacheHitTokens();
+  s.cache_evictions = r.getCacheEvictions();
   return s;
 }
 
@@ -223,6 +229,7 @@ GenerateResult from_rpc(rpc::GenerateResult::Reader r) {
   g.prompt_ms = r.getPromptMs();
   g.generate_ms = r.getGenerateMs();
   g.replays = r.getReplays();
+  g.cached_tokens = r.getCachedTokens();
   return g;
 }
 
@@ -240,6 +247,7 @@ void to_rpc(const LoadOptions& o, rpc::LoadOptions::Builder b) {
   auto backends = b.initStageBackends(static_cast<unsigned>(o.stage_backends.size()));
   for (unsigned i = 0; i < o.stage_backends.size(); ++i) backends.set(i, text(o.stage_backends[i]));
   b.setKeepAliveS(o.keep_alive_s);
+  b.setCacheTokens(o.cache_tokens);
 }
 
 void to_rpc(const Sampling& s, rpc::Sampling::Builder b) {
@@ -276,6 +284,7 @@ void to_rpc(const GenerateRequest& g, rpc::GenerateRequest::Builder b) {
   b.setAddSpecial(g.add_special);
   b.setParseSpecial(g.parse_special);
   b.setIgnoreEog(g.ignore_eog);
+  b.setCachePrompt(g.cache_prompt);
   b.setStreamIntervalMs(g.stream_interval_ms);
 }
 

@@ -48,6 +48,8 @@ struct GenerateParams {
   // Instead of generating: the prompt's embedding (the last token's hidden state after the output
   // norm, L2-normalized), in GenerateSummary::embedding.
   bool embedding = false;
+  // Reuse the KV of the longest cached prefix of the prompt (and let later requests reuse this one's).
+  bool cache_prompt = true;
   // ollama's keep_alive for a model loaded by name (seconds; 0: never unload); -1: unchanged.
   double keep_alive_s = -1;
   // Who asks, for fairness between clients: "uid N" (a unix socket's peer, the RPC and the HTTP API
@@ -75,6 +77,7 @@ struct GenerateSummary {
   uint64_t seed = 0;
   double queue_ms = 0, time_to_first_token_ms = 0, prompt_ms = 0, generate_ms = 0;
   uint32_t replays = 0;
+  uint32_t cached_tokens = 0;    // prompt tokens whose KV came from the prefix cache (not prefilled)
   std::vector<float> embedding;  // GenerateParams::embedding: unit length
 };
 

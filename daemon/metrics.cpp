@@ -123,6 +123,18 @@ std::string prometheus_metrics(const DaemonStatusData& st) {
             [](const ModelStatusData& m) { return m.info.load_ms / 1e3; });
   per_model("inferd_decode_tokens_per_second", "gauge", "Recent decode rate.",
             [](const ModelStatusData& m) { return m.decode_tokens_per_second; });
+  per_model("inferd_prefix_cache_blocks", "gauge", "KV blocks (64 positions each) in the model's pool.",
+            [](const ModelStatusData& m) { return static_cast<double>(m.cache.blocks); });
+  per_model("inferd_prefix_cache_blocks_used", "gauge", "KV blocks held by requests in flight.",
+            [](const ModelStatusData& m) { return static_cast<double>(m.cache.blocks_used); });
+  per_model("inferd_prefix_cache_blocks_cached", "gauge", "KV blocks kept for later requests' prefixes (evictable).",
+            [](const ModelStatusData& m) { return static_cast<double>(m.cache.blocks_cached); });
+  per_model("inferd_prefix_cache_hits_total", "counter", "Requests that found a cached prompt prefix.",
+            [](const ModelStatusData& m) { return static_cast<double>(m.cache.hits); });
+  per_model("inferd_prefix_cache_hit_tokens_total", "counter", "Prompt tokens taken from the prefix cache.",
+            [](const ModelStatusData& m) { return static_cast<double>(m.cache.hit_tokens); });
+  per_model("inferd_prefix_cache_evictions_total", "counter", "Cached KV blocks evicted to make room.",
+            [](const ModelStatusData& m) { return static_cast<double>(m.cache.evictions); });
   w.family("inferd_worker_restarts_total", "counter", "Restarts of each worker process.");
   for (const ModelStatusData& m : st.models) {
     for (const WorkerInfoData& wk : m.info.workers) {

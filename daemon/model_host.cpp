@@ -46,6 +46,9 @@ Status ModelHost::attach(std::shared_ptr<const ipc::WeightsSegment> weights, std
   tokenizer_ = std::move(tokenizer);
   const ModelConfig& c = model_->config();
   n_ctx_ = spec_.context_size ? spec_.context_size : static_cast<uint32_t>(default_context(c));
+  // The KV pool: a context for every slot, plus the room asked for cached prefixes (prefix_cache.h).
+  kv_blocks_ = spec_.parallel * static_cast<uint32_t>(graph::kv_blocks_per_slot(static_cast<int32_t>(n_ctx_))) +
+               (spec_.cache_tokens + graph::kKvBlockTokens - 1) / graph::kKvBlockTokens;
   auto tmpl = weights_->gguf()->get_string("tokenizer.chat_template");
   chat_template_ = detect_chat_template(tmpl ? tmpl.value() : std::string_view());
   load_ms_ = load_ms;
@@ -87,6 +90,7 @@ Status ModelHost::attach(std::shared_ptr<const ipc::WeightsSegment> weights, std
   so.batch_tokens = spec_.batch_tokens;
   so.max_queue = spec_.max_queue;
   so.steps_in_flight = sup_.config().steps_in_flight;
+  so.kv_blocks = kv_blocks_;
   so.n_embd = static_cast<uint32_t>(c.n_embd);
   so.client_max_queue = sup_.config().client_max_queue;
   so.client_max_slots = sup_.config().client_max_slots;
@@ -140,6 +144,7 @@ void ModelHost::spawn_worker(Stage& st) {
   ws.threads = spec_.threads;
   ws.batch_tokens = spec_.batch_tokens;
   ws.pad_step = spec_.pad_step;
+  ws.kv_blocks = kv_blocks_;
   ws.first_layer = st.first_layer;
   ws.end_layer = st.end_layer;
   const uint32_t index = st.index;
@@ -375,6 +380,7 @@ ModelStatusData ModelHost::status() const {
   st.step_compute_us = s.step_compute_us;
   st.step_overhead_us = s.step_overhead_us;
   st.decode_tokens_per_second = s.decode_tokens_per_second;
+  st.cache = s.cache;
   return st;
 }
 

@@ -140,6 +140,7 @@ class ModelHost : public SchedulerHost {
   std::shared_ptr<const Tokenizer> tokenizer_;
   ChatTemplate chat_template_ = ChatTemplate::kChatml;
   uint32_t n_ctx_ = 0;
+  uint32_t kv_blocks_ = 0;  // the workers' KV pool (blocks of graph::kKvBlockTokens positions)
   double load_ms_ = 0;
   std::shared_ptr<const LoadTracker> load_tracker_;
 

@@ -215,7 +215,8 @@ std::string object_name(Endpoint e, bool chunk) {
 json usage(const GenerateSummary& s) {
   return json{{"prompt_tokens", s.prompt_tokens},
               {"completion_tokens", s.generated_tokens},
-              {"total_tokens", s.prompt_tokens + s.generated_tokens}};
+              {"total_tokens", s.prompt_tokens + s.generated_tokens},
+              {"prompt_tokens_details", json{{"cached_tokens", s.cached_tokens}}}};
 }
 
 json base(Endpoint e, const ResponseId& rid, bool chunk) {
@@ -367,6 +368,7 @@ Result<Request> parse_request(Endpoint endpoint, std::string_view text, uint32_t
     }
   }
   INFERD_RETURN_IF_ERROR(get_bool(body, "ignore_eos", &p.ignore_eog));  // llama-server's extension
+  INFERD_RETURN_IF_ERROR(get_bool(body, "cache_prompt", &p.cache_prompt));  // llama-server's extension
   INFERD_RETURN_IF_ERROR(get_logprobs(body, endpoint, &p.logprobs));
   INFERD_RETURN_IF_ERROR(get_keep_alive(body, &r.keep_alive_s));
   // The HTTP layer paces its events by the daemon's stream-interval (http_server.cpp).

@@ -165,6 +165,7 @@ Result<GenerateParams> to_params(rpc::GenerateRequest::Reader r) {
   p.add_special = r.getAddSpecial();
   p.parse_special = r.getParseSpecial();
   p.ignore_eog = r.getIgnoreEog();
+  p.cache_prompt = r.getCachePrompt();
   p.stream_interval_ms = r.getStreamIntervalMs();
   if (p.stream_interval_ms < -1 || p.stream_interval_ms > static_cast<int32_t>(kMaxStreamIntervalMs)) {
     return Status(Code::kInvalidArgument, "streamIntervalMs is " + std::to_string(p.stream_interval_ms) +
@@ -266,6 +267,7 @@ class AdminImpl final : public rpc::Admin::Server {
     for (uint32_t b : o.getLayerSplit()) spec.layer_split.push_back(b);
     for (capnp::Text::Reader b : o.getStageBackends()) spec.stage_backends.emplace_back(b.cStr(), b.size());
     spec.keep_alive_s = o.getKeepAliveS();
+    spec.cache_tokens = o.getCacheTokens();
     auto relay = std::make_shared<ProgressRelay>();
     kj::Promise<void> progress = kj::READY_NOW;
     if (params.hasProgress()) {
@@ -325,6 +327,12 @@ class AdminImpl final : public rpc::Admin::Server {
         models[i].setReplays(m.replays);
         models[i].setStepComputeUs(m.step_compute_us);
         models[i].setStepOverheadUs(m.step_overhead_us);
+        models[i].setCacheBlocks(m.cache.blocks);
+        models[i].setCacheBlocksUsed(m.cache.blocks_used);
+        models[i].setCacheBlocksCached(m.cache.blocks_cached);
+        models[i].setCacheHits(m.cache.hits);
+        models[i].setCacheHitTokens(m.cache.hit_tokens);
+        models[i].setCacheEvictions(m.cache.evictions);
       }
     });
   }
@@ -431,6 +439,7 @@ class InferenceImpl final : public rpc::Inference::Server {
         r.setPromptMs(s.prompt_ms);
         r.setGenerateMs(s.generate_ms);
         r.setReplays(s.replays);
+        r.setCachedTokens(s.cached_tokens);
       });
     });
   }

@@ -6,6 +6,9 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
+
+#include "inferd/graph.h"
 
 namespace inferd::daemon {
 namespace {
@@ -14,6 +17,21 @@ using Clock = SchedulerClock;
 
 double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+constexpr uint32_t kBlock = static_cast<uint32_t>(graph::kKvBlockTokens);
+
+// The pool: at least a context's blocks for every slot, so a sequence always finds the blocks it needs.
+uint32_t pool_blocks(const SchedulerOptions& o) {
+  const uint32_t per_slot = static_cast<uint32_t>(graph::kv_blocks_per_slot(static_cast<int32_t>(o.context_size)));
+  return std::max(o.kv_blocks, std::max<uint32_t>(1, o.parallel * per_slot));
+}
+
+// Tokens before the sampled position that the sampler's penalty history covers: 0 (no penalties), or
+// repeat_last_n; -1: the whole history.
+int64_t penalty_window(const SamplingParams& p) {
+  const bool penalties = p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
+  return penalties ? p.repeat_last_n : 0;
 }
 
 constexpr uint32_t kMaxStopStrings = 16;
@@ -35,6 +53,15 @@ struct Scheduler::Sequence {
   std::vector<float> embedding_out;
   TextOutput text;
   int32_t slot = -1;
+  // KV blocks (prefix_cache.h): its table, each referenced once; how many of them are published (or
+  // came from the cache); the block that stands for the last of those (the chain to publish under).
+  bool cache_prompt = true;
+  bool publishing = true;  // false once its chain was evicted from under it
+  bool fresh = true;       // its next step starts it afresh (ipc::kSeqFresh)
+  std::vector<int32_t> blocks;
+  size_t published = 0;
+  int32_t chain = PrefixCache::kNone;
+  uint32_t cached_tokens = 0;  // taken from the cache when it last (re)started
   size_t fed = 0;        // tokens of history in the worker's KV cache
   size_t in_flight = 0;  // positions after `fed` in steps not completed yet (the last ones may be
                          // tokens still being sampled)
@@ -56,6 +83,7 @@ Scheduler::Scheduler(SchedulerOptions options, const Tokenizer& tokenizer, ChatT
       ports_(std::move(stages)),
       stages_(ports_.size()),
       slots_(opt_.parallel, 0),
+      cache_(pool_blocks(opt_), kBlock),
       submission_(std::make_unique<ipc::Submission>()) {
   INFERD_ASSERT(!ports_.empty());
 }
@@ -162,6 +190,7 @@ Status Scheduler::enqueue(GenerateParams p, std::shared_ptr<GenerationStream> st
   seq->ignore_eog = p.ignore_eog;
   seq->logprobs = p.embedding ? -1 : p.logprobs;
   seq->embedding = p.embedding;
+  seq->cache_prompt = p.cache_prompt;
   seq->text = TextOutput(std::move(p.stop));
   seq->t_arrival = host_.now();
   queue_.push_back(std::move(seq));
@@ -217,6 +246,7 @@ bool Scheduler::schedule_one() {
       Sequence& s = *it->second;
       spdlog::info("request {} on {}: cancelled by the client after {} tokens", s.id, opt_.model_id, s.n_generated());
       slots_[static_cast<size_t>(s.slot)] = 0;
+      release_blocks(s);
       ++requests_done_;
       ++requests_cancelled_;
       it = active_.erase(it);
@@ -233,6 +263,7 @@ bool Scheduler::schedule_one() {
     queue_.erase(next);
     seq->slot = static_cast<int32_t>(slot);
     seq->t_admitted = now;
+    take_prefix(*seq);
     slots_[slot] = seq->id;
     active_.emplace(seq->id, std::move(seq));
   }
@@ -244,6 +275,7 @@ bool Scheduler::schedule_one() {
   sub->id = step.id;
   sub->n_seqs = 0;
   sub->n_tokens = 0;
+  sub->n_blocks = 0;
   uint32_t budget = opt_.batch_tokens;
   // Embeddings a completion has room for (ipc::kMaxEmbdFloats floats).
   uint32_t embd_room = opt_.n_embd > 0 ? ipc::kMaxEmbdFloats / opt_.n_embd : 0;
@@ -275,10 +307,16 @@ bool Scheduler::schedule_one() {
       want = sampled = true;
     }
     if (chunk == 0) return;
+    if (!reserve_blocks(s, sent + chunk, *sub)) return;  // no room for its table in this step
     ipc::StepSeq& e = sub->seqs[sub->n_seqs];
     e = {};
     e.slot = static_cast<uint32_t>(s.slot);
     e.flags = want ? ipc::kSeqWantToken : 0;
+    if (std::exchange(s.fresh, false)) e.flags |= ipc::kSeqFresh;
+    e.first_block = sub->n_blocks;
+    e.n_blocks = static_cast<uint32_t>(s.blocks.size());
+    std::copy(s.blocks.begin(), s.blocks.end(), sub->blocks + sub->n_blocks);
+    sub->n_blocks += e.n_blocks;
     if (want && s.embedding) e.flags |= ipc::kSeqWantEmbedding;
     if (want && s.logprobs >= 0) {
       e.flags |= ipc::kSeqWantLogprobs;
@@ -341,6 +379,8 @@ bool Scheduler::submit_to(size_t stage) {
   dst->n_tokens = src.n_tokens;
   std::memcpy(dst->seqs, src.seqs, sizeof(ipc::StepSeq) * src.n_seqs);
   std::memcpy(dst->tokens, src.tokens, sizeof(ipc::StepToken) * src.n_tokens);
+  dst->n_blocks = src.n_blocks;
+  std::memcpy(dst->blocks, src.blocks, sizeof(int32_t) * src.n_blocks);
   stages_[stage].in_flight.push_back(src.id);
   ports_[stage]->publish_submission();
   return true;
@@ -476,6 +516,7 @@ void Scheduler::on_completion(size_t stage_index) {
       Sequence& s = *it->second;
       s.fed += step.entries[i].chunk;
       s.in_flight -= step.entries[i].chunk;
+      publish_blocks(s);
       if (!step.entries[i].want) continue;
       --s.pending;
       const Answer& a = answers[i];
@@ -513,6 +554,7 @@ void Scheduler::stage_lost(size_t stage) {
 }
 
 void Scheduler::replay(const std::string& why) {
+  cache_.clear();  // the dead worker's KV is gone
   restart_sequences();
   std::vector<uint64_t> give_up;
   for (auto& [id, s] : active_) {
@@ -525,13 +567,77 @@ void Scheduler::replay(const std::string& why) {
   replays_ += active_.size();
 }
 
-// Forgets every sequence's in-flight positions, so the next steps resubmit it from position 0 (which
-// clears its KV slot and recreates its sampler at the same draw).
+// Forgets every sequence's in-flight positions and blocks, so the next steps resubmit it from the
+// longest prefix still cached (position 0 after a worker's death), starting it afresh: a new sampler at
+// the same draw. Every sequence lets its blocks go before any takes a prefix, so they may find each
+// other's (and their own) published blocks.
 void Scheduler::restart_sequences() {
-  for (auto& [id, s] : active_) {
-    s->fed = s->in_flight = 0;
-    s->pending = 0;
+  for (auto& [id, s] : active_) release_blocks(*s);
+  for (auto& [id, s] : active_) take_prefix(*s);
+}
+
+void Scheduler::take_prefix(Sequence& s) {
+  INFERD_ASSERT(s.blocks.empty());
+  s.fed = s.in_flight = 0;
+  s.pending = 0;
+  s.fresh = true;
+  s.publishing = s.cache_prompt;
+  s.published = 0;
+  s.chain = PrefixCache::kNone;
+  s.cached_tokens = 0;
+  if (!s.cache_prompt) return;
+  // The last token is always computed (its logits are the answer); with a penalty history, every token
+  // of the window too, so the worker's sampler sees them.
+  size_t limit = s.history.size() - 1;
+  const int64_t window = penalty_window(s.sampling);
+  if (window < 0) return;
+  limit = std::min(limit, s.history.size() - std::min(s.history.size(), static_cast<size_t>(window)));
+  s.blocks = cache_.match(s.history, limit / kBlock);
+  s.published = s.blocks.size();
+  if (!s.blocks.empty()) s.chain = s.blocks.back();
+  s.fed = s.blocks.size() * kBlock;
+  s.cached_tokens = static_cast<uint32_t>(s.fed);
+}
+
+bool Scheduler::reserve_blocks(Sequence& s, size_t end, ipc::Submission& sub) {
+  const size_t need = (end + kBlock - 1) / kBlock;
+  if (sub.n_blocks + std::max(need, s.blocks.size()) > ipc::kMaxStepBlocks) return false;
+  while (s.blocks.size() < need) {
+    const int32_t b = cache_.allocate();
+    // The pool holds a context for every slot and a sequence holds at most one context's blocks.
+    INFERD_ASSERT(b != PrefixCache::kNone, "model %s: no free KV block", opt_.model_id.c_str());
+    s.blocks.push_back(b);
   }
+  return true;
+}
+
+void Scheduler::publish_blocks(Sequence& s) {
+  while (s.publishing && (s.published + 1) * kBlock <= s.fed) {
+    const size_t i = s.published;
+    const int32_t got = cache_.publish(s.chain, s.blocks[i],
+                                       std::span<const int32_t>(s.history).subspan(i * kBlock, kBlock));
+    if (got == PrefixCache::kNone) {  // its chain was evicted: the rest cannot be found anyway
+      s.publishing = false;
+      break;
+    }
+    if (got != s.blocks[i]) {
+      // Another sequence cached this very prefix first: use its block (the same KV, bit for bit) and let
+      // this one go. Steps already queued read the old block; it is written again only by steps queued
+      // after them, which the worker runs after them.
+      cache_.retain(got);
+      cache_.release(std::span<const int32_t>(&s.blocks[i], 1));
+      s.blocks[i] = got;
+    }
+    s.chain = got;
+    ++s.published;
+  }
+}
+
+void Scheduler::release_blocks(Sequence& s) {
+  cache_.release(s.blocks);
+  s.blocks.clear();
+  s.published = 0;
+  s.chain = PrefixCache::kNone;
 }
 
 TokenLogprob Scheduler::token_logprob(int32_t token, float logprob) const {
@@ -583,6 +689,7 @@ void Scheduler::finish(uint64_t id, FinishReason reason) {
   sum.prompt_ms = s.has_first ? ms_between(s.t_admitted, s.t_first) : 0;
   sum.generate_ms = s.has_first ? ms_between(s.t_first, s.t_last) : 0;
   sum.replays = s.replays;
+  sum.cached_tokens = s.cached_tokens;
   sum.embedding = std::move(s.embedding_out);
   static const char* kReasons[] = {"end of generation", "max tokens", "stop string", "context full"};
   spdlog::info("request {} on {}: {} prompt + {} generated tokens, {} | queue {:.1f} ms, first token {:.1f} ms, "
@@ -597,6 +704,7 @@ void Scheduler::finish(uint64_t id, FinishReason reason) {
   }
   s.stream->finish(sum);
   slots_[static_cast<size_t>(s.slot)] = 0;
+  release_blocks(s);
   prompt_tokens_ += s.n_prompt;
   ++requests_done_;
   active_.erase(it);
@@ -609,6 +717,7 @@ void Scheduler::fail_sequence(uint64_t id, const Status& why) {
   spdlog::warn("request {} on {}: {}", s.id, opt_.model_id, why.to_string());
   s.stream->finish(why);
   slots_[static_cast<size_t>(s.slot)] = 0;
+  release_blocks(s);
   ++requests_failed_;
   active_.erase(it);
 }
@@ -640,6 +749,8 @@ SchedulerStats Scheduler::stats() const {
   st.prompt_tokens = prompt_tokens_;
   st.generated_tokens = generated_tokens_;
   st.replays = replays_;
+  st.cache = cache_.stats();
+  st.cached_tokens = uint64_t{st.cache.blocks_cached} * kBlock;
   if (timed_steps_ > 0) {
     st.step_compute_us = static_cast<double>(step_compute_ns_) / 1e3 / static_cast<double>(timed_steps_);
     // Clamped: the worker starts a queued step before the supervisor sees the one before complete.

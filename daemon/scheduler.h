@@ -11,6 +11,14 @@
 // goes on unless the pending token ends it (end of generation, a stop string); if it does, what the step
 // computed for it is dropped. Pipeline stages run one step at a time, handed from stage to stage.
 //
+// KV blocks and the prefix cache (prefix_cache.h): the scheduler allocates every sequence's KV blocks
+// and names them in each step. A sequence admitted (or restarted) first takes the longest cached prefix
+// of its tokens — full blocks another sequence computed, shared by reference — and prefills only the
+// rest; its own blocks are published as they fill, so the next request with the same start (a chat's
+// next turn, the same system prompt) finds them. At least one token is always computed (its logits are
+// the answer), and a request whose sampling keeps a penalty history (repeat_last_n tokens) computes at
+// least those, so the sampler sees every token it would have seen. A worker's death empties the cache.
+//
 // Recovery: when a worker dies (stage_lost, then replay), every sequence is replayed from position 0 on every stage
 // (prompt + the tokens already streamed), its sampler resumed at the same draw, so the client's stream
 // goes on with neither duplicated nor missing tokens; a request replayed more than kMaxReplays times
@@ -42,6 +50,7 @@
 #include "inferd/ipc/ring.h"
 #include "inferd/status.h"
 #include "inferd/tokenizer.h"
+#include "prefix_cache.h"
 #include "text_output.h"
 
 namespace inferd::daemon {
@@ -83,6 +92,9 @@ struct SchedulerOptions {
   uint32_t batch_tokens = 512;
   uint32_t max_queue = 64;
   uint32_t steps_in_flight = 2;  // per worker, when there is one stage
+  // The workers' KV pool in blocks of graph::kKvBlockTokens positions: at least parallel × the blocks of
+  // one context (0: exactly that), so a sequence always finds blocks; the rest holds cached prefixes.
+  uint32_t kv_blocks = 0;
   uint32_t n_embd = 0;           // floats per embedding (0: the model gives none)
   // Per client (GenerateParams::client): queue places (0: max_queue / 2, at least 1) and KV slots
   // (0: no cap) it may hold. Free slots go to the waiting client that holds the fewest, oldest first.
@@ -110,6 +122,8 @@ struct SchedulerStats {
   uint64_t requests_done = 0, requests_failed = 0, prompt_tokens = 0, generated_tokens = 0, replays = 0;
   double decode_tokens_per_second = 0;
   double step_compute_us = 0, step_overhead_us = 0;
+  PrefixCacheStats cache;
+  uint64_t cached_tokens = 0;  // tokens held in cached (evictable) blocks
 };
 
 class Scheduler {
@@ -189,6 +203,13 @@ class Scheduler {
   bool submit_to(size_t stage);
   void arm_hang_detector();
   void restart_sequences();
+  // KV blocks: a sequence (re)starting takes the longest cached prefix of its tokens; one that goes on
+  // gets blocks for the positions a step writes (false: the step has no room for its table); its full
+  // blocks are published as steps complete; its blocks are released when it ends or restarts.
+  void take_prefix(Sequence& s);
+  bool reserve_blocks(Sequence& s, size_t end, ipc::Submission& sub);
+  void publish_blocks(Sequence& s);
+  void release_blocks(Sequence& s);
   void accept_token(Sequence& s, int32_t token, SchedulerClock::time_point now, TokenLogprobs* logprobs);
   void accept_embedding(Sequence& s, std::span<const float> embedding, SchedulerClock::time_point now);
   TokenLogprob token_logprob(int32_t token, float logprob) const;
@@ -207,6 +228,7 @@ class Scheduler {
   std::deque<std::unique_ptr<Sequence>> queue_;
   std::map<uint64_t, std::unique_ptr<Sequence>> active_;
   std::vector<uint64_t> slots_;  // sequence id per KV slot, 0 = free
+  PrefixCache cache_;
   std::deque<Step> steps_;       // in flight, oldest first; at most depth()
   std::unique_ptr<ipc::Submission> submission_;  // the newest step, as sent to each stage
   uint64_t next_seq_id_ = 0, next_step_id_ = 0;

@@ -122,9 +122,10 @@ class SchedulerTest : public ::testing::Test {
     }
     SchedulerOptions o;
     o.model_id = "m";
-    o.context_size = 64;
+    o.context_size = context_;
     o.parallel = parallel;
-    o.batch_tokens = 16;
+    o.batch_tokens = batch_tokens_;
+    o.kv_blocks = kv_blocks_;
     o.max_queue = max_queue;
     o.steps_in_flight = steps_in_flight;
     o.step_timeout = std::chrono::milliseconds(1000);
@@ -162,7 +163,20 @@ class SchedulerTest : public ::testing::Test {
     return out;
   }
 
+  // Answers every step until no step is left (each sequence that asks gets token 100 + its index).
+  void answer_all() {
+    while (!stage().given.empty()) {
+      stage().answer(100);
+      sched_->on_completion(0);
+    }
+  }
+  // The block ids a submission names for its sequence `seq`.
+  static std::vector<int32_t> blocks_of(const ipc::Submission& s, uint32_t seq = 0) {
+    return std::vector<int32_t>(s.blocks + s.seqs[seq].first_block, s.blocks + s.seqs[seq].first_block + s.seqs[seq].n_blocks);
+  }
+
   static std::unique_ptr<Tokenizer> tokenizer_;
+  uint32_t context_ = 64, batch_tokens_ = 16, kv_blocks_ = 0;
   uint32_t n_embd_ = 4;
   ManualHost host_;
   std::vector<std::unique_ptr<FakeStage>> stages_;
@@ -184,7 +198,7 @@ TEST_F(SchedulerTest, AnEmbeddingIsThePromptsLastHiddenStateNormalized) {
   ASSERT_TRUE(sched_->enqueue(p, stream).is_ok());
   ASSERT_EQ(stage().given.size(), 1u);  // no step ahead: an embedding is the one answer
   const ipc::Submission& sub = stage().given[0];
-  EXPECT_EQ(sub.seqs[0].flags, ipc::kSeqWantToken | ipc::kSeqWantEmbedding);
+  EXPECT_EQ(sub.seqs[0].flags, ipc::kSeqWantToken | ipc::kSeqWantEmbedding | ipc::kSeqFresh);
   stage().answer(100);
   sched_->on_completion(0);
   GenerationStream::Batch b = stream->take();
@@ -631,6 +645,117 @@ TEST_F(SchedulerTest, PipelineStagesHandEachStepOn) {
   stage(0).answer(5, /*samples=*/true);
   sched_->on_completion(0);
   EXPECT_TRUE(stage(0).killed);
+}
+
+// The prefix cache: a request that begins with another's tokens takes that one's published blocks and
+// starts after them (kSeqFresh at position 128: two full blocks); one that opts out, or that arrives
+// after a worker's death, starts at position 0.
+TEST_F(SchedulerTest, ARequestWithACachedPrefixPrefillsOnlyTheRest) {
+  context_ = 512;
+  batch_tokens_ = 256;
+  make(1, 2, 4);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 150; ++i) prompt.push_back(5 + i % 50);
+  auto a = request(prompt, 2);
+  ASSERT_FALSE(stage().given.empty());
+  const std::vector<int32_t> a_blocks = blocks_of(stage().given[0]);
+  ASSERT_EQ(a_blocks.size(), 3u);  // positions 0-149
+  EXPECT_EQ(stage().given[0].tokens[0].pos, 0);
+  answer_all();
+  GenerationStream::Batch ab = a->take();
+  ASSERT_TRUE(ab.end.has_value() && ab.end->is_ok());
+  EXPECT_EQ(ab.end->value().cached_tokens, 0u);
+
+  std::vector<int32_t> next(prompt.begin(), prompt.begin() + 130);
+  next.insert(next.end(), {9, 9, 9});
+  auto b = request(next, 1);
+  ASSERT_EQ(stage().given.size(), 1u);
+  const ipc::Submission& sub = stage().given[0];
+  EXPECT_EQ(sub.n_tokens, 5u);  // positions 128-132
+  EXPECT_EQ(sub.tokens[0].pos, 128);
+  EXPECT_NE(sub.seqs[0].flags & ipc::kSeqFresh, 0u);
+  const std::vector<int32_t> b_blocks = blocks_of(sub);
+  ASSERT_EQ(b_blocks.size(), 3u);
+  EXPECT_EQ(b_blocks[0], a_blocks[0]);  // shared, not copied
+  EXPECT_EQ(b_blocks[1], a_blocks[1]);
+  answer_all();
+  GenerationStream::Batch bb = b->take();
+  ASSERT_TRUE(bb.end.has_value() && bb.end->is_ok());
+  EXPECT_EQ(bb.end->value().cached_tokens, 128u);
+  EXPECT_EQ(bb.end->value().prompt_tokens, 133u);
+  const SchedulerStats st = sched_->stats();
+  EXPECT_EQ(st.cache.hits, 1u);
+  EXPECT_EQ(st.cache.hit_tokens, 128u);
+  EXPECT_EQ(st.cache.blocks_used, 0u);
+  EXPECT_GE(st.cache.blocks_cached, 2u);
+
+  // Opting out: from position 0, in blocks of its own.
+  GenerateParams p;
+  p.model = "m";
+  p.input = GenerateParams::Input::kTokens;
+  p.tokens = next;
+  p.max_tokens = 1;
+  p.cache_prompt = false;
+  auto c = std::make_shared<GenerationStream>();
+  ASSERT_TRUE(sched_->enqueue(p, c).is_ok());
+  EXPECT_EQ(stage().given[0].tokens[0].pos, 0);
+  EXPECT_NE(blocks_of(stage().given[0])[0], a_blocks[0]);
+  answer_all();
+
+  // A worker's death takes its KV with it: nothing is found afterwards.
+  sched_->stage_lost(0);
+  sched_->replay("test");
+  EXPECT_EQ(sched_->stats().cache.blocks_cached, 0u);
+  auto d = request(next, 1);
+  EXPECT_EQ(stage().given[0].tokens[0].pos, 0);
+  answer_all();
+}
+
+// A sampler with a penalty history must see the window's tokens: they are computed, not taken.
+TEST_F(SchedulerTest, APenaltyWindowIsComputedNotTakenFromTheCache) {
+  context_ = 512;
+  batch_tokens_ = 256;
+  make(1, 1, 4);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 150; ++i) prompt.push_back(5 + i % 50);
+  request(prompt, 1);
+  answer_all();
+  GenerateParams p;
+  p.model = "m";
+  p.input = GenerateParams::Input::kTokens;
+  p.tokens = prompt;
+  p.max_tokens = 1;
+  p.sampling.repeat_penalty = 1.1f;
+  p.sampling.repeat_last_n = 64;
+  ASSERT_TRUE(sched_->enqueue(p, std::make_shared<GenerationStream>()).is_ok());
+  EXPECT_EQ(stage().given[0].tokens[0].pos, 64);  // 150 - 64 = 86 may be taken: one block
+  answer_all();
+  p.sampling.repeat_last_n = -1;  // the whole history: nothing is taken
+  ASSERT_TRUE(sched_->enqueue(p, std::make_shared<GenerationStream>()).is_ok());
+  EXPECT_EQ(stage().given[0].tokens[0].pos, 0);
+  answer_all();
+}
+
+// The pool is fixed: a request that needs blocks evicts the least recently used cached ones, and the
+// tables never name a block outside the pool.
+TEST_F(SchedulerTest, CachedBlocksAreEvictedWhenTheBudgetNeedsThem) {
+  context_ = 128;  // two blocks per slot
+  batch_tokens_ = 256;
+  make(1, 1, 4);  // a pool of two blocks
+  std::vector<int32_t> a(100, 7), b(100, 8);
+  request(a, 1);
+  answer_all();
+  EXPECT_EQ(sched_->stats().cache.blocks_cached, 1u);
+  request(b, 1);
+  for (int32_t id : blocks_of(stage().given[0])) EXPECT_TRUE(id == 0 || id == 1);
+  answer_all();
+  EXPECT_EQ(sched_->stats().cache.evictions, 1u);
+  request(a, 1);  // evicted: from position 0
+  EXPECT_EQ(stage().given[0].tokens[0].pos, 0);
+  answer_all();
+  request(a, 1);  // and cached again
+  EXPECT_EQ(stage().given[0].tokens[0].pos, 64);
+  answer_all();
 }
 
 }  // namespace

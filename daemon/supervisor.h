@@ -28,6 +28,7 @@
 #include "generation.h"
 #include "histogram.h"
 #include "inferd/status.h"
+#include "prefix_cache.h"
 
 namespace inferd::daemon {
 
@@ -43,6 +44,8 @@ struct LoadSpec {
   // the first request's keep_alive; later requests' keep_alive change it (loads by name only: a model an
   // admin loaded keeps the admin's setting).
   double keep_alive_s = 0;
+  // KV positions kept for cached prompt prefixes beyond parallel × context_size (LoadOptions.cacheTokens).
+  uint32_t cache_tokens = 0;
   bool by_name = false;  // loaded on a request's first use of its name (model-dirs)
 };
 
@@ -118,6 +121,7 @@ struct ModelStatusData {
   double decode_tokens_per_second = 0;
   double step_compute_us = 0, step_overhead_us = 0;
   Histogram ttft = ttft_histogram(), token_latency = token_latency_histogram();
+  PrefixCacheStats cache;
 };
 
 struct DaemonStatusData {

@@ -240,6 +240,7 @@ void WorkerProcess::handle_frame(const std::vector<uint8_t>& frame) {
         cfg.setThreads(spec_.threads);
         cfg.setBatchTokens(spec_.batch_tokens);
         cfg.setPadStep(spec_.pad_step);
+        cfg.setKvBlocks(spec_.kv_blocks);
         cfg.setFirstLayer(spec_.first_layer);
         cfg.setEndLayer(spec_.end_layer);
         cfg.setModelId(spec_.model_id);

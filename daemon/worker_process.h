@@ -34,6 +34,7 @@ struct WorkerSpec {
   int hidden_in_fd = -1;   // pipeline stages: borrowed exchanges (ipc/hidden_exchange.h), or -1
   int hidden_out_fd = -1;
   uint32_t context_size = 0, slots = 1, threads = 0, batch_tokens = 512, pad_step = 64;
+  uint32_t kv_blocks = 0;  // the KV pool in blocks (0: slots × the blocks of one context)
   uint32_t first_layer = 0, end_layer = 0;
 };
 

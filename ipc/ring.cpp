@@ -4,8 +4,8 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstddef>
 #include <cstring>
 #include <new>
@@ -137,8 +137,12 @@ void RingSegment::publish_submission() {
 const Submission* RingSegment::next_submission() {
   const uint64_t head = header().sub_head.load(std::memory_order_acquire);
   if (!plausible(sub_tail_, head, sub_tail_ + sub_capacity_) || head == sub_tail_) return nullptr;
-  std::memcpy(static_cast<void*>(sub_copy_.get()), entry<Submission>(sub_offset_, sub_tail_, sub_capacity_),
-              sizeof(Submission));
+  // The fixed part, then only the block ids in use (n_blocks as copied, bounded by the array).
+  const Submission* e = entry<Submission>(sub_offset_, sub_tail_, sub_capacity_);
+  std::memcpy(static_cast<void*>(sub_copy_.get()), e, offsetof(Submission, blocks));
+  const uint32_t n_blocks = std::min(sub_copy_->n_blocks, kMaxStepBlocks);
+  sub_copy_->n_blocks = n_blocks;
+  std::memcpy(sub_copy_->blocks, e->blocks, sizeof(int32_t) * n_blocks);
   return sub_copy_.get();
 }
 

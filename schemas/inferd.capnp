@@ -56,6 +56,8 @@ struct LoadOptions {
   # with layerSplit [15]: the first 15 layers on the GPU, the rest on the CPU (llama.cpp's -ngl). Empty:
   # every stage uses `backend`. Otherwise its length must be layerSplit's plus one (INVALID_ARGUMENT).
   keepAliveS @10 :Float64;  # unload after this many seconds without a request; 0: never (the default)
+  cacheTokens @11 :UInt32;  # KV positions kept for cached prompt prefixes on top of parallel x contextSize
+                            # (0: none extra; cached prefixes then live in the room the slots do not use)
 }
 
 struct PlacementStage {
@@ -160,6 +162,13 @@ struct ModelStatus {
   stepOverheadUs @13 :Float64;  # mean time a worker waits between steps (rings, wake-ups, scheduling):
                                 # from when it could start a step (queued, or the one before done) to
                                 # its completion, minus stepComputeUs
+  # The prefix cache (KV blocks of 64 positions shared between requests with a common prompt start):
+  cacheBlocks @14 :UInt32;       # the KV pool, in blocks
+  cacheBlocksUsed @15 :UInt32;   # held by requests in flight
+  cacheBlocksCached @16 :UInt32; # held by no request, kept for later requests (evictable)
+  cacheHits @17 :UInt64;         # requests that found a cached prefix
+  cacheHitTokens @18 :UInt64;    # prompt tokens taken from the cache instead of computed
+  cacheEvictions @19 :UInt64;    # cached blocks evicted to make room
 }
 
 struct DaemonStatus {
@@ -228,6 +237,8 @@ struct GenerateRequest {
                                        # last is never held back): fewer wake-ups for the client and the
                                        # daemon, so more CPU for the model; 0: each batch as soon as it is
                                        # ready; -1: the daemon's stream-interval (20 unless configured)
+  cachePrompt @11 :Bool = true;        # reuse the KV of the longest cached prefix of the prompt (and let
+                                       # later requests reuse this one's)
 }
 
 struct TokenBatch {
@@ -262,6 +273,7 @@ struct GenerateResult {
   promptMs @6 :Float64;     # prefill time
   generateMs @7 :Float64;   # first to last generated token
   replays @8 :UInt32;       # times the request was replayed on a restarted worker
+  cachedTokens @9 :UInt32;  # prompt tokens taken from the prefix cache (not computed)
 }
 
 interface Inference {

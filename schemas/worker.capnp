@@ -35,6 +35,7 @@ struct Configure {
   firstLayer @6 :UInt32;    # the placement stage this worker runs
   endLayer @7 :UInt32;
   modelId @8 :Text;         # for log lines
+  kvBlocks @9 :UInt32;      # the KV pool in blocks of 64 positions (0: slots x the blocks of one context)
 }
 
 struct Ready {

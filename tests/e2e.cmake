@@ -14,7 +14,8 @@ elseif(TARGET inferd AND TARGET inferd-worker)
     list(APPEND _e2e_args --inferd-run $<TARGET_FILE:inferd-run>)
   endif()
   # Seconds each file may take; measured on 2 cores: basic 7, concurrency 10, crash 24, bad_input 2.
-  set(_e2e_timeouts basic 180 concurrency 300 crash 480 bad_input 180 placement 180 openai 240)
+  set(_e2e_timeouts basic 180 concurrency 300 crash 480 bad_input 180 placement 180 openai 240
+                     prefix_cache 300)
   get_property(_built_backends GLOBAL PROPERTY INFERD_BACKENDS)
   if("opencl" IN_LIST _built_backends)  # the OpenCL backend (skips without a device); measured 17 s on PoCL
     list(APPEND _e2e_timeouts opencl 300)

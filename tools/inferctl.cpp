@@ -454,7 +454,13 @@ Json to_json(const DaemonStatus& s) {
                       {"decode_tokens_per_second", m.decode_tokens_per_second},
                       {"replays", m.replays},
                       {"step_compute_us", m.step_compute_us},
-                      {"step_overhead_us", m.step_overhead_us}});
+                      {"step_overhead_us", m.step_overhead_us},
+                      {"cache_blocks", m.cache_blocks},
+                      {"cache_blocks_used", m.cache_blocks_used},
+                      {"cache_blocks_cached", m.cache_blocks_cached},
+                      {"cache_hits", m.cache_hits},
+                      {"cache_hit_tokens", m.cache_hit_tokens},
+                      {"cache_evictions", m.cache_evictions}});
   }
   return Json{{"version", s.version},
               {"protocol_version", s.protocol_version},
@@ -477,7 +483,8 @@ Json to_json(const GenerateResult& r) {
               {"time_to_first_token_ms", r.time_to_first_token_ms},
               {"prompt_ms", r.prompt_ms},
               {"generate_ms", r.generate_ms},
-              {"replays", r.replays}};
+              {"replays", r.replays},
+              {"cached_tokens", r.cached_tokens}};
 }
 
 // Model output need not be valid UTF-8 at every cut; never let that abort the dump.
@@ -632,6 +639,7 @@ int cmd_load(const Context& ctx) {
   o.batch_tokens = a.u32("--batch", 0);
   o.pad_step = a.u32("--pad-step", 0);
   o.max_queue = a.u32("--max-queue", 0);
+  o.cache_tokens = a.u32("--cache-tokens", 0);
   if (auto k = a.get("--keep-alive")) {
     char* end = nullptr;
     o.keep_alive_s = std::strtod(k->c_str(), &end);
@@ -732,6 +740,12 @@ int cmd_status(const Context& ctx) {
     t.add({"kv", std::to_string(ms.slots_used) + "/" + std::to_string(m.parallel) + " slots, " +
                      std::to_string(ms.kv_tokens_used) + " tokens, " + format_bytes(ms.kv_bytes) + " (ctx " +
                      std::to_string(m.context_size) + ")"});
+    t.add({"cache", std::to_string(ms.cache_blocks_used) + " blocks in use, " +
+                        std::to_string(ms.cache_blocks_cached) + " cached (" +
+                        std::to_string(uint64_t{ms.cache_blocks_cached} * 64) + " tokens) of " +
+                        std::to_string(ms.cache_blocks) + "; " + std::to_string(ms.cache_hits) + " hits, " +
+                        std::to_string(ms.cache_hit_tokens) + " prompt tokens reused, " +
+                        std::to_string(ms.cache_evictions) + " evicted"});
     t.add({"requests", std::to_string(ms.requests_active) + " active, " + std::to_string(ms.requests_queued) +
                            " queued, " + std::to_string(ms.requests_done) + " done, " +
                            std::to_string(ms.requests_failed) + " failed, " + std::to_string(ms.replays) +
@@ -796,6 +810,7 @@ std::string stats_line(const GenerateResult& r, size_t received) {
     return "[cancelled after " + std::to_string(received) + " generated tokens]";
   }
   std::string s = "[" + std::to_string(r.prompt_tokens) + " prompt tokens";
+  if (r.cached_tokens > 0) s += " (" + std::to_string(r.cached_tokens) + " cached)";
   s += " in " + format_duration(r.prompt_ms) + ", " + std::to_string(r.generated_tokens) + " generated";
   if (r.generated_tokens > 1 && r.generate_ms > 0) {
     s += " at " + format_double((r.generated_tokens - 1) * 1000.0 / r.generate_ms, 1) + " tok/s";
@@ -815,6 +830,7 @@ int cmd_generate(const Context& ctx) {
   req.max_tokens = a.u32("--max-tokens", req.max_tokens);
   req.stop = a.all("--stop");
   req.ignore_eog = a.has("--ignore-eog");
+  req.cache_prompt = !a.has("--no-cache-prompt");
   if (a.has("--stream-interval")) {
     req.stream_interval_ms = static_cast<int32_t>(std::min<uint32_t>(a.u32("--stream-interval", 0), INT32_MAX));
   }
@@ -1084,7 +1100,9 @@ std::vector<Command> commands() {
                                                "--backend for all)"},
                 {{"--pad-step"}, "N", "decode shapes padded to multiples of N (default 64)"},
                 {{"--max-queue"}, "N", "requests waiting for a slot before OVERLOADED (default 64)"},
-                {{"--keep-alive"}, "S", "unload after S seconds without a request (default 0: never)"}},
+                {{"--keep-alive"}, "S", "unload after S seconds without a request (default 0: never)"},
+                {{"--cache-tokens"}, "N", "KV positions kept for cached prompt prefixes beyond parallel x ctx "
+                                          "(default 0: the room the slots do not use)"}},
                cmd_load});
   c.push_back({"unload", "ID", "unload a model", {}, cmd_unload});
   c.push_back({"ps", "", "list loaded models (same as list)", {}, cmd_list});
@@ -1095,6 +1113,7 @@ std::vector<Command> commands() {
                                  {{"-n", "--max-tokens"}, "N", "most tokens to generate; 0 = no limit (default 256)"},
                                  {{"--chat"}, "", "send the prompt as one user message (chat template)"},
                                  {{"--ignore-eog"}, "", "keep generating past end-of-generation tokens"},
+                                 {{"--no-cache-prompt"}, "", "compute the whole prompt, not reusing a cached prefix"},
                                  {{"--stream-interval"}, "MS", "after the first tokens, at most one batch per MS ms; 0 = each token at once (default: the daemon's, 20)"},
                                  {{"-q", "--quiet"}, "", "no stats line on stderr"}};
   for (OptionSpec& o : sampling_options()) gen.push_back(o);

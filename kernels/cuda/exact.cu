@@ -202,10 +202,12 @@ __global__ void swiglu_exact_kernel(const float* g, const float* u, int64_t n, f
 constexpr int kAttnThreads = 128;
 
 // ops::attention_head for token t0 + blockIdx.y, query head blockIdx.x. scores: this launch's scratch,
-// [token][head][n_ctx] floats.
+// [token][head][n_ctx] floats. The cache is KvLayout's pool of blocks: position p of the token's slot is
+// row p & 63 of block blocks[p >> 6].
 __global__ void __launch_bounds__(kAttnThreads)
     attention_exact_kernel(KvLayout kv, int32_t n_head, const float* q, const int32_t* pos, const int32_t* slot,
-                           int32_t t0, float scale, const uint16_t* cache, float* scores, float* out) {
+                           const int32_t* table, int32_t t0, float scale, const uint16_t* cache, float* scores,
+                           float* out) {
   __shared__ float s_q[256];
   __shared__ float s_red[kAttnThreads];
   __shared__ float s_chains[16 * 256];
@@ -214,15 +216,18 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int hd = kv.head_dim;
   const int n_kv = pos[t] + 1;  // positions past the token's own are masked
   const int g = h / (n_head / kv.n_head_kv);
-  const uint16_t* kc = cache + ((static_cast<size_t>(slot[t]) * kv.n_head_kv + g) * kv.n_ctx) * hd;
-  const uint16_t* vc = kc + static_cast<size_t>(kv.n_slots) * kv.n_head_kv * kv.n_ctx * hd;  // [k|v]: the V half
+  static_assert(kKvBlockTokens == 64, "rows are found as p >> 6 and p & 63");
+  const int32_t* blocks = table + static_cast<size_t>(slot[t]) * kv.blocks_per_slot;  // the slot's block table
+  const size_t stride = static_cast<size_t>(kv.n_head_kv) * kKvBlockTokens * hd;      // block to block
+  const uint16_t* kc = cache + static_cast<size_t>(g) * kKvBlockTokens * hd;          // head g's rows in block 0
+  const uint16_t* vc = kc + static_cast<size_t>(kv.n_blocks) * stride;                // [k|v]: the V half
   float* sc = scores + (static_cast<size_t>(tl) * n_head + h) * kv.n_ctx;
   // Q meets the F16 K cache as F16.
   for (int d = tid; d < hd; d += kAttnThreads) s_q[d] = round_half(q[(static_cast<size_t>(t) * n_head + h) * hd + d]);
   __syncthreads();
   float m = -INFINITY;
   for (int p = tid; p < n_kv; p += kAttnThreads) {
-    const uint16_t* kr = kc + static_cast<size_t>(p) * hd;
+    const uint16_t* kr = kc + static_cast<size_t>(blocks[p >> 6]) * stride + static_cast<size_t>(p & 63) * hd;
     float lanes[16];
     for (int l = 0; l < 16; ++l) lanes[l] = qk_lane(s_q, kr, hd, l);
     const float s = qk_finish(lanes, s_q, kr, hd) * scale;
@@ -266,12 +271,16 @@ __global__ void __launch_bounds__(kAttnThreads)
   const float inv = s_inv;
   for (int p = tid; p < n_kv; p += kAttnThreads) sc[p] = round_half(sc[p] * inv);  // as llama.cpp before KQV
   __syncthreads();
-  // KQV: chain i of dimension d sums positions j = i (mod 16) in order (tinyBLAS's 16 lanes); products
-  // of two halves are exact.
+  // KQV: chain i of dimension d sums positions j = i (mod 16) in order (tinyBLAS's 16 lanes), a block of
+  // 64 positions (4 of the chain's) at a time; products of two halves are exact.
   for (int c = tid; c < 16 * hd; c += kAttnThreads) {
     const int i = c / hd, d = c % hd;
     float acc = 0.0f;
-    for (int j = i; j < n_kv; j += 16) acc = fma_(sc[j], half_to_float(vc[static_cast<size_t>(j) * hd + d]), acc);
+    for (int b0 = 0; b0 < n_kv; b0 += kKvBlockTokens) {
+      const uint16_t* vb = vc + static_cast<size_t>(blocks[b0 >> 6]) * stride + d;
+      const int end = min(n_kv - b0, kKvBlockTokens);
+      for (int j = i; j < end; j += 16) acc = fma_(sc[b0 + j], half_to_float(vb[static_cast<size_t>(j) * hd]), acc);
+    }
     s_chains[c] = acc;
   }
   __syncthreads();
@@ -405,13 +414,13 @@ size_t attention_exact_scratch_floats(const KvLayout& kv, int32_t n_head, int32_
 }
 
 cudaError_t attention_exact(const KvLayout& kv, int32_t n_head, const float* q, const int32_t* pos, const int32_t* slot,
-                            int32_t tokens, float scale, const uint16_t* cache, float* scratch, int32_t scratch_tokens,
-                            float* out, cudaStream_t stream) {
+                            const int32_t* table, int32_t tokens, float scale, const uint16_t* cache, float* scratch,
+                            int32_t scratch_tokens, float* out, cudaStream_t stream) {
   if (kv.head_dim > 256 || scratch_tokens < 1) return cudaErrorInvalidValue;
   for (int32_t t0 = 0; t0 < tokens; t0 += scratch_tokens) {
     const int32_t nt = std::min(scratch_tokens, tokens - t0);
     attention_exact_kernel<<<dim3(static_cast<unsigned>(n_head), static_cast<unsigned>(nt)), kAttnThreads, 0, stream>>>(
-        kv, n_head, q, pos, slot, t0, scale, cache, scratch, out);
+        kv, n_head, q, pos, slot, table, t0, scale, cache, scratch, out);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }

@@ -161,7 +161,18 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 // Where V starts in a layer's cache (KvLayout::half_elems() / 2, in device code).
 __device__ __forceinline__ size_t v_offset(const KvLayout& kv) {
-  return static_cast<size_t>(kv.n_slots) * kv.n_head_kv * kv.n_ctx * kv.head_dim;
+  return static_cast<size_t>(kv.n_blocks) * static_cast<size_t>(kv.n_head_kv) * kKvBlockTokens *
+         static_cast<size_t>(kv.head_dim);
+}
+static_assert(kKvBlockTokens == 64, "the kernels find a KV row as p >> 6 and p & 63");
+// Halves from one block's K (or V) rows to the next block's: every kv head's 64 rows.
+__device__ __forceinline__ size_t block_elems(const KvLayout& kv) {
+  return static_cast<size_t>(kv.n_head_kv) * kKvBlockTokens * static_cast<size_t>(kv.head_dim);
+}
+// Where position p's row is, from the start of a head's rows in block 0 (K or V): `blocks` is the
+// slot's block table.
+__device__ __forceinline__ size_t kv_row(const int32_t* blocks, size_t block_stride, int32_t head_dim, int32_t p) {
+  return static_cast<size_t>(blocks[p >> 6]) * block_stride + static_cast<size_t>(p & 63) * head_dim;
 }
 
 // ---- Matmul: GEMV (few tokens) ----------------------------------------------------------------------
@@ -512,15 +523,18 @@ __global__ void rope_kernel(const float* x, int32_t tokens, int32_t n_heads, int
 }
 
 __global__ void kv_write_kernel(KvLayout kv, const float* k, const float* v, const int32_t* pos, const int32_t* slot,
-                                int32_t tokens, __half* cache) {
+                                const int32_t* table, int32_t tokens, __half* cache) {
   const int64_t width = static_cast<int64_t>(kv.n_head_kv) * kv.head_dim;
   const int64_t total = tokens * width;
   const size_t v_off = v_offset(kv);
+  const size_t stride = block_elems(kv);
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / width, c = i % width;
     const int64_t h = c / kv.head_dim, d = c % kv.head_dim;
-    const size_t at = ((static_cast<size_t>(slot[t]) * kv.n_head_kv + h) * kv.n_ctx + pos[t]) * kv.head_dim + d;
+    const int32_t* blocks = table + static_cast<size_t>(slot[t]) * kv.blocks_per_slot;
+    const size_t at = kv_row(blocks, stride, kv.head_dim, pos[t]) +
+                      static_cast<size_t>(h) * kKvBlockTokens * kv.head_dim + static_cast<size_t>(d);
     cache[at] = __float2half_rn(k[i]);
     cache[v_off + at] = __float2half_rn(v[i]);
   }
@@ -535,7 +549,7 @@ constexpr int kAttnWarps = 8;
 template <int DPL>
 __global__ void __launch_bounds__(kAttnWarps * 32)
     attention_kernel(KvLayout kv, int32_t n_head, const float* __restrict__ q, const int32_t* pos, const int32_t* slot,
-                     float scale, const __half* __restrict__ cache, float* out) {
+                     const int32_t* __restrict__ table, float scale, const __half* __restrict__ cache, float* out) {
   constexpr int kMaxDim = DPL * 32;
   __shared__ float s_m[kAttnWarps], s_l[kAttnWarps];
   __shared__ float s_acc[kAttnWarps][kMaxDim];
@@ -544,7 +558,9 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   const int D = kv.head_dim;
   const int kvh = h / (n_head / kv.n_head_kv);
   const int32_t p = pos[t];
-  const size_t head = (static_cast<size_t>(slot[t]) * kv.n_head_kv + kvh) * kv.n_ctx * D;
+  const int32_t* blocks = table + static_cast<size_t>(slot[t]) * kv.blocks_per_slot;  // the slot's block table
+  const size_t stride = block_elems(kv);
+  const size_t head = static_cast<size_t>(kvh) * kKvBlockTokens * D;  // head kvh's rows in block 0
   const __half* K = cache + head;
   const __half* V = cache + v_offset(kv) + head;
   const float* qh = q + (static_cast<size_t>(t) * n_head + h) * D;
@@ -557,10 +573,11 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   float m = -FLT_MAX, l = 0.0f;
   __half kn[DPL], vn[DPL];  // the next position's key and value values of this lane
   if (warp <= p) {
+    const size_t first = kv_row(blocks, stride, D, warp);
 #pragma unroll
     for (int i = 0; i < DPL; ++i) {
-      kn[i] = K[static_cast<size_t>(warp) * D + lane + 32 * i];
-      vn[i] = V[static_cast<size_t>(warp) * D + lane + 32 * i];
+      kn[i] = K[first + lane + 32 * i];
+      vn[i] = V[first + lane + 32 * i];
     }
   }
   for (int32_t j = warp; j <= p; j += kAttnWarps) {
@@ -571,7 +588,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
       vc[i] = __half2float(vn[i]);
     }
     if (j + kAttnWarps <= p) {
-      const size_t next = static_cast<size_t>(j + kAttnWarps) * D;
+      const size_t next = kv_row(blocks, stride, D, j + kAttnWarps);
 #pragma unroll
       for (int i = 0; i < DPL; ++i) {
         kn[i] = K[next + lane + 32 * i];
@@ -775,24 +792,25 @@ cudaError_t rope(const float* x, int32_t tokens, int32_t n_heads, int32_t head_d
 }
 
 cudaError_t kv_write(const KvLayout& kv, const float* k, const float* v, const int32_t* pos, const int32_t* slot,
-                     int32_t tokens, uint16_t* cache, cudaStream_t stream) {
+                     const int32_t* table, int32_t tokens, uint16_t* cache, cudaStream_t stream) {
   const int64_t n = static_cast<int64_t>(tokens) * kv.n_head_kv * kv.head_dim;
   if (n <= 0) return cudaSuccess;
-  kv_write_kernel<<<elementwise_blocks(n), 256, 0, stream>>>(kv, k, v, pos, slot, tokens,
+  kv_write_kernel<<<elementwise_blocks(n), 256, 0, stream>>>(kv, k, v, pos, slot, table, tokens,
                                                              reinterpret_cast<__half*>(cache));
   return cudaGetLastError();
 }
 
 cudaError_t attention(const KvLayout& kv, int32_t n_head, const float* q, const int32_t* pos, const int32_t* slot,
-                      int32_t tokens, float scale, const uint16_t* cache, float* out, cudaStream_t stream) {
+                      const int32_t* table, int32_t tokens, float scale, const uint16_t* cache, float* out,
+                      cudaStream_t stream) {
   if (tokens <= 0) return cudaSuccess;
   if (kv.head_dim % 32 != 0 || kv.head_dim > 256 || kv.head_dim <= 0) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(n_head), static_cast<unsigned>(tokens));
   const __half* c = reinterpret_cast<const __half*>(cache);
   switch (kv.head_dim / 32) {
-#define INFERD_ATTENTION_CASE(N)                                                                            \
-  case N:                                                                                                   \
-    attention_kernel<N><<<grid, kAttnWarps * 32, 0, stream>>>(kv, n_head, q, pos, slot, scale, c, out); \
+#define INFERD_ATTENTION_CASE(N)                                                                                   \
+  case N:                                                                                                          \
+    attention_kernel<N><<<grid, kAttnWarps * 32, 0, stream>>>(kv, n_head, q, pos, slot, table, scale, c, out); \
     break;
     INFERD_ATTENTION_CASE(1)
     INFERD_ATTENTION_CASE(2)

@@ -1,5 +1,6 @@
 // Attention over the KV cache rope_kv writes: float (one pass, online softmax) and exact (the CPU
-// engine's ops::attention_head) (workers/opencl/ops.cpp).
+// engine's ops::attention_head) (workers/opencl/ops.cpp). A layer's cache is a pool of blocks,
+// [block][k|v][kv_head][64][head_dim]; position p of slot s is row p % 64 of block kv_table[s * bps + p / 64].
 // Only the marked sections are embedded (format: inferd/kernels/opencl_sources.h); notes outside them are not.
 
 // Both kernels' first helper line: @hd4@ = head_dim / 4.
@@ -21,8 +22,10 @@
   const int end = min(kv_pad, pos[t] + 1);  // positions past the token's own are masked
   const int g = h / (n_head / n_head_kv);
   const size_t hd = HD4 * 4;
-  __global const half* kc = cache + (((size_t)slot[t] * 2 * n_head_kv + g) * n_ctx) * hd;
-  __global const half* vc = kc + (size_t)n_head_kv * n_ctx * hd;
+  __global const int* blocks = kv_table + slot[t] * bps;           // the slot's block table
+  __global const half* kc = cache + (size_t)g * 64 * hd;           // head g's K rows in block 0
+  __global const half* vc = kc + (size_t)n_head_kv * 64 * hd;      // and its V rows
+  const size_t block_halves = (size_t)2 * n_head_kv * 64 * hd;
   __global const half* qp = q + ((size_t)t * n_head + h) * hd;
   float4 qv[HD4], acc[HD4];
   for (int i = 0; i < HD4; ++i) {
@@ -31,7 +34,8 @@
   }
   float m = -INFINITY, l = 0.0f;
   for (int p = lid; p < end; p += lsz) {
-    __global const half* kr = kc + (size_t)p * hd;
+    const size_t row = (size_t)blocks[p >> 6] * block_halves + (size_t)(p & 63) * hd;
+    __global const half* kr = kc + row;
     float sc = 0.0f;
     for (int i = 0; i < HD4; ++i) sc += dot(qv[i], vload_half4(i, kr));
     sc *= scale;
@@ -39,7 +43,7 @@
     const float corr = exp(m - m_new);  // 0 on the lane's first position (m = -inf)
     const float e = exp(sc - m_new);
     l = l * corr + e;
-    __global const half* vr = vc + (size_t)p * hd;
+    __global const half* vr = vc + row;
     for (int i = 0; i < HD4; ++i) acc[i] = acc[i] * corr + e * vload_half4(i, vr);
     m = m_new;
   }
@@ -116,15 +120,17 @@ inline float inferd_qk(const float4* qv, __global const half* kr) {
   const int n_kv = pos[t] + 1;  // positions past the token's own are masked
   const int g = h / (n_head / n_head_kv);
   const size_t hd = HD4 * 4;
-  __global const half* kc = cache + (((size_t)slot[t] * 2 * n_head_kv + g) * n_ctx) * hd;
-  __global const half* vc = kc + (size_t)n_head_kv * n_ctx * hd;
+  __global const int* blocks = kv_table + slot[t] * bps;           // the slot's block table
+  __global const half* kc = cache + (size_t)g * 64 * hd;           // head g's K rows in block 0
+  __global const half* vc = kc + (size_t)n_head_kv * 64 * hd;      // and its V rows
+  const size_t block_halves = (size_t)2 * n_head_kv * 64 * hd;
   __global const half* qp = q + ((size_t)t * n_head + h) * hd;
   __global float* sc = scores + ((size_t)tl * n_head + h) * kv_pad;
   float4 qv[HD4];
   for (int i = 0; i < HD4; ++i) qv[i] = vload_half4(i, qp);
   float m = -INFINITY;
   for (int p = lid; p < n_kv; p += lsz) {
-    const float s = inferd_qk(qv, kc + (size_t)p * hd) * scale;
+    const float s = inferd_qk(qv, kc + (size_t)blocks[p >> 6] * block_halves + (size_t)(p & 63) * hd) * scale;
     sc[p] = s;
     m = fmax(m, s);
   }
@@ -164,12 +170,16 @@ inline float inferd_qk(const float4* qv, __global const half* kr) {
   const float inv = scratch[0];
   for (int p = lid; p < n_kv; p += lsz) sc[p] = inferd_round_half(sc[p] * inv);  // as llama.cpp before KQV
   barrier(CLK_GLOBAL_MEM_FENCE);
-  // KQV: chain i of dimension d sums positions j = i (mod 16) in order (tinyBLAS's 16 lanes); the
-  // products of two halves are exact.
+  // KQV: chain i of dimension d sums positions j = i (mod 16) in order (tinyBLAS's 16 lanes), a block
+  // of 64 positions (4 of the chain's) at a time; the products of two halves are exact.
   for (int c = lid; c < 16 * HD4 * 4; c += lsz) {
     const int i = c / (HD4 * 4), d = c % (HD4 * 4);
     float acc = 0.0f;
-    for (int j = i; j < n_kv; j += 16) acc = fma(sc[j], vload_half(d, vc + (size_t)j * hd), acc);
+    for (int b0 = 0; b0 < n_kv; b0 += 64) {
+      __global const half* vb = vc + (size_t)blocks[b0 >> 6] * block_halves + d;
+      const int end = min(n_kv - b0, 64);
+      for (int j = i; j < end; j += 16) acc = fma(sc[b0 + j], vload_half(0, vb + (size_t)j * hd), acc);
+    }
     chains[c] = acc;
   }
   barrier(CLK_LOCAL_MEM_FENCE);

@@ -50,8 +50,10 @@
 
 // rope_kv: one work-item per (token, head, unit): a unit is one slice (two rotated pairs) of a head
 // for llama's rope, one slice of each half for NeoX's. Q heads come first, then KV heads, whose
-// work-items also copy V. The cos and sin come from the host (rope_table: the CPU engine's own
-// values); the rotation is kernels::rope_rotate's: a' = fma(a, cos, -(b * sin)), b' = fma(a, sin, b * cos).
+// work-items also copy V into the cache: a layer's pool of blocks [block][k|v][kv_head][64][head_dim],
+// position p of the token's slot in block kv_table[slot * bps + p / 64] at row p % 64. The cos and sin
+// come from the host (rope_table: the CPU engine's own values); the rotation is kernels::rope_rotate's:
+// a' = fma(a, cos, -(b * sin)), b' = fma(a, sin, b * cos).
 // The body is rope_kv.head, then rope_kv.normal or rope_kv.neox.
 //@ rope_kv.helpers
 // The bias of channels [c, c + 4) of Q|K|V, or 0.
@@ -68,8 +70,10 @@ inline float4 inferd_bias(__global const float* bias, int c) {
   const int n_embd = n_head * head_dim, n_embd_kv = n_head_kv * head_dim;
   const bool is_q = hh < n_head;
   const int head = is_q ? hh : hh - n_head;
-  __global half* kv_row = cache + ((((size_t)slot[t] * 2) * n_head_kv + head) * n_ctx + pos[t]) * head_dim;
-  __global half* v_row = kv_row + (size_t)n_head_kv * n_ctx * head_dim;
+  const int p = pos[t];
+  const int block = is_q ? 0 : kv_table[slot[t] * bps + (p >> 6)];  // Q rows do not go to the cache
+  __global half* kv_row = cache + ((((size_t)block * 2) * n_head_kv + head) * 64 + (p & 63)) * head_dim;
+  __global half* v_row = kv_row + (size_t)n_head_kv * 64 * head_dim;
   __global half* q_row = q_out + ((size_t)t * n_head + head) * head_dim;
   __global const float* trig = rope + (size_t)t * head_dim;  // (cos, sin) of the token's head_dim / 2 angles
 //@ end

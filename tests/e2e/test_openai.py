@@ -129,6 +129,22 @@ class OpenAiTest(harness.DaemonTestCase):
         self.assertEqual(finish, "length")
         self.assertEqual(usage.completion_tokens, 24)
 
+    def test_a_repeated_long_prompt_reports_its_cached_tokens(self):
+        # The prefix cache through the SDK: the second request's full blocks come from the first's, the
+        # answer is the same, and usage says how many prompt tokens were cached; cache_prompt=false opts out.
+        prompt = "Here is a list of the fruits we sell at the market every Saturday morning: " * 8
+        first = self.client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0)
+        again = self.client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0)
+        self.assertEqual(again.choices[0].text, first.choices[0].text)
+        cached = again.usage.prompt_tokens_details.cached_tokens
+        self.assertGreaterEqual(cached, 64)
+        self.assertEqual(cached % 64, 0)
+        self.assertLess(cached, again.usage.prompt_tokens)
+        off = self.client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0,
+                                             extra_body={"cache_prompt": False})
+        self.assertEqual(off.usage.prompt_tokens_details.cached_tokens, 0)
+        self.assertEqual(off.choices[0].text, first.choices[0].text)
+
     def test_chat_streamed_and_not(self):
         messages = [{"role": "system", "content": "You are terse."},
                     {"role": "user", "content": "Name three colours."}]

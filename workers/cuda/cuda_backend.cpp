@@ -196,6 +196,10 @@ struct CudaBackend::Impl {
   std::vector<int> tmp_a, tmp_b;  // per node: matmul_swiglu's gate and up scratch
   std::vector<DeviceBuffer> caches;  // per layer of the graph
   KvLayout kv;
+  // The step's block tables ([n_slots][blocks_per_slot] int32, StepIO::kv_table) on the device, and what
+  // they hold (empty: nothing uploaded since prepare()). CUDA graphs capture the buffer's address.
+  DeviceBuffer kv_table;
+  std::vector<int32_t> host_kv_table;
   // Quantized matmul inputs (Activations::kQ8): a buffer per kind, and the tensor it holds this step.
   DeviceBuffer quant[3];
   TensorId quant_holds[3] = {graph::kNone, graph::kNone, graph::kNone};
@@ -251,6 +255,7 @@ struct CudaBackend::Impl {
   uint16_t* cache(const Graph& g, const Node& n) const {
     return caches[static_cast<size_t>(n.layer - g.first_layer)].as<uint16_t>();
   }
+  const int32_t* table() const { return kv_table.as<int32_t>(); }
   // The matmul input `x` of `rows` rows as a matmul with `w` reads it: quantized when the options say so.
   Result<const float*> matmul_input(const Graph& g, TensorId x, int32_t rows, const Matrix& w);
   // y = W x (+ bias, or residual +) with the options' arithmetic.
@@ -526,9 +531,7 @@ Status CudaBackend::Impl::plan(const Graph& g) {
     exact_act = std::move(a).value();
     if (has_attention) {
       // Attention's scores: up to 64 MiB, the step's tokens in launches of as many as fit.
-      const size_t per_token = attention_exact_scratch_floats(KvLayout{shape.n_slots, shape.n_ctx, g.heads.n_head_kv,
-                                                                       g.heads.head_dim},
-                                                              g.heads.n_head, 1) * 4;
+      const size_t per_token = attention_exact_scratch_floats(kv, g.heads.n_head, 1) * 4;
       score_tokens = static_cast<int32_t>(std::clamp<size_t>((size_t{64} << 20) / std::max<size_t>(per_token, 1), 1,
                                                              static_cast<size_t>(shape.max_tokens)));
       auto sc = DeviceBuffer::allocate(per_token * static_cast<size_t>(score_tokens), "attention scores");
@@ -548,6 +551,8 @@ Status CudaBackend::prepare(const Graph& g, const BackendShape& shape) {
   I.weights.clear();
   I.pool.clear();
   I.caches.clear();
+  I.kv_table.reset();
+  I.host_kv_table.clear();
   I.graphs.clear();
   I.uncapturable.clear();
   I.graph_note.clear();
@@ -565,16 +570,29 @@ Status CudaBackend::prepare(const Graph& g, const BackendShape& shape) {
   Status st = I.upload_weights(g);
   bool has_cache = false;
   for (const graph::Tensor& t : g.tensors()) has_cache = has_cache || t.kind == graph::TensorKind::kKvCache;
+  static_assert(kKvBlockTokens == graph::kKvBlockTokens, "the kernels' KV block is the graph's");
+  I.kv = KvLayout{shape.n_blocks, graph::kv_blocks_per_slot(shape.n_ctx), shape.n_ctx, g.heads.n_head_kv,
+                  g.heads.head_dim};
   if (st && has_cache) {
-    I.kv = KvLayout{shape.n_slots, shape.n_ctx, g.heads.n_head_kv, g.heads.head_dim};
     const size_t bytes = I.kv.half_elems() * 2;
     size_t free_b = 0, total_b = 0;
     (void)cudaMemGetInfo(&free_b, &total_b);
     const size_t need = bytes * static_cast<size_t>(g.end_layer - g.first_layer);
     if (need > free_b) {
-      st = Status(Code::kOutOfRange, "the KV cache (" + std::to_string(shape.n_slots) + " slots of " +
-                                         std::to_string(shape.n_ctx) + " tokens) needs " + mib(need) + "; the device has " +
-                                         mib(free_b) + " free after the weights");
+      st = Status(Code::kOutOfRange, "the KV cache (" + std::to_string(shape.n_blocks) + " blocks of " +
+                                         std::to_string(kKvBlockTokens) + " tokens) needs " + mib(need) +
+                                         "; the device has " + mib(free_b) + " free after the weights");
+    }
+    if (st) {
+      auto t = DeviceBuffer::allocate(
+          static_cast<size_t>(shape.n_slots) * static_cast<size_t>(I.kv.blocks_per_slot) * sizeof(int32_t),
+          "the KV block tables");
+      if (t) {
+        I.stats.activation_bytes += t->bytes();
+        I.kv_table = std::move(t).value();
+      } else {
+        st = t.status();
+      }
     }
     for (int32_t l = g.first_layer; st && l < g.end_layer; ++l) {
       auto c = DeviceBuffer::allocate(bytes, "the KV cache of layer " + std::to_string(l));
@@ -610,6 +628,7 @@ Status CudaBackend::prepare(const Graph& g, const BackendShape& shape) {
     I.weights.clear();
     I.pool.clear();
     I.caches.clear();
+    I.kv_table.reset();
     I.graphs.clear();
     I.rope_tables.clear();
     I.exact_act.reset();
@@ -696,14 +715,14 @@ Status CudaBackend::Impl::run_node(const Graph& g, const Node& n, const graph::S
       break;
     }
     case Op::kKvWrite:
-      e = kv_write(kv, f(n.in[0]), f(n.in[1]), ints(n.in[2]), ints(n.in[3]), s.tokens, cache(g, n), stream);
+      e = kv_write(kv, f(n.in[0]), f(n.in[1]), ints(n.in[2]), ints(n.in[3]), table(), s.tokens, cache(g, n), stream);
       break;
     case Op::kAttention: {
       const float scale = 1.0f / std::sqrt(static_cast<float>(g.heads.head_dim));
-      e = ex ? attention_exact(kv, g.heads.n_head, f(n.in[0]), ints(n.in[2]), ints(n.in[3]), s.tokens, scale, cache(g, n),
-                               scores.as<float>(), score_tokens, f(n.out[0]), stream)
-             : attention(kv, g.heads.n_head, f(n.in[0]), ints(n.in[2]), ints(n.in[3]), s.tokens, scale, cache(g, n),
-                         f(n.out[0]), stream);
+      e = ex ? attention_exact(kv, g.heads.n_head, f(n.in[0]), ints(n.in[2]), ints(n.in[3]), table(), s.tokens, scale,
+                               cache(g, n), scores.as<float>(), score_tokens, f(n.out[0]), stream)
+             : attention(kv, g.heads.n_head, f(n.in[0]), ints(n.in[2]), ints(n.in[3]), table(), s.tokens, scale,
+                         cache(g, n), f(n.out[0]), stream);
       break;
     }
     case Op::kSwiglu: {
@@ -759,6 +778,20 @@ Status CudaBackend::compute(const Graph& g, graph::StepIO& io) {
       // host_table is reused next step: wait for this copy first.
       const cudaError_t es = cudaStreamSynchronize(I.stream);
       if (es != cudaSuccess) return I.fail(es, "the RoPE angles");
+    }
+  }
+  if (!I.caches.empty()) {  // the block tables, when they changed (a decode step normally keeps them)
+    const size_t entries = static_cast<size_t>(I.shape.n_slots) * static_cast<size_t>(I.kv.blocks_per_slot);
+    INFERD_ASSERT(io.kv_table.size() == entries, "a KV table of %zu entries, %zu expected", io.kv_table.size(), entries);
+    if (!std::equal(io.kv_table.begin(), io.kv_table.end(), I.host_kv_table.begin(), I.host_kv_table.end())) {
+      // Copied from host_kv_table, which stays as it is until the step's end (synchronized below).
+      I.host_kv_table.assign(io.kv_table.begin(), io.kv_table.end());
+      const cudaError_t e = cudaMemcpyAsync(I.kv_table.get(), I.host_kv_table.data(), entries * sizeof(int32_t),
+                                            cudaMemcpyHostToDevice, I.stream);
+      if (e != cudaSuccess) {
+        I.host_kv_table.clear();
+        return I.fail(e, "the KV block tables");
+      }
     }
   }
   Status st;

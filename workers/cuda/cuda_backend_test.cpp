@@ -104,12 +104,14 @@ class CudaEngineTest : public ::testing::TestWithParam<std::string> {
   }
 
   Result<std::unique_ptr<ModelRunner>> runner(int32_t n_slots = 1, int32_t n_ctx = 512, int32_t first = 0,
-                                              int32_t end = 0, CudaOptions options = CudaOptions{}) {
+                                              int32_t end = 0, CudaOptions options = CudaOptions{},
+                                              int32_t n_blocks = 0) {
     auto b = CudaBackend::create(options);
     if (!b) return b.status();
     RunnerOptions o;
     o.n_ctx = n_ctx;
     o.n_slots = n_slots;
+    o.n_blocks = n_blocks;
     o.first_layer = first;
     o.end_layer = end;
     auto r = ModelRunner::create(model_, std::move(b).value(), o);
@@ -331,6 +333,65 @@ TEST_P(CudaEngineTest, GraphReplaysEqualDirectLaunches) {
     }
     ASSERT_EQ(out[0].size(), out[1].size());
     EXPECT_EQ(0, std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)));
+  }
+}
+
+// KV blocks (graph.h): a sequence whose blocks lie scattered over the pool (out of order, not adjacent)
+// gets the logits of the default layout (one run of blocks per slot), and a second sequence that takes
+// the first two blocks of its prompt from the first (set_slot with their 128 positions) and computes only
+// the rest gets the logits of computing its whole prompt from scratch, bit for bit: only addresses change.
+// The passes are the same on both sides; the decode steps of both slots replay one CUDA graph while the
+// block tables change between them.
+TEST_P(CudaEngineTest, ScatteredAndSharedKvBlocksGiveTheSameLogits) {
+  constexpr int32_t kPrefix = 128, kPrompt = 150, kTokens = 153;  // 3 blocks; the last 3 tokens decoded
+  // The prefix, then tokens [kPrefix, kPrompt) of `seq` into `slot`, then the rest one by one: the logits
+  // of every row from `from` (0, or kPrefix where the prefix is already there).
+  auto run = [](ModelRunner& m, int32_t slot, const std::vector<int32_t>& seq, int32_t from) {
+    std::vector<float> out;
+    auto pass = [&](size_t first, size_t n) {
+      auto r = m.eval(slot, std::span<const int32_t>(&seq[first], n), /*all_logits=*/true);
+      EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+      if (r) out.insert(out.end(), r->begin(), r->end());
+    };
+    if (from == 0) pass(0, kPrefix);
+    pass(kPrefix, kPrompt - kPrefix);
+    for (size_t i = kPrompt; i < seq.size(); ++i) pass(i, 1);
+    return out;
+  };
+  const std::vector<int32_t> first = tokens(kTokens);
+  std::vector<int32_t> second = first;
+  for (size_t i = kPrefix; i < second.size(); ++i) second[i] = first[(i * 7) % kPrefix];
+  const size_t nv = static_cast<size_t>(model_->config().n_vocab);
+  const CudaOptions configs[] = {CudaOptions{0, MatmulPath::kGemv, Activations::kFloat, Numerics::kExact},
+                                 CudaOptions{0, MatmulPath::kGemv, Activations::kFloat, Numerics::kFloat}};
+  for (const CudaOptions& o : configs) {
+    SCOPED_TRACE(numerics_name(*o.numerics));
+    auto ref = runner(1, 192, 0, 0, o);
+    ASSERT_TRUE(ref.is_ok()) << ref.status().to_string();
+    const std::vector<float> want_first = run(*ref.value(), 0, first, 0);
+    ref.value()->clear_slot(0);
+    std::vector<float> want_second = run(*ref.value(), 0, second, 0);
+    want_second.erase(want_second.begin(), want_second.begin() + static_cast<std::ptrdiff_t>(kPrefix * nv));
+
+    auto pool = runner(2, 192, 0, 0, o, /*n_blocks=*/8);
+    ASSERT_TRUE(pool.is_ok()) << pool.status().to_string();
+    ModelRunner& m = *pool.value();
+    const ModelConfig& c = model_->config();
+    EXPECT_EQ(m.backend().memory().kv, size_t{8} * 2 * 64 * static_cast<size_t>(c.n_embd_kv()) * 2 *
+                                           static_cast<size_t>(c.n_layer));
+    const int32_t blocks0[] = {6, 1, 4}, blocks1[] = {6, 1, 3};  // slot 1 shares blocks 6 and 1
+    ASSERT_TRUE(m.set_slot(0, blocks0, 0).is_ok());
+    const std::vector<float> got_first = run(m, 0, first, 0);
+    ASSERT_TRUE(m.set_slot(1, blocks1, kPrefix).is_ok());
+    const std::vector<float> got_second = run(m, 1, second, kPrefix);
+    ASSERT_EQ(got_first.size(), want_first.size());
+    ASSERT_EQ(got_second.size(), want_second.size());
+    const Agreement a = agreement(got_first, want_first, nv), b = agreement(got_second, want_second, nv);
+    std::printf("[cuda] %s numerics, KV blocks: scattered vs the default layout%s, shared prefix vs from scratch%s\n",
+                numerics_name(*o.numerics), a.bitwise ? " bit for bit" : " DIFFER",
+                b.bitwise ? " bit for bit" : " DIFFER");
+    EXPECT_TRUE(a.bitwise);
+    EXPECT_TRUE(b.bitwise);
   }
 }
 

@@ -716,7 +716,9 @@ class MatmulExactCase final : public OpCase {
 // attention over the same half-rounded Q, K and V. A first pass writes `history` positions of slot
 // 1; the tested pass has `tokens` more tokens of slot 1 and the first token of slot 0, so the output
 // covers the cache written by an earlier pass, slot indexing, GQA, the causal mask within a pass and
-// the KV length padded to a multiple of 64. Q|K|V come from one fused tensor or from three.
+// the KV length padded to a multiple of 64. Q|K|V come from one fused tensor or from three. The slots'
+// blocks are interleaved and in reverse order in the pool (block 0 unused), so that a kernel addressing
+// rows by (slot, position) instead of through the block tables fails.
 //
 // Exact: rope_kv and attention_exact against the CPU engine's own steps (engine.cpp run_pass: bias,
 // ops::rope_head, Q rounded to half, K and V into an fp16 cache, ops::attention_head), bit for bit.
@@ -731,8 +733,13 @@ class AttentionCase final : public OpCase {
     g_.head_dim = head_dim;
     g_.n_slots = 2;
     g_.n_ctx = history + tokens + 3;
+    const int32_t bps = g_.blocks_per_slot();
+    g_.n_blocks = 2 * bps + 1;
     g_.rope_base = 10000.0f;
     g_.rope_mode = mode;
+    for (int32_t s = 0; s < 2; ++s) {
+      for (int32_t i = 0; i < bps; ++i) table_.push_back(g_.n_blocks - 1 - (2 * i + s));
+    }
     const int32_t qkv = g_.n_embd() + 2 * g_.n_embd_kv();
     for (int32_t t = 0; t < history; ++t) hist_.push_back({1, t});
     for (int32_t t = 0; t < tokens; ++t) pass_.push_back({1, history + t});
@@ -757,6 +764,9 @@ class AttentionCase final : public OpCase {
     if (!cache) return cache.status();
     auto q_half = rt.create_buffer(std::max(hist_.size(), pass_.size()) * static_cast<size_t>(g_.n_embd()) * 2);
     if (!q_half) return q_half.status();
+    std::vector<int32_t> table = table_;
+    auto table_buf = rt.create_buffer(table.size() * sizeof(int32_t), CL_MEM_READ_ONLY, table.data());
+    if (!table_buf) return table_buf.status();
     ClMem bias;
     if (bias_) {
       auto b = rt.create_buffer(bias_values_.size() * sizeof(float), CL_MEM_READ_ONLY, bias_values_.data());
@@ -782,7 +792,7 @@ class AttentionCase final : public OpCase {
       auto rope_buf = rt.create_buffer(trig.size() * sizeof(float), CL_MEM_READ_ONLY, trig.data());
       if (!pos_buf || !slot_buf) return !pos_buf ? pos_buf.status() : slot_buf.status();
       if (!rope_buf) return rope_buf.status();
-      const TokenPlacement placement{pos_buf->get(), slot_buf->get(), rope_buf->get()};
+      const TokenPlacement placement{pos_buf->get(), slot_buf->get(), rope_buf->get(), table_buf->get()};
       TensorSlice q, k, v;
       const int32_t e = g_.n_embd(), ekv = g_.n_embd_kv();
       if (fused_) {
@@ -884,11 +894,14 @@ class AttentionCase final : public OpCase {
   std::vector<float> cpu_engine_reference() const {
     const int32_t e = g_.n_embd(), ekv = g_.n_embd_kv(), hd = g_.head_dim, qkv = e + 2 * ekv;
     const RopeStyle style = g_.rope_mode == RopeMode::kNeox ? RopeStyle::kNeox : RopeStyle::kNormal;
-    const size_t per_head = static_cast<size_t>(g_.n_ctx) * static_cast<size_t>(hd);
-    std::vector<fp16_t> kc(size_t{2} * static_cast<size_t>(g_.n_head_kv) * per_head),
-        vc(kc.size());
+    // K and V pools of [block][kv_head][64][head_dim], read through the same block tables.
+    const size_t per_head = static_cast<size_t>(graph::kKvBlockTokens) * static_cast<size_t>(hd);
+    const int64_t block_stride = static_cast<int64_t>(g_.n_head_kv) * static_cast<int64_t>(per_head);
+    std::vector<fp16_t> kc(static_cast<size_t>(g_.n_blocks) * static_cast<size_t>(block_stride)), vc(kc.size());
     auto view = [&](std::vector<fp16_t>& c, int32_t slot, int32_t head) {
-      return KvCache::View{&c[static_cast<size_t>(slot * g_.n_head_kv + head) * per_head], hd};
+      return KvCache::View{&c[static_cast<size_t>(head) * per_head],
+                           &table_[static_cast<size_t>(slot) * static_cast<size_t>(g_.blocks_per_slot())], block_stride,
+                           hd};
     };
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     std::vector<float> out, scores(static_cast<size_t>(g_.n_ctx)), head_out(static_cast<size_t>(hd));
@@ -935,6 +948,7 @@ class AttentionCase final : public OpCase {
   bool bias_, exact_;
   std::vector<Token> hist_, pass_;
   std::vector<float> hist_x_, pass_x_, bias_values_;
+  std::vector<int32_t> table_;  // [slot][blocks_per_slot] block ids
 };
 
 // ---- The driver ----------------------------------------------------------------------------------

@@ -129,6 +129,8 @@ struct OpenClBackend::Impl {
   int32_t logits_capacity = 0;
 
   ClMem ids, pos, slots, rows;  // int32 per token: token id, position, slot; rows for the gather
+  ClMem kv_table;               // [n_slots][blocks_per_slot] int32: StepIO::kv_table
+  std::vector<int32_t> host_kv_table;  // what kv_table holds (empty: not uploaded since prepare())
   ClMem rope;                   // [max_tokens][head_dim] floats: rope_table() of the step's positions
   ClMem q_half;                 // [max_tokens][n_embd] halves, rope_kv -> attention
   ClMem q8_scales;              // exact: [max_tokens][widest / 32] (d, s) of the Q8 quants
@@ -229,7 +231,7 @@ bool OpenClBackend::supports(const Graph& g, const Node& n) const {
     }
     case Op::kMatmulSwiglu: return type_ok(n.in[1]) && type_ok(n.in[2]);
     case Op::kRopeKv: {
-      AttentionGeometry geo{g.heads.n_head, g.heads.n_head_kv, g.heads.head_dim, 1, 1, g.heads.rope_base,
+      AttentionGeometry geo{g.heads.n_head, g.heads.n_head_kv, g.heads.head_dim, 1, 1, 1, g.heads.rope_base,
                             g.heads.rope_style == RopeStyle::kNeox ? RopeMode::kNeox : RopeMode::kNormal};
       return geo.check().is_ok();
     }
@@ -565,6 +567,11 @@ Status OpenClBackend::Impl::allocate(const Graph& g) {
   const size_t tokens = static_cast<size_t>(n);
   for (ClMem* ints : {&ids, &pos, &slots, &rows}) INFERD_RETURN_IF_ERROR(buffer(*ints, tokens * sizeof(cl_int), CL_MEM_READ_ONLY));
   if (has_cache) {  // RoPE and attention
+    INFERD_RETURN_IF_ERROR(buffer(kv_table,
+                                  static_cast<size_t>(shape.n_slots) * static_cast<size_t>(geometry.blocks_per_slot()) *
+                                      sizeof(cl_int),
+                                  CL_MEM_READ_ONLY));
+    host_kv_table.clear();
     INFERD_RETURN_IF_ERROR(buffer(rope, tokens * static_cast<size_t>(geometry.head_dim) * sizeof(float), CL_MEM_READ_ONLY));
     INFERD_RETURN_IF_ERROR(buffer(q_half, tokens * static_cast<size_t>(geometry.n_embd()) * 2, CL_MEM_READ_WRITE));
   }
@@ -641,6 +648,7 @@ Status OpenClBackend::prepare(const Graph& g, const BackendShape& shape) {
   geo.head_dim = g.heads.head_dim;
   geo.n_slots = shape.n_slots;
   geo.n_ctx = shape.n_ctx;
+  geo.n_blocks = shape.n_blocks;
   geo.rope_base = g.heads.rope_base;
   geo.rope_mode = g.heads.rope_style == RopeStyle::kNeox ? RopeMode::kNeox : RopeMode::kNormal;
   I.has_cache = false;
@@ -649,8 +657,8 @@ Status OpenClBackend::prepare(const Graph& g, const BackendShape& shape) {
     INFERD_RETURN_IF_ERROR(geo.check());
     if (geo.layer_cache_bytes() > I.rt->info().max_alloc_bytes) {
       return make_error(Code::kOutOfRange,
-                        "a layer's KV cache (%s for %d slots of %d tokens) exceeds the device's largest buffer (%s)",
-                        mib(geo.layer_cache_bytes()).c_str(), shape.n_slots, shape.n_ctx,
+                        "a layer's KV cache (%s for %d blocks of %d tokens) exceeds the device's largest buffer (%s)",
+                        mib(geo.layer_cache_bytes()).c_str(), shape.n_blocks, graph::kKvBlockTokens,
                         mib(I.rt->info().max_alloc_bytes).c_str());
     }
   }
@@ -770,6 +778,14 @@ Status OpenClBackend::compute(const Graph& g, graph::StepIO& io) {
       }
     }
   }
+  if (I.has_cache) {  // the block tables, when they changed (a decode step normally keeps them)
+    const size_t entries = static_cast<size_t>(I.shape.n_slots) * static_cast<size_t>(I.geometry.blocks_per_slot());
+    INFERD_ASSERT(io.kv_table.size() == entries, "a KV table of %zu entries, %zu expected", io.kv_table.size(), entries);
+    if (!std::equal(io.kv_table.begin(), io.kv_table.end(), I.host_kv_table.begin(), I.host_kv_table.end())) {
+      INFERD_RETURN_IF_ERROR(rt.write_buffer(I.kv_table.get(), 0, entries * sizeof(cl_int), io.kv_table.data()));
+      I.host_kv_table.assign(io.kv_table.begin(), io.kv_table.end());
+    }
+  }
   if (n_out > 0) INFERD_RETURN_IF_ERROR(I.ensure_logits(n_out));
   INFERD_RETURN_IF_ERROR(I.bind_views(t_count, n_out));
   for (size_t i = 0; i < g.inputs().size(); ++i) {
@@ -793,7 +809,7 @@ Status OpenClBackend::compute(const Graph& g, graph::StepIO& io) {
     I.bound[static_cast<size_t>(I.gathered_out)] = I.bound[static_cast<size_t>(I.gathered_in)];
   }
   I.q8_holds = I.q8k_holds = graph::kNone;
-  const TokenPlacement tokens{I.pos.get(), I.slots.get(), I.rope.get()};
+  const TokenPlacement tokens{I.pos.get(), I.slots.get(), I.rope.get(), I.kv_table.get()};
   Status st;
   for (size_t ni = 0; ni < g.nodes().size() && st; ++ni) {
     const Node& n = g.nodes()[ni];

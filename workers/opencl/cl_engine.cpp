@@ -19,11 +19,13 @@ Result<std::unique_ptr<ClEngine>> ClEngine::create(std::shared_ptr<const Model> 
   ro.n_slots = options.n_slots;
   ro.n_ubatch = options.n_ubatch;
   ro.pad_step = options.pad_step;
+  ro.n_blocks = options.n_blocks;
   ro.first_layer = options.first_layer;
   ro.end_layer = options.end_layer;
   INFERD_RETURN_IF_ERROR(e->init(std::move(model), std::move(backend).value(), ro));
   e->options_ = options;
   e->options_.n_ctx = e->runner_options().n_ctx;
+  e->options_.n_blocks = e->runner_options().n_blocks;
   e->options_.end_layer = e->runner_options().end_layer;
   return e;
 }

@@ -872,6 +872,87 @@ TEST_F(ClEngineSyntheticTest, EveryWeightTypeMatchesTheFloatReference) {
   EXPECT_LT(d, 1e-3f * std::max(scale, 1.0f));
 }
 
+// KV blocks (graph.h): a sequence whose blocks lie scattered over the pool (out of order, not adjacent)
+// gets the logits of the default layout (one run of blocks per slot), and a second sequence that takes
+// the first two blocks of its prompt from the first (set_slot with their 128 positions) and computes only
+// the rest gets the logits of computing its whole prompt from scratch. Only addresses change, so both
+// numerics give the same bits; the passes are the same on both sides (the prefix in passes of 64).
+TEST_F(ClEngineSyntheticTest, ScatteredAndSharedKvBlocksGiveTheSameLogits) {
+  auto model = tiny_model("qwen2", DType::kQ8_0, DType::kF16, kMixedLayers);
+  ASSERT_NE(model, nullptr);
+  constexpr int32_t kPrefix = 128, kPrompt = 150, kTokens = 153;  // 3 blocks; the last 3 tokens decoded
+  auto engine = [&](Numerics numerics, int32_t n_slots, int32_t n_blocks) -> std::unique_ptr<ClEngine> {
+    const char* selector = std::getenv("INFERD_OPENCL_DEVICE");
+    auto rt = Runtime::create_default(RuntimeOptions{}, selector != nullptr ? selector : "");
+    EXPECT_TRUE(rt.is_ok()) << rt.status().to_string();
+    if (!rt) return nullptr;
+    ClEngineOptions o;
+    o.n_ctx = 192;
+    o.n_slots = n_slots;
+    o.n_ubatch = 64;
+    o.n_blocks = n_blocks;
+    o.numerics = numerics;
+    auto e = ClEngine::create(model, std::move(rt).value(), o);
+    EXPECT_TRUE(e.is_ok()) << e.status().to_string();
+    return e ? std::move(e).value() : nullptr;
+  };
+  // Tokens [from, kPrompt) of `seq` into `slot` (passes of 64), then the rest one by one: every row's logits.
+  auto run = [](ClEngine& e, int32_t slot, const std::vector<int32_t>& seq, int32_t from) {
+    std::vector<float> out;
+    auto p = e.eval(slot, std::span<const int32_t>(&seq[static_cast<size_t>(from)], static_cast<size_t>(kPrompt - from)),
+                    /*all_logits=*/true);
+    EXPECT_TRUE(p.is_ok()) << p.status().to_string();
+    if (!p) return out;
+    out.assign(p->begin(), p->end());
+    for (size_t i = kPrompt; i < seq.size(); ++i) {
+      auto d = e.eval(slot, std::span<const int32_t>(&seq[i], 1));
+      EXPECT_TRUE(d.is_ok()) << d.status().to_string();
+      if (!d) return out;
+      out.insert(out.end(), d->begin(), d->end());
+    }
+    return out;
+  };
+  std::vector<int32_t> first(kTokens), second(kTokens);
+  for (int32_t i = 0; i < kTokens; ++i) {
+    first[static_cast<size_t>(i)] = (i * 7 + 3) % 50;
+    second[static_cast<size_t>(i)] = i < kPrefix ? first[static_cast<size_t>(i)] : (i * 11 + 5) % 50;
+  }
+  for (Numerics numerics : {Numerics::kExact, Numerics::kFloat}) {
+    SCOPED_TRACE(numerics_name(numerics));
+    auto ref = engine(numerics, 1, 0);
+    ASSERT_NE(ref, nullptr);
+    const std::vector<float> want_first = run(*ref, 0, first, 0);
+    ref->clear_slot(0);
+    std::vector<float> want_second = run(*ref, 0, second, 0);
+    const size_t nv = static_cast<size_t>(ref->n_vocab());
+    want_second.erase(want_second.begin(), want_second.begin() + static_cast<std::ptrdiff_t>(kPrefix * nv));
+
+    auto pool = engine(numerics, 2, 8);
+    ASSERT_NE(pool, nullptr);
+    EXPECT_EQ(pool->n_blocks(), 8);
+    // A layer's pool: 8 blocks of K and V for 64 positions of 2 kv heads of 16 halves; 2 layers.
+    EXPECT_EQ(pool->stats().kv_bytes, size_t{8} * 2 * 64 * 32 * 2 * 2);
+    EXPECT_EQ(pool->backend().memory().kv, pool->stats().kv_bytes);
+    const int32_t blocks0[] = {6, 1, 4}, blocks1[] = {6, 1, 3};  // slot 1 shares blocks 6 and 1
+    ASSERT_TRUE(pool->set_slot(0, blocks0, 0).is_ok());
+    const std::vector<float> got_first = run(*pool, 0, first, 0);
+    ASSERT_TRUE(pool->set_slot(1, blocks1, kPrefix).is_ok());
+    EXPECT_EQ(pool->slot_length(1), kPrefix);
+    const std::vector<float> got_second = run(*pool, 1, second, kPrefix);
+
+    ASSERT_EQ(got_first.size(), want_first.size());
+    ASSERT_EQ(got_second.size(), want_second.size());
+    int differ_first = 0, differ_second = 0;
+    for (size_t i = 0; i < got_first.size(); ++i) differ_first += got_first[i] != want_first[i];
+    for (size_t i = 0; i < got_second.size(); ++i) differ_second += got_second[i] != want_second[i];
+    std::printf("[cl-engine] %s numerics, KV blocks: scattered %d of %zu logits differ from the default layout's, "
+                "shared prefix %d of %zu from scratch's\n",
+                numerics_name(pool->numerics()), differ_first, got_first.size(), differ_second, got_second.size());
+    EXPECT_EQ(differ_first, 0);
+    EXPECT_EQ(differ_second, 0);
+  }
+}
+
 // A whole GGUF, exact numerics, against the CPU engine: `prefill` tokens in passes of 64 (the logits
 // of each pass's last token: the GEMM path of both engines), then `decode` tokens one at a time (the
 // GEMV path), the same passes on both. Every logit must be equal.

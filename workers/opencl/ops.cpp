@@ -236,7 +236,8 @@ KernelTemplate rope_kv_template(RopeMode mode, TensorFormat q, TensorFormat k_st
   k.tensors = {{"q", q, Access::kRead}, {"k", k_storage, Access::kRead}, {"v", v, Access::kRead}};
   k.params = {"int q_slice", "int k_slice", "int v_slice", "__global const float* bias",
               "__global const int* pos", "__global const int* slot", "__global const float* rope", "int n_head",
-              "int n_head_kv", "int head_dim", "int n_ctx", "__global half* q_out", "__global half* cache"};
+              "int n_head_kv", "int head_dim", "__global const int* kv_table", "int bps", "__global half* q_out",
+              "__global half* cache"};
   k.helpers = kRopeKvCl("rope_kv.helpers");
   k.body = join({kRopeKvCl("rope_kv.head"), kRopeKvCl(mode == RopeMode::kNormal ? "rope_kv.normal" : "rope_kv.neox")});
   return k;
@@ -251,8 +252,8 @@ KernelTemplate attention_template(int32_t head_dim, TensorFormat out) {
   k.name = "attention";
   k.tensors = {{"out", out, Access::kWrite}};
   k.params = {"__global const half* q", "__global const half* cache", "__global const int* pos",
-              "__global const int* slot", "int n_head", "int n_head_kv", "int n_ctx", "int kv_pad", "float scale",
-              "__local float* lane_sum", "__local float4* lane_acc"};
+              "__global const int* slot", "__global const int* kv_table", "int bps", "int n_head", "int n_head_kv",
+              "int kv_pad", "float scale", "__local float* lane_sum", "__local float4* lane_acc"};
   k.helpers = define_hd4(head_dim);
   k.body = kAttentionCl("attention");
   return k;
@@ -365,11 +366,11 @@ KernelTemplate attention_exact_template(int32_t head_dim, CpuOrder order, Tensor
   KernelTemplate k;
   k.name = "attention_exact";
   k.tensors = {{"out", out, Access::kWrite}};
-  k.params = {"__global const half* q",  "__global const half* cache", "__global const int* pos",
-              "__global const int* slot", "int first_token",            "int n_head",
-              "int n_head_kv",            "int n_ctx",                  "int kv_pad",
-              "float scale",              "__global float* scores",     "__local float* scratch",
-              "__local float* chains"};
+  k.params = {"__global const half* q",  "__global const half* cache",       "__global const int* pos",
+              "__global const int* slot", "__global const int* kv_table",    "int bps",
+              "int first_token",          "int n_head",                      "int n_head_kv",
+              "int kv_pad",               "float scale",                     "__global float* scores",
+              "__local float* scratch",   "__local float* chains"};
   k.helpers = join({define_hd4(head_dim), kHelpersCl("exact_helpers"),
                     kAttentionCl(order == CpuOrder::kScalar ? "qk.scalar" : "qk.x86")});
   k.body = join({kAttentionCl("attention_exact.scores"), reduce_code("fmax"), kAttentionCl("attention_exact.kqv")});
@@ -398,6 +399,13 @@ Status require_bytes(cl_mem mem, size_t needed, const char* what) {
   }
   return Status::ok();
 }
+
+// The block tables' bytes (TokenPlacement::kv_table).
+size_t table_bytes(const AttentionGeometry& g) {
+  return static_cast<size_t>(g.n_slots) * static_cast<size_t>(g.blocks_per_slot()) * sizeof(cl_int);
+}
+// rope_kv.cl and attention.cl find a position's row as p >> 6 and p & 63.
+static_assert(graph::kKvBlockTokens == 64, "the KV kernels hard-code blocks of 64 positions");
 
 bool is_token_rows(const Bhwc& s) { return s.b == 1 && s.h == 1; }
 
@@ -662,9 +670,10 @@ Result<MatmulWeights> MatmulWeights::upload(Runtime& rt, DType type, int64_t row
 }
 
 Status AttentionGeometry::check() const {
-  if (n_head < 1 || n_head_kv < 1 || head_dim < 1 || n_slots < 1 || n_ctx < 1) {
-    return make_error(Code::kInvalidArgument, "attention: heads %d/%d, head_dim %d, %d slots of %d positions", n_head,
-                      n_head_kv, head_dim, n_slots, n_ctx);
+  if (n_head < 1 || n_head_kv < 1 || head_dim < 1 || n_slots < 1 || n_ctx < 1 || n_blocks < 1) {
+    return make_error(Code::kInvalidArgument,
+                      "attention: heads %d/%d, head_dim %d, %d slots of %d positions, %d KV blocks", n_head, n_head_kv,
+                      head_dim, n_slots, n_ctx, n_blocks);
   }
   if (n_head % n_head_kv != 0) {
     return make_error(Code::kUnimplemented, "attention: %d query heads do not group over %d KV heads", n_head, n_head_kv);
@@ -978,6 +987,7 @@ Status Ops::rope_kv(const AttentionGeometry& g, TensorSlice q, TensorSlice k, Te
   INFERD_RETURN_IF_ERROR(require_bytes(tokens.positions, t * sizeof(cl_int), "rope_kv positions"));
   INFERD_RETURN_IF_ERROR(require_bytes(tokens.slots, t * sizeof(cl_int), "rope_kv slots"));
   INFERD_RETURN_IF_ERROR(require_bytes(tokens.rope, t * static_cast<size_t>(g.head_dim) * sizeof(float), "rope_kv rope"));
+  INFERD_RETURN_IF_ERROR(require_bytes(tokens.kv_table, table_bytes(g), "rope_kv KV table"));
   INFERD_RETURN_IF_ERROR(require_bytes(q_out, t * static_cast<size_t>(g.n_embd()) * 2, "rope_kv q_out"));
   INFERD_RETURN_IF_ERROR(require_bytes(cache, g.layer_cache_bytes(), "rope_kv cache"));
   if (bias != nullptr) {
@@ -992,8 +1002,8 @@ Status Ops::rope_kv(const AttentionGeometry& g, TensorSlice q, TensorSlice k, Te
   args.tensor(*q.tensor).tensor(*k.tensor).tensor(*v.tensor);
   args.value(cl_int{q.first_slice}).value(cl_int{k.first_slice}).value(cl_int{v.first_slice}).buffer(bias);
   args.buffer(tokens.positions).buffer(tokens.slots).buffer(tokens.rope);
-  args.value(cl_int{g.n_head}).value(cl_int{g.n_head_kv}).value(cl_int{g.head_dim}).value(cl_int{g.n_ctx});
-  args.buffer(q_out).buffer(cache);
+  args.value(cl_int{g.n_head}).value(cl_int{g.n_head_kv}).value(cl_int{g.head_dim});
+  args.buffer(tokens.kv_table).value(cl_int{g.blocks_per_slot()}).buffer(q_out).buffer(cache);
   INFERD_RETURN_IF_ERROR(args.status());
   const size_t units = static_cast<size_t>(normal ? g.head_dim / 4 : g.head_dim / 8);
   const size_t global[3] = {t, static_cast<size_t>(g.n_head + g.n_head_kv), units};
@@ -1012,6 +1022,7 @@ Status Ops::attention(const AttentionGeometry& g, cl_mem q, const TokenPlacement
   const size_t t = static_cast<size_t>(o.w);
   INFERD_RETURN_IF_ERROR(require_bytes(tokens.positions, t * sizeof(cl_int), "attention positions"));
   INFERD_RETURN_IF_ERROR(require_bytes(tokens.slots, t * sizeof(cl_int), "attention slots"));
+  INFERD_RETURN_IF_ERROR(require_bytes(tokens.kv_table, table_bytes(g), "attention KV table"));
   INFERD_RETURN_IF_ERROR(require_bytes(q, t * static_cast<size_t>(g.n_embd()) * 2, "attention q"));
   INFERD_RETURN_IF_ERROR(require_bytes(cache, g.layer_cache_bytes(), "attention cache"));
   auto k = kernel("attention_hd" + std::to_string(g.head_dim) + storage_key({&out}),
@@ -1024,7 +1035,8 @@ Status Ops::attention(const AttentionGeometry& g, cl_mem q, const TokenPlacement
   while (lanes > 1 && local > 0 && lanes * per_lane > local / 2) lanes /= 2;
   KernelArgs args(k.value()->kernel.get());
   args.tensor(out).buffer(q).buffer(cache).buffer(tokens.positions).buffer(tokens.slots);
-  args.value(cl_int{g.n_head}).value(cl_int{g.n_head_kv}).value(cl_int{g.n_ctx}).value(cl_int{kv_pad}).value(scale);
+  args.buffer(tokens.kv_table).value(cl_int{g.blocks_per_slot()});
+  args.value(cl_int{g.n_head}).value(cl_int{g.n_head_kv}).value(cl_int{kv_pad}).value(scale);
   args.local(lanes * sizeof(float)).local(lanes * static_cast<size_t>(g.head_dim) * sizeof(float));
   INFERD_RETURN_IF_ERROR(args.status());
   const size_t global[2] = {lanes * static_cast<size_t>(g.n_head), t};
@@ -1155,6 +1167,7 @@ Status Ops::attention_exact(const AttentionGeometry& g, cl_mem q, const TokenPla
   const size_t t = static_cast<size_t>(o.w);
   INFERD_RETURN_IF_ERROR(require_bytes(tokens.positions, t * sizeof(cl_int), "attention_exact positions"));
   INFERD_RETURN_IF_ERROR(require_bytes(tokens.slots, t * sizeof(cl_int), "attention_exact slots"));
+  INFERD_RETURN_IF_ERROR(require_bytes(tokens.kv_table, table_bytes(g), "attention_exact KV table"));
   INFERD_RETURN_IF_ERROR(require_bytes(q, t * static_cast<size_t>(g.n_embd()) * 2, "attention_exact q"));
   INFERD_RETURN_IF_ERROR(require_bytes(cache, g.layer_cache_bytes(), "attention_exact cache"));
   auto scratch_bytes = buffer_bytes(scratch, "attention_exact scratch");
@@ -1173,7 +1186,8 @@ Status Ops::attention_exact(const AttentionGeometry& g, cl_mem q, const TokenPla
     const size_t n = std::min(per_launch, t - first);
     KernelArgs args(k.value()->kernel.get());
     args.tensor(out).buffer(q).buffer(cache).buffer(tokens.positions).buffer(tokens.slots);
-    args.value(static_cast<cl_int>(first)).value(cl_int{g.n_head}).value(cl_int{g.n_head_kv}).value(cl_int{g.n_ctx});
+    args.buffer(tokens.kv_table).value(cl_int{g.blocks_per_slot()});
+    args.value(static_cast<cl_int>(first)).value(cl_int{g.n_head}).value(cl_int{g.n_head_kv});
     args.value(cl_int{kv_pad}).value(scale).buffer(scratch);
     args.local(lanes * sizeof(float)).local(size_t{16} * static_cast<size_t>(g.head_dim) * sizeof(float));
     INFERD_RETURN_IF_ERROR(args.status());

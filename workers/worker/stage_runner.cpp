@@ -27,7 +27,10 @@ class StageRunner final : public StepBackend {
                 runner_->n_vocab(), vocabulary_size(runner_->model()),
                 runner_->is_last_stage() ? runner_->model().config().n_embd : 0},
                runner_->is_last_stage()),
-        slots_{[this](int32_t s) { return runner_->slot_length(s); }, [this](int32_t s) { runner_->clear_slot(s); }},
+        slots_{[this](int32_t s) { return runner_->slot_length(s); }, [this](int32_t s) { runner_->clear_slot(s); },
+               [this](int32_t s, std::span<const int32_t> blocks, int32_t length) {
+                 return runner_->set_slot(s, blocks, length);
+               }},
         hidden_in_(o.hidden_in),
         hidden_out_(o.hidden_out) {}
 
@@ -102,6 +105,7 @@ Result<std::unique_ptr<StepBackend>> make_stage_runner(std::shared_ptr<const Mod
   ro.n_slots = options.slots;
   ro.n_ubatch = options.batch_tokens;
   ro.pad_step = options.pad_step;
+  ro.n_blocks = options.kv_blocks;
   ro.first_layer = options.first_layer;
   ro.end_layer = options.end_layer;
   auto runner = ModelRunner::create(std::move(model), std::move(backend).value(), ro);

@@ -5,8 +5,10 @@
 // ModelRunner on a registered backend (make_stage_runner); tests wrap it (WorkerHooks, worker.h).
 //
 // Contract for every step backend (the supervisor relies on it):
-//  * A sequence whose first token in a step has position 0 starts afresh in its slot (a new request
-//    or a replay after a worker restart); otherwise its first position must equal the slot's length.
+//  * A sequence whose first token in a step has position 0, or that is marked ipc::kSeqFresh, starts
+//    afresh in its slot (a new request or a replay): its first position is the length of the cached
+//    prefix its KV blocks hold; otherwise its first position must equal the slot's length.
+//  * The slot's KV block table is the one the step names for the sequence (when it names one).
 //  * Every token of a step is added to its sequence's sampling history before that sequence samples.
 //  * Sampling of a sequence created with n_sampled = k resumes its random sequence after k draws.
 //  * A malformed submission fails the step with a message; it never crashes the worker.
@@ -34,6 +36,7 @@ struct BackendOptions {
   int32_t threads = 0;
   int32_t batch_tokens = 512;
   int32_t pad_step = 64;
+  int32_t kv_blocks = 0;  // the KV pool in blocks (RunnerOptions::n_blocks; 0: slots × one context's)
   // Pipeline stage: the layers this worker runs ([0, 0) = all), and the exchanges it reads hidden
   // states from (a stage after the first) and writes them to (a stage before the last). Borrowed.
   int32_t first_layer = 0;

@@ -40,14 +40,32 @@ Status StepLogic::check(const ipc::Submission& sub, const Slots& slots) const {
     return bad("the step's embeddings need " + std::to_string(embd_floats) + " floats; a completion holds " +
                std::to_string(ipc::kMaxEmbdFloats));
   }
+  if (sub.n_blocks > ipc::kMaxStepBlocks) return bad(std::to_string(sub.n_blocks) + " KV blocks");
+  for (uint32_t s = 0; s < sub.n_seqs; ++s) {
+    const ipc::StepSeq& seq = sub.seqs[s];
+    if (seq.first_block > sub.n_blocks || seq.n_blocks > sub.n_blocks - seq.first_block) {
+      return bad("slot " + std::to_string(seq.slot) + " names KV blocks past the step's " + std::to_string(sub.n_blocks));
+    }
+  }
   std::vector<int32_t> next_pos(sub.n_seqs, -1);
   for (uint32_t i = 0; i < sub.n_tokens; ++i) {
     const ipc::StepToken& t = sub.tokens[i];
     if (t.seq >= sub.n_seqs) return bad("token " + std::to_string(i) + " names sequence " + std::to_string(t.seq));
-    const int32_t slot = static_cast<int32_t>(sub.seqs[t.seq].slot);
+    const ipc::StepSeq& seq = sub.seqs[t.seq];
+    const int32_t slot = static_cast<int32_t>(seq.slot);
+    const bool first = next_pos[t.seq] < 0;
+    const bool fresh = first && (t.pos == 0 || (seq.flags & ipc::kSeqFresh) != 0);
+    if (t.pos < 0) return bad("token " + std::to_string(i) + " at position " + std::to_string(t.pos));
+    if (fresh && t.pos > 0 && seq.n_blocks == 0) {
+      return bad("slot " + std::to_string(slot) + " starts at position " + std::to_string(t.pos) + " without KV blocks");
+    }
+    if (seq.n_blocks > 0 && static_cast<int64_t>(t.pos) >= int64_t{seq.n_blocks} * graph::kKvBlockTokens) {
+      return bad("slot " + std::to_string(slot) + ": position " + std::to_string(t.pos) + " is past its " +
+                 std::to_string(seq.n_blocks) + " KV blocks");
+    }
     if (t.token == ipc::kTokenSampled) {
       if (!samples_) return bad("token " + std::to_string(i) + " continues from a sampled token, but this stage does not sample");
-      if (next_pos[t.seq] >= 0 || t.pos == 0) {
+      if (!first || fresh) {
         return bad("token " + std::to_string(i) + ": only a continuing sequence's first token may be the sampled one");
       }
       if (last_sampled_[static_cast<size_t>(slot)] < 0) {
@@ -56,7 +74,7 @@ Status StepLogic::check(const ipc::Submission& sub, const Slots& slots) const {
     } else if (t.token < 0 || t.token >= limits_.n_vocab) {
       return bad("token id " + std::to_string(t.token));
     }
-    const int32_t expect = next_pos[t.seq] >= 0 ? next_pos[t.seq] : (t.pos == 0 ? 0 : slots.length(slot));
+    const int32_t expect = !first ? next_pos[t.seq] : (fresh ? t.pos : slots.length(slot));
     if (t.pos != expect) {
       return bad("slot " + std::to_string(slot) + ": position " + std::to_string(t.pos) + ", expected " +
                  std::to_string(expect));
@@ -75,12 +93,22 @@ Status StepLogic::begin(const ipc::Submission& sub, const Slots& slots) {
     if (first_token[s] < 0) first_token[s] = static_cast<int32_t>(i);
     last_token[s] = static_cast<int32_t>(i);
   }
-  // Sequences starting afresh get a clean slot and a new sampler, resumed at the request's draw.
+  // Each slot gets the blocks its sequence names; sequences starting afresh get the length of their
+  // cached prefix (0: none) and a new sampler, resumed at the request's draw.
   for (uint32_t s = 0; s < sub.n_seqs; ++s) {
     const ipc::StepSeq& seq = sub.seqs[s];
     if (first_token[s] < 0) continue;
-    if (sub.tokens[first_token[s]].pos == 0) {
-      slots.clear(static_cast<int32_t>(seq.slot));
+    const int32_t slot = static_cast<int32_t>(seq.slot);
+    const int32_t first_pos = sub.tokens[first_token[s]].pos;
+    const bool fresh = first_pos == 0 || (seq.flags & ipc::kSeqFresh) != 0;
+    if (seq.n_blocks > 0) {
+      const std::span<const int32_t> blocks(sub.blocks + seq.first_block, seq.n_blocks);
+      Status st = slots.assign(slot, blocks, fresh ? first_pos : slots.length(slot));
+      if (!st) return Status(Code::kInvalidArgument, "bad submission: " + st.message());
+    } else if (fresh) {
+      slots.clear(slot);
+    }
+    if (fresh) {
       last_sampled_[seq.slot] = -1;
       if (!samples_) continue;
       SamplingParams p;

@@ -1,6 +1,7 @@
 // step_logic.h — what every StepBackend does around its forward pass, written once: validating a
-// submission, starting sequences afresh at position 0 (a clean KV slot and a new sampler resumed at
-// the request's draw), building the engine batch, and sampling the rows that asked for a token.
+// submission, giving each sequence's slot the KV blocks the step names, starting sequences afresh (at
+// position 0, or after a cached prefix: a new sampler resumed at the request's draw), building the
+// engine batch, and sampling the rows that asked for a token.
 // A backend supplies only the forward pass (CPU engine, OpenCL engine, ...), so the contract the
 // supervisor relies on (step_backend.h) cannot drift between backends.
 //
@@ -36,6 +37,8 @@ class StepLogic {
   struct Slots {
     std::function<int32_t(int32_t slot)> length;
     std::function<void(int32_t slot)> clear;
+    // Gives a slot its KV blocks and its length (ModelRunner::set_slot).
+    std::function<Status(int32_t slot, std::span<const int32_t> blocks, int32_t length)> assign;
   };
 
   // `samples`: false for a pipeline stage before the last (it keeps no samplers).
@@ -45,9 +48,10 @@ class StepLogic {
     return limits_.n_sample > 0 && limits_.n_sample < limits_.n_vocab ? limits_.n_sample : limits_.n_vocab;
   }
 
-  // Validates `sub` (a malformed one is an error naming what is wrong, never a crash), clears the slots
-  // of sequences that start at position 0, creates their samplers, and builds batch(), with each
-  // ipc::kTokenSampled replaced by the token its slot sampled last (which it consumes).
+  // Validates `sub` (a malformed one is an error naming what is wrong, never a crash), gives each
+  // sequence's slot the blocks it names, starts the sequences that start afresh (ipc::kSeqFresh or
+  // position 0: the slot's length becomes the first token's position, a new sampler), and builds batch(),
+  // with each ipc::kTokenSampled replaced by the token its slot sampled last (which it consumes).
   Status begin(const ipc::Submission& sub, const Slots& slots);
   std::span<const BatchToken> batch() const { return batch_; }
 

@@ -13,11 +13,23 @@ constexpr int32_t kVocab = 8;
 struct FakeSlots {
   std::vector<int32_t> length = std::vector<int32_t>(4, 0);
   std::vector<int> cleared;
+  struct Assigned {
+    int32_t slot;
+    std::vector<int32_t> blocks;
+    int32_t length;
+    bool operator==(const Assigned&) const = default;
+  };
+  std::vector<Assigned> assigned;
   StepLogic::Slots slots() {
     return {[this](int32_t s) { return length[static_cast<size_t>(s)]; },
             [this](int32_t s) {
               cleared.push_back(s);
               length[static_cast<size_t>(s)] = 0;
+            },
+            [this](int32_t s, std::span<const int32_t> blocks, int32_t len) {
+              assigned.push_back({s, std::vector<int32_t>(blocks.begin(), blocks.end()), len});
+              length[static_cast<size_t>(s)] = len;
+              return Status::ok();
             }};
   }
 };
@@ -280,6 +292,59 @@ TEST(StepLogic, ReplayedSequenceResumesItsRandomDraws) {
   ipc::Completion out{};
   b.sample(*replay, logits, {}, out);
   EXPECT_EQ(out.outputs[0].token, drawn[3]);
+}
+
+// A step names each sequence's KV blocks; a fresh sequence (kSeqFresh) starts after its cached prefix,
+// a continuing one keeps its length. Blocks a step does not hold, or positions past them, are refused.
+TEST(StepLogic, SlotsGetTheBlocksTheStepNamesAndFreshSequencesStartAfterTheirCachedPrefix) {
+  StepLogic logic = StepLogic({4, 16, 256, kVocab}, true);
+  FakeSlots fs;
+  auto sub = one_seq(1, 128, 3);
+  sub->seqs[0].flags |= ipc::kSeqFresh;
+  sub->n_blocks = 4;
+  sub->blocks[0] = 9;  // another sequence's
+  sub->blocks[1] = 7;
+  sub->blocks[2] = 5;
+  sub->blocks[3] = 3;
+  sub->seqs[0].first_block = 1;
+  sub->seqs[0].n_blocks = 3;
+  ASSERT_TRUE(logic.begin(*sub, fs.slots()).is_ok());
+  ASSERT_EQ(fs.assigned.size(), 1u);
+  EXPECT_EQ(fs.assigned[0], (FakeSlots::Assigned{1, {7, 5, 3}, 128}));
+  EXPECT_TRUE(fs.cleared.empty());
+  EXPECT_EQ(logic.batch()[0].pos, 128);
+
+  // Continuing: the slot keeps its length (the fake's 128) and gets the (same or longer) table.
+  auto next = one_seq(1, 128, 2);
+  next->n_blocks = 3;
+  next->blocks[0] = 7;
+  next->blocks[1] = 5;
+  next->blocks[2] = 3;
+  next->seqs[0].n_blocks = 3;
+  fs.assigned.clear();
+  ASSERT_TRUE(logic.begin(*next, fs.slots()).is_ok());
+  EXPECT_EQ(fs.assigned[0], (FakeSlots::Assigned{1, {7, 5, 3}, 128}));
+
+  auto refused = [&](ipc::Submission& bad) { return logic.begin(bad, fs.slots()).code() == Code::kInvalidArgument; };
+  auto past = one_seq(1, 190, 3);  // positions 190..192, but 3 blocks hold 0..191
+  past->seqs[0].flags |= ipc::kSeqFresh;
+  past->n_blocks = 3;
+  past->seqs[0].n_blocks = 3;
+  EXPECT_TRUE(refused(*past));
+  auto outside = one_seq(1, 0, 1);
+  outside->n_blocks = 2;
+  outside->seqs[0].first_block = 1;
+  outside->seqs[0].n_blocks = 2;  // blocks[1..3) of 2
+  EXPECT_TRUE(refused(*outside));
+  auto no_blocks = one_seq(1, 64, 1);  // fresh after a prefix, but no blocks to hold it
+  no_blocks->seqs[0].flags |= ipc::kSeqFresh;
+  EXPECT_TRUE(refused(*no_blocks));
+  auto sampled = one_seq(1, 64, 1);  // a fresh sequence has no sampled token to continue from
+  sampled->seqs[0].flags |= ipc::kSeqFresh;
+  sampled->n_blocks = 2;
+  sampled->seqs[0].n_blocks = 2;
+  sampled->tokens[0].token = ipc::kTokenSampled;
+  EXPECT_TRUE(refused(*sampled));
 }
 
 }  // namespace

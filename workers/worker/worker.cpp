@@ -5,6 +5,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -113,6 +114,7 @@ int run(const Args& args, const WorkerHooks& hooks) {
   bo.threads = static_cast<int32_t>(cfg.getThreads());
   bo.batch_tokens = static_cast<int32_t>(cfg.getBatchTokens());
   bo.pad_step = static_cast<int32_t>(cfg.getPadStep());
+  bo.kv_blocks = static_cast<int32_t>(std::min<uint32_t>(cfg.getKvBlocks(), 1u << 24));
   bo.first_layer = static_cast<int32_t>(cfg.getFirstLayer());
   bo.end_layer = static_cast<int32_t>(cfg.getEndLayer());
   const uint32_t n_embd = static_cast<uint32_t>(model.value()->config().n_embd);

@@ -67,6 +67,9 @@ struct LoadOptions {
   // layer_split.size() + 1 names.
   std::vector<std::string> stage_backends;
   double keep_alive_s = 0;  // unload after this many seconds without a request; 0: never
+  // KV positions kept for cached prompt prefixes beyond parallel × context_size (0: none extra; cached
+  // prefixes then live in the room the slots do not use).
+  uint32_t cache_tokens = 0;
 };
 
 struct PlacementStage {
@@ -157,6 +160,11 @@ struct ModelStatus {
   uint64_t replays = 0;
   double step_compute_us = 0;   // mean time of a step inside the workers
   double step_overhead_us = 0;  // mean time of a step outside them (rings, wake-ups, scheduling)
+  // The prefix cache: the KV pool in blocks of 64 positions, those held by requests in flight, those
+  // kept for later requests (evictable); requests that found a cached prefix, the prompt tokens taken
+  // from it, blocks evicted.
+  uint32_t cache_blocks = 0, cache_blocks_used = 0, cache_blocks_cached = 0;
+  uint64_t cache_hits = 0, cache_hit_tokens = 0, cache_evictions = 0;
 };
 
 struct DaemonStatus {
@@ -202,6 +210,7 @@ struct GenerateRequest {
   bool add_special = true;    // prepend BOS if the model wants it (prompt/messages only)
   bool parse_special = true;  // "<|im_start|>" etc. in the text become special tokens
   bool ignore_eog = false;    // keep going past end-of-generation tokens
+  bool cache_prompt = true;   // reuse the KV of the longest cached prefix of the prompt
   // After the first batch, at most one batch per this many ms (the last is never held back); 0: each
   // batch as soon as it is ready; -1: the daemon's default (its stream-interval setting, 20 ms).
   int32_t stream_interval_ms = -1;
@@ -232,6 +241,7 @@ struct GenerateResult {
   double prompt_ms = 0;
   double generate_ms = 0;  // first to last generated token
   uint32_t replays = 0;    // times the request was replayed on a restarted worker
+  uint32_t cached_tokens = 0;  // prompt tokens taken from the prefix cache (not computed)
 };
 
 // $INFERD_SOCKET; else $XDG_RUNTIME_DIR/inferd/inferd.sock if XDG_RUNTIME_DIR is set; else

@@ -2,7 +2,7 @@
 // single-consumer rings in one shared-memory segment.
 //
 //   submissions  supervisor -> worker   one forward step each: the tokens to process (slot, position,
-//                                       id) and, per sequence, its sampling parameters
+//                                       id) and, per sequence, its sampling parameters and its KV blocks
 //   completions  worker -> supervisor   per step: the token sampled for each sequence that asked (with
 //                                       its log-probability and the most likely alternatives when asked),
 //                                       or its embedding (the last token's normalized hidden state)
@@ -11,7 +11,8 @@
 //
 //   0       RingHeader (320 B): magic "INFDRNG1", version, capacities, limits, offsets,
 //           then four 64-byte-aligned counters: sub_head, sub_tail, comp_head, comp_tail
-//   sub_offset    Submission[sub_capacity]
+//   sub_offset    Submission[sub_capacity]    (each ends in up to kMaxStepBlocks KV block ids, of which
+//                                             only n_blocks are read)
 //   comp_offset   Completion[comp_capacity]   (each ends in up to kMaxEmbdFloats embedding floats, of
 //                                             which only n_embd_floats are read)
 //
@@ -50,11 +51,12 @@
 namespace inferd::ipc {
 
 inline constexpr char kRingMagic[8] = {'I', 'N', 'F', 'D', 'R', 'N', 'G', '1'};
-inline constexpr uint32_t kRingVersion = 3;
+inline constexpr uint32_t kRingVersion = 4;
 inline constexpr uint32_t kMaxStepTokens = 512;  // most tokens in one forward step
 inline constexpr uint32_t kMaxStepSeqs = 64;     // most sequences in one forward step (= most KV slots)
 inline constexpr uint32_t kMaxTopLogprobs = 20;  // most alternatives reported per sampled token (OpenAI's limit)
 inline constexpr uint32_t kMaxEmbdFloats = 16384;  // embedding floats one completion carries (all its sequences')
+inline constexpr uint32_t kMaxStepBlocks = 16384;  // KV block ids one submission carries (all its sequences')
 
 // One sequence's part in a step.
 struct StepSeq {
@@ -66,6 +68,11 @@ struct StepSeq {
   uint64_t seed;            // sampling seed (resolved by the supervisor: never "from the clock" here)
   float temperature, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty;
   int32_t top_k, repeat_last_n;
+  // The sequence's KV blocks: Submission::blocks[first_block, first_block + n_blocks), its positions
+  // [0, 64), [64, 128), ... in order, covering every position of its tokens in this step. The worker
+  // sets the slot's block table from them each step (a step carries its own table, so a step still in
+  // flight for a sequence that has ended writes only into blocks that were that sequence's).
+  uint32_t first_block, n_blocks;
 };
 inline constexpr uint32_t kSeqWantToken = 1u << 0;  // sample a token after this step's last token
 // With kSeqWantToken: also report the sampled token's log-probability and the top_logprobs most likely
@@ -74,7 +81,11 @@ inline constexpr uint32_t kSeqWantLogprobs = 1u << 1;
 // With kSeqWantToken: instead of sampling, report the last token's hidden state after the output norm
 // (n_embd floats), for embeddings; the sequence samples nothing.
 inline constexpr uint32_t kSeqWantEmbedding = 1u << 2;
-static_assert(sizeof(StepSeq) == 56);
+// The sequence starts afresh in its slot (a new request, or one replayed): its first token's position
+// is the length of the prompt prefix whose KV its first blocks already hold (the prefix cache; 0: none).
+// A sequence whose first token is at position 0 starts afresh with or without this flag.
+inline constexpr uint32_t kSeqFresh = 1u << 3;
+static_assert(sizeof(StepSeq) == 64);
 
 // StepToken::token of a sequence's first token in a step: the token its slot sampled in an earlier
 // step and has not fed yet (see "Steps ahead" above).
@@ -93,7 +104,11 @@ struct Submission {
   uint32_t n_tokens;
   StepSeq seqs[kMaxStepSeqs];
   StepToken tokens[kMaxStepTokens];  // a sequence's tokens are consecutive positions, in order
+  uint32_t n_blocks;                  // entries of `blocks` in use
+  uint32_t reserved0;
+  int32_t blocks[kMaxStepBlocks];     // last: a reader copies only the n_blocks in use
 };
+static_assert(offsetof(Submission, blocks) % 8 == 0);
 
 struct StepOutput {
   uint32_t seq;             // index into the submission's seqs

@@ -75,20 +75,32 @@ cudaError_t swiglu(const float* gate, const float* up, int64_t n, float* y, cuda
 cudaError_t rope(const float* x, int32_t tokens, int32_t n_heads, int32_t head_dim, const float* table, bool neox,
                  float* y, cudaStream_t stream);
 
-// A layer's KV cache: halves, [k|v][slot][kv_head][position][head_dim].
+// Positions per KV block (graph::kKvBlockTokens; the kernels find a row with shifts and masks).
+inline constexpr int32_t kKvBlockTokens = 64;
+
+// A layer's KV cache: halves, a pool of n_blocks blocks of kKvBlockTokens positions,
+//   [k|v][block][kv_head][64][head_dim].
+// A slot's position p is row p % 64 of block table[slot * blocks_per_slot + p / 64], `table` being the
+// step's block tables on the device ([n_slots][blocks_per_slot] int32, graph::StepIO::kv_table); its
+// entries for the positions a step writes or reads are in [0, n_blocks). n_ctx (positions per slot)
+// sizes attention_exact's scratch.
 struct KvLayout {
-  int32_t n_slots = 0, n_ctx = 0, n_head_kv = 0, head_dim = 0;
-  size_t half_elems() const { return size_t{2} * n_slots * n_head_kv * n_ctx * head_dim; }
+  int32_t n_blocks = 0, blocks_per_slot = 0, n_ctx = 0, n_head_kv = 0, head_dim = 0;
+  size_t half_elems() const {
+    return size_t{2} * static_cast<size_t>(n_blocks) * static_cast<size_t>(n_head_kv) * kKvBlockTokens *
+           static_cast<size_t>(head_dim);
+  }
 };
 // Writes the K and V rows (tokens x n_head_kv*head_dim floats) at each token's position and slot.
 cudaError_t kv_write(const KvLayout& kv, const float* k, const float* v, const int32_t* pos, const int32_t* slot,
-                     int32_t tokens, uint16_t* cache, cudaStream_t stream);
+                     const int32_t* table, int32_t tokens, uint16_t* cache, cudaStream_t stream);
 // Causal attention of each token's n_head query heads over positions [0, pos] of its slot (GQA: query
 // head h reads kv head h / (n_head / n_head_kv)), softmax(q k^T * scale) v. Split over the KV length
 // within a block with an online softmax (flash-decoding's split-K), the partial results merged in
 // shared memory. head_dim: a multiple of 32, at most 256.
 cudaError_t attention(const KvLayout& kv, int32_t n_head, const float* q, const int32_t* pos, const int32_t* slot,
-                      int32_t tokens, float scale, const uint16_t* cache, float* out, cudaStream_t stream);
+                      const int32_t* table, int32_t tokens, float scale, const uint16_t* cache, float* out,
+                      cudaStream_t stream);
 
 
 // ---- Exact numerics (exact.cu) -------------------------------------------------------------------------
@@ -115,7 +127,7 @@ cudaError_t swiglu_exact(const float* gate, const float* up, int64_t n, float* y
 // floats; longer steps run in launches of scratch_tokens tokens. head_dim at most 256.
 size_t attention_exact_scratch_floats(const KvLayout& kv, int32_t n_head, int32_t tokens);
 cudaError_t attention_exact(const KvLayout& kv, int32_t n_head, const float* q, const int32_t* pos, const int32_t* slot,
-                            int32_t tokens, float scale, const uint16_t* cache, float* scratch, int32_t scratch_tokens,
-                            float* out, cudaStream_t stream);
+                            const int32_t* table, int32_t tokens, float scale, const uint16_t* cache, float* scratch,
+                            int32_t scratch_tokens, float* out, cudaStream_t stream);
 
 }  // namespace inferd::cuda

@@ -4,9 +4,11 @@
 // as they read: kernels/cuda), from wherever the model maps them — the supervisor's sealed shared
 // segment in a worker — through a read-only host registration of that mapping (cudaHostRegister) so
 // the copies are DMA from the segment itself with no staging copy; it allocates the KV cache of the
-// graph's layers on the device ([k|v][slot][kv_head][position][head_dim] halves per layer, written in
-// place) and the activations of a step of max_tokens tokens (buffers reused once a tensor's last reader
-// has run). compute() runs the graph's nodes on one stream and waits for the outputs.
+// graph's layers on the device (per layer a pool of BackendShape::n_blocks blocks of 64 positions,
+// [k|v][block][kv_head][64][head_dim] halves, written in place; a slot's position p is row p % 64 of
+// block kv_table[slot][p / 64], the step's StepIO::kv_table, copied to the device when it changes) and
+// the activations of a step of max_tokens tokens (buffers reused once a tensor's last reader has run).
+// compute() runs the graph's nodes on one stream and waits for the outputs.
 //
 // Kernels: every kernel gives a token the same result whatever else its step holds (batch-invariant),
 // so prefill equals decode, concurrent streams equal one-at-a-time ones, and a sequence replayed after a
@@ -81,8 +83,8 @@ struct CudaOptions {
   std::optional<Numerics> numerics;
   // Steps of up to kGraphMaxTokens tokens (decode and small batches) run as CUDA graphs, captured once per
   // (tokens, outputs) shape and replayed: one launch instead of hundreds. Every kernel reads the step's
-  // positions, slots and angles from fixed device buffers, so a shape's graph serves every step of that
-  // shape. Off: every kernel launched each step.
+  // positions, slots, angles and KV block tables from fixed device buffers, so a shape's graph serves every
+  // step of that shape. Off: every kernel launched each step.
   bool graphs = true;
 };
 inline constexpr int32_t kGraphMaxTokens = 16;

@@ -14,9 +14,10 @@
 //    reused by liveness (a tensor's memory goes back to a pool after its last reader; a node never
 //    writes the memory it reads, as images require). A step of T tokens runs on views of their first T
 //    tokens, so no kernel is ever rebuilt for a new batch size. The logits have their own storage.
-//  * The KV cache is one half-precision buffer per layer of the graph, [slot][k|v][kv_head][position]
-//    [head_dim], allocated for every slot and the whole context; rope_kv writes each step's K/V rows in
-//    place at their (slot, position); attention runs over the KV length padded to the pad step.
+//  * The KV cache is one half-precision buffer per layer of the graph, a pool of BackendShape::n_blocks
+//    blocks of 64 positions, [block][k|v][kv_head][64][head_dim]; a slot's position p is row p % 64 of
+//    block kv_table[slot][p / 64] (StepIO::kv_table, uploaded when it changes). rope_kv writes each
+//    step's K/V rows in place at their rows; attention runs over the KV length padded to the pad step.
 // compute() is stage-aware: the decode matmul kernels for steps of fewer than 4 tokens, the prefill
 // kernels otherwise (choose_matmul_variant).
 //

@@ -38,6 +38,9 @@ struct ClEngineOptions {
   int32_t n_slots = 1;
   int32_t n_ubatch = 512;  // most tokens in one pass
   int32_t pad_step = 64;   // 64 or 128
+  // KV blocks in the pool (RunnerOptions::n_blocks); 0: a run of blocks per slot. create() stores the
+  // resolved count.
+  int32_t n_blocks = 0;
   // The storage of the activations; unset: the device's first choice that fits (choose_storage).
   std::optional<StorageType> activation_storage;
   // The data type of the activations other than the residual stream (which stays float, as in

@@ -69,6 +69,7 @@
 #include <vector>
 
 #include "inferd/dtype.h"
+#include "inferd/graph.h"
 #include "inferd/opencl/cl_runtime.h"
 #include "inferd/opencl/codegen.h"
 #include "inferd/opencl/tensor_desc.h"
@@ -186,32 +187,41 @@ enum class RopeMode { kNormal, kNeox };  // llama: adjacent pairs; NeoX (qwen2):
 // The rotary angles of a step's positions come from inferd/rope_table.h (shared with the CUDA backend).
 
 // The attention of one model, and its KV cache. The cache of one layer is one buffer of IEEE halves
-// (llama.cpp's default F16 cache), slot-major like the CPU engine's KvCache:
-//   [slot][k|v][kv_head][position][head_dim]
+// (llama.cpp's default F16 cache): a pool of n_blocks blocks of graph::kKvBlockTokens (64) positions,
+//   [block][k|v][kv_head][64][head_dim]
+// A slot's position p lives in block kv_table[slot * blocks_per_slot() + p / 64] at row p % 64
+// (TokenPlacement::kv_table, graph.h), so slots may share the blocks of a common prefix.
 // rope_kv() writes a pass's new K/V rows in place at their (slot, position); attention() reads them.
 struct AttentionGeometry {
   int32_t n_head = 0, n_head_kv = 0, head_dim = 0;
-  int32_t n_slots = 0, n_ctx = 0;  // the cache's slots and positions per slot
+  int32_t n_slots = 0, n_ctx = 0;  // the slots and positions per slot the block tables cover
+  int32_t n_blocks = 0;            // the cache's blocks
   float rope_base = 10000.0f;
   RopeMode rope_mode = RopeMode::kNormal;
 
   int32_t n_embd() const { return n_head * head_dim; }
   int32_t n_embd_kv() const { return n_head_kv * head_dim; }
-  size_t layer_cache_bytes() const {
-    return size_t{2} * static_cast<size_t>(n_slots) * static_cast<size_t>(n_ctx) * static_cast<size_t>(n_embd_kv()) * 2;
+  int32_t blocks_per_slot() const { return graph::kv_blocks_per_slot(n_ctx); }
+  // Halves from one block to the next: K and V of every kv head for 64 positions.
+  size_t block_halves() const {
+    return size_t{2} * static_cast<size_t>(graph::kKvBlockTokens) * static_cast<size_t>(n_embd_kv());
   }
+  size_t layer_cache_bytes() const { return static_cast<size_t>(n_blocks) * block_halves() * 2; }
   // kUnimplemented for head sizes the kernels do not handle (head_dim a multiple of 4, of 8 for NeoX,
   // at most 256; n_head a multiple of n_head_kv), kInvalidArgument for non-positive extents.
   Status check() const;
 };
 
 // Where the tokens of a pass go: int32 buffers of at least T entries (T the pass's tokens), each
-// position in [0, n_ctx) and each slot in [0, n_slots), and the rope_table() of their positions
-// (T * head_dim floats). The kernels trust them: the engine validates every batch on the host first.
+// position in [0, n_ctx) and each slot in [0, n_slots); the rope_table() of their positions
+// (T * head_dim floats); and the block tables, n_slots * blocks_per_slot() int32 (graph::StepIO::kv_table),
+// whose entries for every position a token writes or reads are in [0, n_blocks). The kernels trust
+// them: the engine validates every batch on the host first.
 struct TokenPlacement {
   cl_mem positions = nullptr;
   cl_mem slots = nullptr;
   cl_mem rope = nullptr;
+  cl_mem kv_table = nullptr;
 };
 
 // One projection inside a tensor: channels [4 * first_slice, 4 * first_slice + width) of a 1x1xTxC
