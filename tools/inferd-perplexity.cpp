@@ -1,10 +1,14 @@
-// inferd-perplexity: perplexity of a text file, like llama.cpp's llama-perplexity.
+// inferd-perplexity: perplexity of a text file, as llama.cpp's llama-perplexity computes it.
 //
-// Protocol (the same as tools/reference/gen_numerics_refs.py, so figures compare with llama.cpp's):
-// the text is tokenized (BOS as the model's metadata says) and split into chunks of --ctx-size tokens
-// (the last one may be shorter; a one-token remainder is dropped); each chunk is evaluated from an
-// empty KV cache with logits at every position; every position but the last of each chunk scores the
-// next token. PPL = exp(mean negative log-likelihood).
+// The text is tokenized (BOS as the model's metadata says) and split into chunks of --ctx-size tokens,
+// each evaluated from an empty KV cache with logits at every position. Two ways to score them:
+//   llama (the default: llama-perplexity's figure, comparable with llama.cpp's published ones): whole
+//     chunks only (the text needs at least two); each chunk's first token becomes BOS where the model
+//     adds one; only the second half of each chunk is scored (positions n/2 .. n-2 predict the next
+//     token), so every scored token has at least n/2 tokens of context.
+//   all (the protocol of tools/reference/gen_numerics_refs.py): the last chunk may be shorter (a one-token
+//     remainder is dropped), tokens as they are, every position but the last of each chunk scored.
+// PPL = exp(mean negative log-likelihood), the log-softmax in double as llama.cpp computes it.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -23,11 +27,15 @@ int main(int argc, char** argv) {
   std::string model_path = inferd::cli::default_model_path(), text_path;
   int32_t n_ctx = 512, n_threads = 0, max_chunks = 0;
   bool json = false;
+  std::string method = "llama";
   inferd::cli::Parser p("inferd-perplexity", "Computes the perplexity of a model on a text file.");
   p.option({"-m", "--model"}, &model_path, "FILE", "GGUF model");
   p.option({"-f", "--file"}, &text_path, "FILE", "text file");
   p.option({"-c", "--ctx-size"}, &n_ctx, "N", "tokens per chunk");
   p.option({"--chunks"}, &max_chunks, "N", "evaluate at most N chunks (0: all)");
+  p.option({"--method"}, &method, "llama|all",
+           "llama: llama-perplexity's (whole chunks, BOS first, the second half of each scored; default); "
+           "all: every position of every chunk scored");
   p.option({"-t", "--threads"}, &n_threads, "N", "threads (0: all CPUs)");
   std::string weights = "shm";
   p.option({"--weights"}, &weights, "shm|mmap", inferd::cli::kWeightsHelp);
@@ -46,6 +54,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: --ctx-size must be >= 2\n");
     return 2;
   }
+  if (method != "llama" && method != "all") {
+    std::fprintf(stderr, "error: --method must be llama or all, got '%s'\n", method.c_str());
+    return 2;
+  }
+  const bool llama = method == "llama";
   std::ifstream in(text_path, std::ios::binary);
   if (!in) {
     std::fprintf(stderr, "error: cannot read %s\n", text_path.c_str());
@@ -68,25 +81,34 @@ int main(int argc, char** argv) {
   const std::vector<int32_t> ids = session->tokenizer->encode(text, /*add_special=*/true, /*parse_special=*/false);
   const size_t nv = static_cast<size_t>(eng.n_vocab());
   const int64_t n_ids = static_cast<int64_t>(ids.size());
-  int64_t n_chunks = n_ids / n_ctx + (n_ids % n_ctx >= 2 ? 1 : 0);
+  if (llama && n_ids < 2 * static_cast<int64_t>(n_ctx)) {
+    std::fprintf(stderr, "error: the text has %zu tokens; llama-perplexity's method needs at least 2 x %d "
+                 "(--ctx-size), or use --method all\n", ids.size(), n_ctx);
+    return 1;
+  }
+  int64_t n_chunks = llama ? n_ids / n_ctx : n_ids / n_ctx + (n_ids % n_ctx >= 2 ? 1 : 0);
   if (max_chunks > 0) n_chunks = std::min<int64_t>(n_chunks, max_chunks);
   if (n_chunks == 0) {
     std::fprintf(stderr, "error: the text has %zu tokens; at least 2 are needed\n", ids.size());
     return 1;
   }
+  const int32_t bos = session->tokenizer->add_bos() ? session->tokenizer->bos() : -1;
+  std::vector<int32_t> chunk_ids;
   double nll = 0.0;
   int64_t scored = 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t c = 0; c < n_chunks; ++c) {
     eng.clear_slot(0);
     const int64_t len = std::min<int64_t>(n_ctx, n_ids - c * n_ctx);
-    std::span<const int32_t> chunk(ids.data() + c * n_ctx, static_cast<size_t>(len));
+    chunk_ids.assign(ids.begin() + c * n_ctx, ids.begin() + c * n_ctx + len);
+    if (llama && bos >= 0) chunk_ids[0] = bos;  // as llama-perplexity: every chunk starts with BOS
+    const std::span<const int32_t> chunk(chunk_ids);
     auto logits = eng.eval(0, chunk, /*all_logits=*/true);
     if (!logits) {
       std::fprintf(stderr, "error: %s\n", logits.status().message().c_str());
       return 1;
     }
-    for (int64_t i = 0; i + 1 < len; ++i) {
+    for (int64_t i = llama ? len / 2 : 0; i + 1 < len; ++i) {
       const float* row = logits->data() + static_cast<size_t>(i) * nv;
       float mx = row[0];
       for (size_t v = 1; v < nv; ++v) mx = std::max(mx, row[v]);
@@ -104,11 +126,13 @@ int main(int argc, char** argv) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double ppl = std::exp(nll / static_cast<double>(scored));
   if (json) {
-    std::printf("{\"ppl\":%.6f,\"tokens\":%zu,\"scored\":%lld,\"chunks\":%lld,\"ctx\":%d,\"seconds\":%.2f}\n", ppl,
-                ids.size(), static_cast<long long>(scored), static_cast<long long>(n_chunks), n_ctx, secs);
+    std::printf("{\"ppl\":%.6f,\"method\":\"%s\",\"tokens\":%zu,\"scored\":%lld,\"chunks\":%lld,\"ctx\":%d,"
+                "\"seconds\":%.2f}\n",
+                ppl, method.c_str(), ids.size(), static_cast<long long>(scored), static_cast<long long>(n_chunks), n_ctx,
+                secs);
   } else {
-    std::printf("perplexity %.4f over %lld scored tokens (%lld chunks of %d) in %.1f s\n", ppl,
-                static_cast<long long>(scored), static_cast<long long>(n_chunks), n_ctx, secs);
+    std::printf("perplexity %.4f over %lld scored tokens (%lld chunks of %d, method %s) in %.1f s\n", ppl,
+                static_cast<long long>(scored), static_cast<long long>(n_chunks), n_ctx, method.c_str(), secs);
   }
   return 0;
 }

@@ -44,10 +44,16 @@ void rope_head(float* x, int64_t head_dim, int32_t pos, float base, RopeStyle st
 void attention_head(const float* q, const KvCache::View& k, const KvCache::View& v, int64_t head_dim, int64_t n_kv,
                     float scale, float* scores, float* out) {
   INFERD_ASSERT(head_dim <= kMaxHeadDim);
+  // The rows of one KV block are contiguous: the table is read once per block.
+  constexpr int64_t kBlock = graph::kKvBlockTokens;
   float max_s = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < n_kv; ++j) {
-    scores[j] = kernels::dot_f32_f16(head_dim, q, k.row(j)) * scale;
-    max_s = std::max(max_s, scores[j]);
+  for (int64_t j0 = 0; j0 < n_kv; j0 += kBlock) {
+    const fp16_t* rows = k.row(j0);
+    const int64_t j1 = std::min(n_kv, j0 + kBlock);
+    for (int64_t j = j0; j < j1; ++j) {
+      scores[j] = kernels::dot_f32_f16(head_dim, q, rows + (j - j0) * head_dim) * scale;
+      max_s = std::max(max_s, scores[j]);
+    }
   }
   // The bucket's padded positions [n_kv, kv_pad) are masked: exp(-inf) = 0 adds nothing to the sum or
   // the output, so they are skipped.
@@ -68,7 +74,11 @@ void attention_head(const float* q, const KvCache::View& k, const KvCache::View&
     kernels::fp32_to_fp16_row(scores + j0, half, nj);
     kernels::fp16_to_fp32_row(half, scores + j0, nj);
   }
-  for (int64_t j = 0; j < n_kv; ++j) kernels::axpy_f16(head_dim, scores[j], v.row(j), lanes[j % 16]);
+  for (int64_t j0 = 0; j0 < n_kv; j0 += kBlock) {
+    const fp16_t* rows = v.row(j0);
+    const int64_t j1 = std::min(n_kv, j0 + kBlock);
+    for (int64_t j = j0; j < j1; ++j) kernels::axpy_f16(head_dim, scores[j], rows + (j - j0) * head_dim, lanes[j % 16]);
+  }
   for (int64_t d = 0; d < head_dim; ++d) {
     float a[8], b[4];
     for (int i = 0; i < 8; ++i) a[i] = lanes[i + 8][d] + lanes[i][d];
