@@ -123,6 +123,13 @@ float dot_f32_f16(int64_t n, const float* x, const fp16_t* y) {
   return vector_for(best_isa()).dot_f32_f16(n, x, y);
 }
 void axpy_f16(int64_t n, float a, const fp16_t* x, float* y) { vector_for(best_isa()).axpy_f16(n, a, x, y); }
+void dot_f32_f16_rows(int64_t n, const float* x, const fp16_t* y, int64_t stride, int64_t rows, float scale, float* out) {
+  vector_for(best_isa()).dot_f32_f16_rows(n, x, y, stride, rows, scale, out);
+}
+void axpy_f16_rows(int64_t n, const float* a, const fp16_t* x, int64_t stride, int64_t rows, int64_t first,
+                   float* lanes, int64_t lane_stride) {
+  vector_for(best_isa()).axpy_f16_rows(n, a, x, stride, rows, first, lanes, lane_stride);
+}
 float dot_f32(int64_t n, const float* x, const float* y) { return vector_for(best_isa()).dot_f32(n, x, y); }
 float silu(float x) { return vector_for(best_isa()).silu(x); }
 void swiglu(int64_t n, const float* g, const float* u, float* y) { vector_for(best_isa()).swiglu(n, g, u, y); }

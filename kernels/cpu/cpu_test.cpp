@@ -818,6 +818,26 @@ TEST(VectorHelpers, MatchScalarOnEveryIsa) {
       EXPECT_EQ(got[n], 42.0f);
     }
   }
+  // The row kernels (attention's loops) are the one-row kernels, row by row, bit for bit, on every ISA.
+  {
+    const int64_t n = 64, rows = 37, stride = 72;
+    const std::vector<float> q = random_floats(rng, n), a = random_floats(rng, rows);
+    const std::vector<float> kf = random_floats(rng, rows * stride);
+    std::vector<fp16_t> kh(kf.size());
+    ref.fp32_to_fp16_row(kf.data(), kh.data(), static_cast<int64_t>(kf.size()));
+    for (Isa isa : kAllIsas) {
+      if (!isa_available(isa)) continue;
+      const VectorKernels& vk = vector_kernels(isa);
+      std::vector<float> got(rows), lanes(16 * n, 0.0f), want_lanes(16 * n, 0.0f);
+      vk.dot_f32_f16_rows(n, q.data(), kh.data(), stride, rows, 0.125f, got.data());
+      vk.axpy_f16_rows(n, a.data(), kh.data(), stride, rows, 5, lanes.data(), n);
+      for (int64_t r = 0; r < rows; ++r) {
+        EXPECT_EQ(got[r], vk.dot_f32_f16(n, q.data(), kh.data() + r * stride) * 0.125f) << isa_name(isa) << " row " << r;
+        vk.axpy_f16(n, a[r], kh.data() + r * stride, want_lanes.data() + ((5 + r) % 16) * n);
+      }
+      EXPECT_EQ(lanes, want_lanes) << isa_name(isa);
+    }
+  }
   // The free functions dispatch to best_isa().
   const float x[3] = {1, 2, 3}, y[3] = {4, 5, 6};
   EXPECT_EQ(dot_f32(3, x, y), 32.0f);

@@ -439,6 +439,16 @@ void axpy_f16_impl(int64_t n, float a, const fp16_t* x, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * fp16_to_fp32(x[i]);
 }
 
+void dot_f32_f16_rows_impl(int64_t n, const float* x, const fp16_t* y, int64_t stride, int64_t rows, float scale,
+                           float* out) {
+  for (int64_t r = 0; r < rows; ++r) out[r] = dot_f32_f16_impl(n, x, y + r * stride) * scale;
+}
+
+void axpy_f16_rows_impl(int64_t n, const float* a, const fp16_t* x, int64_t stride, int64_t rows, int64_t first,
+                        float* lanes, int64_t lane_stride) {
+  for (int64_t r = 0; r < rows; ++r) axpy_f16_impl(n, a[r], x + r * stride, lanes + ((first + r) % 16) * lane_stride);
+}
+
 float dot_f32_impl(int64_t n, const float* x, const float* y) {
   float sum = 0.0f;
   for (int64_t i = 0; i < n; ++i) sum += x[i] * y[i];
@@ -464,7 +474,8 @@ double exp_sum_impl(int64_t n, const float* x, float max, float* y) {
 
 constexpr VectorKernels kVector = {Isa::kScalar, fp16_row_to_f32, f32_row_to_fp16, dot_f32_f16_impl,
                                    axpy_f16_impl, dot_f32_impl,     silu_impl,       swiglu_impl,
-                                   exp_sum_impl,    ggml_math::rope_rotate};
+                                   exp_sum_impl,    ggml_math::rope_rotate, dot_f32_f16_rows_impl,
+                                   axpy_f16_rows_impl};
 
 }  // namespace
 

@@ -48,13 +48,9 @@ void attention_head(const float* q, const KvCache::View& k, const KvCache::View&
   constexpr int64_t kBlock = graph::kKvBlockTokens;
   float max_s = -std::numeric_limits<float>::infinity();
   for (int64_t j0 = 0; j0 < n_kv; j0 += kBlock) {
-    const fp16_t* rows = k.row(j0);
-    const int64_t j1 = std::min(n_kv, j0 + kBlock);
-    for (int64_t j = j0; j < j1; ++j) {
-      scores[j] = kernels::dot_f32_f16(head_dim, q, rows + (j - j0) * head_dim) * scale;
-      max_s = std::max(max_s, scores[j]);
-    }
+    kernels::dot_f32_f16_rows(head_dim, q, k.row(j0), head_dim, std::min(kBlock, n_kv - j0), scale, scores + j0);
   }
+  for (int64_t j = 0; j < n_kv; ++j) max_s = std::max(max_s, scores[j]);
   // The bucket's padded positions [n_kv, kv_pad) are masked: exp(-inf) = 0 adds nothing to the sum or
   // the output, so they are skipped.
   const float inv = static_cast<float>(1.0 / kernels::exp_sum(n_kv, scores, max_s, scores));
@@ -75,9 +71,8 @@ void attention_head(const float* q, const KvCache::View& k, const KvCache::View&
     kernels::fp16_to_fp32_row(half, scores + j0, nj);
   }
   for (int64_t j0 = 0; j0 < n_kv; j0 += kBlock) {
-    const fp16_t* rows = v.row(j0);
-    const int64_t j1 = std::min(n_kv, j0 + kBlock);
-    for (int64_t j = j0; j < j1; ++j) kernels::axpy_f16(head_dim, scores[j], rows + (j - j0) * head_dim, lanes[j % 16]);
+    kernels::axpy_f16_rows(head_dim, scores + j0, v.row(j0), head_dim, std::min(kBlock, n_kv - j0), j0, lanes[0],
+                           kMaxHeadDim);
   }
   for (int64_t d = 0; d < head_dim; ++d) {
     float a[8], b[4];

@@ -67,6 +67,13 @@ float dot_f32_f16(int64_t n, const float* x, const fp16_t* y);
 void axpy_f16(int64_t n, float a, const fp16_t* x, float* y);
 // sum_i x[i] * y[i]
 float dot_f32(int64_t n, const float* x, const float* y);
+// Attention's inner loops, one dispatch for many rows (each row exactly as the one-row kernel computes it):
+// out[r] = dot_f32_f16(n, x, y + r * stride) * scale, for r < rows;
+void dot_f32_f16_rows(int64_t n, const float* x, const fp16_t* y, int64_t stride, int64_t rows, float scale, float* out);
+// axpy_f16(n, a[r], x + r * stride, lanes + ((first + r) % 16) * lane_stride), for r < rows in order (the 16
+// chains of attention's KQV).
+void axpy_f16_rows(int64_t n, const float* a, const fp16_t* x, int64_t stride, int64_t rows, int64_t first,
+                   float* lanes, int64_t lane_stride);
 
 // The transcendental row operations of llama.cpp's AVX-512 CPU backend, reproduced bit for bit on
 // every ISA (the vector code is elementwise, so a lane of it is a scalar function):
@@ -98,6 +105,10 @@ struct VectorKernels {
   void (*swiglu)(int64_t n, const float* g, const float* u, float* y);
   double (*exp_sum)(int64_t n, const float* x, float max, float* y);
   void (*rope_rotate)(int64_t n, const float* cos, const float* sin, float* x0, float* x1, int64_t stride);
+  void (*dot_f32_f16_rows)(int64_t n, const float* x, const fp16_t* y, int64_t stride, int64_t rows, float scale,
+                           float* out);
+  void (*axpy_f16_rows)(int64_t n, const float* a, const fp16_t* x, int64_t stride, int64_t rows, int64_t first,
+                        float* lanes, int64_t lane_stride);
 };
 // The helpers of `isa`, or of the next lower available ISA when `isa` is not available.
 const VectorKernels& vector_kernels(Isa isa);
