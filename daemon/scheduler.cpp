@@ -27,13 +27,6 @@ uint32_t pool_blocks(const SchedulerOptions& o) {
   return std::max(o.kv_blocks, std::max<uint32_t>(1, o.parallel * per_slot));
 }
 
-// Tokens before the sampled position that the sampler's penalty history covers: 0 (no penalties), or
-// repeat_last_n; -1: the whole history.
-int64_t penalty_window(const SamplingParams& p) {
-  const bool penalties = p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
-  return penalties ? p.repeat_last_n : 0;
-}
-
 constexpr uint32_t kMaxStopStrings = 16;
 constexpr size_t kMaxStopBytes = 256;
 
@@ -245,8 +238,7 @@ bool Scheduler::schedule_one() {
     if (it->second->stream->cancelled()) {
       Sequence& s = *it->second;
       spdlog::info("request {} on {}: cancelled by the client after {} tokens", s.id, opt_.model_id, s.n_generated());
-      slots_[static_cast<size_t>(s.slot)] = 0;
-      release_blocks(s);
+      leave_slot(s);
       ++requests_done_;
       ++requests_cancelled_;
       it = active_.erase(it);
@@ -589,7 +581,7 @@ void Scheduler::take_prefix(Sequence& s) {
   // The last token is always computed (its logits are the answer); with a penalty history, every token
   // of the window too, so the worker's sampler sees them.
   size_t limit = s.history.size() - 1;
-  const int64_t window = penalty_window(s.sampling);
+  const int32_t window = penalty_window(s.sampling);  // the sampler's own rule (sampler.h)
   if (window < 0) return;
   limit = std::min(limit, s.history.size() - std::min(s.history.size(), static_cast<size_t>(window)));
   s.blocks = cache_.match(s.history, limit / kBlock);
@@ -631,6 +623,11 @@ void Scheduler::publish_blocks(Sequence& s) {
     s.chain = got;
     ++s.published;
   }
+}
+
+void Scheduler::leave_slot(Sequence& s) {
+  slots_[static_cast<size_t>(s.slot)] = 0;
+  release_blocks(s);
 }
 
 void Scheduler::release_blocks(Sequence& s) {
@@ -703,8 +700,7 @@ void Scheduler::finish(uint64_t id, FinishReason reason) {
     token_latency_.observe(sum.generate_ms / 1e3 / static_cast<double>(sum.generated_tokens - 1));
   }
   s.stream->finish(sum);
-  slots_[static_cast<size_t>(s.slot)] = 0;
-  release_blocks(s);
+  leave_slot(s);
   prompt_tokens_ += s.n_prompt;
   ++requests_done_;
   active_.erase(it);
@@ -716,8 +712,7 @@ void Scheduler::fail_sequence(uint64_t id, const Status& why) {
   Sequence& s = *it->second;
   spdlog::warn("request {} on {}: {}", s.id, opt_.model_id, why.to_string());
   s.stream->finish(why);
-  slots_[static_cast<size_t>(s.slot)] = 0;
-  release_blocks(s);
+  leave_slot(s);
   ++requests_failed_;
   active_.erase(it);
 }

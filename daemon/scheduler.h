@@ -210,6 +210,8 @@ class Scheduler {
   bool reserve_blocks(Sequence& s, size_t end, ipc::Submission& sub);
   void publish_blocks(Sequence& s);
   void release_blocks(Sequence& s);
+  // A sequence that ends (finished, failed, cancelled) frees its slot and its blocks.
+  void leave_slot(Sequence& s);
   void accept_token(Sequence& s, int32_t token, SchedulerClock::time_point now, TokenLogprobs* logprobs);
   void accept_embedding(Sequence& s, std::span<const float> embedding, SchedulerClock::time_point now);
   TokenLogprob token_logprob(int32_t token, float logprob) const;

@@ -128,8 +128,7 @@ Sampler::Sampler(const SamplingParams& p, int32_t n_vocab)
     cand_.resize(n);
     if (p.top_k > 0 && p.top_k <= kHeapTopKLimit) heap_.reserve(static_cast<size_t>(p.top_k));
   }
-  track_history_ = p.repeat_last_n != 0 &&
-                   (p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f);
+  track_history_ = penalty_window(p) != 0;
   if (track_history_) {
     counts_.assign(n, 0);
     active_pos_.assign(n, -1);

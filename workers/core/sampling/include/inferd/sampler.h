@@ -36,6 +36,13 @@ struct SamplingParams {
 // and its allowed range, e.g. "top_p must be in (0, 1], got 1.5".
 Status validate(const SamplingParams& p);
 
+// The tokens before a sampled position that the sampler's penalty history holds: 0 when no penalty is
+// active (the history is not kept), repeat_last_n, or -1 for the whole history.
+inline int32_t penalty_window(const SamplingParams& p) {
+  const bool penalties = p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
+  return penalties ? p.repeat_last_n : 0;
+}
+
 // A token and its probability in the final distribution the sampler draws from.
 struct TokenProb {
   int32_t id;
