@@ -2,8 +2,9 @@
 
 namespace inferd::daemon {
 
-ChatTemplate detect_chat_template(std::string_view src) {
+ChatTemplate detect_chat_template(std::string_view src, std::string_view arch) {
   auto has = [&](std::string_view s) { return src.find(s) != std::string_view::npos; };
+  if (src.empty() && arch.substr(0, 5) == "gemma") return ChatTemplate::kGemma;
   if (has("<|im_start|>")) return ChatTemplate::kChatml;
   if (has("<|start_header_id|>")) return ChatTemplate::kLlama3;
   if (has("<start_of_turn>")) return ChatTemplate::kGemma;

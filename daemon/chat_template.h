@@ -22,7 +22,9 @@ struct ChatMessage {
   std::string content;
 };
 
-ChatTemplate detect_chat_template(std::string_view jinja_source);
+// `arch`: the model's general.architecture, for files that store no template: Gemma models get their
+// own turn format, others ChatML (as llama.cpp's default).
+ChatTemplate detect_chat_template(std::string_view jinja_source, std::string_view arch = {});
 const char* chat_template_name(ChatTemplate t);
 
 // The prompt for `messages`, ending with the opening of the assistant's turn. kInvalidArgument for an

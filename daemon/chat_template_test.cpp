@@ -15,6 +15,12 @@ TEST(ChatTemplate, DetectsFamiliesByTheirMarkers) {
   EXPECT_EQ(detect_chat_template(""), ChatTemplate::kChatml);
 }
 
+TEST(ChatTemplate, FilesWithoutATemplateGetTheirArchitecturesFormat) {
+  EXPECT_EQ(detect_chat_template("", "gemma3"), ChatTemplate::kGemma);  // gemma-3-270m stores none
+  EXPECT_EQ(detect_chat_template("", "llama"), ChatTemplate::kChatml);
+  EXPECT_EQ(detect_chat_template("<|im_start|>", "gemma3"), ChatTemplate::kChatml);  // a stored template wins
+}
+
 TEST(ChatTemplate, ChatmlMatchesTheReferenceFormatting) {
   auto r = apply_chat_template(ChatTemplate::kChatml, {{"system", "Be brief."}, {"user", "Hi"}});
   ASSERT_TRUE(r) << r.status().to_string();

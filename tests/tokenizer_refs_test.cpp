@@ -268,6 +268,33 @@ TEST_F(SmolLm2Refs, GgufAdapterMatchesConfig) {
             tok_->encode("<|im_start|>user\nHello!<|im_end|>", true, true));
 }
 
+// Gemma 3's SentencePiece vocabulary (262,144 tokens, byte fallback, no space prefix), fetched by
+// scripts/setup.sh as the second real model.
+const std::string kGemma3Model = std::string(INFERD_SOURCE_DIR) + "/models/gemma-3-270m-q4_k_m.gguf";
+
+class Gemma3Refs : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!std::filesystem::exists(kGemma3Model)) GTEST_SKIP() << "model file absent: " << kGemma3Model;
+    refs_ = load_json(kDataDir + "/gemma3_refs.json");
+    ASSERT_FALSE(refs_.is_null()) << "missing " << kDataDir << "/gemma3_refs.json";
+    auto file = gguf::GgufFile::open(kGemma3Model);
+    ASSERT_TRUE(file.is_ok()) << file.status().to_string();
+    auto tok = Tokenizer::from_gguf(**file);
+    ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
+    tok_ = std::move(*tok);
+  }
+  json refs_;
+  std::unique_ptr<Tokenizer> tok_;
+};
+
+TEST_F(Gemma3Refs, SpecialTokensAndFlags) { check_info(*tok_, refs_); }
+TEST_F(Gemma3Refs, Corpus) { check_cases(*tok_, refs_, /*round_trip=*/false); }
+TEST_F(Gemma3Refs, EveryPiece) { check_pieces(*tok_, refs_); }
+TEST_F(Gemma3Refs, CodePointSweep) {
+  check_sweep(*tok_, refs_["sweep"], refs_["sweep_block"].get<uint32_t>(), "gemma3");
+}
+
 TEST(SpmRefs, SyntheticVocabulary) {
   const json refs = load_json(kDataDir + "/spm_refs.json");
   ASSERT_FALSE(refs.is_null()) << "missing " << kDataDir << "/spm_refs.json";

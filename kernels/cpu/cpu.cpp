@@ -1,5 +1,6 @@
 // Run-time ISA selection for inferd/kernels/cpu.h. Compiled for the baseline target: it only calls
 // into an ISA's translation unit after checking that the CPU runs that ISA.
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
@@ -133,6 +134,33 @@ void axpy_f16_rows(int64_t n, const float* a, const fp16_t* x, int64_t stride, i
 float dot_f32(int64_t n, const float* x, const float* y) { return vector_for(best_isa()).dot_f32(n, x, y); }
 float silu(float x) { return vector_for(best_isa()).silu(x); }
 void swiglu(int64_t n, const float* g, const float* u, float* y) { vector_for(best_isa()).swiglu(n, g, u, y); }
+namespace {
+// ggml's ggml_table_gelu_f16: gelu at every F16 value, stored as F16.
+const fp16_t* gelu_table() {
+  static const fp16_t* table = [] {
+    static fp16_t t[1 << 16];
+    for (uint32_t i = 0; i < (1u << 16); ++i) {
+      const float f = fp16_to_fp32(static_cast<fp16_t>(i));
+      t[i] = fp32_to_fp16(0.5f * f * (1.0f + std::tanh(0.79788456080286535587989211986876f * f * (1.0f + 0.044715f * f * f))));
+    }
+    return t;
+  }();
+  return table;
+}
+}  // namespace
+
+float gelu(float x) {
+  if (x <= -10.0f) return 0.0f;
+  if (x >= 10.0f) return x;
+  return fp16_to_fp32(gelu_table()[fp32_to_fp16(x)]);
+}
+void geglu(int64_t n, const float* g, const float* u, float* y) {
+  const fp16_t* table = gelu_table();
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = g[i];
+    y[i] = x <= -10.0f ? 0.0f : x >= 10.0f ? x * u[i] : fp16_to_fp32(table[fp32_to_fp16(x)]) * u[i];
+  }
+}
 double exp_sum(int64_t n, const float* x, float max, float* y) {
   return vector_for(best_isa()).exp_sum(n, x, max, y);
 }

@@ -890,3 +890,32 @@ TEST(Dot, FourWeightRowsEqualDotBitForBit) {
 
 }  // namespace
 }  // namespace inferd::kernels
+
+namespace inferd::kernels {
+namespace {
+
+// gelu as ggml's CPU backend computes it (GGML_GELU_FP16): its table at x rounded to F16; the identity
+// from 10 up, 0 from -10 down.
+TEST(GgmlMath, GeluIsGgmlsF16Table) {
+  for (float x : {-12.0f, -10.0f, -3.3f, -1.0f, -0.01f, 0.0f, 1e-5f, 0.5f, 1.0f, 2.7182817f, 9.99f, 10.0f, 33.0f}) {
+    float want;
+    if (x <= -10.0f) {
+      want = 0.0f;
+    } else if (x >= 10.0f) {
+      want = x;
+    } else {
+      const float h = fp16_to_fp32(fp32_to_fp16(x));
+      const float g = 0.5f * h * (1.0f + std::tanh(0.79788456080286535587989211986876f * h * (1.0f + 0.044715f * h * h)));
+      want = fp16_to_fp32(fp32_to_fp16(g));
+    }
+    EXPECT_EQ(gelu(x), want) << x;
+  }
+  EXPECT_NEAR(gelu(1.0f), 0.8412f, 1e-3f);  // the function itself
+  const std::vector<float> g = {-11.0f, -1.5f, 0.25f, 3.0f, 12.0f}, u = {2.0f, -1.0f, 4.0f, 0.5f, 3.0f};
+  std::vector<float> y(g.size());
+  geglu(static_cast<int64_t>(g.size()), g.data(), u.data(), y.data());
+  for (size_t i = 0; i < g.size(); ++i) EXPECT_EQ(y[i], gelu(g[i]) * u[i]) << i;
+}
+
+}  // namespace
+}  // namespace inferd::kernels

@@ -11,8 +11,11 @@ Writes, under tests/data/tokenizer/:
                     and hashes over a sweep of every code point
   spm_vocab.gguf    a small synthetic SentencePiece ("llama") vocabulary, vocab-only
   spm_refs.json     the same reference data for it
+  gemma3_refs.json  with --gemma3 MODEL: the same for Gemma 3's SentencePiece vocabulary (262,144 tokens;
+                    ids, detokenization, special tokens, piece hashes and the code point sweep)
 
 Usage: python3 tools/reference/gen_tokenizer_refs.py [--model models/SmolLM2-135M-Instruct.Q4_1.gguf]
+       python3 tools/reference/gen_tokenizer_refs.py --gemma3 models/gemma-3-270m-q4_k_m.gguf  (only gemma3_refs.json)
 """
 import argparse
 import ctypes
@@ -333,11 +336,23 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--rebuild-corpus", action="store_true")
+    ap.add_argument("--gemma3", help="write only gemma3_refs.json, for this Gemma 3 GGUF")
     args = ap.parse_args()
     os.makedirs(OUT, exist_ok=True)
     corpus = load_corpus(args.rebuild_corpus)
     print(f"corpus: {len(corpus)} strings")
     sweep = sweep_strings()
+
+    if args.gemma3:
+        gv = Vocab(args.gemma3)
+        g3 = {"source": f"llama-cpp-python {llama_cpp.__version__}", "model": os.path.basename(args.gemma3),
+              "piece_block": BLOCK, "sweep_block": SWEEP_BLOCK}
+        g3.update(gv.info())
+        g3["pieces"] = gv.piece_hashes()
+        g3["cases"] = case_refs(gv, corpus)
+        g3["sweep"] = [hash_ids(gv.tokenize(s, False, False)) for s in sweep]
+        write_json("gemma3_refs.json", g3)
+        return
 
     v = Vocab(args.model)
     refs = {"source": f"llama-cpp-python {llama_cpp.__version__}", "model": os.path.basename(args.model),

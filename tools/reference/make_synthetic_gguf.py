@@ -78,8 +78,12 @@ class Preset:
     output_type: QT
     layer_types: list = field(default_factory=list)  # per matrix kind, or a callable(layer, k)
     file_type: int = 2  # LLAMA_FTYPE_MOSTLY_Q4_0
-    arch: str = "llama"  # "qwen2": Q/K/V biases, NeoX RoPE (llama.cpp picks it by architecture), qwen2 pre-tokenizer
-    tied: bool = False   # no output.weight: token_embd is also the output projection (qwen2 always)
+    arch: str = "llama"  # "qwen2": Q/K/V biases, NeoX RoPE (llama.cpp picks it by architecture), qwen2 pre-tokenizer;
+                         # "qwen3": per-head Q/K norms; "gemma3": those, norms after attention and FFN, GeGLU,
+                         # scaled embeddings, sliding-window layers
+    tied: bool = False   # no output.weight: token_embd is also the output projection (qwen2, qwen3, gemma3 always)
+    head_dim: int = 0    # attention.key_length (0: n_embd / n_head)
+    swa: int = 0         # gemma3: attention.sliding_window
 
 
 kMatrixKinds = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
@@ -129,6 +133,14 @@ PRESETS = {
     # tied to the output, F32 norms: the default model's kernels, for a machine without the file.
     "smollm2-q4_1": Preset("smollm2-q4_1", 576, 30, 9, 3, 1536, 49152, 100000.0, 1e-5, 8192,
                            QT.Q8_0, QT.Q8_0, lambda layer, k: QT.Q4_1, file_type=3, tied=True),
+    # Qwen3 layout: Q/K RMSNorm per head, heads of 128 (Q is 512 wide on a 128-wide model), all Q8_0; 128
+    # wide to keep the committed file small (11 MB).
+    "qwen3-small": Preset("qwen3-small", 128, 6, 4, 2, 512, 49152, 1000000.0, 1e-6, 2048,
+                          QT.Q8_0, QT.Q8_0, _uniform_q8_0, file_type=7, arch="qwen3", head_dim=128),
+    # Gemma 3 layout with a 128-position sliding window, so a 512-token context crosses it: five local
+    # layers (RoPE base 10000) and one global, GeGLU, post norms, Q/K norms, one KV head of 128.
+    "gemma3-small": Preset("gemma3-small", 128, 6, 4, 1, 512, 49152, 1000000.0, 1e-6, 2048,
+                           QT.Q8_0, QT.Q8_0, _uniform_q8_0, file_type=7, arch="gemma3", head_dim=128, swa=128),
     "8b-q4_0": Preset("8b-q4_0", 4096, 32, 32, 8, 14336, 49152, 500000.0, 1e-5, 8192,
                       QT.Q4_0, QT.Q6_K, _uniform_q4_0),
     "llama3-8b-q4_0": Preset("llama3-8b-q4_0", 4096, 32, 32, 8, 14336, 128256, 500000.0, 1e-5, 8192,
@@ -269,17 +281,18 @@ def make_weight(rng, qtype: QT, rows: int, cols: int, std: float) -> np.ndarray:
 
 def tensor_plan(p: Preset):
     """[(name, qtype, rows, cols, std)] in file order; cols is the fan-in (ne0)."""
-    head_dim = p.n_embd // p.n_head
+    head_dim = p.head_dim or p.n_embd // p.n_head
     kv = head_dim * p.n_head_kv
+    q = head_dim * p.n_head
     # A tied table is also the output projection: scaled like one, so the logits have a sane spread.
-    tied = p.tied or p.arch == "qwen2"
+    tied = p.tied or p.arch in ("qwen2", "qwen3", "gemma3")
     embd_std = kLogitScale / np.sqrt(p.n_embd) if tied else 1.0
     plan = [("token_embd.weight", p.token_embd_type, p.n_vocab, p.n_embd, embd_std),
             ("output_norm.weight", QT.F32, 1, p.n_embd, None)]
     if not tied:  # qwen2-small ties the output projection to token_embd, as Qwen2-0.5B does (and SmolLM2)
         plan.append(("output.weight", p.output_type, p.n_vocab, p.n_embd, kLogitScale / np.sqrt(p.n_embd)))
-    shapes = {"attn_q": (p.n_embd, p.n_embd), "attn_k": (kv, p.n_embd), "attn_v": (kv, p.n_embd),
-              "attn_output": (p.n_embd, p.n_embd), "ffn_gate": (p.n_ff, p.n_embd),
+    shapes = {"attn_q": (q, p.n_embd), "attn_k": (kv, p.n_embd), "attn_v": (kv, p.n_embd),
+              "attn_output": (p.n_embd, q), "ffn_gate": (p.n_ff, p.n_embd),
               "ffn_up": (p.n_ff, p.n_embd), "ffn_down": (p.n_embd, p.n_ff)}
     for layer in range(p.n_layer):
         plan.append((f"blk.{layer}.attn_norm.weight", QT.F32, 1, p.n_embd, None))
@@ -288,8 +301,15 @@ def tensor_plan(p: Preset):
             plan.append((f"blk.{layer}.{kind}.weight", p.layer_types(layer, k), rows, cols, 1.0 / np.sqrt(cols)))
             if p.arch == "qwen2" and kind in ("attn_q", "attn_k", "attn_v"):
                 plan.append((f"blk.{layer}.{kind}.bias", QT.F32, 1, rows, 0.1))
+            if kind == "attn_v" and p.arch in ("qwen3", "gemma3"):
+                plan.append((f"blk.{layer}.attn_q_norm.weight", QT.F32, 1, head_dim, None))
+                plan.append((f"blk.{layer}.attn_k_norm.weight", QT.F32, 1, head_dim, None))
             if kind == "attn_output":
+                if p.arch == "gemma3":
+                    plan.append((f"blk.{layer}.post_attention_norm.weight", QT.F32, 1, p.n_embd, None))
                 plan.append((f"blk.{layer}.ffn_norm.weight", QT.F32, 1, p.n_embd, None))
+            if kind == "ffn_down" and p.arch == "gemma3":
+                plan.append((f"blk.{layer}.post_ffw_norm.weight", QT.F32, 1, p.n_embd, None))
     return plan
 
 
@@ -320,7 +340,13 @@ def write_model(p: Preset, out_path: str, seed: int, verbose: bool = True) -> No
     w.add_head_count_kv(p.n_head_kv)
     w.add_rope_freq_base(p.rope_base)
     w.add_layer_norm_rms_eps(p.rms_eps)
-    w.add_rope_dimension_count(p.n_embd // p.n_head)
+    head_dim = p.head_dim or p.n_embd // p.n_head
+    w.add_rope_dimension_count(head_dim)
+    if p.head_dim:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    if p.swa:
+        w.add_sliding_window(p.swa)
     w.add_vocab_size(p.n_vocab)
     w.add_file_type(p.file_type)
     w.add_quantization_version(2)

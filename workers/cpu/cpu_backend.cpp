@@ -84,7 +84,6 @@ struct CpuBackend::Impl {
     const graph::StepIO* io = nullptr;
     int64_t tokens = 0, outputs = 0, kv_pad = 0;
     int max_nr = 1;
-    float kq_scale = 1.0f;
   } pass;
 
   ~Impl() { std::free(arena); }
@@ -167,12 +166,14 @@ bool CpuBackend::supports(const graph::Graph& g, const graph::Node& n) const {
     case Op::kMatmul:
       return matmul_ok(n.in[0], n.in[1]) && (n.in[2] == graph::kNone || g.tensor(n.in[2]).weight_type() == DType::kF32);
     case Op::kMatmulAdd: return matmul_ok(n.in[0], n.in[1]) && n.in[2] == graph::kNone;  // a bias would be added twice
-    case Op::kMatmulSwiglu: return matmul_ok(n.in[0], n.in[1]) && matmul_ok(n.in[0], n.in[2]);
+    case Op::kMatmulSwiglu:
+    case Op::kMatmulGeglu: return matmul_ok(n.in[0], n.in[1]) && matmul_ok(n.in[0], n.in[2]);
     case Op::kRope:
     case Op::kKvWrite:
     case Op::kRopeKv:
     case Op::kAttention: return heads_ok;
     case Op::kSwiglu:
+    case Op::kGeglu:
     case Op::kAdd:
     case Op::kGetRows: return true;
   }
@@ -287,8 +288,7 @@ Status CpuBackend::compute(const graph::Graph& g, graph::StepIO& io) {
   }
   for (int32_t c = 0; c < prog.n_counters; ++c) I.counters[static_cast<size_t>(c)].next.store(0, std::memory_order_relaxed);
   I.pass = Impl::Pass{&g, &prog, &io, sh.tokens, sh.outputs, sh.kv_pad,
-                      path == MatmulPath::kGemv ? 1 : kernels::kMaxDotRows,
-                      1.0f / std::sqrt(static_cast<float>(g.heads.head_dim))};
+                      path == MatmulPath::kGemv ? 1 : kernels::kMaxDotRows};
   I.pool->run([&I](int ith, int nth) { I.run_pass(ith, nth); });
   (path == MatmulPath::kGemv ? I.stats.gemv_passes : I.stats.gemm_passes)++;
   return Status::ok();
@@ -347,16 +347,23 @@ void CpuBackend::Impl::run_step(const Step& s, int ith, int nth) {
       float* dst = f32(s.dst, ith);
       const int64_t e = w.cols;
       auto [t0, t1] = split_range(m, ith, nth);
-      for (int64_t t = t0; t < t1; ++t) tk->to_float(w.row(ids[t]), dst + t * e, e);
+      for (int64_t t = t0; t < t1; ++t) {
+        tk->to_float(w.row(ids[t]), dst + t * e, e);
+        if (n.scale != 0.0f) {
+          for (int64_t i = 0; i < e; ++i) dst[t * e + i] *= n.scale;
+        }
+      }
       return;
     }
     case StepKind::kRmsNorm: {
       const float* w = g.tensor(n.in[1]).weight->f32();
-      const int64_t e = g.tensor(n.in[0]).cols;
+      const int64_t e = g.tensor(n.in[0]).cols, group = g.tensor(n.in[1]).cols;  // a row, or each head of it
       const float* src = f32(s.src, ith);
       float* dst = f32(s.dst, ith);
       auto [t0, t1] = row_range();
-      for (int64_t t = t0; t < t1; ++t) ops::rms_norm(src + t * e, w, dst + t * e, e, n.eps);
+      for (int64_t t = t0; t < t1; ++t) {
+        for (int64_t c = 0; c < e; c += group) ops::rms_norm(src + t * e + c, w, dst + t * e + c, group, n.eps);
+      }
       return;
     }
     case StepKind::kEncode: {
@@ -390,6 +397,7 @@ void CpuBackend::Impl::run_step(const Step& s, int ith, int nth) {
       float* h = f32(s.dst, ith);
       const int64_t f = wg.rows;
       const int max_nr = pass.max_nr;
+      const bool geglu = n.op == Op::kMatmulGeglu;
       const bool tiled = max_nr > 1 && kernels::gemm_kernel(wg.type) && kernels::gemm_kernel(wu.type);
       for_chunks(f, [&](int64_t r0, int64_t r1) {
         if (tiled) {
@@ -397,9 +405,11 @@ void CpuBackend::Impl::run_step(const Step& s, int ith, int nth) {
           float* u = f32(s.scratch, ith);
           cpu::matmul_rows({&wg, act, s.act_row_bytes, h, f, false, nullptr}, m, max_nr, r0, r1);
           cpu::matmul_rows({&wu, act, s.act_row_bytes, u, f, false, nullptr}, m, max_nr, r0, r1);
-          for (int64_t t = 0; t < m; ++t) kernels::swiglu(r1 - r0, h + t * f + r0, u + t * f + r0, h + t * f + r0);
+          for (int64_t t = 0; t < m; ++t) {
+            (geglu ? kernels::geglu : kernels::swiglu)(r1 - r0, h + t * f + r0, u + t * f + r0, h + t * f + r0);
+          }
         } else {
-          cpu::gate_up_rows(wg, wu, act, s.act_row_bytes, h, m, max_nr, f, r0, r1);
+          cpu::gate_up_rows(wg, wu, act, s.act_row_bytes, h, m, max_nr, f, r0, r1, geglu);
         }
       });
       return;
@@ -414,13 +424,14 @@ void CpuBackend::Impl::run_step(const Step& s, int ith, int nth) {
       const int32_t* pos = ints(s.ints);
       const int32_t* slot = ints(s.slots);
       const int32_t kl = n.layer - first_layer;  // the layer's index in this stage's cache
+      const float base = heads.rope_base_of(n), freq_scale = n.rope_freq_scale;
       auto [u0, u1] = split_range(m * (n_head + n_head_kv), ith, nth);
       for (int64_t u = u0; u < u1; ++u) {
         const int64_t t = u / (n_head + n_head_kv), hh = u % (n_head + n_head_kv);
         if (hh < n_head) {
           float* qh = q_out + t * e + hh * hd;
           if (q_out != q) std::memcpy(qh, q + t * e + hh * hd, static_cast<size_t>(hd) * sizeof(float));
-          ops::rope_head(qh, hd, pos[t], heads.rope_base, heads.rope_style);
+          ops::rope_head(qh, hd, pos[t], base, heads.rope_style, freq_scale);
           fp16_t qh16[ops::kMaxHeadDim];
           kernels::fp32_to_fp16_row(qh, qh16, hd);  // Q meets the F16 K cache as F16, as in ggml
           kernels::fp16_to_fp32_row(qh16, qh, hd);
@@ -428,7 +439,7 @@ void CpuBackend::Impl::run_step(const Step& s, int ith, int nth) {
           const int32_t kvh = static_cast<int32_t>(hh - n_head);
           float kh[ops::kMaxHeadDim];
           std::memcpy(kh, kb + t * ekv + kvh * hd, static_cast<size_t>(hd) * sizeof(float));
-          ops::rope_head(kh, hd, pos[t], heads.rope_base, heads.rope_style);
+          ops::rope_head(kh, hd, pos[t], base, heads.rope_style, freq_scale);
           kernels::fp32_to_fp16_row(kh, kv->k(slot[t], kl, kvh).row(pos[t]), hd);
           kernels::fp32_to_fp16_row(vb + t * ekv + kvh * hd, kv->v(slot[t], kl, kvh).row(pos[t]), hd);
         }
@@ -445,7 +456,7 @@ void CpuBackend::Impl::run_step(const Step& s, int ith, int nth) {
         const int64_t t = u / n_heads, hh = u % n_heads;
         float* d = dst + t * c + hh * hd;
         if (d != src + t * c + hh * hd) std::memcpy(d, src + t * c + hh * hd, static_cast<size_t>(hd) * sizeof(float));
-        ops::rope_head(d, hd, pos[t], heads.rope_base, heads.rope_style);
+        ops::rope_head(d, hd, pos[t], heads.rope_base_of(n), heads.rope_style, n.rope_freq_scale);
       }
       return;
     }
@@ -474,6 +485,7 @@ void CpuBackend::Impl::run_step(const Step& s, int ith, int nth) {
       const int32_t* pos = ints(s.ints);
       const int32_t* slot = ints(s.slots);
       const int32_t kl = n.layer - first_layer;
+      const float kq_scale = heads.kq_scale(n);
       auto [u0, u1] = split_range(m * n_head, ith, nth);
       for (int64_t u = u0; u < u1; ++u) {
         const int64_t t = u / n_head, hh = u % n_head;
@@ -486,12 +498,14 @@ void CpuBackend::Impl::run_step(const Step& s, int ith, int nth) {
           kernels::fp16_to_fp32_row(qh16, rounded, hd);
           qh = rounded;
         }
-        ops::attention_head(qh, kv->k(slot[t], kl, kvh), kv->v(slot[t], kl, kvh), hd, pos[t] + 1, pass.kq_scale, scores,
-                            out + t * e + hh * hd);
+        const int64_t start = n.window > 0 ? std::max<int64_t>(0, pos[t] + 1 - n.window) : 0;
+        ops::attention_head(qh, kv->k(slot[t], kl, kvh), kv->v(slot[t], kl, kvh), hd, pos[t] + 1, kq_scale, scores,
+                            out + t * e + hh * hd, start);
       }
       return;
     }
     case StepKind::kSwiglu:
+    case StepKind::kGeglu:
     case StepKind::kAdd: {
       const int64_t c = g.tensor(n.in[0]).cols;
       const float* a = f32(s.src, ith);
@@ -501,6 +515,8 @@ void CpuBackend::Impl::run_step(const Step& s, int ith, int nth) {
       for (int64_t t = t0; t < t1; ++t) {
         if (s.kind == StepKind::kSwiglu) {
           kernels::swiglu(c, a + t * c, b + t * c, dst + t * c);
+        } else if (s.kind == StepKind::kGeglu) {
+          kernels::geglu(c, a + t * c, b + t * c, dst + t * c);
         } else {
           for (int64_t i = 0; i < c; ++i) dst[t * c + i] = a[t * c + i] + b[t * c + i];
         }

@@ -273,3 +273,93 @@ TEST_F(EngineTest, ScatteredAndSharedKvBlocksEqualTheSlotsOwnRun) {
 
 }  // namespace
 }  // namespace inferd
+
+namespace inferd {
+namespace {
+
+// The gemma3 and qwen3 layouts on the committed synthetic models (tools/reference/make_synthetic_gguf.py):
+// gemma3-small has a 128-position sliding window on five of its six layers, Q/K norms, post norms and
+// GeGLU; qwen3-small has Q/K norms and 128-wide heads on a 128-wide model (Q is 512 wide).
+class ArchTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    auto m = Model::open(std::string(INFERD_TEST_DATA_DIR) + "/models/" + GetParam());
+    ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+    model_ = m.value();
+  }
+  std::unique_ptr<Engine> make(int first = 0, int end = 0) {
+    EngineOptions o;
+    o.n_threads = 2;
+    o.n_ctx = 512;
+    o.first_layer = first;
+    o.end_layer = end;
+    auto e = Engine::create(model_, o);
+    EXPECT_TRUE(e.is_ok()) << e.status().to_string();
+    return std::move(e).value();
+  }
+  std::shared_ptr<const Model> model_;
+};
+
+std::vector<int32_t> some_tokens(int n) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) t[static_cast<size_t>(i)] = (i * 7919 + 13) % 49000 + 17;
+  return t;
+}
+
+// One prefill of 300 tokens (past gemma3-small's window of 128) equals 300 decode steps, bit for bit:
+// the window is applied the same way in both paths.
+TEST_P(ArchTest, PrefillEqualsTokenByTokenPastTheWindow) {
+  const std::vector<int32_t> tokens = some_tokens(300);
+  auto a = make();
+  auto b = make();
+  auto all = a->eval(0, tokens, /*all_logits=*/true);
+  ASSERT_TRUE(all.is_ok()) << all.status().to_string();
+  const size_t nv = static_cast<size_t>(a->n_vocab());
+  std::vector<float> prefill(all->begin(), all->end());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    auto r = b->eval(0, std::span<const int32_t>(&tokens[i], 1));
+    ASSERT_TRUE(r.is_ok());
+    ASSERT_TRUE(std::equal(r->begin(), r->end(), prefill.begin() + static_cast<std::ptrdiff_t>(i * nv)))
+        << "position " << i;
+  }
+}
+
+TEST_P(ArchTest, PipelineStagesEqualTheWholeModel) {
+  const std::vector<int32_t> tokens = some_tokens(200);
+  std::vector<BatchToken> batch;
+  for (size_t i = 0; i < tokens.size(); ++i) batch.push_back({tokens[i], 0, static_cast<int32_t>(i), true});
+  auto whole = make();
+  auto ref = whole->forward(batch);
+  ASSERT_TRUE(ref.is_ok()) << ref.status().to_string();
+  std::vector<float> expect(ref->begin(), ref->end());
+  auto a = make(0, 3), b = make(3, 6);
+  auto h = a->forward(batch);
+  ASSERT_TRUE(h.is_ok()) << h.status().to_string();
+  std::vector<float> hidden(h->begin(), h->end());
+  auto got = b->forward(batch, hidden);
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  EXPECT_TRUE(std::equal(got->begin(), got->end(), expect.begin()));
+}
+
+INSTANTIATE_TEST_SUITE_P(SyntheticModels, ArchTest, ::testing::Values("gemma3-small.gguf", "qwen3-small.gguf"),
+                         [](const ::testing::TestParamInfo<const char*>& p) { return std::string(p.param).substr(0, 5) + "small"; });
+
+TEST(Gemma3Config, ReadFromTheFile) {
+  auto m = Model::open(std::string(INFERD_TEST_DATA_DIR) + "/models/gemma3-small.gguf");
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  const ModelConfig& c = (*m)->config();
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.n_embd_q(), 512);
+  EXPECT_EQ(c.ffn_act, FfnActivation::kGeluTanh);
+  EXPECT_TRUE(c.qk_norm && c.post_norms && c.tied_output);
+  EXPECT_FLOAT_EQ(c.embd_scale, std::sqrt(128.0f));
+  // Layers 0-4 slide over 128 positions with RoPE base 10000; layer 5 is global with the file's base.
+  for (int l = 0; l < 5; ++l) EXPECT_TRUE(c.layer_swa(l)) << l;
+  EXPECT_FALSE(c.layer_swa(5));
+  EXPECT_EQ(c.layer_rope_base(0), 10000.0f);
+  EXPECT_EQ(c.layer_rope_base(5), 1000000.0f);
+  EXPECT_EQ(c.swa_window, 128);
+}
+
+}  // namespace
+}  // namespace inferd

@@ -106,7 +106,8 @@ void matmul_rows(const MatmulJob& j, int64_t m, int max_nr, int64_t r0, int64_t 
 }
 
 void gate_up_rows(const WeightView& wg, const WeightView& wu, uint8_t* const* act, const size_t* act_row_bytes,
-                  float* h, int64_t m, int max_nr, int64_t n_ff, int64_t r0, int64_t r1) {
+                  float* h, int64_t m, int max_nr, int64_t n_ff, int64_t r0, int64_t r1, bool geglu) {
+  auto act_fn = [geglu](float g) { return geglu ? kernels::gelu(g) : ops::silu(g); };
   const kernels::TypeKernels* tg = kernels::type_kernels(wg.type);
   const kernels::TypeKernels* tu = kernels::type_kernels(wu.type);
   const int ag = act_index(tg->act_type), au = act_index(tu->act_type);
@@ -123,12 +124,12 @@ void gate_up_rows(const WeightView& wg, const WeightView& wu, uint8_t* const* ac
       for (; r + 4 <= r1; r += 4) {
         tg->dot_w4(k, wg.row(r), wg.row_bytes, ag_t, g);
         tu->dot_w4(k, wu.row(r), wu.row_bytes, au_t, u);
-        for (int i = 0; i < 4; ++i) h[t * n_ff + r + i] = ops::silu(g[i]) * u[i];
+        for (int i = 0; i < 4; ++i) h[t * n_ff + r + i] = act_fn(g[i]) * u[i];
       }
       for (; r < r1; ++r) {
         tg->dot(k, wg.row(r), ag_t, act_row_bytes[ag], 1, g);
         tu->dot(k, wu.row(r), au_t, act_row_bytes[au], 1, u);
-        h[t * n_ff + r] = ops::silu(g[0]) * u[0];
+        h[t * n_ff + r] = act_fn(g[0]) * u[0];
       }
     }
     return;
@@ -140,7 +141,7 @@ void gate_up_rows(const WeightView& wg, const WeightView& wu, uint8_t* const* ac
       for (int64_t r = rb0; r < rb1; ++r) {
         tg->dot(k, wg.row(r), act[ag] + static_cast<size_t>(t0) * act_row_bytes[ag], act_row_bytes[ag], nr, g);
         tu->dot(k, wu.row(r), act[au] + static_cast<size_t>(t0) * act_row_bytes[au], act_row_bytes[au], nr, u);
-        for (int i = 0; i < nr; ++i) h[(t0 + i) * n_ff + r] = ops::silu(g[i]) * u[i];
+        for (int i = 0; i < nr; ++i) h[(t0 + i) * n_ff + r] = act_fn(g[i]) * u[i];
       }
     }
   }

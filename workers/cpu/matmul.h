@@ -44,8 +44,8 @@ struct MatmulJob {
 // weights stays in L1/L2 while all token groups pass it.
 void matmul_rows(const MatmulJob& j, int64_t m, int max_nr, int64_t r0, int64_t r1);
 
-// h[t][r] = silu(gate[r] . x[t]) * (up[r] . x[t]) for rows [r0, r1).
+// h[t][r] = silu(gate[r] . x[t]) * (up[r] . x[t]) for rows [r0, r1); gelu instead of silu when `geglu`.
 void gate_up_rows(const WeightView& wg, const WeightView& wu, uint8_t* const* act, const size_t* act_row_bytes,
-                  float* h, int64_t m, int max_nr, int64_t n_ff, int64_t r0, int64_t r1);
+                  float* h, int64_t m, int max_nr, int64_t n_ff, int64_t r0, int64_t r1, bool geglu = false);
 
 }  // namespace inferd::cpu

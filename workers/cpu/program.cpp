@@ -27,7 +27,9 @@ enum class Part : uint8_t {
 
 bool row_split(Part p) { return p == Part::kRowsT || p == Part::kRowsO; }
 
-bool is_matmul(Op op) { return op == Op::kMatmul || op == Op::kMatmulAdd || op == Op::kMatmulSwiglu; }
+bool is_matmul(Op op) {
+  return op == Op::kMatmul || op == Op::kMatmulAdd || op == Op::kMatmulSwiglu || op == Op::kMatmulGeglu;
+}
 
 // What a step touches that other threads may touch too: shared buffers, the step's outputs, a layer's
 // KV cache. Thread-local buffers and the (read-only) inputs never conflict.
@@ -66,7 +68,7 @@ class Compiler {
       if (is_matmul(n.op)) {
         const size_t x = static_cast<size_t>(n.in[0]);
         enc_kinds_[x] |= 1 << act_index(act_type_of(g.tensor(n.in[1]).weight_type()));
-        if (n.op == Op::kMatmulSwiglu) enc_kinds_[x] |= 1 << act_index(act_type_of(g.tensor(n.in[2]).weight_type()));
+        if (n.op == Op::kMatmulSwiglu || n.op == Op::kMatmulGeglu) enc_kinds_[x] |= 1 << act_index(act_type_of(g.tensor(n.in[2]).weight_type()));
       }
     }
   }
@@ -266,7 +268,8 @@ class Compiler {
         emit(s, Part::kChunks, reads, {s.dst});
         return;
       }
-      case Op::kMatmulSwiglu: {
+      case Op::kMatmulSwiglu:
+      case Op::kMatmulGeglu: {
         encode(n.in[0], ni);
         s.kind = StepKind::kGateUp;
         matmul_operands(s, n.in[0]);
@@ -315,8 +318,9 @@ class Compiler {
         return;
       }
       case Op::kSwiglu:
+      case Op::kGeglu:
       case Op::kAdd:
-        s.kind = n.op == Op::kAdd ? StepKind::kAdd : StepKind::kSwiglu;
+        s.kind = n.op == Op::kAdd ? StepKind::kAdd : n.op == Op::kSwiglu ? StepKind::kSwiglu : StepKind::kGeglu;
         s.rows = rows_of(out);
         s.src = at(n.in[0]);
         s.src2 = at(n.in[1]);

@@ -31,7 +31,7 @@
 namespace inferd::cpu {
 
 enum class StepKind : uint8_t {
-  kEmbed, kRmsNorm, kEncode, kMatmul, kGateUp, kRope, kKvWrite, kRopeKv, kAttention, kSwiglu, kAdd, kGetRows,
+  kEmbed, kRmsNorm, kEncode, kMatmul, kGateUp, kRope, kKvWrite, kRopeKv, kAttention, kSwiglu, kGeglu, kAdd, kGetRows,
   kBarrier,
 };
 

@@ -332,6 +332,7 @@ std::string CudaBackend::describe() const {
 }
 
 bool CudaBackend::supports(const Graph& g, const Node& n) const {
+  if (graph::uses_variants(g, n)) return false;  // gemma3's and qwen3's operators: the CPU backend has them
   auto type_ok = [&](TensorId w) {
     const graph::Tensor& t = g.tensor(w);
     return t.weight != nullptr && wtype_supported(static_cast<uint32_t>(t.weight->type));
@@ -351,7 +352,9 @@ bool CudaBackend::supports(const Graph& g, const Node& n) const {
     case Op::kSwiglu:
     case Op::kAdd:
     case Op::kGetRows: return true;
-    case Op::kRopeKv: return false;
+    case Op::kRopeKv:
+    case Op::kGeglu:
+    case Op::kMatmulGeglu: return false;
   }
   return false;
 }
@@ -734,6 +737,8 @@ Status CudaBackend::Impl::run_node(const Graph& g, const Node& n, const graph::S
     case Op::kAdd: e = add(f(n.in[0]), f(n.in[1]), static_cast<int64_t>(rows) * cols, f(n.out[0]), stream); break;
     case Op::kGetRows: e = gather(f(n.in[0]), cols, ints(n.in[1]), rows, f(n.out[0]), stream); break;
     case Op::kRopeKv: return Status(Code::kUnimplemented, "the CUDA backend does not fuse rope_kv");
+    case Op::kGeglu:
+    case Op::kMatmulGeglu: return Status(Code::kUnimplemented, "the CUDA backend has no GeGLU yet");
   }
   if (e != cudaSuccess) return fail(e, graph::op_name(n.op));
   return Status::ok();

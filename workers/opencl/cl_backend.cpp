@@ -206,6 +206,7 @@ std::string OpenClBackend::describe() const {
 }
 
 bool OpenClBackend::supports(const Graph& g, const Node& n) const {
+  if (graph::uses_variants(g, n)) return false;  // gemma3's and qwen3's operators: the CPU backend has them
   auto type_ok = [&](TensorId w) { return MatmulWeights::supports(g.tensor(w).weight_type()); };
   // The node that reads `id`, when exactly one does.
   auto only_reader = [&](TensorId id) -> const Node* {
@@ -244,7 +245,9 @@ bool OpenClBackend::supports(const Graph& g, const Node& n) const {
     case Op::kGetRows: return true;
     case Op::kRope:
     case Op::kKvWrite:
-    case Op::kMatmulAdd: return false;
+    case Op::kMatmulAdd:
+    case Op::kGeglu:
+    case Op::kMatmulGeglu: return false;
   }
   return false;
 }
@@ -460,6 +463,8 @@ Status OpenClBackend::Impl::plan_graph(const Graph& g) {
       case Op::kRope:
       case Op::kKvWrite:
       case Op::kMatmulAdd:
+      case Op::kGeglu:
+      case Op::kMatmulGeglu:
         return Status(Code::kUnimplemented, std::string("the OpenCL backend cannot run ") + graph::op_name(n.op));
     }
     for (TensorId id : n.in) {

@@ -1,5 +1,6 @@
 #include "inferd/graph.h"
 
+#include <cmath>
 #include <cstdio>
 #include <optional>
 
@@ -9,7 +10,7 @@ namespace {
 
 constexpr const char* kOpNames[kOpCount] = {"embed",      "rms_norm",      "matmul",  "rope",     "kv_write", "attention",
                                             "swiglu",     "add",           "get_rows", "matmul_add", "matmul_swiglu",
-                                            "rope_kv"};
+                                            "rope_kv",    "geglu",         "matmul_geglu"};
 
 // Operand counts: required inputs, optional trailing inputs (bias), outputs.
 struct Arity {
@@ -23,11 +24,13 @@ Arity arity(Op op) {
     case Op::kRope: return {2, 0, 1};
     case Op::kKvWrite: return {5, 0, 1};
     case Op::kAttention: return {4, 0, 1};
-    case Op::kSwiglu: return {2, 0, 1};
+    case Op::kSwiglu:
+    case Op::kGeglu: return {2, 0, 1};
     case Op::kAdd: return {2, 0, 1};
     case Op::kGetRows: return {2, 0, 1};
     case Op::kMatmulAdd: return {4, 0, 1};  // in[2] (bias) may be kNone
-    case Op::kMatmulSwiglu: return {3, 0, 1};
+    case Op::kMatmulSwiglu:
+    case Op::kMatmulGeglu: return {3, 0, 1};
     case Op::kRopeKv: return {6, 0, 2};
   }
   return {0, 0, 0};
@@ -50,7 +53,27 @@ const char* part_name(Part part) {
   return "?";
 }
 
-bool is_fused(Op op) { return op == Op::kMatmulAdd || op == Op::kMatmulSwiglu || op == Op::kRopeKv; }
+bool is_fused(Op op) {
+  return op == Op::kMatmulAdd || op == Op::kMatmulSwiglu || op == Op::kRopeKv || op == Op::kMatmulGeglu;
+}
+
+float Heads::kq_scale(const Node& attention) const {
+  return attention.scale > 0.0f ? attention.scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+}
+
+bool uses_variants(const Graph& g, const Node& n) {
+  switch (n.op) {
+    case Op::kEmbed: return n.scale != 0.0f;
+    case Op::kRmsNorm: return g.tensor(n.in[1]).cols != g.tensor(n.in[0]).cols;
+    case Op::kRope:
+    case Op::kRopeKv: return g.heads.rope_base_of(n) != g.heads.rope_base || n.rope_freq_scale != 1.0f;
+    case Op::kAttention:
+      return n.window > 0 || g.heads.kq_scale(n) != 1.0f / std::sqrt(static_cast<float>(g.heads.head_dim));
+    case Op::kGeglu:
+    case Op::kMatmulGeglu: return true;
+    default: return false;
+  }
+}
 
 int Node::n_in() const {
   int n = 0;
@@ -160,16 +183,21 @@ Status Graph::validate() const {
         break;
       }
       case Op::kMatmulSwiglu:
+      case Op::kMatmulGeglu:
         if (t(1).kind != TensorKind::kWeight || t(2).kind != TensorKind::kWeight || t(1).cols != t(0).cols || t(2).cols != t(0).cols || t(1).fixed_rows != t(2).fixed_rows ||
             o.cols != t(1).fixed_rows) {
           return bad("gate/up shapes");
         }
         break;
       case Op::kRmsNorm:
-        if (t(1).kind != TensorKind::kWeight || t(1).cols != t(0).cols || o.cols != t(0).cols || !same_rows(o, t(0))) return bad("shapes");
+        if (t(1).kind != TensorKind::kWeight || t(1).cols <= 0 || t(0).cols % t(1).cols != 0 || o.cols != t(0).cols ||
+            !same_rows(o, t(0))) {
+          return bad("shapes");
+        }
         break;
       case Op::kAdd:
       case Op::kSwiglu:
+      case Op::kGeglu:
         if (t(1).cols != t(0).cols || o.cols != t(0).cols || !same_rows(t(1), t(0)) || !same_rows(o, t(0))) {
           return bad("operands of different shapes");
         }
@@ -307,10 +335,11 @@ int fuse(Graph& g, const SupportsFn& supports) {
         }
       }
     }
-    // matmul(Wg, x), matmul(Wu, x) -> swiglu  =>  matmul_swiglu.
+    // matmul(Wg, x), matmul(Wu, x) -> swiglu | geglu  =>  matmul_swiglu | matmul_geglu.
     if (a.op == Op::kMatmul && a.in[2] == kNone) {
       const int u = only_use[static_cast<size_t>(a.out[0])];
-      if (u > static_cast<int>(i) && nodes[static_cast<size_t>(u)].op == Op::kSwiglu && !taken(static_cast<size_t>(u))) {
+      const Op glu = u > static_cast<int>(i) ? nodes[static_cast<size_t>(u)].op : Op::kAdd;
+      if ((glu == Op::kSwiglu || glu == Op::kGeglu) && !taken(static_cast<size_t>(u))) {
         const Node& sw = nodes[static_cast<size_t>(u)];
         const TensorId other = sw.in[0] == a.out[0] ? sw.in[1] : sw.in[0];
         const int bp = g.producer(other);
@@ -319,7 +348,7 @@ int fuse(Graph& g, const SupportsFn& supports) {
           if (b.op == Op::kMatmul && b.in[2] == kNone && b.in[0] == a.in[0] &&
               only_use[static_cast<size_t>(b.out[0])] == u) {
             Node f;
-            f.op = Op::kMatmulSwiglu;
+            f.op = glu == Op::kSwiglu ? Op::kMatmulSwiglu : Op::kMatmulGeglu;
             f.part = a.part;
             f.layer = a.layer;
             f.in = {a.in[0], a.in[1], b.in[1], kNone, kNone, kNone};
@@ -344,9 +373,12 @@ int fuse(Graph& g, const SupportsFn& supports) {
         const Node& kv = nodes[static_cast<size_t>(w)];
         if (kv.op != Op::kKvWrite || kv.in[0] != b.out[0] || kv.in[2] != a.in[1] || b.in[1] != a.in[1]) break;
         Node f;
+        if (a.rope_base != b.rope_base || a.rope_freq_scale != b.rope_freq_scale) break;
         f.op = Op::kRopeKv;
         f.part = a.part;
         f.layer = a.layer;
+        f.rope_base = a.rope_base;
+        f.rope_freq_scale = a.rope_freq_scale;
         f.in = {a.in[0], b.in[0], kv.in[1], kv.in[2], kv.in[3], kv.in[4]};
         f.out = {a.out[0], kv.out[0]};
         // Every input must exist where the fused node stands (the KV write's place), and Q' (now rounded

@@ -53,13 +53,17 @@ class Builder {
 
   TensorId node(Op op, int32_t layer, std::initializer_list<TensorId> in, TensorId out, float eps = 0.0f) {
     Node n;
+    n.eps = eps;
+    return node(n, op, layer, in, out);
+  }
+  // A node with parameters (`n`'s scale, rope and window fields).
+  TensorId node(Node n, Op op, int32_t layer, std::initializer_list<TensorId> in, TensorId out) {
     n.op = op;
     n.part = part_;
     n.layer = layer;
     size_t i = 0;
     for (TensorId id : in) n.in[i++] = id;
     n.out[0] = out;
-    n.eps = eps;
     g_.add_node(n);
     return out;
   }
@@ -86,14 +90,16 @@ Result<Graph> build_forward(const Model& model, int32_t first_layer, int32_t end
   g.n_ff = c.n_ff;
   g.heads = Heads{c.n_head, c.n_head_kv, c.head_dim, c.rope_base, c.rope_style};
   Builder b(g);
-  const int64_t E = c.n_embd, Ekv = c.n_embd_kv(), F = c.n_ff;
+  const int64_t E = c.n_embd, Eq = c.n_embd_q(), Ekv = c.n_embd_kv(), F = c.n_ff;
   const bool first = first_layer == 0, last = end_layer == c.n_layer;
 
   TensorId x;
   b.part(Part::kEmbeddings);
   if (first) {
     g.io.token_ids = b.input("tokens", Elem::kInt32, Rows::kTokens, 1);
-    x = b.node(Op::kEmbed, -1, {g.io.token_ids, b.weight(model.token_embd(), "token_embd.weight")},
+    Node embed;
+    embed.scale = c.embd_scale != 1.0f ? c.embd_scale : 0.0f;
+    x = b.node(embed, Op::kEmbed, -1, {g.io.token_ids, b.weight(model.token_embd(), "token_embd.weight")},
                b.act("embd", E, -1, Rows::kTokens, Role::kResidual));
   } else {
     g.io.hidden_in = b.input("hidden_in", Elem::kFloat, Rows::kTokens, E, Role::kResidual);
@@ -112,23 +118,43 @@ Result<Graph> build_forward(const Model& model, int32_t first_layer, int32_t end
     b.part(Part::kAttention);
     const TensorId xn = b.node(Op::kRmsNorm, l, {x, weight(w.attn_norm, "attn_norm")}, b.act(p + "attn_norm", E, l),
                                c.rms_eps);
-    const TensorId q = b.node(Op::kMatmul, l, {xn, weight(w.wq, "attn_q"), bias(w.bq, "attn_q")}, b.act(p + "q", E, l));
-    const TensorId k = b.node(Op::kMatmul, l, {xn, weight(w.wk, "attn_k"), bias(w.bk, "attn_k")}, b.act(p + "k", Ekv, l));
+    TensorId q = b.node(Op::kMatmul, l, {xn, weight(w.wq, "attn_q"), bias(w.bq, "attn_q")}, b.act(p + "q", Eq, l));
+    TensorId k = b.node(Op::kMatmul, l, {xn, weight(w.wk, "attn_k"), bias(w.bk, "attn_k")}, b.act(p + "k", Ekv, l));
     const TensorId v = b.node(Op::kMatmul, l, {xn, weight(w.wv, "attn_v"), bias(w.bv, "attn_v")}, b.act(p + "v", Ekv, l));
-    const TensorId q_rot = b.node(Op::kRope, l, {q, g.io.positions}, b.act(p + "q_rope", E, l));
-    const TensorId k_rot = b.node(Op::kRope, l, {k, g.io.positions}, b.act(p + "k_rope", Ekv, l));
+    if (c.qk_norm) {  // RMSNorm over each head
+      q = b.node(Op::kRmsNorm, l, {q, weight(w.q_norm, "attn_q_norm")}, b.act(p + "q_norm", Eq, l), c.rms_eps);
+      k = b.node(Op::kRmsNorm, l, {k, weight(w.k_norm, "attn_k_norm")}, b.act(p + "k_norm", Ekv, l), c.rms_eps);
+    }
+    Node rope;
+    rope.rope_base = c.layer_rope_base(l) != c.rope_base ? c.layer_rope_base(l) : 0.0f;
+    rope.rope_freq_scale = c.layer_rope_freq_scale(l);
+    const TensorId q_rot = b.node(rope, Op::kRope, l, {q, g.io.positions}, b.act(p + "q_rope", Eq, l));
+    const TensorId k_rot = b.node(rope, Op::kRope, l, {k, g.io.positions}, b.act(p + "k_rope", Ekv, l));
     const TensorId kv = b.node(Op::kKvWrite, l, {k_rot, v, g.io.positions, g.io.slots, b.cache(p + "kv", l)},
                                b.cache(p + "kv'", l));
-    const TensorId attn = b.node(Op::kAttention, l, {q_rot, kv, g.io.positions, g.io.slots}, b.act(p + "attn", E, l));
-    const TensorId proj = b.node(Op::kMatmul, l, {attn, weight(w.wo, "attn_output")}, b.act(p + "attn_out", E, l));
+    Node attention;
+    attention.scale = c.attn_scale;  // 0: the default 1/sqrt(head_dim)
+    attention.window = c.layer_swa(l) ? c.swa_window : 0;
+    const TensorId attn = b.node(attention, Op::kAttention, l, {q_rot, kv, g.io.positions, g.io.slots},
+                                 b.act(p + "attn", Eq, l));
+    TensorId proj = b.node(Op::kMatmul, l, {attn, weight(w.wo, "attn_output")}, b.act(p + "attn_out", E, l));
+    if (c.post_norms) {
+      proj = b.node(Op::kRmsNorm, l, {proj, weight(w.attn_post_norm, "post_attention_norm")},
+                    b.act(p + "attn_post_norm", E, l), c.rms_eps);
+    }
     x = b.node(Op::kAdd, l, {x, proj}, b.act(p + "attn_res", E, l, Rows::kTokens, Role::kResidual));
     b.part(Part::kFfn);
     const TensorId fn = b.node(Op::kRmsNorm, l, {x, weight(w.ffn_norm, "ffn_norm")}, b.act(p + "ffn_norm", E, l),
                                c.rms_eps);
     const TensorId gate = b.node(Op::kMatmul, l, {fn, weight(w.w_gate, "ffn_gate")}, b.act(p + "ffn_gate", F, l));
     const TensorId up = b.node(Op::kMatmul, l, {fn, weight(w.w_up, "ffn_up")}, b.act(p + "ffn_up", F, l));
-    const TensorId h = b.node(Op::kSwiglu, l, {gate, up}, b.act(p + "ffn_h", F, l));
-    const TensorId down = b.node(Op::kMatmul, l, {h, weight(w.w_down, "ffn_down")}, b.act(p + "ffn_out", E, l));
+    const Op glu = c.ffn_act == FfnActivation::kSilu ? Op::kSwiglu : Op::kGeglu;
+    const TensorId h = b.node(glu, l, {gate, up}, b.act(p + "ffn_h", F, l));
+    TensorId down = b.node(Op::kMatmul, l, {h, weight(w.w_down, "ffn_down")}, b.act(p + "ffn_out", E, l));
+    if (c.post_norms) {
+      down = b.node(Op::kRmsNorm, l, {down, weight(w.ffn_post_norm, "post_ffw_norm")}, b.act(p + "ffn_post_norm", E, l),
+                    c.rms_eps);
+    }
     x = b.node(Op::kAdd, l, {x, down}, b.act(p + "ffn_res", E, l, Rows::kTokens, Role::kResidual));
   }
 

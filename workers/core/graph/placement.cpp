@@ -20,6 +20,7 @@ bool op_matches(Op op, const std::vector<Op>& ops) {
   switch (op) {
     case Op::kMatmulAdd: return has(Op::kMatmul) || has(Op::kAdd);
     case Op::kMatmulSwiglu: return has(Op::kMatmul) || has(Op::kSwiglu);
+    case Op::kMatmulGeglu: return has(Op::kMatmul) || has(Op::kGeglu);
     case Op::kRopeKv: return has(Op::kRope) || has(Op::kKvWrite);
     default: return false;
   }
@@ -124,6 +125,12 @@ Result<std::vector<NodePlacement>> assign_nodes(const Graph& g, const PlacementP
       if (a.neuron_end == 0) {
         p = {NodeShare{a.worker, 0, 0}};
         continue;
+      }
+      if (n.op == Op::kRmsNorm && n.part == Part::kFfn && g.producer(n.in[0]) >= 0 &&
+          g.nodes()[static_cast<size_t>(g.producer(n.in[0]))].op == Op::kMatmul) {
+        // A norm of the FFN's output (gemma3's post_ffw_norm) needs the whole sum over the neurons.
+        return bad("the FFN's output is normalized before its residual add, so its neurons cannot be split "
+                   "between workers");
       }
       if (!neuron_splittable(n)) continue;  // the FFN's norm and add stay where they are
       // Carve [b, e) out of the current shares and give it to this assignment's worker.

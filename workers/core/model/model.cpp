@@ -1,6 +1,7 @@
 #include "inferd/model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 
@@ -88,8 +89,17 @@ Result<std::shared_ptr<const Model>> Model::load(std::shared_ptr<const gguf::Ggu
     c.rope_style = RopeStyle::kNormal;
   } else if (c.arch == "qwen2") {
     c.rope_style = RopeStyle::kNeox;
+  } else if (c.arch == "qwen3") {
+    c.rope_style = RopeStyle::kNeox;
+    c.qk_norm = true;
+  } else if (c.arch == "gemma3") {
+    c.rope_style = RopeStyle::kNeox;
+    c.qk_norm = true;
+    c.post_norms = true;
+    c.ffn_act = FfnActivation::kGeluTanh;
   } else {
-    return make_error(Code::kUnimplemented, "%s: architecture '%s' is not supported (supported: llama, qwen2)",
+    return make_error(Code::kUnimplemented,
+                      "%s: architecture '%s' is not supported (supported: llama, mistral as llama, qwen2, qwen3, gemma3)",
                       f.path().c_str(), c.arch.c_str());
   }
   if (f.has_key("general.name")) {
@@ -127,12 +137,21 @@ Result<std::shared_ptr<const Model>> Model::load(std::shared_ptr<const gguf::Ggu
   c.rope_base = base.value();
 
   if (c.n_embd <= 0 || c.n_layer <= 0 || c.n_head <= 0 || c.n_ff <= 0 || c.n_head_kv <= 0 ||
-      c.n_embd % c.n_head != 0 || c.n_head % c.n_head_kv != 0) {
+      c.n_head % c.n_head_kv != 0 ||
+      (c.n_embd % c.n_head != 0 && !f.has_key(c.arch + ".attention.key_length"))) {
     return make_error(Code::kCorrupt,
                       "%s: inconsistent hyper-parameters (n_embd %d, n_head %d, n_head_kv %d, n_layer %d, n_ff %d)",
                       f.path().c_str(), c.n_embd, c.n_head, c.n_head_kv, c.n_layer, c.n_ff);
   }
-  c.head_dim = c.n_embd / c.n_head;
+  auto key_length = arch_u32(f, c.arch, "attention.key_length", false, static_cast<uint32_t>(c.n_embd / c.n_head));
+  if (!key_length) return key_length.status();
+  auto value_length = arch_u32(f, c.arch, "attention.value_length", false, key_length.value());
+  if (!value_length) return value_length.status();
+  if (key_length.value() == 0 || key_length.value() > 4096 || value_length.value() != key_length.value()) {
+    return make_error(Code::kUnimplemented, "%s: attention key length %u and value length %u are not supported",
+                      f.path().c_str(), key_length.value(), value_length.value());
+  }
+  c.head_dim = static_cast<int32_t>(key_length.value());
   auto n_rot = arch_u32(f, c.arch, "rope.dimension_count", false, static_cast<uint32_t>(c.head_dim));
   if (!n_rot) return n_rot.status();
   c.n_rot = static_cast<int32_t>(n_rot.value());
@@ -144,6 +163,55 @@ Result<std::shared_ptr<const Model>> Model::load(std::shared_ptr<const gguf::Ggu
     return make_error(Code::kCorrupt, "%s: invalid rms epsilon %g or rope base %g", f.path().c_str(),
                       static_cast<double>(c.rms_eps), static_cast<double>(c.rope_base));
   }
+  // RoPE scaling, as the metadata says (llama.cpp's reading: the type defaults to linear, the factor
+  // is rope.scaling.factor, else rope.scale_linear; 0 or 1 means none).
+  std::string scaling = "linear";
+  if (f.has_key(c.arch + ".rope.scaling.type")) {
+    auto t = f.get_string(c.arch + ".rope.scaling.type");
+    if (!t) return t.status();
+    scaling = std::string(t.value());
+  }
+  float factor = 0.0f;
+  for (const char* key : {"rope.scaling.factor", "rope.scale_linear"}) {
+    if (factor != 0.0f) break;
+    auto v = arch_f32(f, c.arch, key, 0.0f);
+    if (!v) return v.status();
+    factor = v.value();
+  }
+  if (!(factor >= 0.0f) || factor > 1e6f) {
+    return make_error(Code::kCorrupt, "%s: invalid rope scaling factor %g", f.path().c_str(), static_cast<double>(factor));
+  }
+  if (scaling != "none" && factor != 0.0f && factor != 1.0f) {
+    if (scaling != "linear") {
+      return make_error(Code::kUnimplemented, "%s: rope scaling '%s' is not supported (supported: none, linear)",
+                        f.path().c_str(), scaling.c_str());
+    }
+    c.rope_freq_scale = 1.0f / factor;
+  }
+  if (f.find_tensor("rope_freqs.weight") != nullptr) {
+    return make_error(Code::kUnimplemented, "%s: per-dimension RoPE frequency factors (rope_freqs.weight, llama 3.1 "
+                      "scaling) are not supported yet", f.path().c_str());
+  }
+  if (c.arch == "gemma3") {
+    // Gemma 3 (llama.cpp's reading): embeddings times sqrt(n_embd); every sixth layer global, the others
+    // a sliding window with RoPE base 10000; q.k scaled by 1/sqrt(head_dim), except the 27B model
+    // (62 layers), which scales by 1/sqrt(n_embd / n_head).
+    c.embd_scale = std::sqrt(static_cast<float>(c.n_embd));
+    auto window = arch_u32(f, c.arch, "attention.sliding_window", false, 0);
+    if (!window) return window.status();
+    if (window.value() > 0) {
+      c.swa_window = static_cast<int32_t>(std::min<uint32_t>(window.value(), 1u << 24));
+      c.swa_pattern = 6;
+      c.rope_base_swa = 10000.0f;
+    }
+    c.attn_scale = c.n_layer == 62 ? 1.0f / std::sqrt(static_cast<float>(c.n_embd / c.n_head))
+                                   : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    auto softcap = arch_f32(f, c.arch, "final_logit_softcapping", 0.0f);
+    if (!softcap) return softcap.status();
+    if (softcap.value() != 0.0f) {
+      return make_error(Code::kUnimplemented, "%s: final logit soft-capping is not supported", f.path().c_str());
+    }
+  }
 
   const gguf::TensorInfo* embd = f.find_tensor("token_embd.weight");
   if (embd == nullptr) return make_error(Code::kCorrupt, "%s: missing tensor token_embd.weight", f.path().c_str());
@@ -153,7 +221,7 @@ Result<std::shared_ptr<const Model>> Model::load(std::shared_ptr<const gguf::Ggu
   c.n_vocab = static_cast<int32_t>(embd->ne[1]);
 
   TensorBinder b(f);
-  const int64_t e = c.n_embd, ekv = c.n_embd_kv(), ff = c.n_ff, nv = c.n_vocab;
+  const int64_t e = c.n_embd, eq = c.n_embd_q(), ekv = c.n_embd_kv(), ff = c.n_ff, nv = c.n_vocab, hd = c.head_dim;
   INFERD_RETURN_IF_ERROR(b.bind("token_embd.weight", e, nv, true, &m->token_embd_));
   INFERD_RETURN_IF_ERROR(b.bind("output_norm.weight", e, 1, true, &m->output_norm_));
   INFERD_RETURN_IF_ERROR(b.bind("output.weight", e, nv, false, &m->output_));
@@ -166,14 +234,22 @@ Result<std::shared_ptr<const Model>> Model::load(std::shared_ptr<const gguf::Ggu
     LayerWeights& l = m->layers_[static_cast<size_t>(i)];
     const std::string p = "blk." + std::to_string(i) + ".";
     INFERD_RETURN_IF_ERROR(b.bind(p + "attn_norm.weight", e, 1, true, &l.attn_norm));
-    INFERD_RETURN_IF_ERROR(b.bind(p + "attn_q.weight", e, e, true, &l.wq));
+    INFERD_RETURN_IF_ERROR(b.bind(p + "attn_q.weight", e, eq, true, &l.wq));
     INFERD_RETURN_IF_ERROR(b.bind(p + "attn_k.weight", e, ekv, true, &l.wk));
     INFERD_RETURN_IF_ERROR(b.bind(p + "attn_v.weight", e, ekv, true, &l.wv));
-    INFERD_RETURN_IF_ERROR(b.bind(p + "attn_output.weight", e, e, true, &l.wo));
+    INFERD_RETURN_IF_ERROR(b.bind(p + "attn_output.weight", eq, e, true, &l.wo));
     const bool biases = c.arch == "qwen2";
-    INFERD_RETURN_IF_ERROR(b.bind(p + "attn_q.bias", e, 1, biases, &l.bq));
+    INFERD_RETURN_IF_ERROR(b.bind(p + "attn_q.bias", eq, 1, biases, &l.bq));
     INFERD_RETURN_IF_ERROR(b.bind(p + "attn_k.bias", ekv, 1, biases, &l.bk));
     INFERD_RETURN_IF_ERROR(b.bind(p + "attn_v.bias", ekv, 1, biases, &l.bv));
+    if (c.qk_norm) {
+      INFERD_RETURN_IF_ERROR(b.bind(p + "attn_q_norm.weight", hd, 1, true, &l.q_norm));
+      INFERD_RETURN_IF_ERROR(b.bind(p + "attn_k_norm.weight", hd, 1, true, &l.k_norm));
+    }
+    if (c.post_norms) {
+      INFERD_RETURN_IF_ERROR(b.bind(p + "post_attention_norm.weight", e, 1, true, &l.attn_post_norm));
+      INFERD_RETURN_IF_ERROR(b.bind(p + "post_ffw_norm.weight", e, 1, true, &l.ffn_post_norm));
+    }
     INFERD_RETURN_IF_ERROR(b.bind(p + "ffn_norm.weight", e, 1, true, &l.ffn_norm));
     INFERD_RETURN_IF_ERROR(b.bind(p + "ffn_gate.weight", e, ff, true, &l.w_gate));
     INFERD_RETURN_IF_ERROR(b.bind(p + "ffn_up.weight", e, ff, true, &l.w_up));

@@ -259,7 +259,7 @@ void Tokenizer::detect_special_tokens(const TokenizerConfig& config) {
   for (const auto& [text, id] : token_to_id_) {
     detect(eot_, text, id,
            {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>",
-            "_<EOT>", "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>", "<end_of_utterance>"});
+            "_<EOT>", "[EOT]", "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>", "<end_of_utterance>"});
     detect(eom_, text, id, {"<|eom_id|>"});
     detect(fim_pre, text, id,
            {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "begin\xEF\xBD\x9C>",
@@ -280,8 +280,10 @@ void Tokenizer::detect_special_tokens(const TokenizerConfig& config) {
     if (id >= 0) eog_[id] = 1;
   }
   for (const auto& [text, id] : token_to_id_) {
-    if (text_in(text, {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
-                       "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>"})) {
+    if (text_in(text, {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+                       "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+                       "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+                       "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>", "[e~["})) {
       eog_[id] = 1;
       make_control(id);
     }
@@ -293,18 +295,27 @@ void Tokenizer::detect_special_tokens(const TokenizerConfig& config) {
   for (const int32_t id : {eos_, eot_, eom_}) {
     if (id >= 0) eog_[id] = 1;
   }
-  // o200k_harmony: with <|return|> and <|call|> present, <|end|> does not end generation.
-  int32_t end_id = -1;
-  bool has_return = false, has_call = false;
+  // o200k_harmony and solar-open: with <|return|> and <|call|> (or <|calls|> and <|flush|>) present, <|end|>
+  // does not end generation. gemma4 and plamo: with <|tool_response>/<|plamo:eos|>, </s> is a normal token.
+  int32_t end_id = -1, s_id = -1;
+  bool has_return = false, has_call = false, has_flush = false, normal_s = false;
   for (int32_t id = 0; id < n; ++id) {
     if (!eog_[id]) continue;
-    if (tokens_[id].text == "<|return|>") has_return = true;
-    else if (tokens_[id].text == "<|call|>") has_call = true;
-    else if (tokens_[id].text == "<|end|>") end_id = id;
+    const std::string& text = tokens_[id].text;
+    if (text == "<|return|>") has_return = true;
+    else if (text == "<|call|>" || text == "<|calls|>") has_call = true;
+    else if (text == "<|flush|>") has_flush = true;
+    else if (text == "<|end|>") end_id = id;
+    if (text == "<|tool_response>" || text == "<|plamo:eos|>") normal_s = true;
+    else if (text == "</s>") s_id = id;
   }
-  if (has_return && has_call && end_id >= 0) {
+  if (((has_return && has_call) || (has_call && has_flush)) && end_id >= 0) {
     eog_[end_id] = 0;
     tokens_[end_id].attr = kAttrUserDefined;
+  }
+  if (normal_s && s_id >= 0) {
+    eog_[s_id] = 0;
+    tokens_[s_id].attr = kAttrNormal;
   }
 }
 

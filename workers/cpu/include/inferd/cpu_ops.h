@@ -29,15 +29,16 @@ float silu(float x);
 float round_fp16(float v);
 
 // Rotates one head of `head_dim` (even, <= 256) values in place for position `pos`: angles by ggml's
-// recurrence theta *= base^(-2/head_dim), cosf/sinf, rotation by kernels::rope_rotate.
-void rope_head(float* x, int64_t head_dim, int32_t pos, float base, RopeStyle style);
+// recurrence theta *= base^(-2/head_dim), each times freq_scale (linear RoPE scaling), cosf/sinf,
+// rotation by kernels::rope_rotate.
+void rope_head(float* x, int64_t head_dim, int32_t pos, float base, RopeStyle style, float freq_scale = 1.0f);
 
-// One query head against positions [0, n_kv) of its KV head; the positions past n_kv in the shape
-// bucket (mask padding) are masked, i.e. contribute nothing. `scores` has room for n_kv floats. Writes
+// One query head against positions [kv_start, n_kv) of its KV head; the positions before kv_start (a
+// sliding window) and past n_kv in the shape bucket (mask padding) are masked, i.e. contribute nothing. `scores` has room for n_kv floats. Writes
 // head_dim (<= 256) values to `out`. Bit-identical to llama.cpp without flash attention when `q`
 // holds fp16-rounded values: KQ and KQV in tinyBLAS's 16-lane order, softmax with ggml's exp and
 // chunked double sum (kernels::exp_sum), probabilities rounded to fp16 before KQV.
 void attention_head(const float* q, const KvCache::View& k, const KvCache::View& v, int64_t head_dim, int64_t n_kv,
-                    float scale, float* scores, float* out);
+                    float scale, float* scores, float* out, int64_t kv_start = 0);
 
 }  // namespace inferd::ops

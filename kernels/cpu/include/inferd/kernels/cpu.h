@@ -81,6 +81,11 @@ void axpy_f16_rows(int64_t n, const float* a, const fp16_t* x, int64_t stride, i
 float silu(float x);
 // y[i] = silu(g[i]) * u[i] (ggml_vec_swiglu_f32 for rows whose length is a multiple of 16).
 void swiglu(int64_t n, const float* g, const float* u, float* y);
+// gelu (tanh approximation) as ggml's CPU backend computes it: 0 for x <= -10, x for x >= 10, else
+// its F16 table of 0.5x(1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))) at x rounded to F16, widened back.
+float gelu(float x);
+// y[i] = gelu(g[i]) * u[i] (ggml_vec_geglu_f32).
+void geglu(int64_t n, const float* g, const float* u, float* y);
 // y[i] = exp(x[i] - max) for i < n; returns sum_i y[i] in ggml_vec_soft_max_f32's order: each
 // 16-element chunk (the last one padded with zeros) reduced as _mm512_reduce_add_ps, the chunk sums
 // accumulated in double.

@@ -40,24 +40,31 @@ inline constexpr TensorId kNone = -1;
 // Operators and their operands (in[i], out[i]); x is an activation of rows x K floats.
 enum class Op : uint8_t {
   // Basic operators.
-  kEmbed,        // out = rows of in[1] (the embedding table, a weight) at the token ids in[0] (int32, T)
-  kRmsNorm,      // out = in[0] / sqrt(mean(in[0]^2) + eps) * in[1] (an F32 weight vector)
+  kEmbed,        // out = rows of in[1] (the embedding table, a weight) at the token ids in[0] (int32, T),
+                 //       times Node::scale where that is not 0
+  kRmsNorm,      // out = in[0] / sqrt(mean(in[0]^2) + eps) * in[1] (an F32 weight vector), over each group
+                 //       of in[1].cols columns (a row, or each head of a row: the Q/K norms)
   kMatmul,       // out = in[0] W^T (+ in[2], an optional F32 bias vector), W = in[1]: rows x N
-  kRope,         // out = in[0] (heads of head_dim) rotated at the positions in[1] (int32, T)
+  kRope,         // out = in[0] (heads of head_dim) rotated at the positions in[1] (int32, T) times
+                 //       Node::rope_freq_scale, with base Node::rope_base (0: Heads::rope_base)
   kKvWrite,      // out = in[4] (layer cache) with the rows of K = in[0], V = in[1] written at the tokens'
                  //       positions in[2] and slots in[3]
   kAttention,    // out = causal attention of Q = in[0] (rotated) over the cache in[1] at positions in[2]
-                 //       and slots in[3]; KV length padded to the step's kv_pad and masked
+                 //       and slots in[3]; KV length padded to the step's kv_pad and masked; q.k scaled by
+                 //       Heads::kq_scale(node); Node::window > 0: only the last `window` positions
+                 //       (the query's own included) are attended to
   kSwiglu,       // out = silu(in[0]) * in[1]
   kAdd,          // out = in[0] + in[1]
   kGetRows,      // out = rows in[1] (int32, O) of in[0]: the tokens whose logits are wanted
+  kGeglu,        // out = gelu(in[0]) * in[1] (gelu's tanh approximation, as ggml's table computes it)
   // Fused operators (fuse()).
   kMatmulAdd,    // out = in[3] + in[0] W^T (+ in[2]), W = in[1]: the residual add in the matmul's store
   kMatmulSwiglu, // out = silu(in[0] Wg^T) * (in[0] Wu^T), Wg = in[1], Wu = in[2]
   kRopeKv,       // out[0] = RoPE(Q = in[0]); out[1] = the cache in[5] with RoPE(K = in[1]) and V = in[2]
                  //          written at positions in[3], slots in[4]
+  kMatmulGeglu,  // out = gelu(in[0] Wg^T) * (in[0] Wu^T), Wg = in[1], Wu = in[2]
 };
-inline constexpr int kOpCount = 12;
+inline constexpr int kOpCount = 14;
 const char* op_name(Op op);
 bool is_fused(Op op);
 
@@ -100,6 +107,9 @@ struct Node {
   std::array<TensorId, kMaxIn> in{kNone, kNone, kNone, kNone, kNone, kNone};
   std::array<TensorId, kMaxOut> out{kNone, kNone};
   float eps = 0.0f;    // kRmsNorm
+  float scale = 0.0f;  // kEmbed: the rows' factor (0: none); kAttention: the q.k scale (0: 1/sqrt(head_dim))
+  float rope_base = 0.0f, rope_freq_scale = 1.0f;  // kRope, kRopeKv (rope_base 0: Heads::rope_base)
+  int32_t window = 0;  // kAttention: sliding window in positions (0: none)
 
   int n_in() const;
   int n_out() const { return out[1] == kNone ? 1 : 2; }
@@ -111,9 +121,12 @@ struct Heads {
   float rope_base = 10000.0f;
   RopeStyle rope_style = RopeStyle::kNormal;
 
-  int32_t n_embd() const { return n_head * head_dim; }
+  int32_t n_embd() const { return n_head * head_dim; }  // Q's width (the model's n_embd may differ)
   int32_t n_embd_kv() const { return n_head_kv * head_dim; }
+  float kq_scale(const Node& attention) const;
+  float rope_base_of(const Node& rope) const { return rope.rope_base > 0.0f ? rope.rope_base : rope_base; }
 };
+
 
 // The concrete sizes of one step.
 struct StepShape {
@@ -171,6 +184,11 @@ class Graph {
   std::vector<int> producer_;
   std::vector<int> uses_;
 };
+
+// Whether `n` uses what only some architectures need (a grouped RMSNorm, scaled embeddings, a RoPE
+// base or scaling of its own, a sliding window or a q.k scale of its own, GeGLU): backends that have
+// not implemented these refuse such nodes in supports().
+bool uses_variants(const Graph& g, const Node& n);
 
 // The host data of one step: a span per graph input (parallel to Graph::inputs(); int32 or float by the
 // tensor's Elem, rows(tensor, shape) x cols elements) and a destination per graph output (parallel to

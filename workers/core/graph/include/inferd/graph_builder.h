@@ -1,12 +1,17 @@
-// inferd/graph_builder.h — the forward pass of the llama family, written once as a Graph.
+// inferd/graph_builder.h — the forward pass of every supported architecture, written once as a Graph.
 //
 // Every backend runs this graph (or a pipeline stage of it); none has its own forward pass. One layer:
 //
 //   xn   = rms_norm(x, attn_norm)                   q, k, v = matmul(xn, attn_q|k|v (+ bias: qwen2))
+//   [q = rms_norm(q, attn_q_norm) per head; k likewise: qwen3, gemma3]
 //   q'   = rope(q)     k' = rope(k)                 kv'     = kv_write(k', v, pos, slot, kv)
-//   attn = attention(q', kv', pos, slot)            x       = add(x, matmul(attn, attn_output))
-//   xn   = rms_norm(x, ffn_norm)                    h       = swiglu(matmul(xn, ffn_gate), matmul(xn, ffn_up))
-//   x    = add(x, matmul(h, ffn_down))
+//   attn = attention(q', kv', pos, slot)            o       = matmul(attn, attn_output)
+//   [o = rms_norm(o, post_attention_norm): gemma3]  x       = add(x, o)
+//   xn   = rms_norm(x, ffn_norm)                    h       = swiglu | geglu(matmul(xn, ffn_gate), matmul(xn, ffn_up))
+//   d    = matmul(h, ffn_down)   [d = rms_norm(d, post_ffw_norm): gemma3]        x = add(x, d)
+//
+// Per-layer parameters ride on the nodes: gemma3's embeddings are scaled (embed's scale), its local
+// layers have a sliding window (attention's window) and their own RoPE base (rope's rope_base).
 //
 // The first stage embeds the step's token ids; a later one starts from the previous stage's hidden
 // states (input "hidden_in"). The last stage gathers the rows whose logits are wanted, normalises them
