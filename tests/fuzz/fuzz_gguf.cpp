@@ -1,4 +1,4 @@
-// libFuzzer target: the GGUF reader and the model loader on arbitrary bytes. Every input must end in a
+// libFuzzer target: the GGUF reader, the model loader and the graph builder on arbitrary bytes. Every input must end in a
 // value or a clear error; ASan/UBSan report anything else.
 #include <cstddef>
 #include <cstdint>
@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "inferd/gguf.h"
+#include "inferd/graph_builder.h"
 #include "inferd/model.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -14,6 +15,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!file) return 0;
   std::shared_ptr<const inferd::gguf::GgufFile> shared(std::move(file).value());
   for (const auto& key : shared->keys()) (void)shared->get_string(key);
-  (void)inferd::Model::load(shared);
+  auto model = inferd::Model::load(shared);
+  if (model) (void)inferd::graph::build_forward(**model);  // shapes from the metadata must build a valid graph
   return 0;
 }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "inferd/graph_builder.h"
@@ -28,6 +29,62 @@ std::map<Op, int> count_ops(const Graph& g) {
 }
 
 bool everything(const Graph&, const Node&) { return true; }
+
+// gemma3: Q/K norms per head, post norms, GeGLU, scaled embeddings, sliding-window layers with their own
+// RoPE base; what the parameters say rides on the nodes, and fusion makes matmul_geglu.
+TEST(Graph, TheForwardPassOfAGemma3Model) {
+  auto model = open(INFERD_TEST_DATA_DIR "/models/gemma3-small.gguf");
+  ASSERT_TRUE(model);
+  const ModelConfig& c = model->config();
+  auto g = build_forward(*model);
+  ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+  const int L = c.n_layer;
+  std::map<Op, int> n = count_ops(g.value());
+  EXPECT_EQ(n[Op::kRmsNorm], 6 * L + 1);  // attn, q, k, post-attention, ffn, post-ffn; the output norm
+  EXPECT_EQ(n[Op::kGeglu], L);
+  EXPECT_EQ(n[Op::kSwiglu], 0);
+  for (const Node& node : g->nodes()) {
+    switch (node.op) {
+      case Op::kEmbed: EXPECT_FLOAT_EQ(node.scale, std::sqrt(static_cast<float>(c.n_embd))); break;
+      case Op::kAttention:
+        EXPECT_EQ(node.window, c.layer_swa(node.layer) ? c.swa_window : 0) << node.layer;
+        EXPECT_TRUE(uses_variants(g.value(), node) == c.layer_swa(node.layer)) << node.layer;
+        break;
+      case Op::kRope:
+        EXPECT_EQ(g->heads.rope_base_of(node), c.layer_rope_base(node.layer)) << node.layer;
+        break;
+      case Op::kRmsNorm:
+        // The Q/K norms normalize each head: their weight is one head wide (K has one head here, so its
+        // norm is an ordinary one).
+        if (g->tensor(node.out[0]).name.find("q_norm") != std::string::npos) {
+          EXPECT_EQ(g->tensor(node.in[1]).cols, c.head_dim);
+          EXPECT_TRUE(uses_variants(g.value(), node));
+        }
+        break;
+      default: break;
+    }
+  }
+  EXPECT_EQ(g->tensor(g->io.logits).cols, c.n_vocab);
+  Graph fused = g.value();
+  fuse(fused, everything);
+  std::map<Op, int> f = count_ops(fused);
+  EXPECT_EQ(f[Op::kMatmulGeglu], L);
+  EXPECT_EQ(f[Op::kRopeKv], L);
+  EXPECT_EQ(f[Op::kMatmulAdd], 0);  // the post norms stand between the matmuls and the residual adds
+  EXPECT_TRUE(fused.validate());
+  for (const Node& node : fused.nodes()) {
+    if (node.op == Op::kRopeKv) {
+      EXPECT_EQ(fused.heads.rope_base_of(node), c.layer_rope_base(node.layer));
+    }
+  }
+  // The post-FFN norm needs the whole FFN: its neurons cannot be split between workers.
+  PlacementPlan plan;
+  plan.workers = {{"cpu"}, {"cpu"}};
+  plan.assignments = {Assignment{0, true, 0, L, true, {}, 0, 0}, Assignment{1, false, 0, L, false, {}, 0, 64}};
+  auto placed = assign_nodes(g.value(), plan);
+  ASSERT_FALSE(placed.is_ok());
+  EXPECT_NE(placed.status().message().find("neurons cannot be split"), std::string::npos) << placed.status().to_string();
+}
 
 TEST(Graph, TheForwardPassOfALlamaModel) {
   auto model = open(kMixed);

@@ -152,6 +152,10 @@ Result<std::shared_ptr<const Model>> Model::load(std::shared_ptr<const gguf::Ggu
                       f.path().c_str(), key_length.value(), value_length.value());
   }
   c.head_dim = static_cast<int32_t>(key_length.value());
+  if (static_cast<int64_t>(c.n_head) * c.head_dim > (1 << 24)) {
+    return make_error(Code::kCorrupt, "%s: %d heads of %d values are out of range", f.path().c_str(), c.n_head,
+                      c.head_dim);
+  }
   auto n_rot = arch_u32(f, c.arch, "rope.dimension_count", false, static_cast<uint32_t>(c.head_dim));
   if (!n_rot) return n_rot.status();
   c.n_rot = static_cast<int32_t>(n_rot.value());
