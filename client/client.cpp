@@ -248,6 +248,7 @@ void to_rpc(const LoadOptions& o, rpc::LoadOptions::Builder b) {
   for (unsigned i = 0; i < o.stage_backends.size(); ++i) backends.set(i, text(o.stage_backends[i]));
   b.setKeepAliveS(o.keep_alive_s);
   b.setCacheTokens(o.cache_tokens);
+  b.setChatTemplate(text(o.chat_template));
 }
 
 void to_rpc(const Sampling& s, rpc::Sampling::Builder b) {

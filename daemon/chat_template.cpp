@@ -1,5 +1,7 @@
 #include "chat_template.h"
 
+#include <ctime>
+
 namespace inferd::daemon {
 
 ChatTemplate detect_chat_template(std::string_view src, std::string_view arch) {
@@ -12,6 +14,60 @@ ChatTemplate detect_chat_template(std::string_view src, std::string_view arch) {
   if (has("<|user|>")) return ChatTemplate::kZephyr;
   if (has("[INST]")) return ChatTemplate::kLlama2;
   return ChatTemplate::kChatml;
+}
+
+Result<ChatTemplate> chat_template_by_name(std::string_view name) {
+  for (ChatTemplate t : {ChatTemplate::kChatml, ChatTemplate::kLlama3, ChatTemplate::kLlama2, ChatTemplate::kZephyr,
+                         ChatTemplate::kPhi3, ChatTemplate::kGemma}) {
+    if (name == chat_template_name(t)) return t;
+  }
+  return Status(Code::kInvalidArgument, "unknown chat template '" + std::string(name) +
+                                            "' (built-in: chatml, llama3, llama2, zephyr, phi3, gemma; empty: the file's)");
+}
+
+ChatFormatter ChatFormatter::builtin(ChatTemplate t) {
+  ChatFormatter f;
+  f.family_ = t;
+  return f;
+}
+
+ChatFormatter ChatFormatter::jinja(std::string_view source, std::string bos_token, std::string eos_token) {
+  ChatFormatter f;
+  f.is_jinja_ = true;
+  f.bos_ = std::move(bos_token);
+  f.eos_ = std::move(eos_token);
+  auto t = jinja::Template::parse(source);
+  if (t) {
+    f.template_ = std::make_shared<const jinja::Template>(std::move(t).value());
+  } else {
+    f.error_ = Status(t.status().code(), "the model's chat template cannot be used: " + t.status().message() +
+                                             " (load with a built-in format: chatTemplate / inferctl load --chat-template)");
+  }
+  return f;
+}
+
+std::string ChatFormatter::name() const {
+  if (!is_jinja_) return chat_template_name(family_);
+  return error_ ? "jinja" : "jinja (unusable)";
+}
+
+Result<std::string> ChatFormatter::apply(const std::vector<ChatMessage>& messages) const {
+  if (!is_jinja_) return apply_chat_template(family_, messages);
+  if (!error_) return error_;
+  if (messages.empty()) return Status(Code::kInvalidArgument, "a chat needs at least one message");
+  jinja::Array list;
+  for (const ChatMessage& m : messages) {
+    jinja::Object o;
+    o.set("role", jinja::Value(m.role));
+    o.set("content", jinja::Value(m.content));
+    list.push_back(jinja::Value(std::move(o)));
+  }
+  jinja::Object ctx;
+  ctx.set("messages", jinja::Value(std::move(list)));
+  ctx.set("bos_token", jinja::Value(bos_));
+  ctx.set("eos_token", jinja::Value(eos_));
+  ctx.set("add_generation_prompt", jinja::Value(true));
+  return template_->render(jinja::Value(std::move(ctx)), static_cast<int64_t>(std::time(nullptr)));
 }
 
 const char* chat_template_name(ChatTemplate t) {

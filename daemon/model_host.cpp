@@ -49,8 +49,18 @@ Status ModelHost::attach(std::shared_ptr<const ipc::WeightsSegment> weights, std
   // The KV pool: a context for every slot, plus the room asked for cached prefixes (prefix_cache.h).
   kv_blocks_ = spec_.parallel * static_cast<uint32_t>(graph::kv_blocks_per_slot(static_cast<int32_t>(n_ctx_))) +
                (spec_.cache_tokens + graph::kKvBlockTokens - 1) / graph::kKvBlockTokens;
+  // Chat: a built-in format asked for by name; else the file's own template; else the arch's format.
   auto tmpl = weights_->gguf()->get_string("tokenizer.chat_template");
-  chat_template_ = detect_chat_template(tmpl ? tmpl.value() : std::string_view(), c.arch);
+  if (!spec_.chat_template.empty()) {
+    auto family = chat_template_by_name(spec_.chat_template);
+    if (!family) return family.status();
+    chat_ = ChatFormatter::builtin(*family);
+  } else if (tmpl && !tmpl->empty()) {
+    auto text = [&](int32_t id) { return id >= 0 ? std::string(tokenizer_->token_text(id)) : std::string(); };
+    chat_ = ChatFormatter::jinja(*tmpl, text(tokenizer_->bos()), text(tokenizer_->eos()));
+  } else {
+    chat_ = ChatFormatter::builtin(detect_chat_template({}, c.arch));
+  }
   load_ms_ = load_ms;
   // The plan, on the model's graph: which worker (backend) runs which operators.
   auto graph = graph::build_forward(*model_);
@@ -97,7 +107,7 @@ Status ModelHost::attach(std::shared_ptr<const ipc::WeightsSegment> weights, std
   so.step_timeout = std::chrono::milliseconds(static_cast<int64_t>(sup_.config().step_timeout_s * 1000.0));
   std::vector<StagePort*> ports;
   for (Stage& st : stages_) ports.push_back(&st);
-  scheduler_ = std::make_unique<Scheduler>(so, *tokenizer_, chat_template_, *this, std::move(ports));
+  scheduler_ = std::make_unique<Scheduler>(so, *tokenizer_, chat_, *this, std::move(ports));
   return Status::ok();
 }
 
@@ -294,7 +304,7 @@ ModelInfoData ModelHost::info() const {
   m.context_size = n_ctx_;
   m.parallel = spec_.parallel;
   m.load_ms = load_ms_;
-  m.chat_template = chat_template_name(chat_template_);
+  m.chat_template = chat_.name();
   if (state_ == ModelState::kLoading && load_tracker_) load_tracker_->fill(m);
   if (!model_) return m;
   const ModelConfig& c = model_->config();

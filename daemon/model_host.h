@@ -138,7 +138,7 @@ class ModelHost : public SchedulerHost {
   uint64_t weights_huge_page_bytes_ = 0;  // read once at attach (smaps)
   std::shared_ptr<const Model> model_;
   std::shared_ptr<const Tokenizer> tokenizer_;
-  ChatTemplate chat_template_ = ChatTemplate::kChatml;
+  ChatFormatter chat_;
   uint32_t n_ctx_ = 0;
   uint32_t kv_blocks_ = 0;  // the workers' KV pool (blocks of graph::kKvBlockTokens positions)
   double load_ms_ = 0;

@@ -268,6 +268,7 @@ class AdminImpl final : public rpc::Admin::Server {
     for (capnp::Text::Reader b : o.getStageBackends()) spec.stage_backends.emplace_back(b.cStr(), b.size());
     spec.keep_alive_s = o.getKeepAliveS();
     spec.cache_tokens = o.getCacheTokens();
+    spec.chat_template = std::string(o.getChatTemplate().cStr(), o.getChatTemplate().size());
     auto relay = std::make_shared<ProgressRelay>();
     kj::Promise<void> progress = kj::READY_NOW;
     if (params.hasProgress()) {

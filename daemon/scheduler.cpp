@@ -67,11 +67,11 @@ struct Scheduler::Sequence {
   size_t sent() const { return fed + in_flight; }
 };
 
-Scheduler::Scheduler(SchedulerOptions options, const Tokenizer& tokenizer, ChatTemplate chat_template,
+Scheduler::Scheduler(SchedulerOptions options, const Tokenizer& tokenizer, ChatFormatter chat,
                      SchedulerHost& host, std::vector<StagePort*> stages)
     : opt_(std::move(options)),
       tokenizer_(tokenizer),
-      chat_template_(chat_template),
+      chat_(std::move(chat)),
       host_(host),
       ports_(std::move(stages)),
       stages_(ports_.size()),
@@ -129,8 +129,16 @@ Status Scheduler::queue_room(const std::string& client) const {
 }
 
 Result<std::string> Scheduler::prompt_text(const GenerateParams& p) const {
-  if (p.input == GenerateParams::Input::kMessages) return apply_chat_template(chat_template_, p.messages);
-  return p.prompt;
+  if (p.input != GenerateParams::Input::kMessages) return p.prompt;
+  auto text = chat_.apply(p.messages);
+  if (!text) return text;
+  // A template that writes {{ bos_token }} itself, for a tokenizer that adds BOS: one BOS, as transformers
+  // (which tokenizes templates' output without special tokens) gives.
+  if (p.add_special && tokenizer_.add_bos() && tokenizer_.bos() >= 0) {
+    const std::string_view bos = tokenizer_.token_text(tokenizer_.bos());
+    if (!bos.empty() && std::string_view(*text).substr(0, bos.size()) == bos) text->erase(0, bos.size());
+  }
+  return text;
 }
 
 Status Scheduler::enqueue(GenerateParams p, std::shared_ptr<GenerationStream> stream) {
@@ -141,7 +149,7 @@ Status Scheduler::enqueue(GenerateParams p, std::shared_ptr<GenerationStream> st
       prompt = tokenizer_.encode(p.prompt, p.add_special, p.parse_special);
       break;
     case GenerateParams::Input::kMessages: {
-      auto text = apply_chat_template(chat_template_, p.messages);
+      auto text = prompt_text(p);
       if (!text) return text.status();
       prompt = tokenizer_.encode(text.value(), p.add_special, true);
       break;

@@ -129,7 +129,7 @@ struct SchedulerStats {
 class Scheduler {
  public:
   // `stages` in pipeline order, borrowed; `tokenizer` too.
-  Scheduler(SchedulerOptions options, const Tokenizer& tokenizer, ChatTemplate chat_template, SchedulerHost& host,
+  Scheduler(SchedulerOptions options, const Tokenizer& tokenizer, ChatFormatter chat, SchedulerHost& host,
             std::vector<StagePort*> stages);
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
@@ -221,7 +221,7 @@ class Scheduler {
   SchedulerOptions opt_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // the hang detector's callback checks it
   const Tokenizer& tokenizer_;
-  ChatTemplate chat_template_;
+  ChatFormatter chat_;
   SchedulerHost& host_;
   std::vector<StagePort*> ports_;
   std::vector<StageState> stages_;

@@ -132,7 +132,7 @@ class SchedulerTest : public ::testing::Test {
     o.n_embd = n_embd_;
     o.client_max_slots = client_max_slots;
     for (auto& st : stages_) st->n_embd = n_embd_;
-    sched_ = std::make_unique<Scheduler>(o, *tokenizer_, ChatTemplate::kChatml, host_, ports);
+    sched_ = std::make_unique<Scheduler>(o, *tokenizer_, ChatFormatter::builtin(ChatTemplate::kChatml), host_, ports);
   }
 
   // A request for `prompt` (token ids), `max_tokens` greedy tokens, from `client`.

@@ -127,6 +127,10 @@ void Supervisor::load(LoadSpec spec, std::shared_ptr<LoadProgressSink> client_pr
   if (spec.pad_step != 64 && spec.pad_step != 128) return fail(Code::kInvalidArgument, "pad step must be 64 or 128");
   if (spec.max_queue == 0) spec.max_queue = config_.max_queue;
   if (spec.cache_tokens > (1u << 24)) return fail(Code::kInvalidArgument, "cache tokens must be at most 16777216");
+  if (!spec.chat_template.empty()) {
+    auto family = chat_template_by_name(spec.chat_template);
+    if (!family) return fail(Code::kInvalidArgument, family.status().message());
+  }
   if (!(spec.keep_alive_s >= 0) || spec.keep_alive_s > 365.0 * 86400) {
     return fail(Code::kInvalidArgument, "keep-alive must be 0 (never unload) to a year, in seconds");
   }

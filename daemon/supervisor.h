@@ -46,6 +46,8 @@ struct LoadSpec {
   double keep_alive_s = 0;
   // KV positions kept for cached prompt prefixes beyond parallel × context_size (LoadOptions.cacheTokens).
   uint32_t cache_tokens = 0;
+  // "" : the file's chat template (Jinja); else a built-in format by name (LoadOptions.chatTemplate).
+  std::string chat_template;
   bool by_name = false;  // loaded on a request's first use of its name (model-dirs)
 };
 

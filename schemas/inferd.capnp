@@ -58,6 +58,9 @@ struct LoadOptions {
   keepAliveS @10 :Float64;  # unload after this many seconds without a request; 0: never (the default)
   cacheTokens @11 :UInt32;  # KV positions kept for cached prompt prefixes on top of parallel x contextSize
                             # (0: none extra; cached prefixes then live in the room the slots do not use)
+  chatTemplate @12 :Text;   # how chat messages become the prompt: empty, the file's own template (Jinja,
+                            # rendered as transformers does), or the arch's format when it stores none;
+                            # else a built-in format by name: chatml, llama3, llama2, zephyr, phi3, gemma
 }
 
 struct PlacementStage {

@@ -640,6 +640,7 @@ int cmd_load(const Context& ctx) {
   o.pad_step = a.u32("--pad-step", 0);
   o.max_queue = a.u32("--max-queue", 0);
   o.cache_tokens = a.u32("--cache-tokens", 0);
+  o.chat_template = a.get("--chat-template").value_or("");
   if (auto k = a.get("--keep-alive")) {
     char* end = nullptr;
     o.keep_alive_s = std::strtod(k->c_str(), &end);
@@ -1102,7 +1103,9 @@ std::vector<Command> commands() {
                 {{"--max-queue"}, "N", "requests waiting for a slot before OVERLOADED (default 64)"},
                 {{"--keep-alive"}, "S", "unload after S seconds without a request (default 0: never)"},
                 {{"--cache-tokens"}, "N", "KV positions kept for cached prompt prefixes beyond parallel x ctx "
-                                          "(default 0: the room the slots do not use)"}},
+                                          "(default 0: the room the slots do not use)"},
+                {{"--chat-template"}, "NAME", "a built-in chat format instead of the file's template: chatml, "
+                                              "llama3, llama2, zephyr, phi3, gemma"}},
                cmd_load});
   c.push_back({"unload", "ID", "unload a model", {}, cmd_unload});
   c.push_back({"ps", "", "list loaded models (same as list)", {}, cmd_list});

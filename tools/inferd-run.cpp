@@ -6,6 +6,7 @@
 
 #include "common/cli.h"
 #include "common/session.h"
+#include "chat_template.h"
 #include "inferd/engine.h"
 #include "inferd/sampler.h"
 #include "inferd/tokenizer.h"
@@ -15,29 +16,27 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// ChatML, as used by SmolLM2 and Qwen2 templates. The default system message is the one the model's
-// template inserts when the conversation has none.
-inferd::Result<std::string> chat_prompt(const inferd::gguf::GgufFile& file, const std::string& system,
-                                        const std::string& user) {
+// The model's own chat template (Jinja), or its architecture's built-in format when the file stores none:
+// what the daemon does for a request's messages.
+inferd::Result<std::string> chat_prompt(const inferd::gguf::GgufFile& file, const inferd::Tokenizer& tk,
+                                        const std::string& arch, const std::string& system, const std::string& user) {
+  using inferd::daemon::ChatFormatter;
   std::string tmpl;
   if (file.has_key("tokenizer.chat_template")) {
     auto t = file.get_string("tokenizer.chat_template");
     if (t) tmpl = std::string(t.value());
   }
-  if (tmpl.find("<|im_start|>") == std::string::npos) {
-    return inferd::make_error(inferd::Code::kUnimplemented,
-                              "--chat: this model's chat template is not ChatML; pass the formatted prompt with -p");
-  }
-  std::string sys = system;
-  const std::string marker = "<|im_start|>system\n";
-  if (sys.empty()) {
-    const size_t at = tmpl.find(marker);
-    const size_t end = at == std::string::npos ? at : tmpl.find("<|im_end|>", at);
-    if (end != std::string::npos) sys = tmpl.substr(at + marker.size(), end - at - marker.size());
-  }
-  std::string out;
-  if (!sys.empty()) out += marker + sys + "<|im_end|>\n";
-  out += "<|im_start|>user\n" + user + "<|im_end|>\n<|im_start|>assistant\n";
+  auto text = [&](int32_t id) { return id >= 0 ? std::string(tk.token_text(id)) : std::string(); };
+  const ChatFormatter f = tmpl.empty() ? ChatFormatter::builtin(inferd::daemon::detect_chat_template({}, arch))
+                                       : ChatFormatter::jinja(tmpl, text(tk.bos()), text(tk.eos()));
+  std::vector<inferd::daemon::ChatMessage> messages;
+  if (!system.empty()) messages.push_back({"system", system});
+  messages.push_back({"user", user});
+  auto out = f.apply(messages);
+  if (!out) return out;
+  // One BOS: the tokenizer adds it (as the daemon does).
+  const std::string bos = text(tk.bos());
+  if (tk.add_bos() && !bos.empty() && out->rfind(bos, 0) == 0) out->erase(0, bos.size());
   return out;
 }
 
@@ -52,7 +51,7 @@ int main(int argc, char** argv) {
   inferd::cli::Parser p("inferd-run", "Generates text from a prompt with a GGUF model, streaming it to stdout.");
   p.option({"-m", "--model"}, &model_path, "FILE", "GGUF model");
   p.option({"-p", "--prompt"}, &prompt, "TEXT", "prompt");
-  p.flag({"--chat"}, &chat, "wrap the prompt in the model's chat template (ChatML)");
+  p.flag({"--chat"}, &chat, "wrap the prompt in the model's chat template (the file's Jinja template)");
   p.option({"--system"}, &system, "TEXT", "system message for --chat");
   p.option({"-n", "--n-predict"}, &n_predict, "N", "tokens to generate");
   p.option({"-t", "--threads"}, &n_threads, "N", "threads (0: all CPUs)");
@@ -94,7 +93,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (chat) {
-    auto formatted = chat_prompt(session->loaded.model->file(), system, prompt);
+    auto formatted = chat_prompt(session->loaded.model->file(), *session->tokenizer,
+                                 session->loaded.model->config().arch, system, prompt);
     if (!formatted) {
       std::fprintf(stderr, "error: %s\n", formatted.status().message().c_str());
       return 2;

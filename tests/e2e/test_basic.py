@@ -161,7 +161,7 @@ class BasicTest(harness.DaemonTestCase):
             self.assertTrue(out.text.strip(), f"chat generation produced no text: {out}")
             self.assertTextMatches(out, want, "chat output differs from inferd-run --chat (same template, greedy)")
             info = {m.id: m for m in await conn.list()}["basic-chat"]
-            self.assertEqual(info.chatTemplate, "chatml", "SmolLM2 uses the ChatML template")
+            self.assertEqual(info.chatTemplate, "jinja", "SmolLM2's own template, rendered by the Jinja engine")
             await conn.unload("basic-chat")
             conn.close()
 
@@ -240,6 +240,42 @@ class BasicTest(harness.DaemonTestCase):
             conn.close()
             self.assertEqual(lost, [], f"{len(lost)} of 20 one-token generations streamed no token although "
                                        "the result says generatedTokens=1")
+
+        self.run_test(body())
+
+    def test_a_chat_template_that_cannot_be_used_is_an_error_not_a_fallback(self):
+        # The default model's template with its first tag replaced by one the engine does not know (same
+        # length, so the file's offsets stay valid).
+        with open(harness.Config.model, "rb") as f:
+            data = f.read()
+        start = data.index(b"{% for message in messages %}")
+        bad_tag = b"{% frobnicate %}"
+        patched = data[:start] + bad_tag + data[start + len(bad_tag):]
+        path = os.path.join(self.daemon.dir, "bad-template.gguf")
+        with open(path, "wb") as f:
+            f.write(patched)
+        messages = [{"role": "user", "content": "Hello"}]
+
+        async def body():
+            conn = await Connection.open(self.daemon.socket_path)
+            await conn.load(path, id="basic-badtmpl", contextSize=CONTEXT)
+            info = {m.id: m for m in await conn.list()}["basic-badtmpl"]
+            self.assertEqual(info.chatTemplate, "jinja (unusable)")
+            out = await conn.generate(request("basic-badtmpl", messages=messages, max_tokens=4))
+            self.assertKjError(out.error, "FAILED", "frobnicate", "line 1", context="chat with an unusable template")
+            out = await conn.generate(request("basic-badtmpl", "The capital of France is", max_tokens=4))
+            self.assertCompleted(out, "a plain prompt still works")
+            await conn.unload("basic-badtmpl")
+            # A built-in format, asked for by name, replaces the file's template.
+            await conn.load(path, id="basic-badtmpl", contextSize=CONTEXT, chatTemplate="chatml")
+            info = {m.id: m for m in await conn.list()}["basic-badtmpl"]
+            self.assertEqual(info.chatTemplate, "chatml")
+            out = await conn.generate(request("basic-badtmpl", messages=messages, max_tokens=4))
+            self.assertCompleted(out, "chat with the built-in format")
+            await conn.unload("basic-badtmpl")
+            await self.expect_error(conn.load(path, id="basic-badtmpl", chatTemplate="nonsense"), "FAILED",
+                                    "unknown chat template 'nonsense'")
+            conn.close()
 
         self.run_test(body())
 

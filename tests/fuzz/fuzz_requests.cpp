@@ -1,5 +1,6 @@
 // libFuzzer target: what a client's request text goes through before it reaches a model — OpenAI's JSON
-// bodies (chat, completions, embeddings), chat messages through every template family, and generated
+// bodies (chat, completions, embeddings), chat messages through every template family, Jinja chat
+// templates (parsed and rendered under the engine's step and depth limits), and generated
 // text through the stop-string filter. Checked beyond memory safety: released text is valid UTF-8, never
 // contains a stop string, and nothing is released after one.
 #include <algorithm>
@@ -51,6 +52,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)chat_template_name(detect_chat_template(text));
       break;
     }
+    case 2:
+      if (data[0] == 2) {  // the text as a Jinja chat template, rendered for two messages
+        const ChatFormatter f = ChatFormatter::jinja(text, "<s>", "</s>");
+        (void)f.apply({ChatMessage{"system", "Be brief."}, ChatMessage{"user", "Hi {{ x }} {% if %}"}});
+        break;
+      }
+      [[fallthrough]];
     default: {  // stop strings, then the pieces a model generates
       const std::vector<std::string> parts = split(text);
       const size_t n_stop = std::min<size_t>(data[0] / 4 % 4, parts.size());

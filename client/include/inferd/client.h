@@ -70,6 +70,9 @@ struct LoadOptions {
   // KV positions kept for cached prompt prefixes beyond parallel × context_size (0: none extra; cached
   // prefixes then live in the room the slots do not use).
   uint32_t cache_tokens = 0;
+  // How chat messages become the prompt: "" the file's own template (Jinja), else a built-in format by
+  // name (chatml, llama3, llama2, zephyr, phi3, gemma).
+  std::string chat_template;
 };
 
 struct PlacementStage {
