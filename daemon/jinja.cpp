@@ -687,26 +687,16 @@ class ExprParser {
     }
     return ExprPtr(e);
   }
-  Result<ExprPtr> or_expr() {
-    auto l = and_expr();
-    while (l && is_name("or")) {
+  Result<ExprPtr> or_expr() { return logical(Expr::Kind::kOr, "or", &ExprParser::and_expr); }
+  Result<ExprPtr> and_expr() { return logical(Expr::Kind::kAnd, "and", &ExprParser::not_expr); }
+  // sub (keyword sub)*, left-associative.
+  Result<ExprPtr> logical(Expr::Kind kind, std::string_view keyword, Result<ExprPtr> (ExprParser::*sub)()) {
+    auto l = (this->*sub)();
+    while (l && is_name(keyword)) {
       next();
-      auto r = and_expr();
+      auto r = (this->*sub)();
       if (!r) return r;
-      auto e = make(Expr::Kind::kOr);
-      e->a = *l;
-      e->b = *r;
-      l = ExprPtr(e);
-    }
-    return l;
-  }
-  Result<ExprPtr> and_expr() {
-    auto l = not_expr();
-    while (l && is_name("and")) {
-      next();
-      auto r = not_expr();
-      if (!r) return r;
-      auto e = make(Expr::Kind::kAnd);
+      auto e = make(kind);
       e->a = *l;
       e->b = *r;
       l = ExprPtr(e);

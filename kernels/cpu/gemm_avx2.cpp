@@ -1,5 +1,6 @@
-// AVX2 GEMM for Q4_0, Q4_1 and Q8_0 weights (see inferd/kernels/gemm.h for the contract), for CPUs
-// with AVX2, FMA and F16C but no AVX-512.
+// AVX2 GEMM for Q4_0, Q4_1, Q5_0 and Q8_0 weights (see inferd/kernels/gemm.h for the contract), for
+// CPUs with AVX2, FMA and F16C but no AVX-512 (and for Q5_0 on AVX-512 CPUs too: its AVX-512 dot kernel
+// has the same lanes, so this GEMM equals it bit for bit there as well).
 //
 // Layout of the work. The activation rows are first packed, once per call, into ActBlocks (a row's
 // 32 quants of one block and the integer start value of each of the 8 int32 lanes) and into
@@ -17,7 +18,8 @@
 //
 // Integer steps (all exact; no int16 pair of maddubs saturates):
 //  - Q4_0 and Q4_1 weights enter maddubs as unsigned nibbles 0..15 (|pair| <= 2 * 15 * 128); Q4_0's
-//    offset of 8 is removed by the lane's start value, -8 times the lane's activation sum.
+//    offset of 8 is removed by the lane's start value, -8 times the lane's activation sum. Q5_0's
+//    codes are nibble + 16 * fifth bit, 0..31 (|pair| <= 2 * 31 * 128), offset 16 removed likewise.
 //  - Q8_0 weights use ggml's sign trick: |w| (0..128 as u8) times sign(a, w) (|a| <= 127, as the
 //    activation quantizer produces), |pair| <= 2 * 128 * 127 < 32768.
 // Float steps per lane are exactly the contract's: scale = d_w * d_a (fp32), acc = fma(scale,
@@ -25,6 +27,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "gemm_internal.h"
@@ -38,7 +41,7 @@ namespace {
 
 struct alignas(32) ActBlock {
   int8_t a[32];      // the activation row's quants of this block
-  int32_t start[8];  // initial value of each int32 lane (Q4_0: -8 * lane sum; else 0)
+  int32_t start[8];  // initial value of each int32 lane (Q4_0: -8 * lane sum; Q5_0: -16 *; else 0)
 };
 static_assert(sizeof(ActBlock) == 64);
 
@@ -69,7 +72,7 @@ template <DType kType>
 void pack_acts(const GemmArgs& g, int64_t nb, int64_t rows, ActBlock* out, float* scales) {
   using ABlock = typename Traits<kType>::ABlock;
   const float* half = scalar::fp16_table();
-  const __m256i eights = _mm256_set1_epi8(8);
+  const __m256i bias = _mm256_set1_epi8(kType == DType::kQ5_0 ? 16 : 8);
   const __m256i ones16 = _mm256_set1_epi16(1);
   for (int64_t t = 0; t < rows; ++t) {
     const int64_t src_t = std::min(t, g.m - 1);
@@ -79,9 +82,9 @@ void pack_acts(const GemmArgs& g, int64_t nb, int64_t rows, ActBlock* out, float
       const __m256i q = load32(a[b].qs);
       _mm256_store_si256(reinterpret_cast<__m256i*>(dst[b].a), q);
       __m256i start = _mm256_setzero_si256();
-      if constexpr (kType == DType::kQ4_0) {
-        // -8 * sum of the lane's four quants: maddubs(8, q) is exact (|pair| <= 2 * 8 * 128).
-        start = _mm256_sub_epi32(start, _mm256_madd_epi16(_mm256_maddubs_epi16(eights, q), ones16));
+      if constexpr (kType == DType::kQ4_0 || kType == DType::kQ5_0) {
+        // -bias * sum of the lane's four quants: maddubs(bias, q) is exact (|pair| <= 2 * 16 * 128).
+        start = _mm256_sub_epi32(start, _mm256_madd_epi16(_mm256_maddubs_epi16(bias, q), ones16));
       }
       _mm256_store_si256(reinterpret_cast<__m256i*>(dst[b].start), start);
     }
@@ -151,6 +154,17 @@ void tile(const TileIo& io) {
         // Low nibbles (elements 0..15) in the low 128 bits, high nibbles (16..31) in the high.
         const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs)));
         wq[r] = _mm256_and_si256(_mm256_srlv_epi32(both, nibble_shift), low_nibbles);
+        if constexpr (kType == DType::kQ5_0) {
+          // The fifth bit of element i is bit i of qh: 16 where it is set.
+          uint32_t qh;
+          std::memcpy(&qh, blk.qh, sizeof(qh));
+          const __m256i spread = _mm256_shuffle_epi8(
+              _mm256_set1_epi32(static_cast<int>(qh)),
+              _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+          const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+          const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+          wq[r] = _mm256_or_si256(wq[r], _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+        }
       }
       dw_bits |= static_cast<uint64_t>(blk.d) << (16 * r);
     }
@@ -177,7 +191,7 @@ void tile(const TileIo& io) {
           n = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[r], _mm256_sign_epi8(aq, wq[r])), ones16);
         } else {
           n = _mm256_madd_epi16(_mm256_maddubs_epi16(wq[r], aq), ones16);
-          if constexpr (kType == DType::kQ4_0) {
+          if constexpr (kType == DType::kQ4_0 || kType == DType::kQ5_0) {
             n = _mm256_add_epi32(n, _mm256_load_si256(reinterpret_cast<const __m256i*>(ab.start)));
           }
         }
@@ -246,6 +260,8 @@ GemmFn kernel(DType type) {
       return &gemm<DType::kQ4_0>;
     case DType::kQ4_1:
       return &gemm<DType::kQ4_1>;
+    case DType::kQ5_0:
+      return &gemm<DType::kQ5_0>;
     case DType::kQ8_0:
       return &gemm<DType::kQ8_0>;
     default:

@@ -267,6 +267,42 @@ TEST(Gemm, KQuantsBitIdenticalToDot) {
   }
 }
 
+// Q5_0 (gemma3's q, k, gate and up in Q4_K_M files): the AVX2 GEMM equals each ISA's dot kernel bit for bit.
+TEST(Gemm, Q5_0BitIdenticalToDot) {
+  if (!isa_available(Isa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU";
+  EXPECT_EQ(gemm_kernel(DType::kQ5_0, Isa::kScalar), nullptr);
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+    if (!isa_available(isa)) continue;
+    std::mt19937 rng(35);
+    const GemmFn fn = gemm_kernel(DType::kQ5_0, isa);
+    ASSERT_NE(fn, nullptr);
+    const TypeKernels* dot = type_kernels(DType::kQ5_0, isa);
+    for (int64_t k : {32, 640, 2048}) {
+      for (int64_t m : {1, 2, 3, 5, 8, 9, 13, 64}) {
+        const int64_t rows = 23;
+        const Problem p = make_problem(rng, DType::kQ5_0, k, rows, m);
+        const int64_t ranges[][2] = {{0, rows}, {1, 10}, {5, 6}};
+        for (const auto& range : ranges) {
+          const std::vector<float> out = run(fn, p, range[0], range[1], false, false);
+          for (int64_t t = 0; t < m; ++t) {
+            for (int64_t c = 0; c < rows + 3; ++c) {
+              const float got = out[t * (rows + 3) + c];
+              SCOPED_TRACE(testing::Message() << isa_name(isa) << " k " << k << " m " << m << " t " << t << " r " << c);
+              if (c < range[0] || c >= range[1]) {
+                ASSERT_EQ(got, kSentinel) << "write outside the row range";
+                continue;
+              }
+              float want;
+              dot->dot(k, p.w.data() + c * p.w_row_bytes, p.act.data() + t * p.act_stride, p.act_stride, 1, &want);
+              ASSERT_EQ(std::memcmp(&got, &want, sizeof(float)), 0) << got << " vs dot " << want;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Gemm, BiasAndAccumulate) {
   std::mt19937 rng(5);
   for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {

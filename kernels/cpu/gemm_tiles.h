@@ -44,6 +44,11 @@ struct Traits<DType::kQ4_1> {
   using ABlock = BlockQ8_1;
 };
 template <>
+struct Traits<DType::kQ5_0> {
+  using WBlock = BlockQ5_0;
+  using ABlock = BlockQ8_0;
+};
+template <>
 struct Traits<DType::kQ8_0> {
   using WBlock = BlockQ8_0;
   using ABlock = BlockQ8_0;

@@ -332,6 +332,18 @@ def write_spm_vocab(src: gguf.GGUFReader, dst_path: str) -> None:
     w.close()
 
 
+def model_refs(path: str, corpus: list[bytes], sweep: list[bytes]) -> dict:
+    """A real model's vocabulary: info, piece hashes, the corpus cases and the code point sweep."""
+    v = Vocab(path)
+    refs = {"source": f"llama-cpp-python {llama_cpp.__version__}", "model": os.path.basename(path),
+            "piece_block": BLOCK, "sweep_block": SWEEP_BLOCK}
+    refs.update(v.info())
+    refs["pieces"] = v.piece_hashes()
+    refs["cases"] = case_refs(v, corpus)
+    refs["sweep"] = [hash_ids(v.tokenize(s, False, False)) for s in sweep]
+    return refs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
@@ -344,24 +356,10 @@ def main() -> None:
     sweep = sweep_strings()
 
     if args.gemma3:
-        gv = Vocab(args.gemma3)
-        g3 = {"source": f"llama-cpp-python {llama_cpp.__version__}", "model": os.path.basename(args.gemma3),
-              "piece_block": BLOCK, "sweep_block": SWEEP_BLOCK}
-        g3.update(gv.info())
-        g3["pieces"] = gv.piece_hashes()
-        g3["cases"] = case_refs(gv, corpus)
-        g3["sweep"] = [hash_ids(gv.tokenize(s, False, False)) for s in sweep]
-        write_json("gemma3_refs.json", g3)
+        write_json("gemma3_refs.json", model_refs(args.gemma3, corpus, sweep))
         return
 
-    v = Vocab(args.model)
-    refs = {"source": f"llama-cpp-python {llama_cpp.__version__}", "model": os.path.basename(args.model),
-            "piece_block": BLOCK, "sweep_block": SWEEP_BLOCK}
-    refs.update(v.info())
-    refs["pieces"] = v.piece_hashes()
-    refs["cases"] = case_refs(v, corpus)
-    refs["sweep"] = [hash_ids(v.tokenize(s, False, False)) for s in sweep]
-    del v
+    refs = model_refs(args.model, corpus, sweep)
 
     reader = gguf.GGUFReader(args.model)
     refs["pre"] = {}
