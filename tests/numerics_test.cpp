@@ -147,6 +147,8 @@ TEST(Numerics, Gemma3MatchesLlamaCpp) {
 // sliding window (the 512-token chunks cross it), GeGLU, post norms, scaled embeddings.
 TEST(Numerics, Qwen3LayoutMatchesLlamaCpp) { expect_agreement("qwen3-small.json", 0.95); }
 TEST(Numerics, Gemma3LayoutMatchesLlamaCpp) { expect_agreement("gemma3-small.json", 0.99); }
+// Llama 3.1/3.2's RoPE frequency factors (rope_freqs.weight), as its conversion writes them.
+TEST(Numerics, Llama3RopeFactorsMatchLlamaCpp) { expect_agreement("llama3-small.json", 0.95); }
 
 TEST(Numerics, MixedQuantTypesMatchLlamaCpp) { expect_agreement("mixed-small.json", 0.95); }
 TEST(Numerics, MixedQuantTypesMatchLlamaCppVecDot) {

@@ -84,6 +84,7 @@ class Preset:
     tied: bool = False   # no output.weight: token_embd is also the output projection (qwen2, qwen3, gemma3 always)
     head_dim: int = 0    # attention.key_length (0: n_embd / n_head)
     swa: int = 0         # gemma3: attention.sliding_window
+    llama3_rope: bool = False  # rope_freqs.weight as Llama 3.1's conversion writes it (factor 8, 8192 original context)
 
 
 kMatrixKinds = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
@@ -133,6 +134,9 @@ PRESETS = {
     # tied to the output, F32 norms: the default model's kernels, for a machine without the file.
     "smollm2-q4_1": Preset("smollm2-q4_1", 576, 30, 9, 3, 1536, 49152, 100000.0, 1e-5, 8192,
                            QT.Q8_0, QT.Q8_0, lambda layer, k: QT.Q4_1, file_type=3, tied=True),
+    # Llama 3.1/3.2 layout: RoPE base 500000 with rope_freqs.weight (per-pair frequency divisors), all Q8_0.
+    "llama3-small": Preset("llama3-small", 128, 6, 4, 2, 512, 49152, 500000.0, 1e-5, 2048,
+                           QT.Q8_0, QT.Q8_0, _uniform_q8_0, file_type=7, tied=True, llama3_rope=True),
     # Qwen3 layout: Q/K RMSNorm per head, heads of 128 (Q is 512 wide on a 128-wide model), all Q8_0; 128
     # wide to keep the committed file small (11 MB).
     "qwen3-small": Preset("qwen3-small", 128, 6, 4, 2, 512, 49152, 1000000.0, 1e-6, 2048,
@@ -289,6 +293,8 @@ def tensor_plan(p: Preset):
     embd_std = kLogitScale / np.sqrt(p.n_embd) if tied else 1.0
     plan = [("token_embd.weight", p.token_embd_type, p.n_vocab, p.n_embd, embd_std),
             ("output_norm.weight", QT.F32, 1, p.n_embd, None)]
+    if p.llama3_rope:
+        plan.append(("rope_freqs.weight", QT.F32, 1, head_dim // 2, None))
     if not tied:  # qwen2-small ties the output projection to token_embd, as Qwen2-0.5B does (and SmolLM2)
         plan.append(("output.weight", p.output_type, p.n_vocab, p.n_embd, kLogitScale / np.sqrt(p.n_embd)))
     shapes = {"attn_q": (q, p.n_embd), "attn_k": (kv, p.n_embd), "attn_v": (kv, p.n_embd),
@@ -311,6 +317,22 @@ def tensor_plan(p: Preset):
             if kind == "ffn_down" and p.arch == "gemma3":
                 plan.append((f"blk.{layer}.post_ffw_norm.weight", QT.F32, 1, p.n_embd, None))
     return plan
+
+
+def llama3_rope_factors(base: float, dim: int, factor: float = 8.0, low: float = 1.0, high: float = 4.0,
+                        old_context: int = 8192) -> np.ndarray:
+    """rope_freqs.weight as convert_hf_to_gguf.py writes it for rope_type "llama3"."""
+    out = []
+    for freq in 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim)):
+        wavelen = 2 * np.pi / freq
+        if wavelen < old_context / high:
+            out.append(1.0)
+        elif wavelen > old_context / low:
+            out.append(factor)
+        else:
+            smooth = (old_context / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
 
 
 def padded_tokenizer(n_vocab: int) -> common.Tokenizer:
@@ -379,7 +401,9 @@ def write_model(p: Preset, out_path: str, seed: int, verbose: bool = True) -> No
     w.write_ti_data_to_file()
     # Tensor data is streamed in plan order, so even the 8B preset needs only one tensor in memory at a time.
     for name, qtype, rows, cols, std in plan:
-        if qtype == QT.F32 and name.endswith(".bias"):
+        if name == "rope_freqs.weight":
+            data = llama3_rope_factors(p.rope_base, cols * 2)
+        elif qtype == QT.F32 and name.endswith(".bias"):
             data = (std * rng.standard_normal(cols)).astype(np.float32)
         elif qtype == QT.F32:
             data = (1.0 + 0.1 * rng.standard_normal(cols)).astype(np.float32)

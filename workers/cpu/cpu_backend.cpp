@@ -425,13 +425,14 @@ void CpuBackend::Impl::run_step(const Step& s, int ith, int nth) {
       const int32_t* slot = ints(s.slots);
       const int32_t kl = n.layer - first_layer;  // the layer's index in this stage's cache
       const float base = heads.rope_base_of(n), freq_scale = n.rope_freq_scale;
+      const float* factors = n.rope_factors ? n.rope_factors->f32() : nullptr;
       auto [u0, u1] = split_range(m * (n_head + n_head_kv), ith, nth);
       for (int64_t u = u0; u < u1; ++u) {
         const int64_t t = u / (n_head + n_head_kv), hh = u % (n_head + n_head_kv);
         if (hh < n_head) {
           float* qh = q_out + t * e + hh * hd;
           if (q_out != q) std::memcpy(qh, q + t * e + hh * hd, static_cast<size_t>(hd) * sizeof(float));
-          ops::rope_head(qh, hd, pos[t], base, heads.rope_style, freq_scale);
+          ops::rope_head(qh, hd, pos[t], base, heads.rope_style, freq_scale, factors);
           fp16_t qh16[ops::kMaxHeadDim];
           kernels::fp32_to_fp16_row(qh, qh16, hd);  // Q meets the F16 K cache as F16, as in ggml
           kernels::fp16_to_fp32_row(qh16, qh, hd);
@@ -439,7 +440,7 @@ void CpuBackend::Impl::run_step(const Step& s, int ith, int nth) {
           const int32_t kvh = static_cast<int32_t>(hh - n_head);
           float kh[ops::kMaxHeadDim];
           std::memcpy(kh, kb + t * ekv + kvh * hd, static_cast<size_t>(hd) * sizeof(float));
-          ops::rope_head(kh, hd, pos[t], base, heads.rope_style, freq_scale);
+          ops::rope_head(kh, hd, pos[t], base, heads.rope_style, freq_scale, factors);
           kernels::fp32_to_fp16_row(kh, kv->k(slot[t], kl, kvh).row(pos[t]), hd);
           kernels::fp32_to_fp16_row(vb + t * ekv + kvh * hd, kv->v(slot[t], kl, kvh).row(pos[t]), hd);
         }
@@ -456,7 +457,8 @@ void CpuBackend::Impl::run_step(const Step& s, int ith, int nth) {
         const int64_t t = u / n_heads, hh = u % n_heads;
         float* d = dst + t * c + hh * hd;
         if (d != src + t * c + hh * hd) std::memcpy(d, src + t * c + hh * hd, static_cast<size_t>(hd) * sizeof(float));
-        ops::rope_head(d, hd, pos[t], heads.rope_base_of(n), heads.rope_style, n.rope_freq_scale);
+        ops::rope_head(d, hd, pos[t], heads.rope_base_of(n), heads.rope_style, n.rope_freq_scale,
+                       n.rope_factors ? n.rope_factors->f32() : nullptr);
       }
       return;
     }

@@ -279,7 +279,8 @@ namespace {
 
 // The gemma3 and qwen3 layouts on the committed synthetic models (tools/reference/make_synthetic_gguf.py):
 // gemma3-small has a 128-position sliding window on five of its six layers, Q/K norms, post norms and
-// GeGLU; qwen3-small has Q/K norms and 128-wide heads on a 128-wide model (Q is 512 wide).
+// GeGLU; qwen3-small has Q/K norms and 128-wide heads on a 128-wide model (Q is 512 wide); llama3-small has
+// Llama 3.1's RoPE frequency factors (rope_freqs.weight).
 class ArchTest : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
@@ -341,7 +342,8 @@ TEST_P(ArchTest, PipelineStagesEqualTheWholeModel) {
   EXPECT_TRUE(std::equal(got->begin(), got->end(), expect.begin()));
 }
 
-INSTANTIATE_TEST_SUITE_P(SyntheticModels, ArchTest, ::testing::Values("gemma3-small.gguf", "qwen3-small.gguf"),
+INSTANTIATE_TEST_SUITE_P(SyntheticModels, ArchTest,
+                         ::testing::Values("gemma3-small.gguf", "qwen3-small.gguf", "llama3-small.gguf"),
                          [](const ::testing::TestParamInfo<const char*>& p) { return std::string(p.param).substr(0, 5) + "small"; });
 
 TEST(Gemma3Config, ReadFromTheFile) {

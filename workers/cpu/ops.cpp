@@ -23,14 +23,16 @@ float round_fp16(float v) { return kernels::fp16_to_fp32(kernels::fp32_to_fp16(v
 
 constexpr int64_t kRoundChunk = 256;
 
-void rope_head(float* x, int64_t head_dim, int32_t pos, float base, RopeStyle style, float freq_scale) {
+void rope_head(float* x, int64_t head_dim, int32_t pos, float base, RopeStyle style, float freq_scale,
+               const float* factors) {
   INFERD_ASSERT(head_dim <= kMaxHeadDim && head_dim % 2 == 0);
   const float theta_scale = std::pow(base, -2.0f / static_cast<float>(head_dim));
   float theta = static_cast<float>(pos);
   const int64_t half = head_dim / 2;
   float cos[kMaxHeadDim / 2], sin[kMaxHeadDim / 2];
   for (int64_t i = 0; i < half; ++i) {
-    const float angle = freq_scale * theta;  // ggml's rope_yarn without extrapolation: exact for scale 1
+    // ggml's rope_yarn(theta / ff) without extrapolation: exact for scale 1 and no factors.
+    const float angle = freq_scale * (factors ? theta / factors[i] : theta);
     cos[i] = std::cos(angle);
     sin[i] = std::sin(angle);
     theta *= theta_scale;

@@ -66,7 +66,8 @@ bool uses_variants(const Graph& g, const Node& n) {
     case Op::kEmbed: return n.scale != 0.0f;
     case Op::kRmsNorm: return g.tensor(n.in[1]).cols != g.tensor(n.in[0]).cols;
     case Op::kRope:
-    case Op::kRopeKv: return g.heads.rope_base_of(n) != g.heads.rope_base || n.rope_freq_scale != 1.0f;
+    case Op::kRopeKv:
+      return g.heads.rope_base_of(n) != g.heads.rope_base || n.rope_freq_scale != 1.0f || n.rope_factors != nullptr;
     case Op::kAttention:
       return n.window > 0 || g.heads.kq_scale(n) != 1.0f / std::sqrt(static_cast<float>(g.heads.head_dim));
     case Op::kGeglu:
@@ -211,6 +212,9 @@ Status Graph::validate() const {
       case Op::kRope:
         if (o.cols != t(0).cols || heads.head_dim <= 0 || t(0).cols % heads.head_dim != 0 || t(1).elem != Elem::kInt32) {
           return bad("shapes");
+        }
+        if (n.rope_factors && (n.rope_factors->type != DType::kF32 || n.rope_factors->cols != heads.head_dim / 2)) {
+          return bad("rope factors");
         }
         break;
       case Op::kKvWrite:
@@ -373,12 +377,13 @@ int fuse(Graph& g, const SupportsFn& supports) {
         const Node& kv = nodes[static_cast<size_t>(w)];
         if (kv.op != Op::kKvWrite || kv.in[0] != b.out[0] || kv.in[2] != a.in[1] || b.in[1] != a.in[1]) break;
         Node f;
-        if (a.rope_base != b.rope_base || a.rope_freq_scale != b.rope_freq_scale) break;
+        if (a.rope_base != b.rope_base || a.rope_freq_scale != b.rope_freq_scale || a.rope_factors != b.rope_factors) break;
         f.op = Op::kRopeKv;
         f.part = a.part;
         f.layer = a.layer;
         f.rope_base = a.rope_base;
         f.rope_freq_scale = a.rope_freq_scale;
+        f.rope_factors = a.rope_factors;
         f.in = {a.in[0], b.in[0], kv.in[1], kv.in[2], kv.in[3], kv.in[4]};
         f.out = {a.out[0], kv.out[0]};
         // Every input must exist where the fused node stands (the KV write's place), and Q' (now rounded

@@ -128,6 +128,7 @@ Result<Graph> build_forward(const Model& model, int32_t first_layer, int32_t end
     Node rope;
     rope.rope_base = c.layer_rope_base(l) != c.rope_base ? c.layer_rope_base(l) : 0.0f;
     rope.rope_freq_scale = c.layer_rope_freq_scale(l);
+    rope.rope_factors = model.rope_freqs().present() ? &model.rope_freqs() : nullptr;
     const TensorId q_rot = b.node(rope, Op::kRope, l, {q, g.io.positions}, b.act(p + "q_rope", Eq, l));
     const TensorId k_rot = b.node(rope, Op::kRope, l, {k, g.io.positions}, b.act(p + "k_rope", Ekv, l));
     const TensorId kv = b.node(Op::kKvWrite, l, {k_rot, v, g.io.positions, g.io.slots, b.cache(p + "kv", l)},

@@ -192,10 +192,6 @@ Result<std::shared_ptr<const Model>> Model::load(std::shared_ptr<const gguf::Ggu
     }
     c.rope_freq_scale = 1.0f / factor;
   }
-  if (f.find_tensor("rope_freqs.weight") != nullptr) {
-    return make_error(Code::kUnimplemented, "%s: per-dimension RoPE frequency factors (rope_freqs.weight, llama 3.1 "
-                      "scaling) are not supported yet", f.path().c_str());
-  }
   if (c.arch == "gemma3") {
     // Gemma 3 (llama.cpp's reading): embeddings times sqrt(n_embd); every sixth layer global, the others
     // a sliding window with RoPE base 10000; q.k scaled by 1/sqrt(head_dim), except the 27B model
@@ -229,6 +225,17 @@ Result<std::shared_ptr<const Model>> Model::load(std::shared_ptr<const gguf::Ggu
   INFERD_RETURN_IF_ERROR(b.bind("token_embd.weight", e, nv, true, &m->token_embd_));
   INFERD_RETURN_IF_ERROR(b.bind("output_norm.weight", e, 1, true, &m->output_norm_));
   INFERD_RETURN_IF_ERROR(b.bind("output.weight", e, nv, false, &m->output_));
+  // llama 3.1/3.2's RoPE scaling: one frequency divisor per rotated pair (ggml's freq_factors).
+  INFERD_RETURN_IF_ERROR(b.bind("rope_freqs.weight", c.n_rot / 2, 1, false, &m->rope_freqs_));
+  if (m->rope_freqs_.present()) {
+    for (int64_t i = 0; i < c.n_rot / 2; ++i) {
+      const float v = m->rope_freqs_.f32()[i];
+      if (!(v > 0.0f) || !std::isfinite(v)) {
+        return make_error(Code::kCorrupt, "%s: rope_freqs.weight[%lld] = %g is not a positive factor", f.path().c_str(),
+                          static_cast<long long>(i), static_cast<double>(v));
+      }
+    }
+  }
   if (!m->output_.present()) {
     m->output_ = m->token_embd_;
     c.tied_output = true;

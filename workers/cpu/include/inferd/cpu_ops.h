@@ -29,9 +29,10 @@ float silu(float x);
 float round_fp16(float v);
 
 // Rotates one head of `head_dim` (even, <= 256) values in place for position `pos`: angles by ggml's
-// recurrence theta *= base^(-2/head_dim), each times freq_scale (linear RoPE scaling), cosf/sinf,
-// rotation by kernels::rope_rotate.
-void rope_head(float* x, int64_t head_dim, int32_t pos, float base, RopeStyle style, float freq_scale = 1.0f);
+// recurrence theta *= base^(-2/head_dim), each divided by factors[i] when given (llama 3.1) and times
+// freq_scale (linear RoPE scaling), cosf/sinf, rotation by kernels::rope_rotate.
+void rope_head(float* x, int64_t head_dim, int32_t pos, float base, RopeStyle style, float freq_scale = 1.0f,
+               const float* factors = nullptr);
 
 // One query head against positions [kv_start, n_kv) of its KV head; the positions before kv_start (a
 // sliding window) and past n_kv in the shape bucket (mask padding) are masked, i.e. contribute nothing. `scores` has room for n_kv floats. Writes

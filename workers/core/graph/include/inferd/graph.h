@@ -46,7 +46,8 @@ enum class Op : uint8_t {
                  //       of in[1].cols columns (a row, or each head of a row: the Q/K norms)
   kMatmul,       // out = in[0] W^T (+ in[2], an optional F32 bias vector), W = in[1]: rows x N
   kRope,         // out = in[0] (heads of head_dim) rotated at the positions in[1] (int32, T) times
-                 //       Node::rope_freq_scale, with base Node::rope_base (0: Heads::rope_base)
+                 //       Node::rope_freq_scale, with base Node::rope_base (0: Heads::rope_base), each pair's
+                 //       angle divided by Node::rope_factors[i] where given (llama 3.1)
   kKvWrite,      // out = in[4] (layer cache) with the rows of K = in[0], V = in[1] written at the tokens'
                  //       positions in[2] and slots in[3]
   kAttention,    // out = causal attention of Q = in[0] (rotated) over the cache in[1] at positions in[2]
@@ -109,6 +110,7 @@ struct Node {
   float eps = 0.0f;    // kRmsNorm
   float scale = 0.0f;  // kEmbed: the rows' factor (0: none); kAttention: the q.k scale (0: 1/sqrt(head_dim))
   float rope_base = 0.0f, rope_freq_scale = 1.0f;  // kRope, kRopeKv (rope_base 0: Heads::rope_base)
+  const WeightView* rope_factors = nullptr;          // kRope, kRopeKv: head_dim / 2 F32 divisors, or none
   int32_t window = 0;  // kAttention: sliding window in positions (0: none)
 
   int n_in() const;
@@ -186,7 +188,8 @@ class Graph {
 };
 
 // Whether `n` uses what only some architectures need (a grouped RMSNorm, scaled embeddings, a RoPE
-// base or scaling of its own, a sliding window or a q.k scale of its own, GeGLU): backends that have
+// base, scaling or frequency factors of its own, a sliding window or a q.k scale of its own, GeGLU):
+// backends that have
 // not implemented these refuse such nodes in supports().
 bool uses_variants(const Graph& g, const Node& n);
 

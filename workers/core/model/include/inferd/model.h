@@ -95,6 +95,8 @@ class Model {
   const WeightView& token_embd() const { return token_embd_; }
   const WeightView& output_norm() const { return output_norm_; }
   const WeightView& output() const { return output_; }
+  // llama 3.1's per-dimension RoPE frequency factors (rope_freqs.weight, head_dim / 2 floats), or absent.
+  const WeightView& rope_freqs() const { return rope_freqs_; }
   const LayerWeights& layer(int i) const { return layers_[static_cast<size_t>(i)]; }
 
   // Bytes of all weight tensors the forward pass reads.
@@ -107,7 +109,7 @@ class Model {
 
   std::shared_ptr<const gguf::GgufFile> file_;
   ModelConfig config_;
-  WeightView token_embd_, output_norm_, output_;
+  WeightView token_embd_, output_norm_, output_, rope_freqs_;
   std::vector<LayerWeights> layers_;
   size_t weight_bytes_ = 0;
 };
