@@ -4,6 +4,21 @@
 
 namespace inferd::daemon {
 
+namespace {
+// The messages the API accepts, whatever formats them: at least one, each system, user or assistant.
+Status check_messages(const std::vector<ChatMessage>& messages) {
+  if (messages.empty()) return Status(Code::kInvalidArgument, "a chat needs at least one message");
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string& r = messages[i].role;
+    if (r != "system" && r != "user" && r != "assistant") {
+      return Status(Code::kInvalidArgument, "message " + std::to_string(i) + ": role '" + r +
+                                                "' is not one of system, user, assistant");
+    }
+  }
+  return Status::ok();
+}
+}  // namespace
+
 ChatTemplate detect_chat_template(std::string_view src, std::string_view arch) {
   auto has = [&](std::string_view s) { return src.find(s) != std::string_view::npos; };
   if (src.empty() && arch.substr(0, 5) == "gemma") return ChatTemplate::kGemma;
@@ -54,7 +69,7 @@ std::string ChatFormatter::name() const {
 Result<std::string> ChatFormatter::apply(const std::vector<ChatMessage>& messages) const {
   if (!is_jinja_) return apply_chat_template(family_, messages);
   if (!error_) return error_;
-  if (messages.empty()) return Status(Code::kInvalidArgument, "a chat needs at least one message");
+  INFERD_RETURN_IF_ERROR(check_messages(messages));
   jinja::Array list;
   for (const ChatMessage& m : messages) {
     jinja::Object o;
@@ -83,14 +98,7 @@ const char* chat_template_name(ChatTemplate t) {
 }
 
 Result<std::string> apply_chat_template(ChatTemplate t, const std::vector<ChatMessage>& messages) {
-  if (messages.empty()) return Status(Code::kInvalidArgument, "a chat needs at least one message");
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const std::string& r = messages[i].role;
-    if (r != "system" && r != "user" && r != "assistant") {
-      return Status(Code::kInvalidArgument, "message " + std::to_string(i) + ": role '" + r +
-                                                "' is not one of system, user, assistant");
-    }
-  }
+  INFERD_RETURN_IF_ERROR(check_messages(messages));
   std::string out;
   switch (t) {
     case ChatTemplate::kChatml:

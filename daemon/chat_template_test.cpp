@@ -15,6 +15,21 @@ TEST(ChatTemplate, DetectsFamiliesByTheirMarkers) {
   EXPECT_EQ(detect_chat_template(""), ChatTemplate::kChatml);
 }
 
+TEST(ChatTemplate, TheFilesTemplateRendersAndRefusesWhatTheApiRefuses) {
+  const ChatFormatter f = ChatFormatter::jinja(
+      "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}",
+      "<s>", "</s>");
+  EXPECT_EQ(f.name(), "jinja");
+  auto r = f.apply({{"system", "S"}, {"user", "Hi"}});
+  ASSERT_TRUE(r) << r.status().to_string();
+  EXPECT_EQ(r.value(), "<s><system>S<user>Hi<assistant>");
+  EXPECT_EQ(f.apply({{"wizard", "x"}}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(f.apply({}).status().code(), Code::kInvalidArgument);
+  const ChatFormatter broken = ChatFormatter::jinja("{% frobnicate %}", "<s>", "</s>");
+  EXPECT_EQ(broken.name(), "jinja (unusable)");
+  EXPECT_NE(broken.apply({{"user", "Hi"}}).status().message().find("frobnicate"), std::string::npos);
+}
+
 TEST(ChatTemplate, FilesWithoutATemplateGetTheirArchitecturesFormat) {
   EXPECT_EQ(detect_chat_template("", "gemma3"), ChatTemplate::kGemma);  // gemma-3-270m stores none
   EXPECT_EQ(detect_chat_template("", "llama"), ChatTemplate::kChatml);
