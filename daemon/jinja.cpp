@@ -1051,12 +1051,12 @@ class TemplateParser {
     return body;
   }
 
-  Result<ExprParser> statement_tokens(const Segment& seg, const std::string& word) {
+  // The tag's tokens, past its keyword.
+  Result<ExprParser> statement_tokens(const Segment& seg) {
     auto toks = lex_expression(seg.text, seg.line);
     if (!toks) return toks.status();
     ExprParser p(std::move(toks).value());
-    p.next();  // the keyword
-    (void)word;
+    p.next();
     return p;
   }
 
@@ -1070,7 +1070,7 @@ class TemplateParser {
     const std::string word = first_word(seg.text);
     auto node = std::make_shared<Node>();
     node->line = seg.line;
-    auto pr = statement_tokens(seg, word);
+    auto pr = statement_tokens(seg);
     if (!pr) return pr.status();
     ExprParser& p = pr.value();
     ++pos_;
@@ -1086,7 +1086,7 @@ class TemplateParser {
         node->branches.push_back(*branch);
         const Segment& end = s_[pos_];
         const std::string w = first_word(end.text);
-        auto ep = statement_tokens(end, w);
+        auto ep = statement_tokens(end);
         if (!ep) return ep.status();
         ++pos_;
         if (w == "elif") {
@@ -1118,7 +1118,7 @@ class TemplateParser {
       if (!p.is_name("in")) return syntax_error(p.peek().line, "expected 'in' in {% for %}");
       p.next();
       // The iterable stops before an "if" filter (the conditional expression's "if" would take it).
-      auto it = or_level(p);
+      auto it = p.expression_no_cond();
       if (!it) return it.status();
       node->expr = *it;
       if (p.is_name("if")) {
@@ -1210,8 +1210,6 @@ class TemplateParser {
     return syntax_error(seg.line, "the tag '{% " + word + " %}' is not supported");
   }
 
-  // A for loop's iterable: an or-expression, as jinja2 parses it (the "if" after it is the filter).
-  static Result<ExprPtr> or_level(ExprParser& p) { return p.expression_no_cond(); }
 
   std::vector<Segment> s_;
   size_t pos_ = 0;
