@@ -22,6 +22,7 @@ Status check_messages(const std::vector<ChatMessage>& messages) {
 ChatTemplate detect_chat_template(std::string_view src, std::string_view arch) {
   auto has = [&](std::string_view s) { return src.find(s) != std::string_view::npos; };
   if (src.empty() && arch.substr(0, 5) == "gemma") return ChatTemplate::kGemma;
+  if (src.empty() && arch == "phi3") return ChatTemplate::kPhi3;
   if (has("<|im_start|>")) return ChatTemplate::kChatml;
   if (has("<|start_header_id|>")) return ChatTemplate::kLlama3;
   if (has("<start_of_turn>")) return ChatTemplate::kGemma;
@@ -152,6 +153,10 @@ Result<std::string> apply_chat_template(ChatTemplate t, const std::vector<ChatMe
     }
   }
   return out;
+}
+
+void drop_leading_bos(std::string& text, std::string_view bos) {
+  if (!bos.empty() && std::string_view(text).substr(0, bos.size()) == bos) text.erase(0, bos.size());
 }
 
 }  // namespace inferd::daemon

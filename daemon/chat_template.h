@@ -58,4 +58,8 @@ class ChatFormatter {
   Status error_;
 };
 
+// For a tokenizer that adds BOS itself: removes a leading `bos` that a template wrote ({{ bos_token }}), so the
+// prompt has one BOS, as transformers (which tokenizes a template's output without special tokens) gives.
+void drop_leading_bos(std::string& text, std::string_view bos);
+
 }  // namespace inferd::daemon

@@ -63,3 +63,21 @@ TEST(ChatTemplate, RejectsBadInput) {
 
 }  // namespace
 }  // namespace inferd::daemon
+
+namespace inferd::daemon {
+namespace {
+
+TEST(ChatTemplate, DropsOneLeadingBos) {
+  std::string t = "<s><s>[INST] hi";
+  drop_leading_bos(t, "<s>");
+  EXPECT_EQ(t, "<s>[INST] hi");  // one: the tokenizer adds the other
+  std::string u = "[INST] <s>";
+  drop_leading_bos(u, "<s>");
+  EXPECT_EQ(u, "[INST] <s>");  // only at the start
+  drop_leading_bos(u, "");
+  EXPECT_EQ(u, "[INST] <s>");
+  EXPECT_EQ(detect_chat_template("", "phi3"), ChatTemplate::kPhi3);  // phi3 files without a template
+}
+
+}  // namespace
+}  // namespace inferd::daemon

@@ -132,11 +132,8 @@ Result<std::string> Scheduler::prompt_text(const GenerateParams& p) const {
   if (p.input != GenerateParams::Input::kMessages) return p.prompt;
   auto text = chat_.apply(p.messages);
   if (!text) return text;
-  // A template that writes {{ bos_token }} itself, for a tokenizer that adds BOS: one BOS, as transformers
-  // (which tokenizes templates' output without special tokens) gives.
   if (p.add_special && tokenizer_.add_bos() && tokenizer_.bos() >= 0) {
-    const std::string_view bos = tokenizer_.token_text(tokenizer_.bos());
-    if (!bos.empty() && std::string_view(*text).substr(0, bos.size()) == bos) text->erase(0, bos.size());
+    drop_leading_bos(*text, tokenizer_.token_text(tokenizer_.bos()));
   }
   return text;
 }

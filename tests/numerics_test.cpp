@@ -15,11 +15,13 @@
 #include <fstream>
 
 #include "inferd/engine.h"
+#include "inferd/kernels/cpu.h"
 
 namespace inferd {
 namespace {
 
 struct Agreement {
+  kernels::GgmlOrder order = kernels::GgmlOrder::kAvx512;
   int64_t positions = 0, top1_equal = 0, scored = 0;
   double nll = 0.0, ref_nll = 0.0;
   double max_logit_err = 0.0;
@@ -38,6 +40,15 @@ Agreement compare_with_reference(const std::string& ref_name) {
   }
   EXPECT_EQ(std::filesystem::file_size(model_path), ref["model"]["size"].get<uint64_t>())
       << model_path << " is not the file the reference was made with";
+  // The float order of the llama.cpp build that made the reference (its system_info names AVX512 when it had
+  // it): the engine reproduces either (kernels::GgmlOrder), on any CPU.
+  const std::string system_info = ref["llama_cpp_settings"].value("system_info", "");
+  a.order = system_info.find("AVX512 = 1") != std::string::npos ? kernels::GgmlOrder::kAvx512 : kernels::GgmlOrder::kAvx2;
+  struct OrderScope {
+    kernels::GgmlOrder saved = kernels::ggml_order();
+    explicit OrderScope(kernels::GgmlOrder o) { kernels::set_ggml_order(o); }
+    ~OrderScope() { kernels::set_ggml_order(saved); }
+  } order_scope(a.order);
   auto model = Model::open(model_path);
   EXPECT_TRUE(model.is_ok()) << model.status().to_string();
   if (!model) return a;
@@ -104,9 +115,9 @@ void expect_agreement(const std::string& ref_name, double min_agreement, double 
   const double agree = static_cast<double>(a.top1_equal) / static_cast<double>(a.positions);
   const double ppl = std::exp(a.nll / static_cast<double>(a.scored));
   const double ref_ppl = std::exp(a.ref_nll / static_cast<double>(a.scored));
-  std::printf("%s: top-1 agreement %.4f over %lld positions; perplexity %.6g vs llama.cpp %.6g (%+.3f%%); "
+  std::printf("%s (%s order): top-1 agreement %.4f over %lld positions; perplexity %.6g vs llama.cpp %.6g (%+.3f%%); "
               "max |top-1 logit error| %.4f\n",
-              ref_name.c_str(), agree, static_cast<long long>(a.positions), ppl, ref_ppl, (ppl / ref_ppl - 1) * 100,
+              ref_name.c_str(), kernels::ggml_order_name(a.order), agree, static_cast<long long>(a.positions), ppl, ref_ppl, (ppl / ref_ppl - 1) * 100,
               a.max_logit_err);
   EXPECT_GE(a.scored, 2000);
   EXPECT_GE(agree, min_agreement);
@@ -125,30 +136,40 @@ TEST(Numerics, SmolLM2MatchesLlamaCpp) {
   expect_agreement("smollm2-135m-q4_1.json", 0.99, kRoundingOnly);
 }
 
-// Q4_0, Q8_0, Q4_K and Q6_K weights in one synthetic model (tests/data/models/mixed-small.gguf).
-// The references below were made by a llama.cpp built for AVX2 (llama_cpp_settings.system_info); the engine
-// reproduces llama.cpp's AVX-512 build bit for bit on every ISA (the references above). The two builds
-// of llama.cpp sum attention's softmax and dot products in different orders (8 vs 16 lanes) and
-// disagree with each other: qwen2-small's AVX2-made reference agrees with its AVX-512-made one (and with
-// us) at 97.0% top-1, max |top-1 logit error| 0.27. These tests hold us to that level.
+// Some references below were made by a llama.cpp built for AVX2 (llama_cpp_settings.system_info), the others by
+// one built with AVX-512. The two builds sum attention's dot products and softmax over 8 or 16 lanes and use
+// different variants of ggml_v_expf, and agree with each other at only about 97% top-1; compare_with_reference()
+// switches the engine to the order of the build that made each file (kernels::GgmlOrder), so every comparison
+// is exact where the matmul kernels are llama.cpp's vec_dot ones.
 //
-// Gemma 3 270M (Q4_K_M: Q5_0, Q8_0, Q4_K, Q6_K; sliding-window layers, GeGLU, Q/K norms), the second
-// real model (scripts/setup.sh fetches it), so sensitive to summation order that llama.cpp's
-// default and vec_dot configurations (same build) agree at 94.8% on it.
+// Gemma 3 270M (Q4_K_M: Q5_0, Q8_0, Q4_K, Q6_K; sliding-window layers, GeGLU, Q/K norms), the second real model
+// (scripts/setup.sh fetches it): bit for bit against llama.cpp's vec_dot configuration. It is so sensitive to
+// summation order that llama.cpp's own default configuration (repacked Q4_K, tiled GEMMs) agrees with its
+// vec_dot configuration at 94.8% top-1; against the default reference we are held to that level.
 TEST(Numerics, Gemma3MatchesLlamaCpp) {
   const std::string model = std::string(INFERD_SOURCE_DIR) + "/models/gemma-3-270m-q4_k_m.gguf";
   if (!std::filesystem::exists(model)) GTEST_SKIP() << "gemma3 model missing: run scripts/setup.sh";
+  expect_agreement("gemma3-270m-q4_k_m.vec_dot.json", 0.99, kRoundingOnly);
   expect_agreement("gemma3-270m-q4_k_m.json", 0.94);
-  expect_agreement("gemma3-270m-q4_k_m.vec_dot.json", 0.94);
 }
 
 // The qwen3 and gemma3 layouts on committed synthetic models (tools/reference/make_synthetic_gguf.py
 // --preset qwen3-small / gemma3-small): Q/K norms, heads wider than n_embd / n_head; gemma3's 128-position
 // sliding window (the 512-token chunks cross it), GeGLU, post norms, scaled embeddings.
-TEST(Numerics, Qwen3LayoutMatchesLlamaCpp) { expect_agreement("qwen3-small.json", 0.95); }
-TEST(Numerics, Gemma3LayoutMatchesLlamaCpp) { expect_agreement("gemma3-small.json", 0.99); }
+TEST(Numerics, Qwen3LayoutMatchesLlamaCpp) { expect_agreement("qwen3-small.json", 0.99, kRoundingOnly); }
+TEST(Numerics, Gemma3LayoutMatchesLlamaCpp) { expect_agreement("gemma3-small.json", 0.99, kRoundingOnly); }
+// Phi-3 layout (make_synthetic_gguf.py --preset phi3-small): fused attn_qkv and gate/up, Q scaled before q.k.
+TEST(Numerics, Phi3LayoutMatchesLlamaCpp) { expect_agreement("phi3-small.json", 0.99, kRoundingOnly); }
 // Llama 3.1/3.2's RoPE frequency factors (rope_freqs.weight), as its conversion writes them.
-TEST(Numerics, Llama3RopeFactorsMatchLlamaCpp) { expect_agreement("llama3-small.json", 0.95); }
+TEST(Numerics, Llama3RopeFactorsMatchLlamaCpp) { expect_agreement("llama3-small.json", 0.99, kRoundingOnly); }
+
+// Q2_K, Q3_K, IQ4_NL and IQ4_XS weights in one synthetic model (make_synthetic_gguf.py --preset lowbit-small).
+TEST(Numerics, LowBitQuantTypesMatchLlamaCpp) {
+  expect_agreement("lowbit-small.vec_dot.json", 0.99, kRoundingOnly);
+  // llama.cpp out of the box repacks IQ4_NL and sends Q2_K/Q3_K/IQ4_XS batches through its tiled GEMM: other
+  // float orders, with which its own vec_dot configuration agrees at 94.6% top-1 on this model.
+  expect_agreement("lowbit-small.json", 0.94);
+}
 
 TEST(Numerics, MixedQuantTypesMatchLlamaCpp) { expect_agreement("mixed-small.json", 0.95); }
 TEST(Numerics, MixedQuantTypesMatchLlamaCppVecDot) {

@@ -34,9 +34,7 @@ inferd::Result<std::string> chat_prompt(const inferd::gguf::GgufFile& file, cons
   messages.push_back({"user", user});
   auto out = f.apply(messages);
   if (!out) return out;
-  // One BOS: the tokenizer adds it (as the daemon does).
-  const std::string bos = text(tk.bos());
-  if (tk.add_bos() && !bos.empty() && out->rfind(bos, 0) == 0) out->erase(0, bos.size());
+  if (tk.add_bos()) inferd::daemon::drop_leading_bos(*out, text(tk.bos()));  // one BOS, as the daemon gives
   return out;
 }
 

@@ -1,5 +1,6 @@
 // Run-time ISA selection for inferd/kernels/cpu.h. Compiled for the baseline target: it only calls
 // into an ISA's translation unit after checking that the CPU runs that ISA.
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -54,16 +55,26 @@ const TypeKernels* table_for(DType type, Isa isa) {
   return nullptr;
 }
 
-const VectorKernels& vector_for(Isa isa) {
+GgmlOrder detect_ggml_order() {
+  const char* env = std::getenv("INFERD_GGML_ORDER");
+  return env != nullptr && std::strcmp(env, "avx2") == 0 ? GgmlOrder::kAvx2 : GgmlOrder::kAvx512;
+}
+
+std::atomic<int>& order_setting() {
+  static std::atomic<int> order{static_cast<int>(detect_ggml_order())};
+  return order;
+}
+
+const VectorKernels& vector_for(Isa isa, GgmlOrder order = ggml_order()) {
   switch (isa) {
     case Isa::kAvx512:
-      return avx512::vector_kernels();
+      return avx512::vector_kernels(order);
     case Isa::kAvx2:
-      return avx2::vector_kernels();
+      return avx2::vector_kernels(order);
     case Isa::kScalar:
       break;
   }
-  return scalar::vector_kernels();
+  return scalar::vector_kernels(order);
 }
 
 Isa lower(Isa isa) { return static_cast<Isa>(static_cast<int>(isa) - 1); }
@@ -102,7 +113,12 @@ const TypeKernels* type_kernels(DType type, Isa isa) {
   }
 }
 
-const VectorKernels& vector_kernels(Isa isa) { return vector_for(clamp_available(isa)); }
+const VectorKernels& vector_kernels(Isa isa, GgmlOrder order) { return vector_for(clamp_available(isa), order); }
+
+const char* ggml_order_name(GgmlOrder order) { return order == GgmlOrder::kAvx2 ? "avx2" : "avx512"; }
+GgmlOrder ggml_order() { return static_cast<GgmlOrder>(order_setting().load(std::memory_order_relaxed)); }
+void set_ggml_order(GgmlOrder order) { order_setting().store(static_cast<int>(order), std::memory_order_relaxed); }
+int ggml_order_lanes() { return ggml_order() == GgmlOrder::kAvx2 ? 8 : 16; }
 
 float fp16_to_fp32(fp16_t h) { return scalar::fp16_to_fp32(h); }
 fp16_t fp32_to_fp16(float f) { return scalar::fp32_to_fp16(f); }
@@ -141,7 +157,9 @@ const fp16_t* gelu_table() {
     static fp16_t t[1 << 16];
     for (uint32_t i = 0; i < (1u << 16); ++i) {
       const float f = fp16_to_fp32(static_cast<fp16_t>(i));
-      t[i] = fp32_to_fp16(0.5f * f * (1.0f + std::tanh(0.79788456080286535587989211986876f * f * (1.0f + 0.044715f * f * f))));
+      // ggml_gelu_f32 as GCC builds it with FMA (llama.cpp's x86 builds): 1 + (A * x) * x is contracted.
+      const float inner = std::fma(0.044715f * f, f, 1.0f);
+      t[i] = fp32_to_fp16(0.5f * f * (1.0f + std::tanh(0.79788456080286535587989211986876f * f * inner)));
     }
     return t;
   }();

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -24,7 +25,8 @@ namespace {
 constexpr Isa kAllIsas[] = {Isa::kScalar, Isa::kAvx2, Isa::kAvx512};
 constexpr DType kWeightTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0,
                                   DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
-                                  DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+                                  DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ2_K,
+                                  DType::kQ3_K, DType::kIQ4_NL, DType::kIQ4_XS};
 
 float bits_to_float(uint32_t u) {
   float f;
@@ -93,6 +95,19 @@ std::vector<uint8_t> random_weights(std::mt19937& rng, DType type, int64_t n) {
         break;
       case DType::kQ6_K:
         put(b, offsetof(BlockQ6_K, d), rand_half(rng, -0.01f, 0.01f));
+        break;
+      case DType::kQ2_K:
+        put(b, offsetof(BlockQ2_K, d), rand_half(rng, 0.001f, 0.1f));
+        put(b, offsetof(BlockQ2_K, dmin), rand_half(rng, 0.001f, 0.1f));
+        break;
+      case DType::kQ3_K:
+        put(b, offsetof(BlockQ3_K, d), rand_half(rng, -0.01f, 0.01f));
+        break;
+      case DType::kIQ4_NL:
+        put(b, 0, rand_half(rng, -0.01f, 0.01f));
+        break;
+      case DType::kIQ4_XS:
+        put(b, 0, rand_half(rng, -0.001f, 0.001f));
         break;
       default:
         ADD_FAILURE() << "no generator for " << dtype_name(type);
@@ -169,6 +184,29 @@ float reference_element(DType type, const uint8_t* row, int64_t e) {
       const int q = (((t & 2) ? low >> 4 : low & 15) | (((qh[l] >> (2 * t)) & 3) << 4)) - 32;
       return half_value(le16(b + 208)) * static_cast<int8_t>(b[192 + j / 16]) * q;
     }
+    case DType::kQ2_K: {  // scales[16], qs[64], d, dmin
+      const int c = j / 128, shift = 2 * ((j % 128) / 32), l = j % 32, g = j / 16;
+      const int q = (b[16 + 32 * c + l] >> shift) & 3;
+      return half_value(le16(b + 80)) * (b[g] & 15) * q - half_value(le16(b + 82)) * (b[g] >> 4);
+    }
+    case DType::kQ3_K: {  // hmask[32], qs[64], scales[12], d
+      const int c = j / 128, t = (j % 128) / 32, l = j % 32, g = j / 16;
+      const int q = ((b[32 + 32 * c + l] >> (2 * t)) & 3) - (((b[l] >> (4 * c + t)) & 1) ? 0 : 4);
+      const int low = g < 8 ? b[96 + g] & 15 : b[96 + g - 8] >> 4;
+      const int scale = low | (((b[96 + 8 + g % 4] >> (2 * (g / 4))) & 3) << 4);
+      return half_value(le16(b + 108)) * (scale - 32) * q;
+    }
+    case DType::kIQ4_NL: {
+      static constexpr int kValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+      return half_value(le16(b)) * kValues[nib(b + 2)];
+    }
+    case DType::kIQ4_XS: {  // d, scales_h, scales_l[4], qs[128]
+      static constexpr int kValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+      const int s = j / 32, l = j % 32;
+      const int ls = ((b[4 + s / 2] >> (4 * (s % 2))) & 15) | (((le16(b + 2) >> (2 * s)) & 3) << 4);
+      const int code = l < 16 ? b[8 + 16 * s + l] & 15 : b[8 + 16 * s + l - 16] >> 4;
+      return half_value(le16(b)) * (ls - 32) * kValues[code];
+    }
     default:
       ADD_FAILURE() << "no reference decoder for " << dtype_name(type);
       return 0.0f;
@@ -184,6 +222,11 @@ TEST(DType, InfoMatchesGgml) {
   EXPECT_EQ(dtype_info(1000u), nullptr);
   EXPECT_EQ(dtype_row_bytes(DType::kQ4_1, 64), 40u);
   EXPECT_EQ(dtype_row_bytes(DType::kQ6_K, 512), 420u);
+  EXPECT_EQ(dtype_row_bytes(DType::kQ2_K, 512), 168u);
+  EXPECT_EQ(dtype_row_bytes(DType::kQ3_K, 512), 220u);
+  EXPECT_EQ(dtype_row_bytes(DType::kIQ4_NL, 64), 36u);
+  EXPECT_EQ(dtype_row_bytes(DType::kIQ4_XS, 512), 272u);
+  EXPECT_STREQ(dtype_name(DType::kIQ4_XS), "IQ4_XS");
   EXPECT_EQ(dtype_row_bytes(DType::kF16, 3), 6u);
 }
 
@@ -198,7 +241,11 @@ TEST(Dispatch, TablesExistAndFallBack) {
       EXPECT_NE(k->dot, nullptr);
     }
   }
-  EXPECT_EQ(type_kernels(DType::kQ2_K, Isa::kScalar), nullptr);
+  EXPECT_EQ(type_kernels(DType::kQ8_K, Isa::kScalar), nullptr);  // an activation type only
+  EXPECT_EQ(type_kernels(DType::kQ2_K)->act_type, DType::kQ8_K);
+  EXPECT_EQ(type_kernels(DType::kQ3_K)->act_type, DType::kQ8_K);
+  EXPECT_EQ(type_kernels(DType::kIQ4_NL)->act_type, DType::kQ8_0);
+  EXPECT_EQ(type_kernels(DType::kIQ4_XS)->act_type, DType::kQ8_K);
   EXPECT_EQ(type_kernels(DType::kQ8_0)->act_type, DType::kQ8_0);
   EXPECT_EQ(type_kernels(DType::kQ4_0)->act_type, DType::kQ8_0);
   EXPECT_EQ(type_kernels(DType::kQ5_0)->act_type, DType::kQ8_0);
@@ -637,7 +684,7 @@ TEST(Dot, EveryTypeIsaAndRowCountMatchesScalar) {
 // Weights at the edges of their ranges (Q8_0's -128, all-ones nibbles) against saturated activations.
 TEST(Dot, ExtremeQuantsMatchScalar) {
   for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ4_K,
-                  DType::kQ5_K, DType::kQ6_K}) {
+                  DType::kQ5_K, DType::kQ6_K, DType::kQ2_K, DType::kQ3_K, DType::kIQ4_NL, DType::kIQ4_XS}) {
     const int64_t k = dtype_info(t)->block_size * 3;
     for (uint8_t fill : {0x00, 0x80, 0xFF}) {
       std::mt19937 rng(fill);
@@ -655,6 +702,10 @@ TEST(Dot, ExtremeQuantsMatchScalar) {
           case DType::kQ4_K: std::memset(blk + 4, fill, 140); break;
           case DType::kQ5_K: std::memset(blk + 4, fill, 172); break;
           case DType::kQ6_K: std::memset(blk, fill, 208); break;
+          case DType::kQ2_K: std::memset(blk + 16, fill, 64); break;
+          case DType::kQ3_K: std::memset(blk, fill, 96); break;
+          case DType::kIQ4_NL: std::memset(blk + 2, fill, 16); break;
+          case DType::kIQ4_XS: std::memset(blk + 8, fill, 128); break;
           default: break;
         }
       }
@@ -722,52 +773,120 @@ float ulp_distance(float a, float b) {
   return std::fabs(a - b) / std::max(std::numeric_limits<float>::denorm_min(), std::fabs(std::nextafter(b, INFINITY) - b));
 }
 
+// In both float orders (llama.cpp's AVX-512 and AVX2 builds): every ISA gives the scalar lanes' bits.
 TEST(GgmlMath, ExpSiluSwigluRopeAreBitIdenticalOnEveryIsa) {
-  std::mt19937 rng(17);
-  const int64_t n = 16 * 9 + 5;  // whole chunks and a partial one
-  std::vector<float> x = random_floats(rng, n, 30.0f), u = random_floats(rng, n);
-  x[0] = 0.0f;
-  x[1] = -200.0f;  // exp underflows to 0, silu to -0
-  x[2] = 100.0f;   // exp overflows to inf
-  x[3] = -87.0f;   // subnormal exp
-  const VectorKernels& ref = vector_kernels(Isa::kScalar);
-  std::vector<float> want_swiglu(n), want_exp(n);
-  ref.swiglu(n, x.data(), u.data(), want_swiglu.data());
-  const double want_sum = ref.exp_sum(n, x.data(), 1.5f, want_exp.data());
-  std::vector<float> c = random_floats(rng, 32), sn = random_floats(rng, 32), want_rope = random_floats(rng, 64);
-  std::vector<float> rope_in = want_rope;
-  ref.rope_rotate(32, c.data(), sn.data(), want_rope.data(), want_rope.data() + 1, 2);
-  for (int64_t i = 0; i < n; ++i) {
-    const double e = std::exp(static_cast<double>(x[i] - 1.5f));  // the argument exp_sum rounds to
-    if (e < 1e-38) {
-      EXPECT_LE(want_exp[i], 1.2e-38f) << x[i];
-    } else if (e > 3.4e38) {
-      EXPECT_EQ(want_exp[i], INFINITY) << x[i];
-    } else {
-      EXPECT_LE(ulp_distance(want_exp[i], static_cast<float>(e)), 2.0f) << x[i];
-    }
-    EXPECT_EQ(std::memcmp(&want_swiglu[i], &(const float&)(ref.silu(x[i]) * u[i]), 4), 0);
-  }
-  EXPECT_EQ(ref.silu(-200.0f), -0.0f);
-  EXPECT_EQ(ref.silu(0.0f), 0.0f);
-  for (Isa isa : kAllIsas) {
-    if (!isa_available(isa)) continue;
-    const VectorKernels& vk = vector_kernels(isa);
-    std::vector<float> got(n + 1, 42.0f);
-    vk.swiglu(n, x.data(), u.data(), got.data());
-    EXPECT_EQ(std::memcmp(got.data(), want_swiglu.data(), 4 * n), 0) << isa_name(isa);
-    EXPECT_EQ(got[n], 42.0f);
-    const double sum = vk.exp_sum(n, x.data(), 1.5f, got.data());
-    EXPECT_EQ(std::memcmp(got.data(), want_exp.data(), 4 * n), 0) << isa_name(isa);
-    EXPECT_EQ(got[n], 42.0f);
-    EXPECT_EQ(sum, want_sum) << isa_name(isa);
+  for (GgmlOrder order : {GgmlOrder::kAvx512, GgmlOrder::kAvx2}) {
+    SCOPED_TRACE(ggml_order_name(order));
+    std::mt19937 rng(17);
+    const int64_t n = 16 * 9 + 5;  // whole chunks and a partial one
+    std::vector<float> x = random_floats(rng, n, 30.0f), u = random_floats(rng, n);
+    x[0] = 0.0f;
+    x[1] = -200.0f;  // exp underflows to 0, silu to -0
+    x[2] = 100.0f;   // exp overflows to inf
+    x[3] = -87.0f;   // subnormal exp
+    const VectorKernels& ref = vector_kernels(Isa::kScalar, order);
+    std::vector<float> want_swiglu(n), want_exp(n);
+    ref.swiglu(n, x.data(), u.data(), want_swiglu.data());
+    const double want_sum = ref.exp_sum(n, x.data(), 1.5f, want_exp.data());
+    std::vector<float> c = random_floats(rng, 32), sn = random_floats(rng, 32), want_rope = random_floats(rng, 64);
+    std::vector<float> rope_in = want_rope;
+    ref.rope_rotate(32, c.data(), sn.data(), want_rope.data(), want_rope.data() + 1, 2);
     for (int64_t i = 0; i < n; ++i) {
-      const float s = vk.silu(x[i]);
-      EXPECT_EQ(std::memcmp(&s, &(const float&)ref.silu(x[i]), 4), 0) << isa_name(isa) << " " << x[i];
+      const double e = std::exp(static_cast<double>(x[i] - 1.5f));  // the argument exp_sum rounds to
+      if (e < 1e-38) {
+        EXPECT_LE(want_exp[i], 1.2e-38f) << x[i];
+      } else if (e > 3.4e38) {
+        EXPECT_EQ(want_exp[i], INFINITY) << x[i];
+      } else {
+        EXPECT_LE(ulp_distance(want_exp[i], static_cast<float>(e)), 2.0f) << x[i];
+      }
+      EXPECT_EQ(std::memcmp(&want_swiglu[i], &(const float&)(ref.silu(x[i]) * u[i]), 4), 0);
     }
-    std::vector<float> r = rope_in;
-    vk.rope_rotate(32, c.data(), sn.data(), r.data(), r.data() + 1, 2);
-    EXPECT_EQ(std::memcmp(r.data(), want_rope.data(), 4 * 64), 0) << isa_name(isa);
+    EXPECT_EQ(ref.silu(-200.0f), -0.0f);
+    EXPECT_EQ(ref.silu(0.0f), 0.0f);
+    for (Isa isa : kAllIsas) {
+      if (!isa_available(isa)) continue;
+      const VectorKernels& vk = vector_kernels(isa, order);
+      std::vector<float> got(n + 1, 42.0f);
+      vk.swiglu(n, x.data(), u.data(), got.data());
+      EXPECT_EQ(std::memcmp(got.data(), want_swiglu.data(), 4 * n), 0) << isa_name(isa);
+      EXPECT_EQ(got[n], 42.0f);
+      const double sum = vk.exp_sum(n, x.data(), 1.5f, got.data());
+      EXPECT_EQ(std::memcmp(got.data(), want_exp.data(), 4 * n), 0) << isa_name(isa);
+      EXPECT_EQ(got[n], 42.0f);
+      EXPECT_EQ(sum, want_sum) << isa_name(isa);
+      for (int64_t i = 0; i < n; ++i) {
+        const float s = vk.silu(x[i]);
+        EXPECT_EQ(std::memcmp(&s, &(const float&)ref.silu(x[i]), 4), 0) << isa_name(isa) << " " << x[i];
+      }
+      std::vector<float> r = rope_in;
+      vk.rope_rotate(32, c.data(), sn.data(), r.data(), r.data() + 1, 2);
+      EXPECT_EQ(std::memcmp(r.data(), want_rope.data(), 4 * 64), 0) << isa_name(isa);
+    }
+  }
+}
+
+// The two orders are different functions: ggml_v_expf's AVX2 variant rounds its last step differently
+// (fma(j, 2^n, 2^n) against scalef(j + 1, n)), exp_sum reduces chunks of 8 against 16, and attention's KQV
+// keeps 8 lanes against 16.
+TEST(GgmlMath, Avx2OrderDiffersFromAvx512Order) {
+  std::mt19937 rng(19);
+  const VectorKernels& a512 = vector_kernels(Isa::kScalar, GgmlOrder::kAvx512);
+  const VectorKernels& a2 = vector_kernels(Isa::kScalar, GgmlOrder::kAvx2);
+  const int64_t n = 4096;
+  const std::vector<float> x = random_floats(rng, n, 10.0f);
+  std::vector<float> y512(n), y2(n);
+  a512.exp_sum(n, x.data(), 0.0f, y512.data());
+  a2.exp_sum(n, x.data(), 0.0f, y2.data());
+  int differ = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    differ += y512[i] != y2[i];
+    EXPECT_LE(ulp_distance(y2[i], y512[i]), 1.0f) << x[i];
+  }
+  EXPECT_GT(differ, 0) << "the AVX2 variant of ggml_v_expf rounds differently somewhere";
+  EXPECT_LT(differ, n / 2);
+  // Chunks of 8: 1 then 7 copies of 2^-24 sum to 1 + 7 * 2^-24 pairwise-first in an 8-lane reduction.
+  std::vector<float> t(8, std::log(0x1p-24f)), e(8);
+  t[0] = 0.0f;
+  const double s8 = a2.exp_sum(8, t.data(), 0.0f, e.data());
+  float c[4];
+  for (int i = 0; i < 4; ++i) c[i] = e[i + 4] + e[i];
+  EXPECT_EQ(s8, static_cast<double>((c[0] + c[2]) + (c[1] + c[3])));
+  // KQV chains: position j goes to lane j mod 8 (AVX2 order) or j mod 16.
+  std::vector<fp16_t> v(4 * 16);
+  for (auto& h : v) h = fp32_to_fp16(1.0f);
+  const float w[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+  for (GgmlOrder order : {GgmlOrder::kAvx512, GgmlOrder::kAvx2}) {
+    std::vector<float> lanes(16 * 4, 0.0f);
+    vector_kernels(Isa::kScalar, order).axpy_f16_rows(4, w, v.data(), 4, 16, 3, lanes.data(), 4);
+    const int L = order == GgmlOrder::kAvx2 ? 8 : 16;
+    for (int lane = 0; lane < 16; ++lane) EXPECT_EQ(lanes[lane * 4], lane < L ? 16.0f / L : 0.0f) << lane;
+  }
+}
+
+// tinyBLAS's F16 dot in the AVX2 order: one 8-lane accumulator (lane i: elements i mod 8, fused), its
+// horizontal sum, then the scale.
+TEST(VectorHelpers, Avx2OrderRowDotsAreTinyBlasAvx2) {
+  std::mt19937 rng(29);
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+    if (!isa_available(isa)) continue;
+    const VectorKernels& vk = vector_kernels(isa, GgmlOrder::kAvx2);
+    for (int64_t n : {8, 64, 256}) {
+      const std::vector<float> x = random_floats(rng, n);
+      std::vector<fp16_t> y(3 * n);
+      const std::vector<float> yf = random_floats(rng, 3 * n);
+      fp32_to_fp16_row(yf.data(), y.data(), 3 * n);
+      float got[3];
+      vk.dot_f32_f16_rows(n, x.data(), y.data(), n, 3, 0.125f, got);
+      for (int r = 0; r < 3; ++r) {
+        float acc[8] = {};
+        for (int64_t i = 0; i < n; ++i) acc[i % 8] = std::fma(x[i], fp16_to_fp32(y[r * n + i]), acc[i % 8]);
+        float c[4];
+        for (int i = 0; i < 4; ++i) c[i] = acc[i + 4] + acc[i];
+        const float want = ((c[0] + c[2]) + (c[1] + c[3])) * 0.125f;
+        EXPECT_EQ(std::memcmp(&got[r], &want, 4), 0) << isa_name(isa) << " n " << n << " row " << r;
+      }
+    }
   }
 }
 
@@ -859,7 +978,7 @@ namespace {
 TEST(Dot, FourWeightRowsEqualDotBitForBit) {
   std::mt19937 rng(23);
   for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ5_0, DType::kQ4_1, DType::kQ5_1, DType::kQ4_K, DType::kQ5_K,
-                  DType::kQ6_K}) {
+                  DType::kQ6_K, DType::kQ2_K, DType::kQ3_K, DType::kIQ4_NL, DType::kIQ4_XS}) {
     const bool k_quant = dtype_info(t)->block_size == 256;
     for (int64_t k : k_quant ? std::vector<int64_t>{256, 768, 2048} : std::vector<int64_t>{32, 96, 576, 2048}) {
       const size_t row_bytes = dtype_row_bytes(t, k) + 64;  // rows not back to back
@@ -905,11 +1024,24 @@ TEST(GgmlMath, GeluIsGgmlsF16Table) {
       want = x;
     } else {
       const float h = fp16_to_fp32(fp32_to_fp16(x));
-      const float g = 0.5f * h * (1.0f + std::tanh(0.79788456080286535587989211986876f * h * (1.0f + 0.044715f * h * h)));
+      const float g = 0.5f * h * (1.0f + std::tanh(0.79788456080286535587989211986876f * h * std::fma(0.044715f * h, h, 1.0f)));
       want = fp16_to_fp32(fp32_to_fp16(g));
     }
     EXPECT_EQ(gelu(x), want) << x;
   }
+  // The table is ggml_gelu_f32 as llama.cpp's x86 builds compile it, with 1 + (A x) x contracted into an FMA;
+  // the uncontracted formula differs from it at some halves, so this part fails on a table built without it.
+  int contracted_differs = 0;
+  for (uint32_t i = 0; i < (1u << 16); ++i) {
+    const float h = fp16_to_fp32(static_cast<fp16_t>(i));
+    if (!(h > -10.0f && h < 10.0f)) continue;
+    const float fused = 0.5f * h * (1.0f + std::tanh(0.79788456080286535587989211986876f * h * std::fma(0.044715f * h, h, 1.0f)));
+    const float plain = 0.5f * h * (1.0f + std::tanh(0.79788456080286535587989211986876f * h * (1.0f + (0.044715f * h) * h)));
+    ASSERT_EQ(gelu(h), fp16_to_fp32(fp32_to_fp16(fused))) << h;
+    contracted_differs += fp32_to_fp16(fused) != fp32_to_fp16(plain);
+  }
+  EXPECT_GT(contracted_differs, 0);
+  std::printf("gelu table: %d of the halves in (-10, 10) differ between the fused and the plain formula\n", contracted_differs);
   EXPECT_NEAR(gelu(1.0f), 0.8412f, 1e-3f);  // the function itself
   const std::vector<float> g = {-11.0f, -1.5f, 0.25f, 3.0f, 12.0f}, u = {2.0f, -1.0f, 4.0f, 0.5f, 3.0f};
   std::vector<float> y(g.size());

@@ -1,6 +1,6 @@
-// AVX2 GEMM for Q4_0, Q4_1, Q5_0 and Q8_0 weights (see inferd/kernels/gemm.h for the contract), for
-// CPUs with AVX2, FMA and F16C but no AVX-512 (and for Q5_0 on AVX-512 CPUs too: its AVX-512 dot kernel
-// has the same lanes, so this GEMM equals it bit for bit there as well).
+// AVX2 GEMM for Q4_0, Q4_1, Q5_0, Q8_0 and IQ4_NL weights (see inferd/kernels/gemm.h for the contract),
+// for CPUs with AVX2, FMA and F16C but no AVX-512 (and for Q5_0 and IQ4_NL on AVX-512 CPUs too: their
+// AVX-512 kernels have the same lanes, so this GEMM equals them bit for bit there as well).
 //
 // Layout of the work. The activation rows are first packed, once per call, into ActBlocks (a row's
 // 32 quants of one block and the integer start value of each of the 8 int32 lanes) and into
@@ -21,7 +21,11 @@
 //    offset of 8 is removed by the lane's start value, -8 times the lane's activation sum. Q5_0's
 //    codes are nibble + 16 * fifth bit, 0..31 (|pair| <= 2 * 31 * 128), offset 16 removed likewise.
 //  - Q8_0 weights use ggml's sign trick: |w| (0..128 as u8) times sign(a, w) (|a| <= 127, as the
-//    activation quantizer produces), |pair| <= 2 * 128 * 127 < 32768.
+//    activation quantizer produces), |pair| <= 2 * 128 * 127 < 32768. IQ4_NL's codes are looked up into
+//    their signed values (-127..113) and take the same path.
+// IQ4_NL is the one type whose GEMM order is not its dot kernel's: ggml's vec_dot pairs its blocks into
+// two accumulators, while the matmuls of two or more activation rows go through llamafile's tinyBLAS,
+// which accumulates block after block into one, as here (tested against that order).
 // Float steps per lane are exactly the contract's: scale = d_w * d_a (fp32), acc = fma(scale,
 // float(n), acc), block by block; Q4_1's summs = fma(m_w, s_a, summs) block by block, added last.
 #include <immintrin.h>
@@ -140,8 +144,8 @@ void tile(const TileIo& io) {
   }
   for (int64_t b = 0; b < nb; ++b) {
     uint64_t dw_bits = 0;              // fp16 d_w of the tile's weight rows, row r in bits 16r..16r+15
-    __m256i wq[R];                     // Q4: nibbles 0..15; Q8_0: the signed quants
-    [[maybe_unused]] __m256i wabs[R];  // Q8_0: |w| as u8
+    __m256i wq[R];                     // Q4: nibbles 0..15; Q8_0, IQ4_NL: the signed values
+    [[maybe_unused]] __m256i wabs[R];  // Q8_0, IQ4_NL: |w| as u8
     for (int r = 0; r < R; ++r) {
       const WBlock& blk = rows[r][b];
       // The first activation tile over a chunk streams its weights from memory (later ones find
@@ -149,6 +153,13 @@ void tile(const TileIo& io) {
       _mm_prefetch(reinterpret_cast<const char*>(&blk) + kPrefetchBytes, _MM_HINT_T0);
       if constexpr (kType == DType::kQ8_0) {
         wq[r] = load32(blk.qs);
+        wabs[r] = _mm256_sign_epi8(wq[r], wq[r]);
+      } else if constexpr (kType == DType::kIQ4_NL) {
+        const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues));
+        const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs));
+        const __m128i m4 = _mm_set1_epi8(0x0F);
+        wq[r] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_shuffle_epi8(table, _mm_and_si128(bits, m4))),
+                                        _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bits, 4), m4)), 1);
         wabs[r] = _mm256_sign_epi8(wq[r], wq[r]);
       } else {
         // Low nibbles (elements 0..15) in the low 128 bits, high nibbles (16..31) in the high.
@@ -187,7 +198,7 @@ void tile(const TileIo& io) {
       const __m256i aq = _mm256_load_si256(reinterpret_cast<const __m256i*>(ab.a));
       for (int r = 0; r < R; ++r) {
         __m256i n;
-        if constexpr (kType == DType::kQ8_0) {
+        if constexpr (kType == DType::kQ8_0 || kType == DType::kIQ4_NL) {
           n = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[r], _mm256_sign_epi8(aq, wq[r])), ones16);
         } else {
           n = _mm256_madd_epi16(_mm256_maddubs_epi16(wq[r], aq), ones16);
@@ -264,6 +275,8 @@ GemmFn kernel(DType type) {
       return &gemm<DType::kQ5_0>;
     case DType::kQ8_0:
       return &gemm<DType::kQ8_0>;
+    case DType::kIQ4_NL:
+      return &gemm<DType::kIQ4_NL>;
     default:
       return nullptr;
   }

@@ -57,6 +57,14 @@ float contract_dot(DType type, int64_t k, const uint8_t* w, const uint8_t* a) {
           q[j + 16] = (wb.qs[j] >> 4) - 8;
         }
         scale = fp16_to_fp32(wb.d) * fp16_to_fp32(ab.d);
+      } else if (type == DType::kIQ4_NL) {
+        static constexpr int kValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+        const auto& wb = reinterpret_cast<const BlockIQ4_NL*>(w)[b];
+        for (int j = 0; j < 16; ++j) {
+          q[j] = kValues[wb.qs[j] & 15];
+          q[j + 16] = kValues[wb.qs[j] >> 4];
+        }
+        scale = fp16_to_fp32(wb.d) * fp16_to_fp32(ab.d);
       } else {
         const auto& wb = reinterpret_cast<const BlockQ8_0*>(w)[b];
         for (int j = 0; j < 32; ++j) q[j] = wb.qs[j];
@@ -83,9 +91,23 @@ struct Problem {
   std::vector<float> bound;  // per activation row: 2 * max|w| * sum|a|, the dot tolerance scale
 };
 
+// p.m activation rows quantized to the type's activation encoding (rows not back to back), and the dot tolerance
+// scale of each (2.2 * w_max * sum|a|).
+void add_activations(std::mt19937& rng, Problem& p, float w_max) {
+  const TypeKernels* ref = type_kernels(p.type, Isa::kScalar);
+  p.act_stride = dtype_row_bytes(ref->act_type, p.k) + 10;
+  p.act.resize(p.act_stride * p.m);
+  for (int64_t t = 0; t < p.m; ++t) {
+    const std::vector<float> x = random_floats(rng, p.k, t % 3 == 2 ? 10.0f : 1.0f);
+    ref->quantize_act(x.data(), p.act.data() + t * p.act_stride, p.k);
+    float s = 0.0f;
+    for (float v : x) s += std::fabs(v);
+    p.bound.push_back(2.2f * w_max * s);
+  }
+}
+
 Problem make_problem(std::mt19937& rng, DType type, int64_t k, int64_t rows, int64_t m) {
   Problem p{type, k, rows, m, dtype_row_bytes(type, k), 0, {}, {}, {}, {}};
-  const TypeKernels* ref = type_kernels(type, Isa::kScalar);
   p.w_row_bytes += 6;  // rows not packed back to back (and not 2-byte aligned)
   p.w.resize(p.w_row_bytes * rows);
   float w_max = 0.0f;
@@ -94,15 +116,7 @@ Problem make_problem(std::mt19937& rng, DType type, int64_t k, int64_t rows, int
     quantize_row_ref(type, x.data(), p.w.data() + r * p.w_row_bytes, k);
     for (float v : x) w_max = std::max(w_max, std::fabs(v));
   }
-  p.act_stride = dtype_row_bytes(ref->act_type, k) + 10;
-  p.act.resize(p.act_stride * m);
-  for (int64_t t = 0; t < m; ++t) {
-    const std::vector<float> x = random_floats(rng, k, t % 3 == 2 ? 10.0f : 1.0f);
-    ref->quantize_act(x.data(), p.act.data() + t * p.act_stride, k);
-    float s = 0.0f;
-    for (float v : x) s += std::fabs(v);
-    p.bound.push_back(2.2f * w_max * s);
-  }
+  add_activations(rng, p, w_max);
   p.bias = random_floats(rng, rows, 1.0f);
   return p;
 }
@@ -267,6 +281,29 @@ TEST(Gemm, KQuantsBitIdenticalToDot) {
   }
 }
 
+// Runs `fn` over three row ranges of `p` and checks every output: sentinels outside the range, and inside it
+// check(t, r, got) (which asserts).
+template <typename Check>
+void check_row_ranges(GemmFn fn, const Problem& p, const Check& check) {
+  const int64_t rows = p.rows;
+  const int64_t ranges[][2] = {{0, rows}, {1, 10}, {5, 6}};
+  for (const auto& range : ranges) {
+    const std::vector<float> out = run(fn, p, range[0], range[1], false, false);
+    for (int64_t t = 0; t < p.m; ++t) {
+      for (int64_t c = 0; c < rows + 3; ++c) {
+        const float got = out[t * (rows + 3) + c];
+        SCOPED_TRACE(testing::Message() << "k " << p.k << " m " << p.m << " t " << t << " r " << c);
+        if (c < range[0] || c >= range[1]) {
+          ASSERT_EQ(got, kSentinel) << "write outside the row range";
+          continue;
+        }
+        check(t, c, got);
+        if (testing::Test::HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
 // Q5_0 (gemma3's q, k, gate and up in Q4_K_M files): the AVX2 GEMM equals each ISA's dot kernel bit for bit.
 TEST(Gemm, Q5_0BitIdenticalToDot) {
   if (!isa_available(Isa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU";
@@ -281,23 +318,60 @@ TEST(Gemm, Q5_0BitIdenticalToDot) {
       for (int64_t m : {1, 2, 3, 5, 8, 9, 13, 64}) {
         const int64_t rows = 23;
         const Problem p = make_problem(rng, DType::kQ5_0, k, rows, m);
-        const int64_t ranges[][2] = {{0, rows}, {1, 10}, {5, 6}};
-        for (const auto& range : ranges) {
-          const std::vector<float> out = run(fn, p, range[0], range[1], false, false);
-          for (int64_t t = 0; t < m; ++t) {
-            for (int64_t c = 0; c < rows + 3; ++c) {
-              const float got = out[t * (rows + 3) + c];
-              SCOPED_TRACE(testing::Message() << isa_name(isa) << " k " << k << " m " << m << " t " << t << " r " << c);
-              if (c < range[0] || c >= range[1]) {
-                ASSERT_EQ(got, kSentinel) << "write outside the row range";
-                continue;
-              }
-              float want;
-              dot->dot(k, p.w.data() + c * p.w_row_bytes, p.act.data() + t * p.act_stride, p.act_stride, 1, &want);
-              ASSERT_EQ(std::memcmp(&got, &want, sizeof(float)), 0) << got << " vs dot " << want;
-            }
-          }
-        }
+        SCOPED_TRACE(isa_name(isa));
+        check_row_ranges(fn, p, [&](int64_t t, int64_t c, float got) {
+          float want;
+          dot->dot(k, p.w.data() + c * p.w_row_bytes, p.act.data() + t * p.act_stride, p.act_stride, 1, &want);
+          ASSERT_EQ(std::memcmp(&got, &want, sizeof(float)), 0) << got << " vs dot " << want;
+        });
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+// IQ4_NL: random codes and finite block scales.
+Problem make_iq4_nl_problem(std::mt19937& rng, int64_t k, int64_t rows, int64_t m) {
+  Problem p{DType::kIQ4_NL, k, rows, m, dtype_row_bytes(DType::kIQ4_NL, k) + 6, 0, {}, {}, {}, {}};
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(-0.01f, 0.01f);
+  p.w.resize(p.w_row_bytes * rows);
+  for (auto& b : p.w) b = static_cast<uint8_t>(byte(rng));
+  for (int64_t r = 0; r < rows; ++r) {
+    auto* blocks = reinterpret_cast<BlockIQ4_NL*>(p.w.data() + r * p.w_row_bytes);
+    for (int64_t b = 0; b < k / 32; ++b) blocks[b].d = fp32_to_fp16(scale(rng));
+  }
+  add_activations(rng, p, 127.0f * 0.01f);
+  p.bias = random_floats(rng, rows, 1.0f);
+  return p;
+}
+
+// IQ4_NL's GEMM accumulates block after block into one 8-lane accumulator (llamafile's tinyBLAS order, what
+// llama.cpp runs for two or more activation rows), not in its dot kernel's two: it equals the contract bit
+// for bit, and the dot kernels within rounding.
+TEST(Gemm, IQ4NLFollowsTheContract) {
+  if (!isa_available(Isa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU";
+  EXPECT_EQ(gemm_kernel(DType::kIQ4_NL, Isa::kScalar), nullptr);
+  std::mt19937 rng(37);
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+    const GemmFn fn = gemm_kernel(DType::kIQ4_NL, isa);
+    ASSERT_NE(fn, nullptr);
+    const TypeKernels* dot = type_kernels(DType::kIQ4_NL, isa);
+    for (int64_t k : {32, 96, 640, 2048 + 32}) {
+      for (int64_t m : {1, 2, 3, 5, 8, 13, 64}) {
+        const int64_t rows = 23;
+        const Problem p = make_iq4_nl_problem(rng, k, rows, m);
+        SCOPED_TRACE(isa_name(isa));
+        check_row_ranges(fn, p, [&](int64_t t, int64_t c, float got) {
+          const uint8_t* w = p.w.data() + c * p.w_row_bytes;
+          const uint8_t* a = p.act.data() + t * p.act_stride;
+          const float want = contract_dot(DType::kIQ4_NL, k, w, a);
+          ASSERT_EQ(std::memcmp(&got, &want, sizeof(float)), 0) << got << " vs contract " << want;
+          float d;
+          dot->dot(k, w, a, p.act_stride, 1, &d);
+          ASSERT_NEAR(got, d, 1e-5 * p.bound[t] + 1e-6);
+        });
+        if (HasFatalFailure()) return;
       }
     }
   }
@@ -305,10 +379,13 @@ TEST(Gemm, Q5_0BitIdenticalToDot) {
 
 TEST(Gemm, BiasAndAccumulate) {
   std::mt19937 rng(5);
-  for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+  for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K,
+                     DType::kIQ4_NL}) {
     const int64_t rows = 13, m = 7;
     const bool k_quant = dtype_info(type)->block_size == kQK_K;
-    const Problem p = k_quant ? make_k_problem(rng, type, 512, rows, m) : make_problem(rng, type, 160, rows, m);
+    const Problem p = type == DType::kIQ4_NL ? make_iq4_nl_problem(rng, 160, rows, m)
+                      : k_quant              ? make_k_problem(rng, type, 512, rows, m)
+                                             : make_problem(rng, type, 160, rows, m);
     for (Isa isa : kAllIsas) {
       if (!isa_available(isa) || gemm_kernel(type, isa) == nullptr) continue;
       const GemmFn fn = gemm_kernel(type, isa);

@@ -53,6 +53,11 @@ struct Traits<DType::kQ8_0> {
   using WBlock = BlockQ8_0;
   using ABlock = BlockQ8_0;
 };
+template <>
+struct Traits<DType::kIQ4_NL> {
+  using WBlock = BlockIQ4_NL;
+  using ABlock = BlockQ8_0;
+};
 
 // Q4_1: s_a of every block and activation row, transposed to [block][token] (m_pad tokens per block,
 // the rows past g.m repeating the last) for the tiles' min-term step.

@@ -12,7 +12,7 @@ namespace inferd::kernels {
 namespace scalar {
 // nullptr when the type has no kernels. Every weight type has a scalar table.
 const TypeKernels* type_kernels(DType type);
-const VectorKernels& vector_kernels();
+const VectorKernels& vector_kernels(GgmlOrder order);
 // Bit-exact software fp16 conversions (the reference the SIMD ones must equal).
 float fp16_to_fp32(fp16_t h);
 fp16_t fp32_to_fp16(float f);
@@ -24,12 +24,12 @@ const float* fp16_table();
 namespace avx2 {
 // nullptr when AVX2 has no specialised kernels for the type.
 const TypeKernels* type_kernels(DType type);
-const VectorKernels& vector_kernels();
+const VectorKernels& vector_kernels(GgmlOrder order);
 }  // namespace avx2
 
 namespace avx512 {
 const TypeKernels* type_kernels(DType type);
-const VectorKernels& vector_kernels();
+const VectorKernels& vector_kernels(GgmlOrder order);
 }  // namespace avx512
 
 }  // namespace inferd::kernels

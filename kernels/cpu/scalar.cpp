@@ -174,6 +174,61 @@ void decode_q6_k(const BlockQ6_K& b, int q[256]) {
   }
 }
 
+// Q2_K: 256 unsigned quants (0..3); element e belongs to 16-element group e / 16, whose byte scales[g]
+// holds the scale (low nibble) and the min (high nibble).
+void decode_q2_k(const BlockQ2_K& b, int q[256]) {
+  for (int c = 0; c < 2; ++c) {
+    for (int j = 0; j < 4; ++j) {
+      for (int l = 0; l < 32; ++l) q[128 * c + 32 * j + l] = (b.qs[32 * c + l] >> (2 * j)) & 3;
+    }
+  }
+}
+
+// Q3_K's 16 six-bit scales, unpacked as ggml does (still + 32).
+void q3_k_scales(const BlockQ3_K& b, int sc[16]) {
+  constexpr uint32_t kMask1 = 0x03030303, kMask2 = 0x0f0f0f0f;
+  uint32_t aux[4];
+  std::memcpy(aux, b.scales, 12);
+  const uint32_t tmp = aux[2];
+  aux[2] = ((aux[0] >> 4) & kMask2) | (((tmp >> 4) & kMask1) << 4);
+  aux[3] = ((aux[1] >> 4) & kMask2) | (((tmp >> 6) & kMask1) << 4);
+  aux[0] = (aux[0] & kMask2) | (((tmp >> 0) & kMask1) << 4);
+  aux[1] = (aux[1] & kMask2) | (((tmp >> 2) & kMask1) << 4);
+  uint8_t bytes[16];
+  std::memcpy(bytes, aux, 16);
+  for (int g = 0; g < 16; ++g) sc[g] = bytes[g];
+}
+
+// Q3_K: 256 signed quants (-4..3): two low bits from qs, minus 4 where the hmask bit is clear.
+void decode_q3_k(const BlockQ3_K& b, int q[256]) {
+  for (int c = 0; c < 2; ++c) {
+    for (int j = 0; j < 4; ++j) {
+      const int bit = 4 * c + j;
+      for (int l = 0; l < 32; ++l) {
+        q[128 * c + 32 * j + l] = ((b.qs[32 * c + l] >> (2 * j)) & 3) - (((b.hmask[l] >> bit) & 1) ? 0 : 4);
+      }
+    }
+  }
+}
+
+void decode_iq4_nl(const BlockIQ4_NL& b, int q[32]) {
+  for (int j = 0; j < 16; ++j) {
+    q[j] = kIq4nlValues[b.qs[j] & 0x0F];
+    q[j + 16] = kIq4nlValues[b.qs[j] >> 4];
+  }
+}
+
+// IQ4_XS: 256 non-linear quants and 8 signed sub-block scales of 32.
+void decode_iq4_xs(const BlockIQ4_XS& b, int q[256], int sc[8]) {
+  for (int s = 0; s < 8; ++s) {
+    sc[s] = (((b.scales_l[s / 2] >> (4 * (s % 2))) & 0x0F) | (((b.scales_h >> (2 * s)) & 3) << 4)) - 32;
+    for (int j = 0; j < 16; ++j) {
+      q[32 * s + j] = kIq4nlValues[b.qs[16 * s + j] & 0x0F];
+      q[32 * s + 16 + j] = kIq4nlValues[b.qs[16 * s + j] >> 4];
+    }
+  }
+}
+
 // ---- to_float ------------------------------------------------------------------------------
 
 void f32_to_float(const void* src, float* dst, int64_t n) { std::memcpy(dst, src, sizeof(float) * n); }
@@ -272,6 +327,56 @@ void q6_k_to_float(const void* src, float* dst, int64_t n) {
   }
 }
 
+void q2_k_to_float(const void* src, float* dst, int64_t n) {
+  const auto* b = static_cast<const BlockQ2_K*>(src);
+  int q[256];
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    decode_q2_k(b[i], q);
+    const float d = h2f(b[i].d), dmin = h2f(b[i].dmin);
+    for (int g = 0; g < 16; ++g) {
+      const float dl = d * static_cast<float>(b[i].scales[g] & 0xF), ml = dmin * static_cast<float>(b[i].scales[g] >> 4);
+      for (int l = 0; l < 16; ++l) dst[i * kQK_K + 16 * g + l] = dl * q[16 * g + l] - ml;
+    }
+  }
+}
+
+void q3_k_to_float(const void* src, float* dst, int64_t n) {
+  const auto* b = static_cast<const BlockQ3_K*>(src);
+  int q[256], sc[16];
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    decode_q3_k(b[i], q);
+    q3_k_scales(b[i], sc);
+    const float d = h2f(b[i].d);
+    for (int g = 0; g < 16; ++g) {
+      const float dl = d * static_cast<float>(sc[g] - 32);
+      for (int l = 0; l < 16; ++l) dst[i * kQK_K + 16 * g + l] = dl * q[16 * g + l];
+    }
+  }
+}
+
+void iq4_nl_to_float(const void* src, float* dst, int64_t n) {
+  const auto* b = static_cast<const BlockIQ4_NL*>(src);
+  int q[32];
+  for (int64_t i = 0; i < n / kQK4_NL; ++i) {
+    decode_iq4_nl(b[i], q);
+    const float d = h2f(b[i].d);
+    for (int j = 0; j < 32; ++j) dst[i * 32 + j] = d * q[j];
+  }
+}
+
+void iq4_xs_to_float(const void* src, float* dst, int64_t n) {
+  const auto* b = static_cast<const BlockIQ4_XS*>(src);
+  int q[256], sc[8];
+  for (int64_t i = 0; i < n / kQK_K; ++i) {
+    decode_iq4_xs(b[i], q, sc);
+    const float d = h2f(b[i].d);
+    for (int s = 0; s < 8; ++s) {
+      const float dl = d * static_cast<float>(sc[s]);
+      for (int j = 0; j < 32; ++j) dst[i * kQK_K + 32 * s + j] = dl * q[32 * s + j];
+    }
+  }
+}
+
 // ---- dot -----------------------------------------------------------------------------------
 
 template <typename Elem, float (*kLoad)(Elem)>
@@ -362,20 +467,47 @@ void dot_kq_min(int64_t k, const void* w_row, const void* act, size_t act_stride
   for (int r = 0; r < nr; ++r) out[r] = sum[r];
 }
 
-void dot_q6_k(int64_t k, const void* w_row, const void* act, size_t act_stride, int nr, float* out) {
-  const auto* w = static_cast<const BlockQ6_K*>(w_row);
+
+// Q2_K against Q8_K: sum += d_a * (d_w * sum_g sc_g * isum_g - dmin_w * sum_g mn_g * bsum_g).
+void dot_q2_k(int64_t k, const void* w_row, const void* act, size_t act_stride, int nr, float* out) {
+  const auto* w = static_cast<const BlockQ2_K*>(w_row);
   float sum[kMaxDotRows] = {};
   int q[256];
   for (int64_t i = 0; i < k / kQK_K; ++i) {
-    decode_q6_k(w[i], q);
+    decode_q2_k(w[i], q);
+    const float d = h2f(w[i].d), dmin = h2f(w[i].dmin);
+    for (int r = 0; r < nr; ++r) {
+      const auto& a = reinterpret_cast<const BlockQ8_K*>(act_row(act, act_stride, r))[i];
+      int isum = 0, msum = 0;
+      for (int g = 0; g < 16; ++g) {
+        int t = 0;
+        for (int l = 0; l < 16; ++l) t += q[16 * g + l] * a.qs[16 * g + l];
+        isum += (w[i].scales[g] & 0xF) * t;
+        msum += (w[i].scales[g] >> 4) * a.bsums[g];
+      }
+      sum[r] += a.d * (d * static_cast<float>(isum) - dmin * static_cast<float>(msum));
+    }
+  }
+  for (int r = 0; r < nr; ++r) out[r] = sum[r];
+}
+
+// Q3_K, Q6_K and IQ4_XS against Q8_K: sum += d_w * d_a * sum_g sc_g * isum_g over groups of kGroup elements
+// with signed integer scales (kDecode gives the quants and the scales).
+template <typename Block, int kGroup, void (*kDecode)(const Block&, int*, int*)>
+void dot_kq_scaled(int64_t k, const void* w_row, const void* act, size_t act_stride, int nr, float* out) {
+  const auto* w = static_cast<const Block*>(w_row);
+  float sum[kMaxDotRows] = {};
+  int q[kQK_K], sc[kQK_K / kGroup];
+  for (int64_t i = 0; i < k / kQK_K; ++i) {
+    kDecode(w[i], q, sc);
     const float d = h2f(w[i].d);
     for (int r = 0; r < nr; ++r) {
       const auto& a = reinterpret_cast<const BlockQ8_K*>(act_row(act, act_stride, r))[i];
       int isum = 0;
-      for (int g = 0; g < 16; ++g) {
+      for (int g = 0; g < kQK_K / kGroup; ++g) {
         int t = 0;
-        for (int l = 0; l < 16; ++l) t += q[16 * g + l] * a.qs[16 * g + l];
-        isum += w[i].scales[g] * t;
+        for (int l = 0; l < kGroup; ++l) t += q[kGroup * g + l] * a.qs[kGroup * g + l];
+        isum += sc[g] * t;
       }
       sum[r] += d * a.d * static_cast<float>(isum);
     }
@@ -383,6 +515,29 @@ void dot_q6_k(int64_t k, const void* w_row, const void* act, size_t act_stride, 
   for (int r = 0; r < nr; ++r) out[r] = sum[r];
 }
 
+void decode_q3_k_scaled(const BlockQ3_K& b, int q[256], int sc[16]) {
+  decode_q3_k(b, q);
+  q3_k_scales(b, sc);
+  for (int g = 0; g < 16; ++g) sc[g] -= 32;
+}
+void decode_q6_k_scaled(const BlockQ6_K& b, int q[256], int sc[16]) {
+  decode_q6_k(b, q);
+  for (int g = 0; g < 16; ++g) sc[g] = b.scales[g];
+}
+
+void dot_q3_k(int64_t k, const void* w, const void* a, size_t s, int nr, float* o) {
+  dot_kq_scaled<BlockQ3_K, 16, decode_q3_k_scaled>(k, w, a, s, nr, o);
+}
+void dot_q6_k(int64_t k, const void* w, const void* a, size_t s, int nr, float* o) {
+  dot_kq_scaled<BlockQ6_K, 16, decode_q6_k_scaled>(k, w, a, s, nr, o);
+}
+void dot_iq4_xs(int64_t k, const void* w, const void* a, size_t s, int nr, float* o) {
+  dot_kq_scaled<BlockIQ4_XS, 32, decode_iq4_xs>(k, w, a, s, nr, o);
+}
+
+void dot_iq4_nl(int64_t k, const void* w, const void* a, size_t s, int nr, float* o) {
+  dot_x_q8_0<BlockIQ4_NL, decode_iq4_nl>(k, w, a, s, nr, o);
+}
 void dot_q4_0(int64_t k, const void* w, const void* a, size_t s, int nr, float* o) {
   dot_x_q8_0<BlockQ4_0, decode_q4_0>(k, w, a, s, nr, o);
 }
@@ -417,6 +572,10 @@ constexpr TypeKernels kTables[] = {
     {DType::kQ4_K, DType::kQ8_K, q4_k_to_float, quantize_q8_k, dot_q4_k},
     {DType::kQ5_K, DType::kQ8_K, q5_k_to_float, quantize_q8_k, dot_q5_k},
     {DType::kQ6_K, DType::kQ8_K, q6_k_to_float, quantize_q8_k, dot_q6_k},
+    {DType::kQ2_K, DType::kQ8_K, q2_k_to_float, quantize_q8_k, dot_q2_k},
+    {DType::kQ3_K, DType::kQ8_K, q3_k_to_float, quantize_q8_k, dot_q3_k},
+    {DType::kIQ4_NL, DType::kQ8_0, iq4_nl_to_float, quantize_q8_0, dot_iq4_nl},
+    {DType::kIQ4_XS, DType::kQ8_K, iq4_xs_to_float, quantize_q8_k, dot_iq4_xs},
 };
 
 // ---- Vector helpers ------------------------------------------------------------------------
@@ -444,9 +603,11 @@ void dot_f32_f16_rows_impl(int64_t n, const float* x, const fp16_t* y, int64_t s
   for (int64_t r = 0; r < rows; ++r) out[r] = dot_f32_f16_impl(n, x, y + r * stride) * scale;
 }
 
+// axpy into the L chains of attention's KQV: 16 (llama.cpp's AVX-512 build) or 8 (its AVX2 build).
+template <int L>
 void axpy_f16_rows_impl(int64_t n, const float* a, const fp16_t* x, int64_t stride, int64_t rows, int64_t first,
                         float* lanes, int64_t lane_stride) {
-  for (int64_t r = 0; r < rows; ++r) axpy_f16_impl(n, a[r], x + r * stride, lanes + ((first + r) % 16) * lane_stride);
+  for (int64_t r = 0; r < rows; ++r) axpy_f16_impl(n, a[r], x + r * stride, lanes + ((first + r) % L) * lane_stride);
 }
 
 float dot_f32_impl(int64_t n, const float* x, const float* y) {
@@ -455,27 +616,41 @@ float dot_f32_impl(int64_t n, const float* x, const float* y) {
   return sum;
 }
 
-float silu_impl(float x) { return ggml_math::silu_lane(x); }
-
+// The lanes of the two float orders (GgmlOrder): ggml_v_expf/silu's AVX-512 variant and 16-lane chunks
+// reduced as _mm512_reduce_add_ps, or its AVX2 variant and 8-lane chunks reduced as its horizontal sum.
+template <float (*kSilu)(float)>
 void swiglu_impl(int64_t n, const float* g, const float* u, float* y) {
-  for (int64_t i = 0; i < n; ++i) y[i] = ggml_math::silu_lane(g[i]) * u[i];
+  for (int64_t i = 0; i < n; ++i) y[i] = kSilu(g[i]) * u[i];
 }
 
+template <int L, float (*kExp)(float), float (*kReduce)(const float*)>
 double exp_sum_impl(int64_t n, const float* x, float max, float* y) {
   double sum = 0.0;
-  for (int64_t i = 0; i < n; i += 16) {
-    float chunk[16] = {};
-    const int64_t m = n - i < 16 ? n - i : 16;
-    for (int64_t l = 0; l < m; ++l) chunk[l] = y[i + l] = ggml_math::expf_lane(x[i + l] - max);
-    sum += static_cast<double>(ggml_math::reduce16(chunk));
+  for (int64_t i = 0; i < n; i += L) {
+    float chunk[L] = {};
+    const int64_t m = n - i < L ? n - i : L;
+    for (int64_t l = 0; l < m; ++l) chunk[l] = y[i + l] = kExp(x[i + l] - max);
+    sum += static_cast<double>(kReduce(chunk));
   }
   return sum;
 }
 
-constexpr VectorKernels kVector = {Isa::kScalar, fp16_row_to_f32, f32_row_to_fp16, dot_f32_f16_impl,
-                                   axpy_f16_impl, dot_f32_impl,     silu_impl,       swiglu_impl,
-                                   exp_sum_impl,    ggml_math::rope_rotate, dot_f32_f16_rows_impl,
-                                   axpy_f16_rows_impl};
+float silu_avx512_order(float x) { return ggml_math::silu_lane(x); }
+float silu_avx2_order(float x) { return ggml_math::silu_lane_avx2(x); }
+
+constexpr VectorKernels kVector = {
+    Isa::kScalar,          fp16_row_to_f32,       f32_row_to_fp16,
+    dot_f32_f16_impl,      axpy_f16_impl,         dot_f32_impl,
+    silu_avx512_order,     swiglu_impl<silu_avx512_order>,
+    exp_sum_impl<16, ggml_math::expf_lane, ggml_math::reduce16>,
+    ggml_math::rope_rotate, dot_f32_f16_rows_impl, axpy_f16_rows_impl<16>};
+
+constexpr VectorKernels kVectorAvx2Order = {
+    Isa::kScalar,          fp16_row_to_f32,       f32_row_to_fp16,
+    dot_f32_f16_impl,      axpy_f16_impl,         dot_f32_impl,
+    silu_avx2_order,       swiglu_impl<silu_avx2_order>,
+    exp_sum_impl<8, ggml_math::expf_lane_avx2, ggml_math::reduce8>,
+    ggml_math::rope_rotate, dot_f32_f16_rows_impl, axpy_f16_rows_impl<8>};
 
 }  // namespace
 
@@ -535,6 +710,6 @@ const TypeKernels* type_kernels(DType type) {
   return nullptr;
 }
 
-const VectorKernels& vector_kernels() { return kVector; }
+const VectorKernels& vector_kernels(GgmlOrder order) { return order == GgmlOrder::kAvx2 ? kVectorAvx2Order : kVector; }
 
 }  // namespace inferd::kernels::scalar

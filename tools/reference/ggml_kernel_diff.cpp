@@ -7,8 +7,9 @@
 //      (byte equality);
 //   2. one dot product: ggml's vec_dot against TypeKernels::dot (float bit equality);
 //   3. a matmul through ggml's graph (ggml_mul_mat, the path llama.cpp takes for weights in plain CPU
-//      buffers) against quantize_act + dot, for 1..64 activation rows: this is where ggml's other
-//      kernels (llamafile's tinyBLAS, the tiled K-quant GEMM from 8 rows on) show up.
+//      buffers) against quantize_act + the engine's matmul (its GEMM from 2 rows on where the type has one,
+//      else dot), for 1..64 activation rows: this is where ggml's other kernels (llamafile's tinyBLAS,
+//      the tiled K-quant GEMM from 8 rows on) show up.
 // Weights are quantized with ggml's own ggml_quantize_chunk. Exit status 0 when everything in (1) and
 // (2) is equal; (3) is reported, since ggml itself is not consistent across batch sizes there.
 //
@@ -18,12 +19,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "inferd/kernels/cpu.h"
+#include "inferd/kernels/gemm.h"
 #include "inferd/dtype.h"
 
 namespace {
@@ -86,7 +89,8 @@ struct TypeCase {
   int ggml_type;  // ggml_type enum value (equal to the GGUF type id)
 };
 constexpr TypeCase kTypes[] = {{DType::kQ4_0, 2}, {DType::kQ4_1, 3}, {DType::kQ5_0, 6}, {DType::kQ5_1, 7},
-                               {DType::kQ8_0, 8}, {DType::kQ4_K, 12}, {DType::kQ5_K, 13}, {DType::kQ6_K, 14}};
+                               {DType::kQ8_0, 8}, {DType::kQ4_K, 12}, {DType::kQ5_K, 13}, {DType::kQ6_K, 14},
+                               {DType::kQ2_K, 10}, {DType::kQ3_K, 11}, {DType::kIQ4_NL, 20}, {DType::kIQ4_XS, 23}};
 
 }  // namespace
 
@@ -120,19 +124,27 @@ int main(int argc, char** argv) {
     constexpr int64_t kK = 1024;
     constexpr int kTrials = 200;
     int quant_equal = 0, dot_equal = 0;
-    std::vector<float> wf(kK), xf(kK);
-    std::vector<uint8_t> w(g.row_size(tc.ggml_type, kK)), a_ggml(g.row_size(wt->vec_dot_type, kK)), a_ours(a_ggml.size());
+    // Odd trials use a row one block longer than 1024 (for 32-element types an odd block count: kernels that
+    // take blocks in pairs finish with a single one).
+    const int64_t k_odd = kK + inferd::dtype_info(tc.type)->block_size;
+    std::vector<float> wf(k_odd), xf(k_odd);
+    std::vector<uint8_t> w(g.row_size(tc.ggml_type, k_odd)), a_ggml(g.row_size(wt->vec_dot_type, k_odd)),
+        a_ours(a_ggml.size());
     for (int trial = 0; trial < kTrials; ++trial) {
+      const int64_t k = trial % 2 ? k_odd : kK;
+      const size_t a_bytes = g.row_size(wt->vec_dot_type, k);
       for (float& v : wf) v = normal(rng);
       for (float& v : xf) v = normal(rng) * static_cast<float>(1 + trial % 3);
-      g.quantize_chunk(tc.ggml_type, wf.data(), w.data(), 0, 1, kK, nullptr);
-      at->from_float(xf.data(), a_ggml.data(), kK);
-      tk->quantize_act(xf.data(), a_ours.data(), kK);
-      quant_equal += std::memcmp(a_ggml.data(), a_ours.data(), a_ggml.size()) == 0;
+      g.quantize_chunk(tc.ggml_type, wf.data(), w.data(), 0, 1, k, nullptr);
+      at->from_float(xf.data(), a_ggml.data(), k);
+      tk->quantize_act(xf.data(), a_ours.data(), k);
+      quant_equal += std::memcmp(a_ggml.data(), a_ours.data(), a_bytes) == 0;
       float s_ggml = 0.0f, s_ours = 0.0f;
-      wt->vec_dot(static_cast<int>(kK), &s_ggml, 0, w.data(), 0, a_ggml.data(), 0, 1);
-      tk->dot(kK, w.data(), a_ggml.data(), a_ggml.size(), 1, &s_ours);
+      wt->vec_dot(static_cast<int>(k), &s_ggml, 0, w.data(), 0, a_ggml.data(), 0, 1);
+      tk->dot(k, w.data(), a_ggml.data(), a_bytes, 1, &s_ours);
       dot_equal += std::memcmp(&s_ggml, &s_ours, sizeof(float)) == 0;
+      if (std::getenv("DIFF_VERBOSE") && std::memcmp(&s_ggml, &s_ours, sizeof(float)) != 0)
+        std::printf("%s k %lld: ggml %.9g ours %.9g\n", inferd::dtype_name(tc.type), (long long)k, s_ggml, s_ours);
     }
     all_equal = all_equal && quant_equal == kTrials && dot_equal == kTrials;
 
@@ -153,15 +165,21 @@ int main(int argc, char** argv) {
       g.graph_compute_with_ctx(ctx, graph, threads);
       const auto* y = static_cast<const float*>(g.get_data(Y));
       const size_t w_row = g.row_size(tc.ggml_type, kK);
+      // As the engine computes it: the type's GEMM for two or more activation rows where there is one, else dot.
       int equal = 0;
-      for (int t = 0; t < m; ++t) {
-        tk->quantize_act(xm.data() + t * kK, a_ours.data(), kK);
-        for (int64_t r = 0; r < kRows; ++r) {
-          float o;
-          tk->dot(kK, static_cast<const uint8_t*>(g.get_data(W)) + r * w_row, a_ours.data(), a_ours.size(), 1, &o);
-          equal += std::memcmp(&o, &y[t * kRows + r], sizeof(float)) == 0;
+      const size_t a_row = g.row_size(wt->vec_dot_type, kK);
+      std::vector<uint8_t> acts(a_row * static_cast<size_t>(m));
+      for (int t = 0; t < m; ++t) tk->quantize_act(xm.data() + t * kK, acts.data() + t * a_row, kK);
+      std::vector<float> ours(static_cast<size_t>(kRows * m));
+      const auto* wdata = static_cast<const uint8_t*>(g.get_data(W));
+      if (k::GemmFn gemm = m >= 2 ? k::gemm_kernel(tc.type) : nullptr) {
+        gemm({tc.type, kK, wdata, w_row, 0, kRows, acts.data(), a_row, m, ours.data(), kRows, false, nullptr});
+      } else {
+        for (int t = 0; t < m; ++t) {
+          for (int64_t r = 0; r < kRows; ++r) tk->dot(kK, wdata + r * w_row, acts.data() + t * a_row, a_row, 1, &ours[t * kRows + r]);
         }
       }
+      for (int64_t i = 0; i < kRows * m; ++i) equal += std::memcmp(&ours[i], &y[i], sizeof(float)) == 0;
       char cell[48];
       std::snprintf(cell, sizeof(cell), "%s%.1f%%", mm.empty() ? "" : " / ", 100.0 * equal / (m * kRows));
       mm += cell;

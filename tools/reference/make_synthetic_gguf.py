@@ -80,7 +80,7 @@ class Preset:
     file_type: int = 2  # LLAMA_FTYPE_MOSTLY_Q4_0
     arch: str = "llama"  # "qwen2": Q/K/V biases, NeoX RoPE (llama.cpp picks it by architecture), qwen2 pre-tokenizer;
                          # "qwen3": per-head Q/K norms; "gemma3": those, norms after attention and FFN, GeGLU,
-                         # scaled embeddings, sliding-window layers
+                         # scaled embeddings, sliding-window layers; "phi3": fused attn_qkv and gate/up
     tied: bool = False   # no output.weight: token_embd is also the output projection (qwen2, qwen3, gemma3 always)
     head_dim: int = 0    # attention.key_length (0: n_embd / n_head)
     swa: int = 0         # gemma3: attention.sliding_window
@@ -89,6 +89,7 @@ class Preset:
 
 kMatrixKinds = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
 kMixedCycle = [QT.Q4_0, QT.Q8_0, QT.Q4_K, QT.Q6_K]
+kLowBitCycle = [QT.Q2_K, QT.Q3_K, QT.IQ4_NL, QT.IQ4_XS]
 
 
 def _uniform_q4_0(layer: int, k: int) -> QT:
@@ -134,6 +135,10 @@ PRESETS = {
     # tied to the output, F32 norms: the default model's kernels, for a machine without the file.
     "smollm2-q4_1": Preset("smollm2-q4_1", 576, 30, 9, 3, 1536, 49152, 100000.0, 1e-5, 8192,
                            QT.Q8_0, QT.Q8_0, lambda layer, k: QT.Q4_1, file_type=3, tied=True),
+    # The small quants of llama.cpp's Q2_K/Q3_K_*/IQ4_* files: matrix k of layer L has type
+    # [Q2_K, Q3_K, IQ4_NL, IQ4_XS][(L + k) % 4] (mixed-small's rotation); token_embd Q8_0, tied to the output.
+    "lowbit-small": Preset("lowbit-small", 256, 6, 4, 2, 1024, 49152, 10000.0, 1e-5, 2048,
+                           QT.Q8_0, QT.Q8_0, lambda layer, k: kLowBitCycle[(layer + k) % 4], file_type=30, tied=True),
     # Llama 3.1/3.2 layout: RoPE base 500000 with rope_freqs.weight (per-pair frequency divisors), all Q8_0.
     "llama3-small": Preset("llama3-small", 128, 6, 4, 2, 512, 49152, 500000.0, 1e-5, 2048,
                            QT.Q8_0, QT.Q8_0, _uniform_q8_0, file_type=7, tied=True, llama3_rope=True),
@@ -141,6 +146,10 @@ PRESETS = {
     # wide to keep the committed file small (11 MB).
     "qwen3-small": Preset("qwen3-small", 128, 6, 4, 2, 512, 49152, 1000000.0, 1e-6, 2048,
                           QT.Q8_0, QT.Q8_0, _uniform_q8_0, file_type=7, arch="qwen3", head_dim=128),
+    # Phi-3 layout: fused attn_qkv and gate/up (ffn_up of 2 * n_ff rows), Q scaled before the product, NeoX
+    # RoPE; 4 heads / 2 KV heads of 32, all Q8_0, tied output.
+    "phi3-small": Preset("phi3-small", 128, 6, 4, 2, 512, 49152, 10000.0, 1e-5, 2048,
+                         QT.Q8_0, QT.Q8_0, _uniform_q8_0, file_type=7, arch="phi3", tied=True),
     # Gemma 3 layout with a 128-position sliding window, so a 512-token context crosses it: five local
     # layers (RoPE base 10000) and one global, GeGLU, post norms, Q/K norms, one KV head of 128.
     "gemma3-small": Preset("gemma3-small", 128, 6, 4, 1, 512, 49152, 1000000.0, 1e-6, 2048,
@@ -267,12 +276,111 @@ def make_q6_k(rng, rows: int, cols: int, std: float) -> np.ndarray:
     return out.reshape(rows, -1)
 
 
-MAKERS = {QT.Q4_0: make_q4_0, QT.Q4_1: make_q4_1, QT.Q8_0: make_q8_0, QT.Q4_K: make_q4_k, QT.Q6_K: make_q6_k}
+def _signed_scales(rng, shape, lo: int, hi: int) -> np.ndarray:
+    """Integer scales with random sign and magnitude in [lo, hi]."""
+    mag = rng.integers(lo, hi + 1, size=shape)
+    return mag * np.where(rng.integers(0, 2, size=shape) == 0, -1, 1)
+
+
+def _pack_q2(codes: np.ndarray) -> np.ndarray:
+    """(nb, 256) codes of 0..3 -> (nb, 64) bytes: element 128c + 32j + l is bits 2j..2j+1 of byte 32c + l."""
+    c = codes.reshape(-1, 2, 4, 32).astype(np.uint8)
+    return (c[:, :, 0] | (c[:, :, 1] << 2) | (c[:, :, 2] << 4) | (c[:, :, 3] << 6)).reshape(-1, 64)
+
+
+def make_q2_k(rng, rows: int, cols: int, std: float) -> np.ndarray:
+    nb = rows * cols // kQK_K
+    codes = rng.integers(0, 4, size=(nb, kQK_K))
+    sc = rng.integers(8, 16, size=(nb, 16)).astype(np.uint8)  # 4-bit group scales; mins equal, dmin = 1.5 d:
+    scales = sc | (sc << 4)                                  # each group is d*sc*(q - 1.5), centred
+    sc_rms = float(np.sqrt(np.mean(np.arange(8, 16, dtype=np.float64) ** 2)))
+    d = _jitter(rng, nb) * (std / (np.sqrt(1.25) * sc_rms * kJitterRms))
+    out = np.empty((nb, 84), np.uint8)
+    out[:, 0:16] = scales
+    out[:, 16:80] = _pack_q2(codes)
+    out[:, 80:82] = _f16_bytes(d)
+    out[:, 82:84] = _f16_bytes(1.5 * d)
+    return out.reshape(rows, -1)
+
+
+def _pack_k_scales6(s6: np.ndarray) -> np.ndarray:
+    """(nb, 16) 6-bit values -> Q3_K's 12 scale bytes (ggml's layout: low nibbles in bytes 0..7, high 2 bits in 8..11)."""
+    s6 = s6.astype(np.uint8)
+    out = np.empty((s6.shape[0], 12), np.uint8)
+    out[:, 0:8] = (s6[:, 0:8] & 0xF) | ((s6[:, 8:16] & 0xF) << 4)
+    hi = s6 >> 4
+    out[:, 8:12] = hi[:, 0:4] | (hi[:, 4:8] << 2) | (hi[:, 8:12] << 4) | (hi[:, 12:16] << 6)
+    return out
+
+
+def make_q3_k(rng, rows: int, cols: int, std: float) -> np.ndarray:
+    nb = rows * cols // kQK_K
+    codes = rng.integers(-4, 4, size=(nb, kQK_K))  # value d * (s - 32) * code
+    low = (codes & 3).astype(np.uint8)
+    high = (codes >= 0).astype(np.uint8)  # the hmask bit is set where code = low bits (no -4)
+    hm = high.reshape(nb, 2, 4, 32)
+    hmask = np.zeros((nb, 32), np.uint8)
+    for c in range(2):
+        for j in range(4):
+            hmask |= hm[:, c, j, :] << (4 * c + j)
+    scales = _signed_scales(rng, (nb, 16), 16, 31) + 32
+    code_rms = float(np.sqrt(np.mean(np.arange(-4, 4, dtype=np.float64) ** 2)))
+    sc_rms = float(np.sqrt(np.mean(np.arange(16, 32, dtype=np.float64) ** 2)))
+    d = _jitter(rng, nb) * (std / (code_rms * sc_rms * kJitterRms))
+    out = np.empty((nb, 110), np.uint8)
+    out[:, 0:32] = hmask
+    out[:, 32:96] = _pack_q2(low)
+    out[:, 96:108] = _pack_k_scales6(scales)
+    out[:, 108:110] = _f16_bytes(d)
+    return out.reshape(rows, -1)
+
+
+kIq4nlValues = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float64)
+kIq4nlRms = float(np.sqrt(np.mean(kIq4nlValues ** 2)))
+
+
+def _pack_nibbles32(codes: np.ndarray) -> np.ndarray:
+    """(n, 32) codes -> (n, 16) bytes: element j in the low nibble of byte j, element j + 16 in its high nibble."""
+    c = codes.astype(np.uint8)
+    return c[:, :16] | (c[:, 16:] << 4)
+
+
+def make_iq4_nl(rng, rows: int, cols: int, std: float) -> np.ndarray:
+    nb = rows * cols // kQK
+    codes = rng.integers(0, 16, size=(nb, kQK))
+    sign = np.where(rng.integers(0, 2, size=nb) == 0, -1.0, 1.0)  # the table leans negative; random signs even it out
+    d = sign * _jitter(rng, nb) * (std / (kIq4nlRms * kJitterRms))
+    out = np.empty((nb, 18), np.uint8)
+    out[:, 0:2] = _f16_bytes(d)
+    out[:, 2:] = _pack_nibbles32(codes)
+    return out.reshape(rows, -1)
+
+
+def make_iq4_xs(rng, rows: int, cols: int, std: float) -> np.ndarray:
+    nb = rows * cols // kQK_K
+    codes = rng.integers(0, 16, size=(nb * 8, kQK))
+    ls = (_signed_scales(rng, (nb, 8), 16, 31) + 32).astype(np.uint16)  # 6-bit, stored + 32
+    scales_h = np.zeros(nb, np.uint16)
+    for s in range(8):
+        scales_h |= (ls[:, s] >> 4) << (2 * s)
+    low = (ls & 0xF).astype(np.uint8)
+    sc_rms = float(np.sqrt(np.mean(np.arange(16, 32, dtype=np.float64) ** 2)))
+    d = _jitter(rng, nb) * (std / (kIq4nlRms * sc_rms * kJitterRms))
+    out = np.empty((nb, 136), np.uint8)
+    out[:, 0:2] = _f16_bytes(d)
+    out[:, 2:4] = scales_h.astype("<u2").view(np.uint8).reshape(nb, 2)
+    out[:, 4:8] = low[:, 0::2] | (low[:, 1::2] << 4)
+    out[:, 8:] = _pack_nibbles32(codes).reshape(nb, 128)
+    return out.reshape(rows, -1)
+
+
+MAKERS = {QT.Q4_0: make_q4_0, QT.Q4_1: make_q4_1, QT.Q8_0: make_q8_0, QT.Q4_K: make_q4_k, QT.Q6_K: make_q6_k,
+          QT.Q2_K: make_q2_k, QT.Q3_K: make_q3_k, QT.IQ4_NL: make_iq4_nl, QT.IQ4_XS: make_iq4_xs}
 
 
 def make_weight(rng, qtype: QT, rows: int, cols: int, std: float) -> np.ndarray:
     """A (rows, row_bytes) uint8 array: `rows` rows of `cols` elements (cols = fan_in = ggml's ne0)."""
-    block = kQK_K if qtype in (QT.Q4_K, QT.Q6_K) else kQK
+    block = kQK_K if qtype in (QT.Q4_K, QT.Q6_K, QT.Q2_K, QT.Q3_K, QT.IQ4_XS) else kQK
     if cols % block:
         raise ValueError(f"{qtype.name} rows need a multiple of {block} elements, got {cols}")
     # One tensor can be big (Llama-3 token_embd: 525M elements); generate it in row chunks to bound memory.
@@ -304,6 +412,14 @@ def tensor_plan(p: Preset):
         plan.append((f"blk.{layer}.attn_norm.weight", QT.F32, 1, p.n_embd, None))
         for k, kind in enumerate(kMatrixKinds):
             rows, cols = shapes[kind]
+            if p.arch == "phi3":
+                # Phi-3's fused matrices: attn_qkv (Q's rows, then K's, then V's) and ffn_up (gate's rows, then up's).
+                if kind in ("attn_k", "attn_v", "ffn_gate"):
+                    continue
+                if kind == "attn_q":
+                    kind, rows = "attn_qkv", q + 2 * kv
+                if kind == "ffn_up":
+                    rows = 2 * p.n_ff
             plan.append((f"blk.{layer}.{kind}.weight", p.layer_types(layer, k), rows, cols, 1.0 / np.sqrt(cols)))
             if p.arch == "qwen2" and kind in ("attn_q", "attn_k", "attn_v"):
                 plan.append((f"blk.{layer}.{kind}.bias", QT.F32, 1, rows, 0.1))
@@ -353,7 +469,9 @@ def write_model(p: Preset, out_path: str, seed: int, verbose: bool = True) -> No
         tok.pre = "qwen2"
     w = gguf.GGUFWriter(out_path, p.arch)
     w.add_type(gguf.GGUFType.MODEL)
-    w.add_name(f"inferd synthetic {p.name} seed {seed}")
+    # llama.cpp sets Phi-3's special-token attributes by model name ("phi3" / "phi-3" in general.name), looking
+    # up tokens (</s>, <unk>, <s>) that this vocabulary does not have: keep the name clear of it.
+    w.add_name(f"inferd synthetic {p.name.replace('phi3', 'phi')} seed {seed}")
     w.add_context_length(p.n_ctx)
     w.add_embedding_length(p.n_embd)
     w.add_block_count(p.n_layer)

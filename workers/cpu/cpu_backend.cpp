@@ -398,10 +398,12 @@ void CpuBackend::Impl::run_step(const Step& s, int ith, int nth) {
       const int64_t f = wg.rows;
       const int max_nr = pass.max_nr;
       const bool geglu = n.op == Op::kMatmulGeglu;
-      const bool tiled = max_nr > 1 && kernels::gemm_kernel(wg.type) && kernels::gemm_kernel(wu.type);
+      // Batches go through matmul_rows (the type's GEMM where it has one) as soon as either weight has a GEMM:
+      // IQ4_NL's GEMM has llama.cpp's batch order, which its dot kernel does not.
+      const bool tiled = max_nr > 1 && (kernels::gemm_kernel(wg.type) || kernels::gemm_kernel(wu.type));
       for_chunks(f, [&](int64_t r0, int64_t r1) {
         if (tiled) {
-          // Tiled GEMMs for gate and up, then SwiGLU over this chunk's columns.
+          // Gate and up as matmuls (tiled GEMMs where the types have them), then the GLU over this chunk's columns.
           float* u = f32(s.scratch, ith);
           cpu::matmul_rows({&wg, act, s.act_row_bytes, h, f, false, nullptr}, m, max_nr, r0, r1);
           cpu::matmul_rows({&wu, act, s.act_row_bytes, u, f, false, nullptr}, m, max_nr, r0, r1);
@@ -433,6 +435,9 @@ void CpuBackend::Impl::run_step(const Step& s, int ith, int nth) {
           float* qh = q_out + t * e + hh * hd;
           if (q_out != q) std::memcpy(qh, q + t * e + hh * hd, static_cast<size_t>(hd) * sizeof(float));
           ops::rope_head(qh, hd, pos[t], base, heads.rope_style, freq_scale, factors);
+          if (s.q_scale > 0.0f) {
+            for (int64_t i = 0; i < hd; ++i) qh[i] *= s.q_scale;
+          }
           fp16_t qh16[ops::kMaxHeadDim];
           kernels::fp32_to_fp16_row(qh, qh16, hd);  // Q meets the F16 K cache as F16, as in ggml
           kernels::fp16_to_fp32_row(qh16, qh, hd);
@@ -487,12 +492,21 @@ void CpuBackend::Impl::run_step(const Step& s, int ith, int nth) {
       const int32_t* pos = ints(s.ints);
       const int32_t* slot = ints(s.slots);
       const int32_t kl = n.layer - first_layer;
-      const float kq_scale = heads.kq_scale(n);
+      // An explicit scale (gemma3, phi3) multiplies Q before the product, as llama.cpp's graphs for them do
+      // (then Q is rounded to F16: here or, fused, in the RopeKv step); the default 1/sqrt(head_dim) scales
+      // the scores.
+      const bool scale_q = s.q_scale > 0.0f;
+      const float kq_scale = n.scale > 0.0f ? 1.0f : heads.kq_scale(n);
       auto [u0, u1] = split_range(m * n_head, ith, nth);
       for (int64_t u = u0; u < u1; ++u) {
         const int64_t t = u / n_head, hh = u % n_head;
         const int32_t kvh = static_cast<int32_t>(hh / group);
         const float* qh = q + t * e + hh * hd;
+        float scaled[ops::kMaxHeadDim];
+        if (scale_q) {
+          for (int64_t i = 0; i < hd; ++i) scaled[i] = qh[i] * s.q_scale;
+          qh = scaled;
+        }
         float rounded[ops::kMaxHeadDim];
         if (s.round_q) {  // Q meets the F16 K cache as F16, as in ggml
           fp16_t qh16[ops::kMaxHeadDim];

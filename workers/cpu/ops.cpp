@@ -65,7 +65,8 @@ void attention_head(const float* q, const KvCache::View& k, const KvCache::View&
 
   // KQV as llama.cpp computes it (tinyBLAS over the transposed V cache): out[d] is a 16-lane dot
   // over positions, lane i summing positions j = i (mod 16) in order with fused multiply-adds, the
-  // lanes then reduced as _mm512_reduce_add_ps. Lane i's partial sums for all d form lanes[i].
+  // lanes then reduced as _mm512_reduce_add_ps (llama.cpp's AVX2 build: 8 lanes, its horizontal sum;
+  // kernels::ggml_order()). Lane i's partial sums for all d form lanes[i].
   // The products f16 * f16 are exact in float, so axpy's multiply-add equals the fused one.
   alignas(64) float lanes[16][kMaxHeadDim];
   for (auto& lane : lanes) std::fill(lane, lane + head_dim, 0.0f);
@@ -80,6 +81,14 @@ void attention_head(const float* q, const KvCache::View& k, const KvCache::View&
   }
   for (int64_t j0 = kv_start; j0 < n_kv; j0 = run_end(j0)) {
     kernels::axpy_f16_rows(head_dim, scores + j0, v.row(j0), head_dim, run_end(j0) - j0, j0, lanes[0], kMaxHeadDim);
+  }
+  if (kernels::ggml_order_lanes() == 8) {
+    for (int64_t d = 0; d < head_dim; ++d) {
+      float c[4];
+      for (int i = 0; i < 4; ++i) c[i] = lanes[i + 4][d] + lanes[i][d];
+      out[d] = (c[0] + c[2]) + (c[1] + c[3]);
+    }
+    return;
   }
   for (int64_t d = 0; d < head_dim; ++d) {
     float a[8], b[4];

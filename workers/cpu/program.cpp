@@ -303,6 +303,11 @@ class Compiler {
         s.ints = at(n.in[3]);
         s.slots = at(n.in[4]);
         s.dst = output_in_place(n.out[0], n.in[0], ni);
+        for (const Node& consumer : g_.nodes()) {  // the attention over this Q, if it scales Q itself
+          if (consumer.op == Op::kAttention && consumer.in[0] == n.out[0] && consumer.scale > 0.0f) {
+            s.q_scale = consumer.scale;
+          }
+        }
         emit(s, Part::kUnits, {s.src, s.src2, s.res}, {s.dst}, -1, n.layer);
         return;
       case Op::kAttention: {
@@ -312,6 +317,7 @@ class Compiler {
         s.slots = at(n.in[3]);
         const int q_producer = g_.producer(n.in[0]);
         s.round_q = q_producer < 0 || g_.nodes()[static_cast<size_t>(q_producer)].op != Op::kRopeKv;
+        if (s.round_q && n.scale > 0.0f) s.q_scale = n.scale;  // else the RopeKv step scales Q before rounding
         s.dst = output(n.out[0], false);
         s.scratch = new_buffer(out.name + "_scores", true, RowsOf::kKv, sizeof(float));
         emit(s, Part::kUnits, {s.src, s.scratch}, {s.dst, s.scratch}, n.layer, -1);

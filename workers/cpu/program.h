@@ -69,6 +69,8 @@ struct Step {
   int32_t counter = -1;             // matmul family: the chunk counter
   Ref scratch;                      // attention: scores (local); gate_up: the up rows (shared)
   bool round_q = false;             // attention: round Q to half first (its producer did not)
+  float q_scale = 0.0f;             // kRopeKv / attention: multiply Q by this before rounding it (0: no): the
+                                    // attention node's explicit scale, applied by whichever step rounds Q
 };
 
 struct Program {

@@ -16,12 +16,14 @@ constexpr DTypeInfo kTypes[] = {
     {DType::kQ5_1, "Q5_1", kQK5_1, sizeof(BlockQ5_1), true},
     {DType::kQ8_0, "Q8_0", kQK8_0, sizeof(BlockQ8_0), true},
     {DType::kQ8_1, "Q8_1", kQK8_1, sizeof(BlockQ8_1), false},
-    {DType::kQ2_K, "Q2_K", kQK_K, 84, false},
-    {DType::kQ3_K, "Q3_K", kQK_K, 110, false},
+    {DType::kQ2_K, "Q2_K", kQK_K, sizeof(BlockQ2_K), true},
+    {DType::kQ3_K, "Q3_K", kQK_K, sizeof(BlockQ3_K), true},
     {DType::kQ4_K, "Q4_K", kQK_K, sizeof(BlockQ4_K), true},
     {DType::kQ5_K, "Q5_K", kQK_K, sizeof(BlockQ5_K), true},
     {DType::kQ6_K, "Q6_K", kQK_K, sizeof(BlockQ6_K), true},
     {DType::kQ8_K, "Q8_K", kQK_K, sizeof(BlockQ8_K), false},
+    {DType::kIQ4_NL, "IQ4_NL", kQK4_NL, sizeof(BlockIQ4_NL), true},
+    {DType::kIQ4_XS, "IQ4_XS", kQK_K, sizeof(BlockIQ4_XS), true},
     {DType::kBF16, "BF16", 1, 2, true},
 };
 

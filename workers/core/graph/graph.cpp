@@ -69,7 +69,7 @@ bool uses_variants(const Graph& g, const Node& n) {
     case Op::kRopeKv:
       return g.heads.rope_base_of(n) != g.heads.rope_base || n.rope_freq_scale != 1.0f || n.rope_factors != nullptr;
     case Op::kAttention:
-      return n.window > 0 || g.heads.kq_scale(n) != 1.0f / std::sqrt(static_cast<float>(g.heads.head_dim));
+      return n.window > 0 || n.scale > 0.0f;  // an explicit scale multiplies Q before the product
     case Op::kGeglu:
     case Op::kMatmulGeglu: return true;
     default: return false;

@@ -68,6 +68,15 @@ class TensorBinder {
   size_t bytes_ = 0;
 };
 
+// Rows [r0, r0 + n) of a bound matrix, as a matrix of its own (the rows of a fused tensor).
+WeightView rows_of(const WeightView& w, int64_t r0, int64_t n) {
+  INFERD_ASSERT(r0 >= 0 && n > 0 && r0 + n <= w.rows, "row range outside the matrix");
+  WeightView v = w;
+  v.data = w.data + static_cast<size_t>(r0) * w.row_bytes;
+  v.rows = n;
+  return v;
+}
+
 }  // namespace
 
 Result<std::shared_ptr<const Model>> Model::open(const std::string& path) {
@@ -97,9 +106,12 @@ Result<std::shared_ptr<const Model>> Model::load(std::shared_ptr<const gguf::Ggu
     c.qk_norm = true;
     c.post_norms = true;
     c.ffn_act = FfnActivation::kGeluTanh;
+  } else if (c.arch == "phi3") {
+    c.rope_style = RopeStyle::kNeox;
   } else {
     return make_error(Code::kUnimplemented,
-                      "%s: architecture '%s' is not supported (supported: llama, mistral as llama, qwen2, qwen3, gemma3)",
+                      "%s: architecture '%s' is not supported (supported: llama, mistral as llama, qwen2, qwen3, gemma3, "
+                      "phi3)",
                       f.path().c_str(), c.arch.c_str());
   }
   if (f.has_key("general.name")) {
@@ -213,6 +225,18 @@ Result<std::shared_ptr<const Model>> Model::load(std::shared_ptr<const gguf::Ggu
     }
   }
 
+  if (c.arch == "phi3") {
+    // Phi-3 (llama.cpp's reading): Q is scaled by 1/sqrt(head_dim) before the product; its sliding window is
+    // ignored (llama.cpp disables it for this architecture). LongRoPE files (the 128k models) are refused.
+    c.attn_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    for (const char* name : {"rope_factors_long.weight", "rope_factors_short.weight"}) {
+      if (f.find_tensor(name) != nullptr) {
+        return make_error(Code::kUnimplemented, "%s: Phi-3 LongRoPE (%s, the 128k-context models) is not supported",
+                          f.path().c_str(), name);
+      }
+    }
+  }
+
   const gguf::TensorInfo* embd = f.find_tensor("token_embd.weight");
   if (embd == nullptr) return make_error(Code::kCorrupt, "%s: missing tensor token_embd.weight", f.path().c_str());
   if (embd->n_dims < 2 || embd->ne[1] <= 0 || embd->ne[1] > (1 << 24)) {
@@ -245,9 +269,18 @@ Result<std::shared_ptr<const Model>> Model::load(std::shared_ptr<const gguf::Ggu
     LayerWeights& l = m->layers_[static_cast<size_t>(i)];
     const std::string p = "blk." + std::to_string(i) + ".";
     INFERD_RETURN_IF_ERROR(b.bind(p + "attn_norm.weight", e, 1, true, &l.attn_norm));
-    INFERD_RETURN_IF_ERROR(b.bind(p + "attn_q.weight", e, eq, true, &l.wq));
-    INFERD_RETURN_IF_ERROR(b.bind(p + "attn_k.weight", e, ekv, true, &l.wk));
-    INFERD_RETURN_IF_ERROR(b.bind(p + "attn_v.weight", e, ekv, true, &l.wv));
+    if (f.find_tensor(p + "attn_qkv.weight") != nullptr) {
+      // Fused Q, K and V (phi3): one matrix whose rows are Q's, then K's, then V's; bound as three row ranges.
+      WeightView qkv;
+      INFERD_RETURN_IF_ERROR(b.bind(p + "attn_qkv.weight", e, eq + 2 * ekv, true, &qkv));
+      l.wq = rows_of(qkv, 0, eq);
+      l.wk = rows_of(qkv, eq, ekv);
+      l.wv = rows_of(qkv, eq + ekv, ekv);
+    } else {
+      INFERD_RETURN_IF_ERROR(b.bind(p + "attn_q.weight", e, eq, true, &l.wq));
+      INFERD_RETURN_IF_ERROR(b.bind(p + "attn_k.weight", e, ekv, true, &l.wk));
+      INFERD_RETURN_IF_ERROR(b.bind(p + "attn_v.weight", e, ekv, true, &l.wv));
+    }
     INFERD_RETURN_IF_ERROR(b.bind(p + "attn_output.weight", eq, e, true, &l.wo));
     const bool biases = c.arch == "qwen2";
     INFERD_RETURN_IF_ERROR(b.bind(p + "attn_q.bias", eq, 1, biases, &l.bq));
@@ -262,8 +295,16 @@ Result<std::shared_ptr<const Model>> Model::load(std::shared_ptr<const gguf::Ggu
       INFERD_RETURN_IF_ERROR(b.bind(p + "post_ffw_norm.weight", e, 1, true, &l.ffn_post_norm));
     }
     INFERD_RETURN_IF_ERROR(b.bind(p + "ffn_norm.weight", e, 1, true, &l.ffn_norm));
-    INFERD_RETURN_IF_ERROR(b.bind(p + "ffn_gate.weight", e, ff, true, &l.w_gate));
-    INFERD_RETURN_IF_ERROR(b.bind(p + "ffn_up.weight", e, ff, true, &l.w_up));
+    if (f.find_tensor(p + "ffn_gate.weight") == nullptr && c.arch == "phi3") {
+      // Fused gate and up (phi3): ffn_up holds 2 * n_ff rows, the gate's first (ggml_swiglu's first half).
+      WeightView gate_up;
+      INFERD_RETURN_IF_ERROR(b.bind(p + "ffn_up.weight", e, 2 * ff, true, &gate_up));
+      l.w_gate = rows_of(gate_up, 0, ff);
+      l.w_up = rows_of(gate_up, ff, ff);
+    } else {
+      INFERD_RETURN_IF_ERROR(b.bind(p + "ffn_gate.weight", e, ff, true, &l.w_gate));
+      INFERD_RETURN_IF_ERROR(b.bind(p + "ffn_up.weight", e, ff, true, &l.w_up));
+    }
     INFERD_RETURN_IF_ERROR(b.bind(p + "ffn_down.weight", ff, e, true, &l.w_down));
   }
   m->weight_bytes_ = b.bytes();

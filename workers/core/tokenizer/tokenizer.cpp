@@ -1,6 +1,7 @@
 #include "inferd/tokenizer.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <queue>
 #include <unordered_set>
@@ -18,6 +19,7 @@ constexpr uint32_t kAttrNormal = 1u << 2;
 constexpr uint32_t kAttrControl = 1u << 3;
 constexpr uint32_t kAttrUserDefined = 1u << 4;
 constexpr uint32_t kAttrByte = 1u << 5;
+constexpr uint32_t kAttrRstrip = 1u << 8;  // whitespace after the token, in text parsed for special tokens, is dropped
 
 constexpr std::string_view kSpmSpace = "\xE2\x96\x81";  // U+2581 "▁"
 
@@ -226,6 +228,21 @@ Status Tokenizer::init(TokenizerConfig config) {
   // Not stable, exactly like llama.cpp (same algorithm and input order give the same order).
   std::sort(special_tokens_.begin(), special_tokens_.end(),
             [&](int32_t a, int32_t b) { return tokens_[a].text.size() > tokens_[b].text.size(); });
+  // Phi-3 (recognised by name, as llama.cpp does: "phi-3" or "phi3" in general.name, any case): every special
+  // token and </s> eat the whitespace after them, except <unk>, <s> and <|endoftext|>. Its chat template's
+  // "<|user|>\n" then tokenizes as the model was trained.
+  std::string lower_name = config.model_name;
+  for (char& ch : lower_name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (lower_name.find("phi-3") != std::string::npos || lower_name.find("phi3") != std::string::npos) {
+    for (const int32_t id : special_tokens_) tokens_[id].attr |= kAttrRstrip;
+    auto set_rstrip = [&](const char* text, bool on) {
+      const auto it = token_to_id_.find(text);
+      if (it == token_to_id_.end()) return;
+      tokens_[it->second].attr = on ? tokens_[it->second].attr | kAttrRstrip : tokens_[it->second].attr & ~kAttrRstrip;
+    };
+    set_rstrip("</s>", true);
+    for (const char* text : {"<unk>", "<s>", "<|endoftext|>"}) set_rstrip(text, false);
+  }
 
   pieces_.resize(n);
   for (int32_t id = 0; id < static_cast<int32_t>(n); ++id) pieces_[id] = make_piece(id);
@@ -406,6 +423,12 @@ void Tokenizer::partition(std::string_view text, bool parse_special, std::vector
         const size_t end = match + special.size();
         len = off + len - end;
         off = end;
+        if (td.attr & kAttrRstrip) {
+          while (len > 0 && std::isspace(static_cast<unsigned char>(text[off]))) {
+            ++off;
+            --len;
+          }
+        }
       }
       if (len > 0) next.push_back({false, -1, off, len});
     }

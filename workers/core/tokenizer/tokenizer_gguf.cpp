@@ -34,6 +34,10 @@ Result<TokenizerConfig> TokenizerConfig::from_gguf(const gguf::GgufFile& file) {
     if (!pre.is_ok()) return pre.status();
     c.pre = std::string(*pre);
   }
+  if (file.has_key("general.name")) {
+    auto name = file.get_string("general.name");
+    if (name.is_ok()) c.model_name = std::string(*name);  // informational: a mistyped name is not fatal
+  }
   auto tokens = file.get_string_array("tokenizer.ggml.tokens");
   if (!tokens.is_ok()) return tokens.status().with_context("tokenizer");
   c.tokens.assign(tokens->begin(), tokens->end());

@@ -117,6 +117,33 @@ TokenizerConfig tiny_spm() {
   return c;
 }
 
+// Phi-3, recognised by its name as llama.cpp recognises it: special tokens (and </s>) drop the whitespace that
+// follows them, <s> and <unk> keep it; any other model keeps it everywhere.
+TEST(TokenizerSpm, Phi3SpecialTokensEatTheWhitespaceAfterThem) {
+  TokenizerConfig c = tiny_spm();
+  c.tokens.push_back("<|user|>");
+  c.token_types.push_back(static_cast<int32_t>(TokenType::kUserDefined));
+  c.scores.push_back(0.0f);
+  for (const char* name : {"Phi-3 Mini 4k Instruct", "phi3-small", "Llama 3"}) {
+    c.model_name = name;
+    auto t = Tokenizer::from_config(c);
+    ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+    const Tokenizer& tok = **t;
+    const int32_t user = tok.token_id("<|user|>");
+    const bool phi3 = std::string(name).find("Llama") == std::string::npos;
+    const std::vector<int32_t> got = tok.encode("<|user|>\n \thello</s>  hello<s> hello", false, true);
+    const int32_t hello = tok.token_id("\xE2\x96\x81hello"), space = tok.token_id("\xE2\x96\x81");
+    if (phi3) {
+      // Fragments: <|user|>, "hello", </s>, "hello", <s>, " hello"; text after a special token gets the space prefix.
+      EXPECT_EQ(got, (std::vector<int32_t>{user, hello, 2, hello, 1, space, hello})) << name;
+    } else {
+      ASSERT_GT(got.size(), 2u);
+      EXPECT_EQ(got.front(), user);
+      EXPECT_NE(got[1], hello) << "the newline and the tab stay";
+    }
+  }
+}
+
 TEST(TokenizerSpm, ScoresSpacePrefixAndByteFallback) {
   auto t = Tokenizer::from_config(tiny_spm());
   ASSERT_TRUE(t.is_ok()) << t.status().to_string();

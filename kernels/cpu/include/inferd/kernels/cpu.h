@@ -70,13 +70,13 @@ float dot_f32(int64_t n, const float* x, const float* y);
 // Attention's inner loops, one dispatch for many rows (each row exactly as the one-row kernel computes it):
 // out[r] = dot_f32_f16(n, x, y + r * stride) * scale, for r < rows;
 void dot_f32_f16_rows(int64_t n, const float* x, const fp16_t* y, int64_t stride, int64_t rows, float scale, float* out);
-// axpy_f16(n, a[r], x + r * stride, lanes + ((first + r) % 16) * lane_stride), for r < rows in order (the 16
-// chains of attention's KQV).
+// axpy_f16(n, a[r], x + r * stride, lanes + ((first + r) % L) * lane_stride), for r < rows in order (the L
+// chains of attention's KQV; L = ggml_order_lanes()).
 void axpy_f16_rows(int64_t n, const float* a, const fp16_t* x, int64_t stride, int64_t rows, int64_t first,
                    float* lanes, int64_t lane_stride);
 
-// The transcendental row operations of llama.cpp's AVX-512 CPU backend, reproduced bit for bit on
-// every ISA (the vector code is elementwise, so a lane of it is a scalar function):
+// The transcendental row operations of llama.cpp's CPU backend (its AVX-512 or AVX2 build: ggml_order()),
+// reproduced bit for bit on every ISA (the vector code is elementwise, so a lane of it is a scalar function):
 // x * sigmoid(x) as ggml_v_silu. Callers with whole rows should prefer swiglu().
 float silu(float x);
 // y[i] = silu(g[i]) * u[i] (ggml_vec_swiglu_f32 for rows whose length is a multiple of 16).
@@ -87,13 +87,29 @@ float gelu(float x);
 // y[i] = gelu(g[i]) * u[i] (ggml_vec_geglu_f32).
 void geglu(int64_t n, const float* g, const float* u, float* y);
 // y[i] = exp(x[i] - max) for i < n; returns sum_i y[i] in ggml_vec_soft_max_f32's order: each
-// 16-element chunk (the last one padded with zeros) reduced as _mm512_reduce_add_ps, the chunk sums
-// accumulated in double.
+// 16-element chunk (the last one padded with zeros) reduced as _mm512_reduce_add_ps (the AVX2 order:
+// 8-element chunks, reduced as its horizontal sum), the chunk sums accumulated in double.
 double exp_sum(int64_t n, const float* x, float max, float* y);
 // RoPE's rotation of n pairs (a, b) = (x0[i * stride], x1[i * stride]) by angles with cos[i], sin[i]:
 // a' = fma(a, cos, -(b * sin)), b' = fma(a, sin, b * cos) -- the fused forms GCC gives ggml's
 // `x0*cos - x1*sin` and `x0*sin + x1*cos` when it builds them with FMA.
 void rope_rotate(int64_t n, const float* cos, const float* sin, float* x0, float* x1, int64_t stride);
+
+// ---- Which llama.cpp build the float order follows ------------------------------------------
+// llama.cpp's CPU backend sums attention's dot products (tinyBLAS over F16), its softmax and its SiLU with
+// vectors as wide as the ISA it was compiled for: 16 lanes and ggml_v_expf's AVX-512 variant when built
+// with AVX-512, 8 lanes and the AVX2 variant otherwise. The engine reproduces either order on every ISA
+// (the AVX-512 order on an AVX2 CPU too): kAvx512 is the default, everywhere (the GPU backends' exact
+// modes reproduce it); INFERD_GGML_ORDER=avx2 in the environment selects the other, for comparisons with a
+// llama.cpp built for a CPU without AVX-512. Affects silu, swiglu, exp_sum, dot_f32_f16_rows and
+// axpy_f16_rows (and attention's lane count: ggml_order_lanes()).
+enum class GgmlOrder : int { kAvx512 = 0, kAvx2 = 1 };
+const char* ggml_order_name(GgmlOrder order);
+GgmlOrder ggml_order();
+// Sets the process-wide order (tests and tools; call before any computation, not concurrently with it).
+void set_ggml_order(GgmlOrder order);
+// Attention's KQV lanes in the current order: 16 (kAvx512) or 8 (kAvx2).
+int ggml_order_lanes();
 
 // The helpers above for one instruction set (the free functions use best_isa()); tests and
 // benchmarks compare them across ISAs. dot_f32_f16, axpy_f16 and dot_f32 may differ from the scalar
@@ -115,7 +131,9 @@ struct VectorKernels {
   void (*axpy_f16_rows)(int64_t n, const float* a, const fp16_t* x, int64_t stride, int64_t rows, int64_t first,
                         float* lanes, int64_t lane_stride);
 };
-// The helpers of `isa`, or of the next lower available ISA when `isa` is not available.
-const VectorKernels& vector_kernels(Isa isa);
+// The helpers of `isa` in `order` (default: the current ggml_order()), or of the next lower available ISA
+// when `isa` is not available.
+const VectorKernels& vector_kernels(Isa isa, GgmlOrder order);
+inline const VectorKernels& vector_kernels(Isa isa) { return vector_kernels(isa, ggml_order()); }
 
 }  // namespace inferd::kernels

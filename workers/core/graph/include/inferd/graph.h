@@ -52,7 +52,8 @@ enum class Op : uint8_t {
                  //       positions in[2] and slots in[3]
   kAttention,    // out = causal attention of Q = in[0] (rotated) over the cache in[1] at positions in[2]
                  //       and slots in[3]; KV length padded to the step's kv_pad and masked; q.k scaled by
-                 //       Heads::kq_scale(node); Node::window > 0: only the last `window` positions
+                 //       Heads::kq_scale(node) (an explicit Node::scale multiplies Q itself before the
+                 //       product, as llama.cpp's gemma3 graph does); Node::window > 0: only the last `window` positions
                  //       (the query's own included) are attended to
   kSwiglu,       // out = silu(in[0]) * in[1]
   kAdd,          // out = in[0] + in[1]

@@ -51,6 +51,7 @@ enum class TokenType : int32_t {
 struct TokenizerConfig {
   std::string model;                 // tokenizer.ggml.model: "gpt2" or "llama"
   std::string pre;                   // tokenizer.ggml.pre; "" when absent
+  std::string model_name;            // general.name; "" when absent (llama.cpp keys Phi-3's token attributes on it)
   std::vector<std::string> tokens;   // tokenizer.ggml.tokens
   std::vector<float> scores;         // tokenizer.ggml.scores; empty = all 0
   std::vector<int32_t> token_types;  // tokenizer.ggml.token_type (TokenType values); empty = all normal
