@@ -1438,14 +1438,16 @@ std::string html_escape(const std::string& s) {
 constexpr int64_t kMaxRange = 100000;          // jinja2's sandbox limit on range()
 constexpr size_t kMaxOutput = 16u << 20;       // a rendered prompt larger than this is an error
 constexpr int kMaxDepth = 200;                 // nested calls and blocks
-constexpr int64_t kMaxSteps = 5'000'000;       // nodes rendered plus expressions evaluated
 
 class Renderer {
  public:
-  Renderer(const Value& context, int64_t now) : context_(context), now_(now) { scopes_.emplace_back(); }
+  Renderer(const Value& context, int64_t now, const RenderLimits& limits)
+      : context_(context), now_(now), max_steps_(limits.max_steps) {
+    scopes_.emplace_back();
+  }
 
   Status render(const Node& n, std::string& out) {
-    if (++steps_ > kMaxSteps) return eval_error(n.line, "the template takes too many steps to render");
+    if (++steps_ > max_steps_) return eval_error(n.line, "the template takes too many steps to render");
     if (++depth_ > kMaxDepth) return eval_error(n.line, "the template nests too deeply");
     Status st = render_inner(n, out);
     --depth_;
@@ -1692,7 +1694,7 @@ class Renderer {
   }
 
   Result<Value> eval(const Expr& e) {
-    if (++steps_ > kMaxSteps) return eval_error(e.line, "the template takes too many steps to render");
+    if (++steps_ > max_steps_) return eval_error(e.line, "the template takes too many steps to render");
     if (++depth_ > kMaxDepth) {
       --depth_;
       return eval_error(e.line, "the expression nests too deeply");
@@ -2497,6 +2499,7 @@ class Renderer {
   std::vector<std::map<std::string, Value>> scopes_;
   int depth_ = 0;
   int64_t steps_ = 0;
+  int64_t max_steps_;
   int loops_ = 0;
   Flow flow_ = Flow::kNormal;
 };
@@ -2514,8 +2517,8 @@ Result<Template> Template::parse(std::string_view source) {
   return t;
 }
 
-Result<std::string> Template::render(const Value& context, int64_t now) const {
-  Renderer r(context, now);
+Result<std::string> Template::render(const Value& context, int64_t now, const RenderLimits& limits) const {
+  Renderer r(context, now, limits);
   std::string out;
   INFERD_RETURN_IF_ERROR(r.render(*root_, out));
   return out;

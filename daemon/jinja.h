@@ -109,6 +109,11 @@ Result<Value> from_json(std::string_view json);
 
 struct Node;
 
+// Bounds on one rendering (a template from a file must not hang or exhaust the daemon).
+struct RenderLimits {
+  int64_t max_steps = 5'000'000;  // nodes rendered plus expressions evaluated
+};
+
 class Template {
  public:
   // Parses `source`; an error names the construct and its line.
@@ -116,7 +121,7 @@ class Template {
 
   // Renders with `context` (an object of global names). `now` is strftime_now()'s time (seconds since
   // the epoch, local time zone).
-  Result<std::string> render(const Value& context, int64_t now = 0) const;
+  Result<std::string> render(const Value& context, int64_t now = 0, const RenderLimits& limits = {}) const;
 
  private:
   std::shared_ptr<const Node> root_;

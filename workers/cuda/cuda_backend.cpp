@@ -279,9 +279,11 @@ CudaBackend::~CudaBackend() {
 Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const CudaOptions& given) {
   CudaOptions options = given;
   const bool x86 = kernels::best_isa() != kernels::Isa::kScalar;
+  // The exact kernels reproduce the CPU engine in llama.cpp's AVX-512 float order (kernels::GgmlOrder).
+  const bool avx512_order = kernels::ggml_order() == kernels::GgmlOrder::kAvx512;
   if (!options.numerics) {
     const bool float_asked = options.matmul != MatmulPath::kGemv || options.activations != Activations::kFloat;
-    options.numerics = x86 && !float_asked ? Numerics::kExact : Numerics::kFloat;
+    options.numerics = x86 && avx512_order && !float_asked ? Numerics::kExact : Numerics::kFloat;
   }
   if (options.numerics == Numerics::kExact) {
     if (options.matmul != MatmulPath::kGemv || options.activations != Activations::kFloat) {
@@ -292,6 +294,10 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const CudaOptions& give
     if (!x86) {
       return Status(Code::kUnimplemented,
                     "exact CUDA numerics reproduce the CPU engine's x86 kernels; this CPU runs the scalar ones");
+    }
+    if (!avx512_order) {
+      return Status(Code::kUnimplemented,
+                    "exact CUDA numerics reproduce the CPU engine's AVX-512 float order; INFERD_GGML_ORDER=avx2 is set");
     }
   }
   auto info = query_device(options.device);

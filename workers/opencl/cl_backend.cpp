@@ -5,6 +5,8 @@
 #include <cstring>
 #include <map>
 
+#include "inferd/kernels/cpu.h"
+
 namespace inferd::opencl {
 
 namespace {
@@ -166,6 +168,11 @@ Result<std::unique_ptr<OpenClBackend>> OpenClBackend::create(std::unique_ptr<Run
   if (impl->numerics == Numerics::kExact && !impl->ops->exact_supported()) {
     impl->numerics = Numerics::kFloat;
     impl->numerics_note = " (exact needs cl_khr_fp64)";
+  }
+  if (impl->numerics == Numerics::kExact && kernels::ggml_order() != kernels::GgmlOrder::kAvx512) {
+    // The exact kernels reproduce the CPU engine's default float order (kernels::GgmlOrder), not the other.
+    impl->numerics = Numerics::kFloat;
+    impl->numerics_note = " (exact reproduces the CPU engine's AVX-512 order; INFERD_GGML_ORDER=avx2 is set)";
   }
   // The activations' data type: halves only where the numerics allow them.
   const DeviceInfo& info = impl->rt->info();

@@ -208,6 +208,20 @@ std::vector<float> float_reference(const Model& m, std::span<const int32_t> toke
 // The float numerics compute what they mean to compute: a float forward pass on the host with the
 // same numerics agrees with them up to float summation order, at every position. (The CPU engine,
 // whose 8-bit activations move logits by up to ~1.5, is printed for comparison.)
+// Exact numerics reproduce the CPU engine in its default float order (llama.cpp's AVX-512 build). With the other
+// order (INFERD_GGML_ORDER=avx2) selected, an exact request runs float numerics and says why.
+TEST_F(ClEngineTest, ExactNumericsNeedTheDefaultFloatOrder) {
+  struct OrderScope {
+    kernels::GgmlOrder saved = kernels::ggml_order();
+    OrderScope() { kernels::set_ggml_order(kernels::GgmlOrder::kAvx2); }
+    ~OrderScope() { kernels::set_ggml_order(saved); }
+  } order;
+  auto cl = make(1, std::nullopt, Numerics::kExact);
+  ASSERT_NE(cl, nullptr);
+  EXPECT_EQ(cl->numerics(), Numerics::kFloat);
+  EXPECT_NE(cl->describe().find("INFERD_GGML_ORDER=avx2"), std::string::npos) << cl->describe();
+}
+
 TEST_F(ClEngineTest, FloatNumericsMatchAFloatReference) {
   constexpr int32_t kTokens = 64;
   const std::vector<int32_t> tokens = text_tokens(kTokens);
