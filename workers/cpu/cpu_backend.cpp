@@ -30,6 +30,19 @@ MatmulPath choose_matmul_path(int64_t n_tokens) {
 
 namespace {
 
+// Q as it meets the F16 K cache in ggml: times `scale` first where the attention scales Q itself (0: not), then
+// rounded to half. `dst` may be `src`.
+void q_as_half(const float* src, float scale, int64_t hd, float* dst) {
+  float scaled[ops::kMaxHeadDim];
+  if (scale > 0.0f) {
+    for (int64_t i = 0; i < hd; ++i) scaled[i] = src[i] * scale;
+    src = scaled;
+  }
+  fp16_t half[ops::kMaxHeadDim];
+  kernels::fp32_to_fp16_row(src, half, hd);
+  kernels::fp16_to_fp32_row(half, dst, hd);
+}
+
 using cpu::Loc;
 using cpu::Ref;
 using cpu::RowsOf;
@@ -435,12 +448,7 @@ void CpuBackend::Impl::run_step(const Step& s, int ith, int nth) {
           float* qh = q_out + t * e + hh * hd;
           if (q_out != q) std::memcpy(qh, q + t * e + hh * hd, static_cast<size_t>(hd) * sizeof(float));
           ops::rope_head(qh, hd, pos[t], base, heads.rope_style, freq_scale, factors);
-          if (s.q_scale > 0.0f) {
-            for (int64_t i = 0; i < hd; ++i) qh[i] *= s.q_scale;
-          }
-          fp16_t qh16[ops::kMaxHeadDim];
-          kernels::fp32_to_fp16_row(qh, qh16, hd);  // Q meets the F16 K cache as F16, as in ggml
-          kernels::fp16_to_fp32_row(qh16, qh, hd);
+          q_as_half(qh, s.q_scale, hd, qh);
         } else {
           const int32_t kvh = static_cast<int32_t>(hh - n_head);
           float kh[ops::kMaxHeadDim];
@@ -495,23 +503,16 @@ void CpuBackend::Impl::run_step(const Step& s, int ith, int nth) {
       // An explicit scale (gemma3, phi3) multiplies Q before the product, as llama.cpp's graphs for them do
       // (then Q is rounded to F16: here or, fused, in the RopeKv step); the default 1/sqrt(head_dim) scales
       // the scores.
-      const bool scale_q = s.q_scale > 0.0f;
+      INFERD_ASSERT(s.q_scale == 0.0f || s.round_q, "Q is scaled by the step that rounds it");
       const float kq_scale = n.scale > 0.0f ? 1.0f : heads.kq_scale(n);
       auto [u0, u1] = split_range(m * n_head, ith, nth);
       for (int64_t u = u0; u < u1; ++u) {
         const int64_t t = u / n_head, hh = u % n_head;
         const int32_t kvh = static_cast<int32_t>(hh / group);
         const float* qh = q + t * e + hh * hd;
-        float scaled[ops::kMaxHeadDim];
-        if (scale_q) {
-          for (int64_t i = 0; i < hd; ++i) scaled[i] = qh[i] * s.q_scale;
-          qh = scaled;
-        }
         float rounded[ops::kMaxHeadDim];
-        if (s.round_q) {  // Q meets the F16 K cache as F16, as in ggml
-          fp16_t qh16[ops::kMaxHeadDim];
-          kernels::fp32_to_fp16_row(qh, qh16, hd);
-          kernels::fp16_to_fp32_row(qh16, rounded, hd);
+        if (s.round_q) {
+          q_as_half(qh, s.q_scale, hd, rounded);
           qh = rounded;
         }
         const int64_t start = n.window > 0 ? std::max<int64_t>(0, pos[t] + 1 - n.window) : 0;
