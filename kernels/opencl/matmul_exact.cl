@@ -125,6 +125,62 @@ inline char4 inferd_nibbles_c(ushort v) {
   }
 //@ end
 
+// IQ4_NL, kX86, one token (IQ4NL::step, ggml's AVX2 vec_dot): as q8_x86, but even blocks accumulate
+// into one set of 8 lanes and odd blocks into another, summed lane by lane before hsum; an unpaired last
+// block (an odd count) is not accumulated: its integer total times d_w * d_a, rounded, is added to the
+// hsum. (Two or more tokens go through the CPU's GEMM, whose single accumulator is q8_x86's order.)
+// Then iq4nl_x86.write.
+//@ iq4nl_x86
+  const int n_b = $x.Slices() / 8;
+  float acc[TT][4][8], acc2[TT][4][8];
+  float4 tail[TT], tail_scale[TT];
+  for (int i = 0; i < TT; ++i) {
+    tail[i] = tail_scale[i] = (float4)(0.0f);
+    for (int r = 0; r < 4; ++r) {
+      for (int l = 0; l < 8; ++l) acc[i][r][l] = acc2[i][r][l] = 0.0f;
+    }
+  }
+  for (int b = 0; b < n_b; ++b) {
+    const int blk = so * n_b + b;
+    const bool unpaired = (n_b & 1) != 0 && b == n_b - 1;
+    float4 sc[TT];
+    for (int i = 0; i < TT; ++i) sc[i] = ws[blk] * xs[tt[i] * n_b + b].x;  // d_w * d_a, per row
+    for (int l = 0; l < 8; ++l) {
+      WVEC r[4];
+      W_SLICE(wq, blk, l, r);
+      for (int i = 0; i < TT; ++i) {
+        const XVEC xv = X_SLICE($x.Read(tt[i], 0, 8 * b + l));
+        const float4 p = (float4)(IDOT(r[0], xv), IDOT(r[1], xv), IDOT(r[2], xv), IDOT(r[3], xv));
+        if (unpaired) {
+          tail[i] += p;  // integers: exact
+        } else if ((b & 1) == 0) {
+          acc[i][0][l] = fma(sc[i].x, p.x, acc[i][0][l]);
+          acc[i][1][l] = fma(sc[i].y, p.y, acc[i][1][l]);
+          acc[i][2][l] = fma(sc[i].z, p.z, acc[i][2][l]);
+          acc[i][3][l] = fma(sc[i].w, p.w, acc[i][3][l]);
+        } else {
+          acc2[i][0][l] = fma(sc[i].x, p.x, acc2[i][0][l]);
+          acc2[i][1][l] = fma(sc[i].y, p.y, acc2[i][1][l]);
+          acc2[i][2][l] = fma(sc[i].z, p.z, acc2[i][2][l]);
+          acc2[i][3][l] = fma(sc[i].w, p.w, acc2[i][3][l]);
+        }
+      }
+    }
+    if (unpaired) {
+      for (int i = 0; i < TT; ++i) tail_scale[i] = sc[i];
+    }
+  }
+  for (int i = 0; i < TT && t0 + i < n_t; ++i) {
+    float4 o;
+    o.x = inferd_hsum8(vload4(0, acc[i][0]) + vload4(0, acc2[i][0]), vload4(1, acc[i][0]) + vload4(1, acc2[i][0]));
+    o.y = inferd_hsum8(vload4(0, acc[i][1]) + vload4(0, acc2[i][1]), vload4(1, acc[i][1]) + vload4(1, acc2[i][1]));
+    o.z = inferd_hsum8(vload4(0, acc[i][2]) + vload4(0, acc2[i][2]), vload4(1, acc[i][2]) + vload4(1, acc2[i][2]));
+    o.w = inferd_hsum8(vload4(0, acc[i][3]) + vload4(0, acc2[i][3]), vload4(1, acc[i][3]) + vload4(1, acc2[i][3]));
+    if ((n_b & 1) != 0) o = o + tail[i] * tail_scale[i];  // FP_CONTRACT OFF: the product rounds first
+    $y.Write(o, t0 + i, 0, so);
+  }
+//@ end
+
 // Block types, kScalar: q8_scalar, q8_scalar.sum_with_min or q8_scalar.sum, then q8_scalar.write.
 //@ q8_scalar
   const int n_b = $x.Slices() / 8;
@@ -261,6 +317,11 @@ inline char4 inferd_nibbles_c(ushort v) {
 // k.rows; Q6_K: k.q6_offsets, then k.q6_x86 or k.q6_scalar; Q4_K / Q5_K: k.mins, then k.mins_scalar,
 // or k.mins_x86, k.mins_x86_q4_k or k.mins_x86_q5_k, k.acc_x86; then k.out, one of k.out_scalar,
 // k.out_q6, k.out_q4_k, k.out_q5_k (kX86), and k.write.
+// Sub-block scale entries per super-block in wsub: 32 for Q2_K (its 16 scales and 16 mins), else 16.
+//@ k.subs
+#define SUBS @subs@
+//@ end
+
 //@ k.helpers
 inline int inferd_idot(int4 a, int4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 inline int inferd_ilane(int4 v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w; }
@@ -293,11 +354,11 @@ inline int inferd_ilane(int4 v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c 
 //@ end
 
 //@ k.scale_q6
-        const int4 sc = convert_int4(wsub[blk * 16 + 2 * s + l / 4]);
+        const int4 sc = convert_int4(wsub[blk * SUBS + 2 * s + l / 4]);
 //@ end
 
 //@ k.scale
-        const int4 sc = convert_int4(wsub[blk * 16 + s]);
+        const int4 sc = convert_int4(wsub[blk * SUBS + s]);
 //@ end
 
 //@ k.dots
@@ -310,8 +371,8 @@ inline int inferd_ilane(int4 v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c 
         }
       }
     }
-    int4 ssc[16];  // Q4_K / Q5_K: sc_0..7, mn_0..7; Q6_K: the 16 scales
-    for (int g = 0; g < 16; ++g) ssc[g] = convert_int4(wsub[blk * 16 + g]);
+    int4 ssc[SUBS];  // Q4_K / Q5_K: sc_0..7, mn_0..7; Q6_K: the 16 scales; Q2_K: the 16 scales, the 16 mins
+    for (int g = 0; g < SUBS; ++g) ssc[g] = convert_int4(wsub[blk * SUBS + g]);
     const float4 d = ws[blk];
 //@ end
 
@@ -345,6 +406,34 @@ inline int inferd_ilane(int4 v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c 
         int isum = 0;
         for (int l = 0; l < 8; ++l) isum += sumi[i][r][l] - off[l];
         sum[i][r] = sum[i][r] + (dr * da) * (float)isum;
+//@ end
+
+// Q3_K and IQ4_XS: signed values and scales, no offset; then k.q6_x86 or k.q6_scalar as Q6_K (ggml's
+// Q3_K and IQ4_XS kernels: acc_l = fma(d_a * d, (float)sumi_l, acc_l); scalar dot_kq_scaled).
+//@ k.no_offsets
+        int off[8];
+        for (int l = 0; l < 8; ++l) off[l] = 0;
+//@ end
+
+// Q2_K (Q2K::step, kX86): per super-block the min lanes first, into the same 8 lanes,
+//   acc_l = fma(-(d_a * dmin), (float)(mn_2l * bsum_2l + mn_2l+1 * bsum_2l+1), acc_l),
+// then acc_l = fma(d_a * d, (float)sumi_l, acc_l); y = hsum(acc) (k.out_q6).
+//@ k.q2_x86
+        const float neg = -(da * inferd_lane(dmin, r));
+        for (int l = 0; l < 8; ++l) {
+          const int pm = inferd_ilane(ssc[16 + 2 * l], r) * bs[2 * l] + inferd_ilane(ssc[17 + 2 * l], r) * bs[2 * l + 1];
+          acc[i][r][l] = fma(neg, (float)pm, acc[i][r][l]);
+        }
+        const float scale = da * dr;
+        for (int l = 0; l < 8; ++l) acc[i][r][l] = fma(scale, (float)sumi[i][r][l], acc[i][r][l]);
+//@ end
+
+// Q2_K, kScalar (dot_q2_k): y = y + d_a * (d * (float)isum - dmin * (float)sum_g mn_g * bsum_g).
+//@ k.q2_scalar
+        int isum = 0, msum = 0;
+        for (int l = 0; l < 8; ++l) isum += sumi[i][r][l];
+        for (int g = 0; g < 16; ++g) msum += inferd_ilane(ssc[16 + g], r) * bs[g];
+        sum[i][r] = sum[i][r] + da * (dr * (float)isum - inferd_lane(dmin, r) * (float)msum);
 //@ end
 
 //@ k.mins

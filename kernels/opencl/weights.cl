@@ -25,6 +25,14 @@ inline uint4 inferd_code6_u(ushort v, uint h, int r) {
   return (uint4)(u & 15u, (u >> 4) & 15u, (u >> 8) & 15u, u >> 12) |
          (((uint4)(b, b >> 2, b >> 4, b >> 6) & 3u) << 4);
 }
+// IQ4_NL's and IQ4_XS's 16 non-linear values (ggml's kvalues_iq4nl), indexed by the 4-bit code.
+__constant int kInferdIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+// The values of the 4 codes (nibbles) of v, lowest first.
+inline int4 inferd_iq4_values(ushort v) {
+  const uint u = v;
+  return (int4)(kInferdIq4Values[u & 15u], kInferdIq4Values[(u >> 4) & 15u], kInferdIq4Values[(u >> 8) & 15u],
+                kInferdIq4Values[u >> 12]);
+}
 // The dot products of the 4 weight rows r with one slice x: one output slice's contribution.
 inline float4 inferd_dot4(const float4* r, float4 x) {
   return (float4)(dot(r[0], x), dot(r[1], x), dot(r[2], x), dot(r[3], x));
@@ -174,6 +182,65 @@ inline void w_load(__global const ushort4* wq, __global const float4* ws, __glob
 }
 //@ end
 
+// Q2_K: codes 0..3 in the nibbles; per 16 elements a scale sc and a min mn (wsub [S_O][B][32]: the 16
+// scales, then the 16 mins); value (d * sc) * q - dmin * mn (q2_k_to_float).
+//@ w_load.Q2_K
+inline void w_load(__global const ushort4* wq, __global const float4* ws, __global const float4* wm, __global const char4* wsub, __global const ushort* wh, int so, int si, int n_si, float4* r) {
+  const int g = so * (n_si / 8) + si / 8;
+  const int sb = so * (n_si / 64) + si / 64;
+  const ushort4 p = wq[g * 8 + si % 8];
+  const float4 ds = ws[sb] * convert_float4(wsub[sb * 32 + (si % 64) / 4]);
+  const float4 ms = wm[sb] * convert_float4(wsub[sb * 32 + 16 + (si % 64) / 4]);
+  r[0] = inferd_nibbles(p.x) * ds.x - ms.x;
+  r[1] = inferd_nibbles(p.y) * ds.y - ms.y;
+  r[2] = inferd_nibbles(p.z) * ds.z - ms.z;
+  r[3] = inferd_nibbles(p.w) * ds.w - ms.w;
+}
+//@ end
+
+// Q3_K: codes value + 4 (0..7) in the nibbles; the signed scale (sc - 32) of each 16 elements in wsub
+// [S_O][B][16]; value (d * sc) * (q - 4) (q3_k_to_float).
+//@ w_load.Q3_K
+inline void w_load(__global const ushort4* wq, __global const float4* ws, __global const float4* wm, __global const char4* wsub, __global const ushort* wh, int so, int si, int n_si, float4* r) {
+  const int g = so * (n_si / 8) + si / 8;
+  const int sb = so * (n_si / 64) + si / 64;
+  const ushort4 p = wq[g * 8 + si % 8];
+  const float4 ds = ws[sb] * convert_float4(wsub[sb * 16 + (si % 64) / 4]);
+  r[0] = ds.x * (inferd_nibbles(p.x) - 4.0f);
+  r[1] = ds.y * (inferd_nibbles(p.y) - 4.0f);
+  r[2] = ds.z * (inferd_nibbles(p.z) - 4.0f);
+  r[3] = ds.w * (inferd_nibbles(p.w) - 4.0f);
+}
+//@ end
+
+// IQ4_NL: the codes in the nibbles, d per 32 elements as Q4_0; value d * kvalues[q] (iq4_nl_to_float).
+//@ w_load.IQ4_NL
+inline void w_load(__global const ushort4* wq, __global const float4* ws, __global const float4* wm, __global const char4* wsub, __global const ushort* wh, int so, int si, int n_si, float4* r) {
+  const int blk = so * (n_si / 8) + si / 8;
+  const ushort4 p = wq[blk * 8 + si % 8];
+  const float4 d = ws[blk];
+  r[0] = d.x * convert_float4(inferd_iq4_values(p.x));
+  r[1] = d.y * convert_float4(inferd_iq4_values(p.y));
+  r[2] = d.z * convert_float4(inferd_iq4_values(p.z));
+  r[3] = d.w * convert_float4(inferd_iq4_values(p.w));
+}
+//@ end
+
+// IQ4_XS: the codes in the nibbles; the signed scale (ls - 32) of each 32 elements in wsub [S_O][B][16]
+// (entries 0..7); value (d * ls) * kvalues[q] (iq4_xs_to_float).
+//@ w_load.IQ4_XS
+inline void w_load(__global const ushort4* wq, __global const float4* ws, __global const float4* wm, __global const char4* wsub, __global const ushort* wh, int so, int si, int n_si, float4* r) {
+  const int g = so * (n_si / 8) + si / 8;
+  const int sb = so * (n_si / 64) + si / 64;
+  const ushort4 p = wq[g * 8 + si % 8];
+  const float4 ds = ws[sb] * convert_float4(wsub[sb * 16 + (si % 64) / 8]);
+  r[0] = ds.x * convert_float4(inferd_iq4_values(p.x));
+  r[1] = ds.y * convert_float4(inferd_iq4_values(p.y));
+  r[2] = ds.z * convert_float4(inferd_iq4_values(p.z));
+  r[3] = ds.w * convert_float4(inferd_iq4_values(p.w));
+}
+//@ end
+
 // w_int.<type> (floats) and w_int8.<type> (char4, IntDot::kInt8): the integer quants of the 4 rows of
 // block `blk` (so * blocks + b) at its slice l, for the exact matmul of the 32-element block types:
 // the signed values (Q8_0, Q4_0, Q5_0), or the codes of the types with a min (Q4_1, Q5_1).
@@ -282,8 +349,28 @@ inline void w_int8(__global const ushort4* wq, __global const ushort* wh, int bl
 }
 //@ end
 
+//@ w_int.IQ4_NL
+inline void w_int(__global const ushort4* wq, __global const ushort* wh, int blk, int l, float4* r) {
+  const ushort4 p = wq[blk * 8 + l];
+  r[0] = convert_float4(inferd_iq4_values(p.x));
+  r[1] = convert_float4(inferd_iq4_values(p.y));
+  r[2] = convert_float4(inferd_iq4_values(p.z));
+  r[3] = convert_float4(inferd_iq4_values(p.w));
+}
+//@ end
+
+//@ w_int8.IQ4_NL
+inline void w_int8(__global const ushort4* wq, __global const ushort* wh, int blk, int l, char4* r) {
+  const ushort4 p = wq[blk * 8 + l];
+  r[0] = convert_char4(inferd_iq4_values(p.x));
+  r[1] = convert_char4(inferd_iq4_values(p.y));
+  r[2] = convert_char4(inferd_iq4_values(p.z));
+  r[3] = convert_char4(inferd_iq4_values(p.w));
+}
+//@ end
+
 // w_code.<type>: the integer codes of the 4 rows at slice l of 32-element group g (so * G + group),
-// for the exact matmul of the K-quants (Q6_K: value + 32).
+// for the exact matmul of the K-quants (Q6_K: value + 32; Q3_K and IQ4_XS: the signed values).
 //@ w_code.Q4_K
 inline void w_code(__global const ushort4* wq, __global const ushort* wh, int g, int l, int4* r) {
   const ushort4 p = wq[g * 8 + l];
@@ -313,5 +400,35 @@ inline void w_code(__global const ushort4* wq, __global const uint* wh, int g, i
   r[1] = convert_int4(inferd_code6_u(p.y, h, 1));
   r[2] = convert_int4(inferd_code6_u(p.z, h, 2));
   r[3] = convert_int4(inferd_code6_u(p.w, h, 3));
+}
+//@ end
+
+//@ w_code.Q2_K
+inline void w_code(__global const ushort4* wq, __global const ushort* wh, int g, int l, int4* r) {
+  const ushort4 p = wq[g * 8 + l];
+  r[0] = convert_int4(convert_uint4(inferd_nibbles(p.x)));
+  r[1] = convert_int4(convert_uint4(inferd_nibbles(p.y)));
+  r[2] = convert_int4(convert_uint4(inferd_nibbles(p.z)));
+  r[3] = convert_int4(convert_uint4(inferd_nibbles(p.w)));
+}
+//@ end
+
+//@ w_code.Q3_K
+inline void w_code(__global const ushort4* wq, __global const ushort* wh, int g, int l, int4* r) {
+  const ushort4 p = wq[g * 8 + l];
+  r[0] = convert_int4(convert_uint4(inferd_nibbles(p.x))) - 4;
+  r[1] = convert_int4(convert_uint4(inferd_nibbles(p.y))) - 4;
+  r[2] = convert_int4(convert_uint4(inferd_nibbles(p.z))) - 4;
+  r[3] = convert_int4(convert_uint4(inferd_nibbles(p.w))) - 4;
+}
+//@ end
+
+//@ w_code.IQ4_XS
+inline void w_code(__global const ushort4* wq, __global const ushort* wh, int g, int l, int4* r) {
+  const ushort4 p = wq[g * 8 + l];
+  r[0] = inferd_iq4_values(p.x);
+  r[1] = inferd_iq4_values(p.y);
+  r[2] = inferd_iq4_values(p.z);
+  r[3] = inferd_iq4_values(p.w);
 }
 //@ end

@@ -151,12 +151,30 @@ const char* weight_pointer_type(DType type) {
     case DType::kQ5_1:
     case DType::kQ4_K:
     case DType::kQ5_K:
-    case DType::kQ6_K: return "ushort4";
+    case DType::kQ6_K:
+    case DType::kQ2_K:
+    case DType::kQ3_K:
+    case DType::kIQ4_NL:
+    case DType::kIQ4_XS: return "ushort4";
     default: return nullptr;
   }
 }
 
-bool is_k_quant(DType type) { return type == DType::kQ4_K || type == DType::kQ5_K || type == DType::kQ6_K; }
+// The 256-element types with sub-block scales (MatmulWeights::sub_scales), read by matmul_exact.cl's k.*.
+bool is_k_quant(DType type) {
+  switch (type) {
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
+    case DType::kQ2_K:
+    case DType::kQ3_K:
+    case DType::kIQ4_XS: return true;
+    default: return false;
+  }
+}
+// Sub-block scale entries (char4, one per row) per super-block: Q2_K's 16 scales and 16 mins, else 16
+// (Q4_K / Q5_K: 8 scales and 8 mins; Q6_K, Q3_K: 16 scales; IQ4_XS: 8 scales, 8 unused).
+int sub_scales_per_block(DType type) { return type == DType::kQ2_K ? 32 : 16; }
 
 // The bits of a code past its low nibble, kept in the high-bits plane (MatmulWeights::high_bits):
 // 1 for the 5-bit types, 2 for Q6_K, 0 for the others (Q8_0 keeps whole bytes, the rest nibbles).
@@ -291,10 +309,16 @@ std::string define_q8k_floats() {
 
 KernelTemplate matmul_exact_k_template(DType type, CpuOrder order, int tokens_per_item, TensorFormat x, TensorFormat y);
 
+// Whether the exact matmul of `type` in `order` for a pass of `tokens` sums IQ4_NL's blocks in pairs
+// (ggml's vec_dot, which the CPU engine runs for one token; more go through its GEMM's single chain).
+bool iq4nl_pairs(DType type, CpuOrder order, int32_t tokens) {
+  return type == DType::kIQ4_NL && order == CpuOrder::kX86 && tokens == 1;
+}
+
 // The exact matmul (matmul_exact.cl says what each variant sums in which order). `native_int_dot`:
-// IntDot::kInt8 through the device's dot(char4, char4).
+// IntDot::kInt8 through the device's dot(char4, char4); `pairs`: iq4nl_pairs().
 KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_item, TensorFormat x, TensorFormat y,
-                                     IntDot int_dot, bool native_int_dot) {
+                                     IntDot int_dot, bool native_int_dot, bool pairs) {
   if (is_k_quant(type)) return matmul_exact_k_template(type, order, tokens_per_item, x, y);
   KernelTemplate k;
   k.name = "matmul_exact";
@@ -313,7 +337,9 @@ KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_
     k.helpers += join({weight_loader("w_int", type), kMatmulExactCl("int_dot.float")});
   }
   const ClFile& cl = kMatmulExactCl;
-  if (blocks && order == CpuOrder::kX86) {
+  if (pairs) {
+    k.body = join({cl("head"), cl("iq4nl_x86")});
+  } else if (blocks && order == CpuOrder::kX86) {
     k.body = join({cl("head"), cl("q8_x86"), q4_1 ? cl("q8_x86.min_chain") : "", cl("q8_x86.hsum"),
                    cl(q4_1 ? "q8_x86.write_with_min" : "q8_x86.write")});
   } else if (blocks) {
@@ -333,21 +359,31 @@ KernelTemplate matmul_exact_k_template(DType type, CpuOrder order, int tokens_pe
   k.params = weight_params(type);
   k.params.push_back("__global const float* xk");
   const bool q6 = type == DType::kQ6_K;
+  const bool q2 = type == DType::kQ2_K;
+  const bool signed_values = type == DType::kQ3_K || type == DType::kIQ4_XS;  // no min, no offset
+  const bool groups16 = q6 || q2 || type == DType::kQ3_K;                     // a scale per 16 elements
   const bool x86 = order == CpuOrder::kX86;
   const ClFile& cl = kMatmulExactCl;
   k.helpers = join({define_tt(tokens_per_item), define_q8k_floats(), kHelpersCl("exact_helpers"), kWeightsCl("codes"),
-                    weight_loader("w_code", type), cl("k.helpers")});
-  std::string body = join({cl("head"), cl("k.sums"), cl(q6 ? "k.scale_q6" : "k.scale"), cl("k.dots"),
-                           q6 ? "" : cl("k.dmin"), cl("k.rows")});
-  if (q6) {
-    body += join({cl("k.q6_offsets"), cl(x86 ? "k.q6_x86" : "k.q6_scalar")});
+                    weight_loader("w_code", type),
+                    cl("k.subs", {{"subs", std::to_string(sub_scales_per_block(type))}}), cl("k.helpers")});
+  const bool has_dmin = !q6 && !signed_values;
+  std::string body = join({cl("head"), cl("k.sums"), cl(groups16 ? "k.scale_q6" : "k.scale"), cl("k.dots"),
+                           has_dmin ? cl("k.dmin") : "", cl("k.rows")});
+  if (q6 || signed_values) {
+    body += join({cl(q6 ? "k.q6_offsets" : "k.no_offsets"), cl(x86 ? "k.q6_x86" : "k.q6_scalar")});
+  } else if (q2) {
+    body += cl(x86 ? "k.q2_x86" : "k.q2_scalar");
   } else if (!x86) {
     body += join({cl("k.mins"), cl("k.mins_scalar")});
   } else {
     body += join({cl("k.mins"), cl("k.mins_x86"), cl(type == DType::kQ4_K ? "k.mins_x86_q4_k" : "k.mins_x86_q5_k"),
                   cl("k.acc_x86")});
   }
-  const char* out = !x86 ? "k.out_scalar" : q6 ? "k.out_q6" : type == DType::kQ4_K ? "k.out_q4_k" : "k.out_q5_k";
+  const char* out = !x86                          ? "k.out_scalar"
+                    : q6 || q2 || signed_values     ? "k.out_q6"
+                    : type == DType::kQ4_K          ? "k.out_q4_k"
+                                                    : "k.out_q5_k";
   k.body = body + join({cl("k.out"), cl(out), cl("k.write")});
   return k;
 }
@@ -420,7 +456,7 @@ Status require_same_shape(const char* op, const Tensor& a, const Tensor& b) {
 struct DecodedBlock {
   int codes[256];
   float d = 0.0f, m = 0.0f;
-  int8_t sub[16] = {};
+  int8_t sub[32] = {};
 };
 
 template <typename Block>
@@ -516,7 +552,7 @@ void decode_block(DType type, const unsigned char* p, DecodedBlock& out) {
     case DType::kQ6_K: {  // the codes are the values + 32 (ggml's dequantize_row_q6_K without the - 32)
       const auto b = read_block<BlockQ6_K>(p);
       out.d = kernels::fp16_to_fp32(b.d);
-      std::memcpy(out.sub, b.scales, sizeof(out.sub));
+      std::memcpy(out.sub, b.scales, sizeof(b.scales));
       for (int half = 0; half < 2; ++half) {
         const uint8_t* ql = b.ql + 64 * half;
         const uint8_t* qh = b.qh + 32 * half;
@@ -526,6 +562,67 @@ void decode_block(DType type, const unsigned char* p, DecodedBlock& out) {
           c[l + 32] = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
           c[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
           c[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+        }
+      }
+      return;
+    }
+    case DType::kQ2_K: {  // codes 0..3, chunk c of 32 bytes holding groups 4c'..: ggml's dequantize_row_q2_K
+      const auto b = read_block<BlockQ2_K>(p);
+      out.d = kernels::fp16_to_fp32(b.d);
+      out.m = kernels::fp16_to_fp32(b.dmin);
+      for (int g = 0; g < 16; ++g) {
+        out.sub[g] = static_cast<int8_t>(b.scales[g] & 0xF);
+        out.sub[16 + g] = static_cast<int8_t>(b.scales[g] >> 4);
+      }
+      for (int c = 0; c < 2; ++c) {
+        for (int j = 0; j < 4; ++j) {
+          for (int l = 0; l < 32; ++l) out.codes[128 * c + 32 * j + l] = (b.qs[32 * c + l] >> (2 * j)) & 3;
+        }
+      }
+      return;
+    }
+    case DType::kQ3_K: {  // codes value + 4 (0..7), scales sc - 32: ggml's dequantize_row_q3_K
+      const auto b = read_block<BlockQ3_K>(p);
+      out.d = kernels::fp16_to_fp32(b.d);
+      constexpr uint32_t kMask1 = 0x03030303, kMask2 = 0x0f0f0f0f;
+      uint32_t aux[4];
+      std::memcpy(aux, b.scales, 12);
+      const uint32_t tmp = aux[2];
+      aux[2] = ((aux[0] >> 4) & kMask2) | (((tmp >> 4) & kMask1) << 4);
+      aux[3] = ((aux[1] >> 4) & kMask2) | (((tmp >> 6) & kMask1) << 4);
+      aux[0] = (aux[0] & kMask2) | (((tmp >> 0) & kMask1) << 4);
+      aux[1] = (aux[1] & kMask2) | (((tmp >> 2) & kMask1) << 4);
+      uint8_t sc[16];
+      std::memcpy(sc, aux, 16);
+      for (int g = 0; g < 16; ++g) out.sub[g] = static_cast<int8_t>(sc[g] - 32);
+      for (int c = 0; c < 2; ++c) {
+        for (int j = 0; j < 4; ++j) {
+          const int bit = 4 * c + j;
+          for (int l = 0; l < 32; ++l) {
+            const int low = (b.qs[32 * c + l] >> (2 * j)) & 3;
+            out.codes[128 * c + 32 * j + l] = low + (((b.hmask[l] >> bit) & 1) ? 4 : 0);
+          }
+        }
+      }
+      return;
+    }
+    case DType::kIQ4_NL: {  // the 4-bit codes (indices into the non-linear values), as Q4_0's nibbles
+      const auto b = read_block<BlockIQ4_NL>(p);
+      out.d = kernels::fp16_to_fp32(b.d);
+      for (int j = 0; j < 16; ++j) {
+        out.codes[j] = b.qs[j] & 0x0F;
+        out.codes[j + 16] = b.qs[j] >> 4;
+      }
+      return;
+    }
+    case DType::kIQ4_XS: {  // the codes of 8 sub-blocks of 32, each with its scale ls - 32
+      const auto b = read_block<BlockIQ4_XS>(p);
+      out.d = kernels::fp16_to_fp32(b.d);
+      for (int s = 0; s < 8; ++s) {
+        out.sub[s] = static_cast<int8_t>((((b.scales_l[s / 2] >> (4 * (s % 2))) & 0x0F) | (((b.scales_h >> (2 * s)) & 3) << 4)) - 32);
+        for (int j = 0; j < 16; ++j) {
+          out.codes[32 * s + j] = b.qs[16 * s + j] & 0x0F;
+          out.codes[32 * s + 16 + j] = b.qs[16 * s + j] >> 4;
         }
       }
       return;
@@ -608,11 +705,13 @@ Result<MatmulWeights> MatmulWeights::upload(Runtime& rt, DType type, int64_t row
   const int high_bits = high_bits_per_code(type);
   const bool nibbles = type != DType::kQ8_0;
   const bool k_quant = is_k_quant(type);
-  const bool has_mins = type == DType::kQ4_1 || type == DType::kQ5_1 || type == DType::kQ4_K || type == DType::kQ5_K;
+  const bool has_mins = type == DType::kQ4_1 || type == DType::kQ5_1 || type == DType::kQ4_K || type == DType::kQ5_K ||
+                        type == DType::kQ2_K;
   const size_t per_row_block = static_cast<size_t>(n_so * n_blocks) * 4;
+  const size_t n_sub = static_cast<size_t>(sub_scales_per_block(type));
   std::vector<float> scales(per_row_block, 0.0f);
   std::vector<float> mins(has_mins ? per_row_block : 0, 0.0f);
-  std::vector<int8_t> sub(k_quant ? per_row_block * 16 : 0, 0);
+  std::vector<int8_t> sub(k_quant ? per_row_block * n_sub : 0, 0);
   std::vector<int8_t> q8(nibbles ? 0 : static_cast<size_t>(n_so * n_groups * 8 * 16), 0);
   std::vector<uint16_t> q4(nibbles ? static_cast<size_t>(n_so * n_groups * 8 * 4) : 0, 0);
   std::vector<uint32_t> high(high_bits > 0 ? static_cast<size_t>(n_so * n_groups * 8) : 0, 0);
@@ -626,7 +725,7 @@ Result<MatmulWeights> MatmulWeights::upload(Runtime& rt, DType type, int64_t row
       scales[blk * 4 + static_cast<size_t>(o4)] = dec.d;
       if (has_mins) mins[blk * 4 + static_cast<size_t>(o4)] = dec.m;
       if (k_quant) {
-        for (size_t j = 0; j < 16; ++j) sub[(blk * 16 + j) * 4 + static_cast<size_t>(o4)] = dec.sub[j];
+        for (size_t j = 0; j < n_sub; ++j) sub[(blk * n_sub + j) * 4 + static_cast<size_t>(o4)] = dec.sub[j];
       }
       for (int64_t gl = 0; gl < groups_per_block; ++gl) {
         const size_t g = static_cast<size_t>(so * n_groups + kb * groups_per_block + gl);
@@ -719,7 +818,10 @@ MatmulActivations matmul_activations(DType type) {
     case DType::kBF16: return MatmulActivations::kFloat;
     case DType::kQ4_K:
     case DType::kQ5_K:
-    case DType::kQ6_K: return MatmulActivations::kQ8K;
+    case DType::kQ6_K:
+    case DType::kQ2_K:
+    case DType::kQ3_K:
+    case DType::kIQ4_XS: return MatmulActivations::kQ8K;
     default: return MatmulActivations::kQ8;
   }
 }
@@ -1138,12 +1240,13 @@ Status Ops::matmul_exact(const MatmulWeights& w, const Tensor& x, cl_mem scales,
   const IntDot int_dot = kind == MatmulActivations::kQ8 ? int_dot_ : IntDot::kFloat;  // block types only
   // The extension's dot(char4, char4) where the device has it; emulated where the variant is forced.
   const bool native = int_dot == IntDot::kInt8 && choose_int_dot(rt_.info()) == IntDot::kInt8;
+  const bool pairs = iq4nl_pairs(w.type(), order, xs.w);
   auto k = kernel(std::string("matmul_exact_") + matmul_variant_name(variant) + "_" + dtype_name(w.type()) + "_" +
                       cpu_order_name(order) + "_" + int_dot_name(int_dot) + (native ? "_native" : "") +
-                      storage_key({&x, &y}),
+                      (pairs ? "_pairs" : "") + storage_key({&x, &y}),
                   [&] {
                     return matmul_exact_template(w.type(), order, tokens_per_item, x.format(), y.format(), int_dot,
-                                                 native);
+                                                 native, pairs);
                   });
   if (!k) return k.status();
   KernelArgs args(k.value()->kernel.get());

@@ -2,9 +2,9 @@
 // backend-ops suite's cases, the OpenCL tests' synthetic models.
 //
 // F32 and F16 come from the given floats, BF16 by truncating them to their top 16 bits, the
-// 32-element block types through kernels::quantize_row_ref. The K-quants have no reference
-// quantizer: their blocks are random bytes (every code, scale and fifth bit pattern is valid) with
-// d and dmin set so that the values spread about as far as the floats, around zero. Deterministic
+// 32-element block types through kernels::quantize_row_ref. The K-quants, IQ4_NL and IQ4_XS have no
+// reference quantizer: their blocks are random bytes (every code, scale and fifth bit pattern is valid)
+// with d and dmin set so that the values spread about as far as the floats, around zero. Deterministic
 // for a given seed.
 // Thread safety: pure functions.
 #pragma once
@@ -29,7 +29,11 @@ inline bool can_encode_weights(DType type) {
     case DType::kBF16:
     case DType::kQ4_K:
     case DType::kQ5_K:
-    case DType::kQ6_K: return true;
+    case DType::kQ6_K:
+    case DType::kQ2_K:
+    case DType::kQ3_K:
+    case DType::kIQ4_NL:
+    case DType::kIQ4_XS: return true;
     default: return kernels::has_quantize_ref(type);
   }
 }
@@ -52,7 +56,11 @@ inline void encode_weight_row(DType type, const float* values, int64_t n, uint32
       return;
     case DType::kQ4_K:
     case DType::kQ5_K:
-    case DType::kQ6_K: break;
+    case DType::kQ6_K:
+    case DType::kQ2_K:
+    case DType::kQ3_K:
+    case DType::kIQ4_NL:
+    case DType::kIQ4_XS: break;
     default: kernels::quantize_row_ref(type, values, dst, n); return;
   }
   std::mt19937 rng(seed);
@@ -60,7 +68,33 @@ inline void encode_weight_row(DType type, const float* values, int64_t n, uint32
   std::uniform_real_distribution<float> jitter(0.8f, 1.2f);
   const size_t row_bytes = dtype_row_bytes(type, n);
   for (size_t i = 0; i < row_bytes; ++i) out[i] = static_cast<uint8_t>(byte(rng));
+  // The scale fields of the other block types (random bytes elsewhere), at their offsets.
+  auto set_half = [&](size_t offset, float v) {
+    const fp16_t h = kernels::fp32_to_fp16(v);
+    std::memcpy(out + offset, &h, sizeof(h));
+  };
+  if (type == DType::kIQ4_NL) {  // |kvalues| about 50 on average
+    for (int64_t b = 0; b < n / kQK4_NL; ++b) {
+      set_half(static_cast<size_t>(b) * sizeof(BlockIQ4_NL) + offsetof(BlockIQ4_NL, d), spread / 64.0f * jitter(rng));
+    }
+    return;
+  }
   for (int64_t b = 0; b < n / kQK_K; ++b) {
+    if (type == DType::kQ2_K) {  // sc * q about 7.5 * 1.5; dmin * mn (mn about 7.5) centres them
+      const size_t at = static_cast<size_t>(b) * sizeof(BlockQ2_K);
+      const float d = spread / 11.25f * jitter(rng);
+      set_half(at + offsetof(BlockQ2_K, d), d);
+      set_half(at + offsetof(BlockQ2_K, dmin), d * 1.5f);
+      continue;
+    }
+    if (type == DType::kQ3_K) {  // |(sc - 32) * q| about 16 * 2
+      set_half(static_cast<size_t>(b) * sizeof(BlockQ3_K) + offsetof(BlockQ3_K, d), spread / 32.0f * jitter(rng));
+      continue;
+    }
+    if (type == DType::kIQ4_XS) {  // |(ls - 32) * kvalues| about 16 * 50
+      set_half(static_cast<size_t>(b) * sizeof(BlockIQ4_XS) + offsetof(BlockIQ4_XS, d), spread / 800.0f * jitter(rng));
+      continue;
+    }
     if (type == DType::kQ6_K) {
       // |scale * (q - 32)| is about 64 * 16 on average.
       BlockQ6_K blk;

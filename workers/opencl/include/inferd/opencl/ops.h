@@ -34,8 +34,17 @@
 //         uint [S_O][G][8]: the two high bits of row r's element i in bits 2 * (4r + i) and up;
 //         scales float4 [S_O][B] (d), sub_scales char4 [S_O][B][16]: the int8 scale of each 16
 //         elements; value (d * sc) * (q - 32)
-// Every code keeps its bits, as in the file: 5.75 bits per weight for Q5_K and 6.6 for Q6_K with
-// their scales (the file: 5.5 and 6.6).
+//   Q2_K  quants as Q4_0 (the codes 0..3); scales float4 [S_O][B] (d), mins float4 [S_O][B] (dmin),
+//         sub_scales char4 [S_O][B][32]: the 16 four-bit scales sc, then the 16 mins mn of the 16-element
+//         groups; value (d * sc) * q - dmin * mn
+//   Q3_K  quants as Q4_0 (the codes value + 4, 0..7); scales float4 [S_O][B] (d), sub_scales char4
+//         [S_O][B][16]: the signed scale sc - 32 of each 16 elements; value (d * sc) * (q - 4)
+//   IQ4_NL  quants as Q4_0 (the 4-bit codes); scales as Q8_0; value d * kvalues[q] (weights.cl's table)
+//   IQ4_XS  quants as Q4_0; scales float4 [S_O][B] (d), sub_scales char4 [S_O][B][16]: the signed scales
+//         ls - 32 of the 8 sub-blocks of 32 (entries 8..15 unused); value (d * ls) * kvalues[q]
+// Every code of Q5_0..Q6_K keeps its bits, as in the file: 5.75 bits per weight for Q5_K and 6.6 for Q6_K
+// with their scales (the file: 5.5 and 6.6). The 2- and 3-bit codes take a nibble each: 5.25 bits per
+// weight for Q2_K (the file: 2.625) and 4.625 for Q3_K (3.4375).
 // Two kernels per type, chosen by stage: decode (float: one work-group per output slice, its lanes
 // splitting K; exact: a work-item per output slice and token) and prefill (each work-item computes
 // one output slice for 4 tokens, reading each weight block once for all of them).
@@ -48,7 +57,9 @@
 //    and matmul_exact() sums what the CPU's integer dot kernels sum: per row 8 float lanes, lane i
 //    accumulating block by block, with one fma per block and the block's combined scale d_w * d_a,
 //    the integer sum of elements 4i..4i+3 (exact), then ggml's horizontal sum, and the min / offset
-//    terms in their own chains (CpuOrder; each type's steps are written in kernels/opencl/matmul_exact.cl). rms_norm_exact, swiglu_halves_exact and
+//    terms in their own chains (CpuOrder; each type's steps are written in kernels/opencl/matmul_exact.cl;
+//    IQ4_NL's one-token pass pairs its blocks into two chains, as ggml's vec_dot, and passes of more
+//    tokens keep one, as the CPU engine's GEMM). rms_norm_exact, swiglu_halves_exact and
 //    attention_exact follow the CPU engine's row ops (workers/cpu/ops.cpp) likewise, with
 //    ggml's expf polynomial instead of the device's exp and divisions and square roots correctly
 //    rounded through double. Every program is built with FP_CONTRACT OFF (codegen.h), so a * b + c
