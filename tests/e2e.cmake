@@ -49,4 +49,16 @@ elseif(TARGET inferd AND TARGET inferd-worker)
     SKIP_RETURN_CODE 77
     RESOURCE_LOCK inferd_e2e
     ENVIRONMENT PYTHONDONTWRITEBYTECODE=1)
+  # Gemma 3 on the OpenCL backend through the daemon (greedy text and teacher-forced agreement equal to the
+  # CPU backend's, OpenCL and CPU pipeline stages): measured 100 s on PoCL.
+  if("opencl" IN_LIST _built_backends)
+    add_test(NAME inferd_e2e_opencl_gemma3
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/e2e/test_opencl.py ${_gemma3_args})
+    set_tests_properties(inferd_e2e_opencl_gemma3 PROPERTIES
+      LABELS e2e
+      TIMEOUT 400
+      SKIP_RETURN_CODE 77
+      RESOURCE_LOCK inferd_e2e
+      ENVIRONMENT PYTHONDONTWRITEBYTECODE=1)
+  endif()
 endif()

@@ -150,7 +150,6 @@ void axpy_f16_rows(int64_t n, const float* a, const fp16_t* x, int64_t stride, i
 float dot_f32(int64_t n, const float* x, const float* y) { return vector_for(best_isa()).dot_f32(n, x, y); }
 float silu(float x) { return vector_for(best_isa()).silu(x); }
 void swiglu(int64_t n, const float* g, const float* u, float* y) { vector_for(best_isa()).swiglu(n, g, u, y); }
-namespace {
 // ggml's ggml_table_gelu_f16: gelu at every F16 value, stored as F16.
 const fp16_t* gelu_table() {
   static const fp16_t* table = [] {
@@ -165,7 +164,6 @@ const fp16_t* gelu_table() {
   }();
   return table;
 }
-}  // namespace
 
 float gelu(float x) {
   if (x <= -10.0f) return 0.0f;

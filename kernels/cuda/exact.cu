@@ -206,8 +206,8 @@ constexpr int kAttnThreads = 128;
 // row p & 63 of block blocks[p >> 6].
 __global__ void __launch_bounds__(kAttnThreads)
     attention_exact_kernel(KvLayout kv, int32_t n_head, const float* q, const int32_t* pos, const int32_t* slot,
-                           const int32_t* table, int32_t t0, float scale, const uint16_t* cache, float* scores,
-                           float* out) {
+                           const int32_t* table, int32_t t0, float scale, float q_scale, int32_t window,
+                           const uint16_t* cache, float* scores, float* out) {
   __shared__ float s_q[256];
   __shared__ float s_red[kAttnThreads];
   __shared__ float s_chains[16 * 256];
@@ -215,6 +215,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int h = blockIdx.x, tl = blockIdx.y, t = t0 + tl, tid = threadIdx.x;
   const int hd = kv.head_dim;
   const int n_kv = pos[t] + 1;  // positions past the token's own are masked
+  const int start = window > 0 ? max(0, n_kv - window) : 0;  // and those before a sliding window
   const int g = h / (n_head / kv.n_head_kv);
   static_assert(kKvBlockTokens == 64, "rows are found as p >> 6 and p & 63");
   const int32_t* blocks = table + static_cast<size_t>(slot[t]) * kv.blocks_per_slot;  // the slot's block table
@@ -222,11 +223,14 @@ __global__ void __launch_bounds__(kAttnThreads)
   const uint16_t* kc = cache + static_cast<size_t>(g) * kKvBlockTokens * hd;          // head g's rows in block 0
   const uint16_t* vc = kc + static_cast<size_t>(kv.n_blocks) * stride;                // [k|v]: the V half
   float* sc = scores + (static_cast<size_t>(tl) * n_head + h) * kv.n_ctx;
-  // Q meets the F16 K cache as F16.
-  for (int d = tid; d < hd; d += kAttnThreads) s_q[d] = round_half(q[(static_cast<size_t>(t) * n_head + h) * hd + d]);
+  // Q meets the F16 K cache as F16, scaled first where the attention scales Q itself (q_as_half).
+  for (int d = tid; d < hd; d += kAttnThreads) {
+    const float qd = q[(static_cast<size_t>(t) * n_head + h) * hd + d];
+    s_q[d] = round_half(q_scale > 0.0f ? __fmul_rn(qd, q_scale) : qd);
+  }
   __syncthreads();
   float m = -INFINITY;
-  for (int p = tid; p < n_kv; p += kAttnThreads) {
+  for (int p = start + tid; p < n_kv; p += kAttnThreads) {
     const uint16_t* kr = kc + static_cast<size_t>(blocks[p >> 6]) * stride + static_cast<size_t>(p & 63) * hd;
     float lanes[16];
     for (int l = 0; l < 16; ++l) lanes[l] = qk_lane(s_q, kr, hd, l);
@@ -253,8 +257,9 @@ __global__ void __launch_bounds__(kAttnThreads)
       float e[16];
       for (int l = 0; l < 16; ++l) {
         const int p = 16 * c + l;
-        e[l] = p < n_kv ? expf_lane(sc[p] - mx) : 0.0f;
-        if (p < n_kv) sc[p] = e[l];
+        const bool in = p >= start && p < n_kv;  // chunks aligned to position 0, as exp_sum's
+        e[l] = in ? expf_lane(sc[p] - mx) : 0.0f;
+        if (in) sc[p] = e[l];
       }
       cs = reduce16(e);
     }
@@ -269,7 +274,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   if (tid == 0) s_inv = static_cast<float>(1.0 / total);
   __syncthreads();
   const float inv = s_inv;
-  for (int p = tid; p < n_kv; p += kAttnThreads) sc[p] = round_half(sc[p] * inv);  // as llama.cpp before KQV
+  for (int p = start + tid; p < n_kv; p += kAttnThreads) sc[p] = round_half(sc[p] * inv);  // as llama.cpp before KQV
   __syncthreads();
   // KQV: chain i of dimension d sums positions j = i (mod 16) in order (tinyBLAS's 16 lanes), a block of
   // 64 positions (4 of the chain's) at a time; products of two halves are exact.
@@ -279,7 +284,9 @@ __global__ void __launch_bounds__(kAttnThreads)
     for (int b0 = 0; b0 < n_kv; b0 += kKvBlockTokens) {
       const uint16_t* vb = vc + static_cast<size_t>(blocks[b0 >> 6]) * stride + d;
       const int end = min(n_kv - b0, kKvBlockTokens);
-      for (int j = i; j < end; j += 16) acc = fma_(sc[b0 + j], half_to_float(vb[static_cast<size_t>(j) * hd]), acc);
+      for (int j = i; j < end; j += 16) {
+        if (b0 + j >= start) acc = fma_(sc[b0 + j], half_to_float(vb[static_cast<size_t>(j) * hd]), acc);
+      }
     }
     s_chains[c] = acc;
   }
@@ -414,13 +421,14 @@ size_t attention_exact_scratch_floats(const KvLayout& kv, int32_t n_head, int32_
 }
 
 cudaError_t attention_exact(const KvLayout& kv, int32_t n_head, const float* q, const int32_t* pos, const int32_t* slot,
-                            const int32_t* table, int32_t tokens, float scale, const uint16_t* cache, float* scratch,
-                            int32_t scratch_tokens, float* out, cudaStream_t stream) {
+                            const int32_t* table, int32_t tokens, float scale, float q_scale, int32_t window,
+                            const uint16_t* cache, float* scratch, int32_t scratch_tokens, float* out,
+                            cudaStream_t stream) {
   if (kv.head_dim > 256 || scratch_tokens < 1) return cudaErrorInvalidValue;
   for (int32_t t0 = 0; t0 < tokens; t0 += scratch_tokens) {
     const int32_t nt = std::min(scratch_tokens, tokens - t0);
     attention_exact_kernel<<<dim3(static_cast<unsigned>(n_head), static_cast<unsigned>(nt)), kAttnThreads, 0, stream>>>(
-        kv, n_head, q, pos, slot, table, t0, scale, cache, scratch, out);
+        kv, n_head, q, pos, slot, table, t0, scale, q_scale, window, cache, scratch, out);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }

@@ -498,6 +498,31 @@ __global__ void swiglu_kernel(const float* g, const float* u, int64_t n, float* 
   }
 }
 
+__global__ void scale_kernel(const float* x, int64_t n, float s, float* y) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    y[i] = x[i] * s;
+  }
+}
+
+// kernels::geglu: the F16 gelu table at the gate rounded to half (to nearest even), 0 below -10 and the
+// gate itself from 10 on, times up.
+__global__ void geglu_kernel(const float* g, const float* u, int64_t n, const uint16_t* __restrict__ gelu, float* y) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float x = g[i];
+    float v;
+    if (x <= -10.0f) {
+      v = 0.0f;
+    } else if (x >= 10.0f) {
+      v = __fmul_rn(x, u[i]);
+    } else {
+      v = __fmul_rn(__half2float(__ushort_as_half(gelu[__half_as_ushort(__float2half_rn(x))])), u[i]);
+    }
+    y[i] = v;
+  }
+}
+
 __global__ void gather_kernel(const float* src, int64_t cols, const int32_t* rows, float* out) {
   const float* s = src + static_cast<size_t>(rows[blockIdx.x]) * cols;
   float* o = out + static_cast<size_t>(blockIdx.x) * cols;
@@ -549,7 +574,8 @@ constexpr int kAttnWarps = 8;
 template <int DPL>
 __global__ void __launch_bounds__(kAttnWarps * 32)
     attention_kernel(KvLayout kv, int32_t n_head, const float* __restrict__ q, const int32_t* pos, const int32_t* slot,
-                     const int32_t* __restrict__ table, float scale, const __half* __restrict__ cache, float* out) {
+                     const int32_t* __restrict__ table, float scale, float q_scale, int32_t window,
+                     const __half* __restrict__ cache, float* out) {
   constexpr int kMaxDim = DPL * 32;
   __shared__ float s_m[kAttnWarps], s_l[kAttnWarps];
   __shared__ float s_acc[kAttnWarps][kMaxDim];
@@ -558,6 +584,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   const int D = kv.head_dim;
   const int kvh = h / (n_head / kv.n_head_kv);
   const int32_t p = pos[t];
+  const int32_t start = window > 0 ? max(0, p + 1 - window) : 0;  // a sliding window's first position
   const int32_t* blocks = table + static_cast<size_t>(slot[t]) * kv.blocks_per_slot;  // the slot's block table
   const size_t stride = block_elems(kv);
   const size_t head = static_cast<size_t>(kvh) * kKvBlockTokens * D;  // head kvh's rows in block 0
@@ -567,20 +594,20 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   float qv[DPL], acc[DPL];
 #pragma unroll
   for (int i = 0; i < DPL; ++i) {
-    qv[i] = qh[lane + 32 * i];
+    qv[i] = q_scale > 0.0f ? qh[lane + 32 * i] * q_scale : qh[lane + 32 * i];
     acc[i] = 0.0f;
   }
   float m = -FLT_MAX, l = 0.0f;
   __half kn[DPL], vn[DPL];  // the next position's key and value values of this lane
-  if (warp <= p) {
-    const size_t first = kv_row(blocks, stride, D, warp);
+  if (start + warp <= p) {
+    const size_t first = kv_row(blocks, stride, D, start + warp);
 #pragma unroll
     for (int i = 0; i < DPL; ++i) {
       kn[i] = K[first + lane + 32 * i];
       vn[i] = V[first + lane + 32 * i];
     }
   }
-  for (int32_t j = warp; j <= p; j += kAttnWarps) {
+  for (int32_t j = start + warp; j <= p; j += kAttnWarps) {
     float kc[DPL], vc[DPL];
 #pragma unroll
     for (int i = 0; i < DPL; ++i) {
@@ -783,6 +810,19 @@ cudaError_t swiglu(const float* gate, const float* up, int64_t n, float* y, cuda
   return cudaGetLastError();
 }
 
+cudaError_t scale(const float* x, int64_t n, float s, float* y, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  scale_kernel<<<elementwise_blocks(n), 256, 0, stream>>>(x, n, s, y);
+  return cudaGetLastError();
+}
+
+cudaError_t geglu(const float* gate, const float* up, int64_t n, const uint16_t* gelu_table, float* y,
+                  cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  geglu_kernel<<<elementwise_blocks(n), 256, 0, stream>>>(gate, up, n, gelu_table, y);
+  return cudaGetLastError();
+}
+
 cudaError_t rope(const float* x, int32_t tokens, int32_t n_heads, int32_t head_dim, const float* table, bool neox,
                  float* y, cudaStream_t stream) {
   const int64_t n = static_cast<int64_t>(tokens) * n_heads * (head_dim / 2);
@@ -801,8 +841,8 @@ cudaError_t kv_write(const KvLayout& kv, const float* k, const float* v, const i
 }
 
 cudaError_t attention(const KvLayout& kv, int32_t n_head, const float* q, const int32_t* pos, const int32_t* slot,
-                      const int32_t* table, int32_t tokens, float scale, const uint16_t* cache, float* out,
-                      cudaStream_t stream) {
+                      const int32_t* table, int32_t tokens, float scale, float q_scale, int32_t window,
+                      const uint16_t* cache, float* out, cudaStream_t stream) {
   if (tokens <= 0) return cudaSuccess;
   if (kv.head_dim % 32 != 0 || kv.head_dim > 256 || kv.head_dim <= 0) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(n_head), static_cast<unsigned>(tokens));
@@ -810,7 +850,8 @@ cudaError_t attention(const KvLayout& kv, int32_t n_head, const float* q, const 
   switch (kv.head_dim / 32) {
 #define INFERD_ATTENTION_CASE(N)                                                                                   \
   case N:                                                                                                          \
-    attention_kernel<N><<<grid, kAttnWarps * 32, 0, stream>>>(kv, n_head, q, pos, slot, table, scale, c, out); \
+    attention_kernel<N><<<grid, kAttnWarps * 32, 0, stream>>>(kv, n_head, q, pos, slot, table, scale, q_scale,   \
+                                                              window, c, out);                                 \
     break;
     INFERD_ATTENTION_CASE(1)
     INFERD_ATTENTION_CASE(2)

@@ -33,7 +33,8 @@
     acc[i] = (float4)(0.0f);
   }
   float m = -INFINITY, l = 0.0f;
-  for (int p = lid; p < end; p += lsz) {
+  const int start = window > 0 ? max(0, pos[t] + 1 - window) : 0;  // a sliding window's first position
+  for (int p = start + lid; p < end; p += lsz) {
     const size_t row = (size_t)blocks[p >> 6] * block_halves + (size_t)(p & 63) * hd;
     __global const half* kr = kc + row;
     float sc = 0.0f;
@@ -58,7 +59,7 @@
   barrier(CLK_LOCAL_MEM_FENCE);
   float total = 0.0f;
   for (int j = 0; j < lsz; ++j) total += lane_sum[j];
-  const float inv = 1.0f / total;  // > 0: position 0 is never masked
+  const float inv = 1.0f / total;  // > 0: the token's own position is never masked
   for (int i = lid; i < HD4; i += lsz) {
     float4 o = (float4)(0.0f);
     for (int j = 0; j < lsz; ++j) o += lane_acc[j * HD4 + i];
@@ -118,6 +119,7 @@ inline float inferd_qk(const float4* qv, __global const half* kr) {
   const int tl = get_group_id(1);
   const int t = first_token + tl;
   const int n_kv = pos[t] + 1;  // positions past the token's own are masked
+  const int start = window > 0 ? max(0, n_kv - window) : 0;  // and those before a sliding window
   const int g = h / (n_head / n_head_kv);
   const size_t hd = HD4 * 4;
   __global const int* blocks = kv_table + slot[t] * bps;           // the slot's block table
@@ -129,7 +131,7 @@ inline float inferd_qk(const float4* qv, __global const half* kr) {
   float4 qv[HD4];
   for (int i = 0; i < HD4; ++i) qv[i] = vload_half4(i, qp);
   float m = -INFINITY;
-  for (int p = lid; p < n_kv; p += lsz) {
+  for (int p = start + lid; p < n_kv; p += lsz) {
     const float s = inferd_qk(qv, kc + (size_t)blocks[p >> 6] * block_halves + (size_t)(p & 63) * hd) * scale;
     sc[p] = s;
     m = fmax(m, s);
@@ -152,8 +154,9 @@ inline float inferd_qk(const float4* qv, __global const half* kr) {
       float e[16];
       for (int l = 0; l < 16; ++l) {
         const int p = 16 * c + l;
-        e[l] = p < n_kv ? inferd_expf(sc[p] - mx) : 0.0f;
-        if (p < n_kv) sc[p] = e[l];
+        const bool in = p >= start && p < n_kv;  // chunks are aligned to position 0, as exp_sum's
+        e[l] = in ? inferd_expf(sc[p] - mx) : 0.0f;
+        if (in) sc[p] = e[l];
       }
       cs = inferd_reduce16(vload16(0, e));
     }
@@ -168,7 +171,7 @@ inline float inferd_qk(const float4* qv, __global const half* kr) {
   if (lid == 0) scratch[0] = (float)(1.0 / total);
   barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
   const float inv = scratch[0];
-  for (int p = lid; p < n_kv; p += lsz) sc[p] = inferd_round_half(sc[p] * inv);  // as llama.cpp before KQV
+  for (int p = start + lid; p < n_kv; p += lsz) sc[p] = inferd_round_half(sc[p] * inv);  // as llama.cpp before KQV
   barrier(CLK_GLOBAL_MEM_FENCE);
   // KQV: chain i of dimension d sums positions j = i (mod 16) in order (tinyBLAS's 16 lanes), a block
   // of 64 positions (4 of the chain's) at a time; the products of two halves are exact.
@@ -178,7 +181,9 @@ inline float inferd_qk(const float4* qv, __global const half* kr) {
     for (int b0 = 0; b0 < n_kv; b0 += 64) {
       __global const half* vb = vc + (size_t)blocks[b0 >> 6] * block_halves + d;
       const int end = min(n_kv - b0, 64);
-      for (int j = i; j < end; j += 16) acc = fma(sc[b0 + j], vload_half(0, vb + (size_t)j * hd), acc);
+      for (int j = i; j < end; j += 16) {
+        if (b0 + j >= start) acc = fma(sc[b0 + j], vload_half(0, vb + (size_t)j * hd), acc);
+      }
     }
     chains[c] = acc;
   }

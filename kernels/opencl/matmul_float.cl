@@ -55,5 +55,5 @@
   const int row = rows[t];
   float4 r[4];
   w_load(wq, ws, wm, wsub, wh, row / 4, si, $dst.Slices(), r);
-  $dst.Write(r[row % 4], t, 0, si);
+  $dst.Write(scale != 0.0f ? r[row % 4] * scale : r[row % 4], t, 0, si);  // gemma3 scales its embeddings
 //@ end

@@ -53,7 +53,8 @@
 // work-items also copy V into the cache: a layer's pool of blocks [block][k|v][kv_head][64][head_dim],
 // position p of the token's slot in block kv_table[slot * bps + p / 64] at row p % 64. The cos and sin
 // come from the host (rope_table: the CPU engine's own values); the rotation is kernels::rope_rotate's:
-// a' = fma(a, cos, -(b * sin)), b' = fma(a, sin, b * cos).
+// a' = fma(a, cos, -(b * sin)), b' = fma(a, sin, b * cos). q_scale > 0 multiplies the rotated Q before
+// it is rounded to half (the CPU engine's q_as_half).
 // The body is rope_kv.head, then rope_kv.normal or rope_kv.neox.
 //@ rope_kv.helpers
 // The bias of channels [c, c + 4) of Q|K|V, or 0.
@@ -93,6 +94,7 @@ inline float4 inferd_bias(__global const float* bias, int c) {
   o.y = fma(x.x, cs.y, x.y * cs.x);
   o.z = fma(x.z, cs.z, -(x.w * cs.w));
   o.w = fma(x.z, cs.w, x.w * cs.z);
+  if (is_q && q_scale > 0.0f) o = o * q_scale;  // Q scaled before its rounding (gemma3, phi3)
   vstore_half4(o, s, is_q ? q_row : kv_row);
 //@ end
 
@@ -114,6 +116,7 @@ inline float4 inferd_bias(__global const float* bias, int c) {
                  s + half_s, v_row);
   }
   __global half* out = is_q ? q_row : kv_row;
-  vstore_half4(fma(lo, c, -(hi * sn)), s, out);
-  vstore_half4(fma(lo, sn, hi * c), s + half_s, out);
+  const float qs = is_q && q_scale > 0.0f ? q_scale : 1.0f;  // Q scaled before its rounding (phi3); x 1 is exact
+  vstore_half4(fma(lo, c, -(hi * sn)) * qs, s, out);
+  vstore_half4(fma(lo, sn, hi * c) * qs, s + half_s, out);
 //@ end

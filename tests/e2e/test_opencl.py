@@ -5,6 +5,7 @@ through the API, and a bad device index refused without harm. Mixed pipelines (L
 like llama.cpp's -ngl): layers 0-14 on OpenCL and 15-29 on the CPU (`inferctl load --layer-split 15
 --stage-backends opencl,cpu`) and the reverse, each stage's backend in the placement and the workers,
 greedy output equal to the whole model on the CPU; a bad stageBackends is refused and the daemon goes on.
+Any model the OpenCL backend runs: ctest runs this file on SmolLM2 and on Gemma 3 270M (inferd_e2e_opencl_gemma3).
 The int8 form of the exact matmul's dot products (INFERD_OPENCL_INT_DOT=int8) gives the same text.
 Half-precision activations (INFERD_OPENCL_NUMERICS=float INFERD_OPENCL_ACTIVATIONS=f16) show in the
 worker's device string and agree with the CPU backend, teacher-forced, at the float numerics' floor; f16
@@ -168,11 +169,14 @@ class OpenClTest(harness.DaemonTestCase):
         self.inferctl("load", "--id", "ocl-cpu", "--ctx", str(CONTEXT), "--parallel", "2", "--layer-split", "15",
                       "--stage-backends", "opencl,cpu", harness.Config.model)
         status = self.inferctl("status")
-        self.assertIn("opencl:0 layers 0-14", status, f"inferctl status lacks the OpenCL stage:\n{status}")
-        self.assertIn("cpu:1 layers 15-29", status, f"inferctl status lacks the CPU stage:\n{status}")
 
         async def body():
             conn = await Connection.open(self.daemon.socket_path)
+            # The model's layers (30 for SmolLM2, 18 for Gemma 3 270M): the end of the last stage.
+            n_layer = (await conn.model_status("ocl-cpu")).info.placement.stages[-1].endLayer
+            last = f"layers 15-{n_layer - 1}"
+            self.assertIn("opencl:0 layers 0-14", status, f"inferctl status lacks the OpenCL stage:\n{status}")
+            self.assertIn(f"cpu:1 {last}", status, f"inferctl status lacks the CPU stage:\n{status}")
             await conn.load(harness.Config.model, id="cpu-whole", contextSize=CONTEXT, parallel=2, backend="cpu")
             await conn.load(harness.Config.model, id="cpu-ocl", contextSize=CONTEXT, parallel=2, layerSplit=[15],
                             stageBackends=["cpu", "opencl"])
@@ -188,12 +192,12 @@ class OpenClTest(harness.DaemonTestCase):
                 self.assertIsNotNone(m, f"status() lacks {model_id}")
                 self.assertEqual(m.info.state, "ready")
                 stages = [(s.worker, s.backend, s.firstLayer, s.endLayer) for s in m.info.placement.stages]
-                self.assertEqual(stages, [(0, backends[0], 0, 15), (1, backends[1], 15, 30)],
+                self.assertEqual(stages, [(0, backends[0], 0, 15), (1, backends[1], 15, n_layer)],
                                  f"{model_id}: placement {m.info.placement}")
                 self.assertEqual([w.backend for w in m.info.workers], backends, f"{model_id}: {m.info.workers}")
                 ocl = m.info.workers[backends.index("opencl")].device
                 self.assertIn("OpenCL: ", ocl, f"{model_id}: the OpenCL stage's device: {ocl!r}")
-                self.assertIn("layers 0-14" if backends[0] == "opencl" else "layers 15-29", ocl)
+                self.assertIn("layers 0-14" if backends[0] == "opencl" else last, ocl)
                 print(f"\n[opencl] {model_id}: {m.info.placement.summary}; OpenCL stage: {ocl}", file=sys.stderr)
                 for i, r in enumerate(requests):
                     out = await conn.generate(dict(r, model=model_id))

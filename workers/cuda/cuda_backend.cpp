@@ -193,7 +193,7 @@ struct CudaBackend::Impl {
   // Activations: a pool of buffers; each graph tensor's home is one of them (-1: none).
   std::vector<DeviceBuffer> pool;
   std::vector<int> home;
-  std::vector<int> tmp_a, tmp_b;  // per node: matmul_swiglu's gate and up scratch
+  std::vector<int> tmp_a, tmp_b;  // per node: matmul_swiglu's / matmul_geglu's gate and up scratch
   std::vector<DeviceBuffer> caches;  // per layer of the graph
   KvLayout kv;
   // The step's block tables ([n_slots][blocks_per_slot] int32, StepIO::kv_table) on the device, and what
@@ -226,9 +226,20 @@ struct CudaBackend::Impl {
   std::set<std::pair<int32_t, int32_t>> uncapturable;
   std::string graph_note;  // why a capture failed, for describe()
   Status run_nodes(const Graph& g, const graph::StepShape& s);
-  // RoPE angle tables per positions input: the device table and the host one it is computed in.
-  std::map<TensorId, DeviceBuffer> rope_tables;
-  std::vector<float> host_table;
+  // RoPE angle tables: one per positions input and distinct (base, frequency scale, factors) of the
+  // graph's rope nodes (gemma3's local and global layers: two), the device table and the host one it is
+  // computed in; rope_of: each node's table (-1: none).
+  struct RopeTable {
+    TensorId positions = graph::kNone;
+    float base = 0.0f, freq_scale = 1.0f;
+    const WeightView* factors = nullptr;
+    DeviceBuffer device;
+    std::vector<float> host;
+  };
+  std::vector<RopeTable> rope_tables;
+  std::vector<int> rope_of;
+  // kernels::gelu_table() on the device, for GeGLU (uploaded by prepare() when the graph has it).
+  DeviceBuffer gelu;
 
   Status fail(cudaError_t e, const std::string& what) {
     if (is_sticky(e)) {
@@ -338,7 +349,6 @@ std::string CudaBackend::describe() const {
 }
 
 bool CudaBackend::supports(const Graph& g, const Node& n) const {
-  if (graph::uses_variants(g, n)) return false;  // gemma3's and qwen3's operators: the CPU backend has them
   auto type_ok = [&](TensorId w) {
     const graph::Tensor& t = g.tensor(w);
     return t.weight != nullptr && wtype_supported(static_cast<uint32_t>(t.weight->type));
@@ -347,20 +357,26 @@ bool CudaBackend::supports(const Graph& g, const Node& n) const {
   const graph::Heads& h = g.heads;
   switch (n.op) {
     case Op::kEmbed: return type_ok(n.in[1]);
-    case Op::kRmsNorm: return f32(n.in[1]);
+    case Op::kRmsNorm: {  // the row, or each head of it: rows x groups of the weight's width
+      const int64_t group = g.tensor(n.in[1]).cols;
+      return f32(n.in[1]) && group > 0 && g.tensor(n.in[0]).cols % group == 0;
+    }
     case Op::kMatmul: return type_ok(n.in[1]) && f32(n.in[2]);
     case Op::kMatmulAdd: return type_ok(n.in[1]) && f32(n.in[2]);
-    case Op::kMatmulSwiglu: return type_ok(n.in[1]) && type_ok(n.in[2]);
-    case Op::kRope: return h.head_dim > 0 && h.head_dim % 2 == 0 && g.tensor(n.in[0]).cols % h.head_dim == 0;
+    case Op::kMatmulSwiglu:
+    case Op::kMatmulGeglu: return type_ok(n.in[1]) && type_ok(n.in[2]);
+    case Op::kRope:
+      return h.head_dim > 0 && h.head_dim % 2 == 0 && g.tensor(n.in[0]).cols % h.head_dim == 0 &&
+             (n.rope_factors == nullptr ||
+              (n.rope_factors->type == DType::kF32 && n.rope_factors->rows * n.rope_factors->cols == h.head_dim / 2));
     case Op::kKvWrite: return h.head_dim > 0 && h.n_head_kv > 0;
     case Op::kAttention:
       return h.head_dim % 32 == 0 && h.head_dim <= 256 && h.n_head_kv > 0 && h.n_head % h.n_head_kv == 0;
     case Op::kSwiglu:
+    case Op::kGeglu:
     case Op::kAdd:
     case Op::kGetRows: return true;
-    case Op::kRopeKv:
-    case Op::kGeglu:
-    case Op::kMatmulGeglu: return false;
+    case Op::kRopeKv: return false;
   }
   return false;
 }
@@ -472,7 +488,7 @@ Status CudaBackend::Impl::plan(const Graph& g) {
       if (t.kind == graph::TensorKind::kKvCache) continue;  // the layer's cache
       home[static_cast<size_t>(id)] = take(bytes_of(t));
     }
-    if (n.op == Op::kMatmulSwiglu) {
+    if (n.op == Op::kMatmulSwiglu || n.op == Op::kMatmulGeglu) {
       const size_t bytes = bytes_of(g.tensor(n.out[0]));
       tmp_a[ni] = take(bytes);
       tmp_b[ni] = take(bytes);
@@ -566,6 +582,8 @@ Status CudaBackend::prepare(const Graph& g, const BackendShape& shape) {
   I.uncapturable.clear();
   I.graph_note.clear();
   I.rope_tables.clear();
+  I.rope_of.clear();
+  I.gelu.reset();
   I.exact_act.reset();
   I.scores.reset();
   I.stats = CudaStats{};
@@ -617,8 +635,17 @@ Status CudaBackend::prepare(const Graph& g, const BackendShape& shape) {
   }
   if (st) st = I.plan(g);
   if (st) {
-    for (const Node& n : g.nodes()) {
-      if (n.op != Op::kRope || I.rope_tables.count(n.in[1])) continue;
+    I.rope_of.assign(g.nodes().size(), -1);
+    for (size_t ni = 0; ni < g.nodes().size() && st; ++ni) {
+      const Node& n = g.nodes()[ni];
+      if (n.op != Op::kRope) continue;
+      const float base = g.heads.rope_base_of(n);
+      auto same = [&](const Impl::RopeTable& t) {
+        return t.positions == n.in[1] && t.base == base && t.freq_scale == n.rope_freq_scale && t.factors == n.rope_factors;
+      };
+      auto it = std::find_if(I.rope_tables.begin(), I.rope_tables.end(), same);
+      I.rope_of[ni] = static_cast<int>(it - I.rope_tables.begin());
+      if (it != I.rope_tables.end()) continue;
       auto t = DeviceBuffer::allocate(static_cast<size_t>(shape.max_tokens) * static_cast<size_t>(g.heads.head_dim) * 4,
                                       "RoPE angles");
       if (!t) {
@@ -626,7 +653,20 @@ Status CudaBackend::prepare(const Graph& g, const BackendShape& shape) {
         break;
       }
       I.stats.activation_bytes += t->bytes();
-      I.rope_tables.emplace(n.in[1], std::move(t).value());
+      I.rope_tables.push_back(Impl::RopeTable{n.in[1], base, n.rope_freq_scale, n.rope_factors, std::move(t).value(), {}});
+    }
+  }
+  if (st && std::any_of(g.nodes().begin(), g.nodes().end(),
+                        [](const Node& n) { return n.op == Op::kGeglu || n.op == Op::kMatmulGeglu; })) {
+    auto t = DeviceBuffer::allocate(sizeof(fp16_t) << 16, "the GELU table");
+    if (t) {
+      I.gelu = std::move(t).value();
+      I.stats.weight_bytes += I.gelu.bytes();
+      const cudaError_t e = cudaMemcpyAsync(I.gelu.get(), kernels::gelu_table(), I.gelu.bytes(), cudaMemcpyHostToDevice,
+                                            I.stream);
+      if (e != cudaSuccess) st = I.fail(e, "the GELU table");
+    } else {
+      st = t.status();
     }
   }
   if (st) {
@@ -640,6 +680,8 @@ Status CudaBackend::prepare(const Graph& g, const BackendShape& shape) {
     I.kv_table.reset();
     I.graphs.clear();
     I.rope_tables.clear();
+    I.rope_of.clear();
+    I.gelu.reset();
     I.exact_act.reset();
     I.scores.reset();
     const CudaStats kept{};
@@ -698,28 +740,40 @@ Status CudaBackend::Impl::run_node(const Graph& g, const Node& n, const graph::S
       const Matrix w = matrix(g.tensor(n.in[1]));
       e = ex ? get_rows_exact(w, ints(n.in[0]), rows, f(n.out[0]), stream)
              : get_rows(w, ints(n.in[0]), rows, f(n.out[0]), stream);
+      if (e == cudaSuccess && n.scale != 0.0f) {  // gemma3: the rows times sqrt(n_embd), as the CPU
+        e = scale(f(n.out[0]), static_cast<int64_t>(rows) * cols, n.scale, f(n.out[0]), stream);
+      }
       break;
     }
-    case Op::kRmsNorm:
-      e = ex ? rms_norm_exact(f(n.in[0]), vec(g, n.in[1]), rows, cols, n.eps, f(n.out[0]), stream)
-             : rms_norm(f(n.in[0]), vec(g, n.in[1]), rows, cols, n.eps, f(n.out[0]), stream);
+    case Op::kRmsNorm: {  // each group of the weight's width (a row, or a head: qwen3's Q/K norms) is a row
+      const int64_t group = g.tensor(n.in[1]).cols;
+      const int32_t norm_rows = static_cast<int32_t>(rows * (cols / group));
+      e = ex ? rms_norm_exact(f(n.in[0]), vec(g, n.in[1]), norm_rows, group, n.eps, f(n.out[0]), stream)
+             : rms_norm(f(n.in[0]), vec(g, n.in[1]), norm_rows, group, n.eps, f(n.out[0]), stream);
       break;
+    }
     case Op::kMatmul:
     case Op::kMatmulAdd:
       return matmul(g, n.in[0], rows, matrix(g.tensor(n.in[1])), vec(g, n.in[2]),
                     n.op == Op::kMatmulAdd ? f(n.in[3]) : nullptr, f(n.out[0]));
-    case Op::kMatmulSwiglu: {
+    case Op::kMatmulSwiglu:
+    case Op::kMatmulGeglu: {
       float* a = pool[static_cast<size_t>(tmp_a[index])].as<float>();
       float* b = pool[static_cast<size_t>(tmp_b[index])].as<float>();
       INFERD_RETURN_IF_ERROR(matmul(g, n.in[0], rows, matrix(g.tensor(n.in[1])), nullptr, nullptr, a));
       INFERD_RETURN_IF_ERROR(matmul(g, n.in[0], rows, matrix(g.tensor(n.in[2])), nullptr, nullptr, b));
       const int64_t count = static_cast<int64_t>(rows) * cols;
-      e = ex ? swiglu_exact(a, b, count, f(n.out[0]), stream) : swiglu(a, b, count, f(n.out[0]), stream);
+      if (n.op == Op::kMatmulGeglu) {
+        e = geglu(a, b, count, gelu.as<uint16_t>(), f(n.out[0]), stream);
+      } else {
+        e = ex ? swiglu_exact(a, b, count, f(n.out[0]), stream) : swiglu(a, b, count, f(n.out[0]), stream);
+      }
       break;
     }
     case Op::kRope: {
       const int32_t hd = g.heads.head_dim;
-      e = rope(f(n.in[0]), rows, static_cast<int32_t>(cols / hd), hd, rope_tables.at(n.in[1]).as<float>(),
+      e = rope(f(n.in[0]), rows, static_cast<int32_t>(cols / hd), hd,
+               rope_tables[static_cast<size_t>(rope_of[index])].device.as<float>(),
                g.heads.rope_style == RopeStyle::kNeox, f(n.out[0]), stream);
       break;
     }
@@ -727,11 +781,13 @@ Status CudaBackend::Impl::run_node(const Graph& g, const Node& n, const graph::S
       e = kv_write(kv, f(n.in[0]), f(n.in[1]), ints(n.in[2]), ints(n.in[3]), table(), s.tokens, cache(g, n), stream);
       break;
     case Op::kAttention: {
-      const float scale = 1.0f / std::sqrt(static_cast<float>(g.heads.head_dim));
-      e = ex ? attention_exact(kv, g.heads.n_head, f(n.in[0]), ints(n.in[2]), ints(n.in[3]), table(), s.tokens, scale,
-                               cache(g, n), scores.as<float>(), score_tokens, f(n.out[0]), stream)
-             : attention(kv, g.heads.n_head, f(n.in[0]), ints(n.in[2]), ints(n.in[3]), table(), s.tokens, scale,
-                         cache(g, n), f(n.out[0]), stream);
+      // An explicit scale multiplies Q before its rounding (gemma3, phi3); the default scales the scores.
+      const float kq_scale = n.scale > 0.0f ? 1.0f : g.heads.kq_scale(n);
+      e = ex ? attention_exact(kv, g.heads.n_head, f(n.in[0]), ints(n.in[2]), ints(n.in[3]), table(), s.tokens,
+                               kq_scale, n.scale, n.window, cache(g, n), scores.as<float>(), score_tokens, f(n.out[0]),
+                               stream)
+             : attention(kv, g.heads.n_head, f(n.in[0]), ints(n.in[2]), ints(n.in[3]), table(), s.tokens, kq_scale,
+                         n.scale, n.window, cache(g, n), f(n.out[0]), stream);
       break;
     }
     case Op::kSwiglu: {
@@ -742,9 +798,10 @@ Status CudaBackend::Impl::run_node(const Graph& g, const Node& n, const graph::S
     }
     case Op::kAdd: e = add(f(n.in[0]), f(n.in[1]), static_cast<int64_t>(rows) * cols, f(n.out[0]), stream); break;
     case Op::kGetRows: e = gather(f(n.in[0]), cols, ints(n.in[1]), rows, f(n.out[0]), stream); break;
-    case Op::kRopeKv: return Status(Code::kUnimplemented, "the CUDA backend does not fuse rope_kv");
     case Op::kGeglu:
-    case Op::kMatmulGeglu: return Status(Code::kUnimplemented, "the CUDA backend has no GeGLU yet");
+      e = geglu(f(n.in[0]), f(n.in[1]), static_cast<int64_t>(rows) * cols, gelu.as<uint16_t>(), f(n.out[0]), stream);
+      break;
+    case Op::kRopeKv: return Status(Code::kUnimplemented, "the CUDA backend does not fuse rope_kv");
   }
   if (e != cudaSuccess) return fail(e, graph::op_name(n.op));
   return Status::ok();
@@ -778,15 +835,18 @@ Status CudaBackend::compute(const Graph& g, graph::StepIO& io) {
     INFERD_ASSERT(bytes <= I.pool[static_cast<size_t>(I.home[static_cast<size_t>(id)])].bytes(), "input %d too large", id);
     const cudaError_t e = cudaMemcpyAsync(I.f(id), h.data, bytes, cudaMemcpyHostToDevice, I.stream);
     if (e != cudaSuccess) return I.fail(e, "the step's inputs");
-    auto table = I.rope_tables.find(id);
-    if (table != I.rope_tables.end()) {
-      // The rotary angles as the CPU computes them.
-      I.host_table = rope_table(std::span<const int32_t>(static_cast<const int32_t*>(h.data), h.count),
-                                g.heads.head_dim, g.heads.rope_base);
-      const cudaError_t et = cudaMemcpyAsync(table->second.get(), I.host_table.data(), I.host_table.size() * 4,
+    bool angles = false;
+    for (Impl::RopeTable& table : I.rope_tables) {
+      if (table.positions != id) continue;
+      // The rotary angles as the CPU computes them (the node's base, frequency scale and factors).
+      table.host = rope_table(std::span<const int32_t>(static_cast<const int32_t*>(h.data), h.count), g.heads.head_dim,
+                              table.base, table.freq_scale, table.factors != nullptr ? table.factors->f32() : nullptr);
+      const cudaError_t et = cudaMemcpyAsync(table.device.get(), table.host.data(), table.host.size() * 4,
                                              cudaMemcpyHostToDevice, I.stream);
       if (et != cudaSuccess) return I.fail(et, "the RoPE angles");
-      // host_table is reused next step: wait for this copy first.
+      angles = true;
+    }
+    if (angles) {  // the host tables are rewritten next step: wait for these copies first
       const cudaError_t es = cudaStreamSynchronize(I.stream);
       if (es != cudaSuccess) return I.fail(es, "the RoPE angles");
     }

@@ -79,9 +79,16 @@ TEST(CudaDevice, BadSettingsAreRefusedNamingTheVariable) {
 // ---- Models on the device ------------------------------------------------------------------------------
 
 std::vector<std::string> model_files() {
+  // The llama and qwen2 layouts, and the architectures past them (gemma3: Q/K norms per head, scaled
+  // embeddings, GeGLU, sliding-window layers with a RoPE base of their own, Q scaled before its rounding;
+  // qwen3: Q/K norms; phi3: fused QKV and gate/up as row ranges; llama3: RoPE frequency factors).
   std::vector<std::string> out = {INFERD_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf",
                                   INFERD_TEST_DATA_DIR "/models/mixed-small.gguf",
-                                  INFERD_TEST_DATA_DIR "/models/qwen2-small.gguf"};
+                                  INFERD_TEST_DATA_DIR "/models/qwen2-small.gguf",
+                                  INFERD_TEST_DATA_DIR "/models/gemma3-small.gguf",
+                                  INFERD_TEST_DATA_DIR "/models/qwen3-small.gguf",
+                                  INFERD_TEST_DATA_DIR "/models/phi3-small.gguf",
+                                  INFERD_TEST_DATA_DIR "/models/llama3-small.gguf"};
   if (const char* extra = std::getenv("INFERD_CUDA_TEST_MODELS")) {
     std::stringstream ss(extra);
     std::string item;

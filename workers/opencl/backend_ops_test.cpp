@@ -191,39 +191,38 @@ class BinaryCase final : public OpCase {
   std::vector<float> a_, b_;
 };
 
+// `group` channels per norm (0: the whole row; else each head of the row, as qwen3's Q/K norms).
 class RmsNormCase final : public OpCase {
  public:
-  RmsNormCase(Bhwc shape, uint32_t seed, bool exact = false)
-      : shape_(shape), exact_(exact), x_(random_values(shape.elements(), seed)),
-        w_(random_values(shape.c, seed + 1, 0.5f, 1.5f)) {}
+  RmsNormCase(Bhwc shape, uint32_t seed, bool exact = false, int32_t group = 0)
+      : shape_(shape), exact_(exact), group_(group > 0 ? group : shape.c), x_(random_values(shape.elements(), seed)),
+        w_(random_values(group_, seed + 1, 0.5f, 1.5f)) {}
   std::string op() const override { return exact_ ? "rms_norm_exact" : "rms_norm"; }
-  std::string params() const override { return shape_.to_string(); }
+  std::string params() const override {
+    return shape_.to_string() + (group_ != shape_.c ? ",group=" + std::to_string(group_) : "");
+  }
   bool bit_exact() const override { return exact_; }
   bool exact_numerics() const override { return exact_; }
   Status run(Ops& ops, Harness& h, std::vector<float>* out) override {
     ASSIGN_OR_RETURN(x, h.input(shape_, x_));
-    ASSIGN_OR_RETURN(w, h.input(Bhwc{1, 1, 1, shape_.c}, w_));
+    ASSIGN_OR_RETURN(w, h.input(Bhwc{1, 1, 1, group_}, w_));
     ASSIGN_OR_RETURN(d, h.output(shape_));
     INFERD_RETURN_IF_ERROR(exact_ ? ops.rms_norm_exact(*x, *w, kEps, *d) : ops.rms_norm(*x, *w, kEps, *d));
     return h.finish(*d, out);
   }
   std::vector<float> reference() const override {
     std::vector<float> r(x_.size());
+    const size_t g = static_cast<size_t>(group_);
     if (exact_) {
-      for (size_t row = 0; row < x_.size() / static_cast<size_t>(shape_.c); ++row) {
-        const size_t at = row * static_cast<size_t>(shape_.c);
-        ops::rms_norm(&x_[at], w_.data(), &r[at], shape_.c, kEps);
-      }
+      for (size_t at = 0; at < x_.size(); at += g) ops::rms_norm(&x_[at], w_.data(), &r[at], group_, kEps);
       return r;
     }
-    for (size_t row = 0; row < x_.size() / static_cast<size_t>(shape_.c); ++row) {
-      const float* x = &x_[row * static_cast<size_t>(shape_.c)];
+    for (size_t at = 0; at < x_.size(); at += g) {
+      const float* x = &x_[at];
       double sum = 0.0;
-      for (int32_t c = 0; c < shape_.c; ++c) sum += double{x[c]} * x[c];
-      const double scale = 1.0 / std::sqrt(sum / shape_.c + kEps);
-      for (int32_t c = 0; c < shape_.c; ++c) {
-        r[row * static_cast<size_t>(shape_.c) + static_cast<size_t>(c)] = static_cast<float>(x[c] * scale * w_[static_cast<size_t>(c)]);
-      }
+      for (size_t c = 0; c < g; ++c) sum += double{x[c]} * x[c];
+      const double scale = 1.0 / std::sqrt(sum / static_cast<double>(g) + kEps);
+      for (size_t c = 0; c < g; ++c) r[at + c] = static_cast<float>(x[c] * scale * w_[c]);
     }
     return r;
   }
@@ -232,6 +231,7 @@ class RmsNormCase final : public OpCase {
   static constexpr float kEps = 1e-5f;
   Bhwc shape_;
   bool exact_;
+  int32_t group_;
   std::vector<float> x_, w_;
 };
 
@@ -1066,6 +1066,9 @@ TEST(BackendOps, RmsNorm) {
   const Bhwc shapes[] = {{1, 1, 1, 1}, {1, 1, 3, 5}, {1, 2, 7, 67}, {1, 1, 4, 576}, {2, 1, 3, 3}};
   uint32_t seed = 200;
   for (const Bhwc& s : shapes) cases.push_back(std::make_unique<RmsNormCase>(s, seed++));
+  // Per head: 4 and 3 groups of 64 and 12 channels.
+  cases.push_back(std::make_unique<RmsNormCase>(Bhwc{1, 1, 5, 256}, seed++, false, 64));
+  cases.push_back(std::make_unique<RmsNormCase>(Bhwc{1, 1, 3, 36}, seed++, false, 12));
   run_cases(*rt, cases);
 }
 
@@ -1259,6 +1262,8 @@ TEST(BackendOps, ExactRowOps) {
   for (const Bhwc& s : {Bhwc{1, 1, 1, 1}, Bhwc{1, 2, 7, 67}, Bhwc{1, 1, 5, 576}, Bhwc{1, 1, 2, 1536}}) {
     cases.push_back(std::make_unique<RmsNormCase>(s, seed++, /*exact=*/true));
   }
+  cases.push_back(std::make_unique<RmsNormCase>(Bhwc{1, 1, 5, 256}, seed++, /*exact=*/true, 64));
+  cases.push_back(std::make_unique<RmsNormCase>(Bhwc{1, 1, 3, 36}, seed++, /*exact=*/true, 12));
   for (const Bhwc& s : kElementwiseShapes) cases.push_back(std::make_unique<BinaryCase>(Binary::kSwigluExact, s, seed++));
   cases.push_back(std::make_unique<SwigluHalvesCase>(1, 4, seed++, /*exact=*/true));
   cases.push_back(std::make_unique<SwigluHalvesCase>(5, 1536, seed++, /*exact=*/true));
@@ -1409,7 +1414,9 @@ TEST(BackendOps, RejectsBadArguments) {
   auto make = [&](Bhwc s) { return std::move(Tensor::allocate(*rt, TensorDescriptor(s, StorageType::kBuffer)).value()); };
   Tensor a = make({1, 1, 3, 5}), b = make({1, 1, 3, 6}), w = make({1, 1, 1, 6}), d = make({1, 1, 3, 5});
   EXPECT_EQ(ops.add(a, b, d).code(), Code::kInvalidArgument);
-  EXPECT_EQ(ops.rms_norm(a, w, 1e-5f, d).code(), Code::kInvalidArgument);
+  EXPECT_EQ(ops.rms_norm(a, w, 1e-5f, d).code(), Code::kInvalidArgument);  // 6 channels do not divide 5
+  Tensor x12 = make({1, 1, 3, 12}), d12 = make({1, 1, 3, 12});
+  EXPECT_EQ(ops.rms_norm(x12, w, 1e-5f, d12).code(), Code::kUnimplemented);  // groups of 6: not whole slices
   EXPECT_EQ(ops.softmax(a, b, 1.0f, d).code(), Code::kInvalidArgument);
 
   auto pos = rt->create_buffer(sizeof(int32_t));
@@ -1420,7 +1427,8 @@ TEST(BackendOps, RejectsBadArguments) {
   const std::vector<unsigned char> bytes(4096, 0);
   EXPECT_EQ(MatmulWeights::upload(*rt, DType::kQ8_0, 2, 33, bytes.data()).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(MatmulWeights::upload(*rt, DType::kQ4_K, 2, 128, bytes.data()).status().code(), Code::kInvalidArgument);
-  EXPECT_EQ(MatmulWeights::upload(*rt, DType::kQ2_K, 2, 256, bytes.data()).status().code(), Code::kUnimplemented);
+  // Q8_K is an activation type, never a matmul weight.
+  EXPECT_EQ(MatmulWeights::upload(*rt, DType::kQ8_K, 2, 256, bytes.data()).status().code(), Code::kUnimplemented);
   EXPECT_EQ(MatmulWeights::upload(*rt, DType::kF32, 0, 4, bytes.data()).status().code(), Code::kInvalidArgument);
   auto mw = MatmulWeights::upload(*rt, DType::kF32, 4, 6, bytes.data());
   ASSERT_TRUE(mw.is_ok());

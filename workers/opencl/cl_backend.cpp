@@ -57,10 +57,12 @@ enum class Action : uint8_t {
   kEmbed,
   kRmsNorm,
   kMatmul,      // one matrix, or a stacked Q|K|V into one tensor
-  kGateUp,      // matmul_swiglu: stacked gate|up then swiglu_halves, or two matmuls then swiglu
+  kGateUp,      // matmul_swiglu / matmul_geglu: stacked gate|up then swiglu_halves (geglu_halves), or two
+                // matmuls then swiglu (geglu)
   kRopeKv,
   kAttention,
   kSwiglu,
+  kGeglu,
   kAdd,
   kGetRows,
 };
@@ -119,6 +121,9 @@ struct OpenClBackend::Impl {
     int tmp = -1, tmp2 = -1;            // kGateUp: gate|up (stacked) or gate and up
     ClMem bias;                         // kRopeKv: Q|K|V biases, or null
     int32_t cache = -1;                 // kRopeKv / kAttention: the layer's cache
+    int rope = -1;                      // kRopeKv: its angles (ropes)
+    float q_scale = 0.0f;               // kRopeKv: the attention's scale of Q (0: none)
+    bool geglu = false;                 // kGateUp: GeGLU, else SwiGLU
   };
   std::vector<NodePlan> plan;
   std::vector<ClMem> caches;  // per layer of the graph
@@ -133,7 +138,14 @@ struct OpenClBackend::Impl {
   ClMem ids, pos, slots, rows;  // int32 per token: token id, position, slot; rows for the gather
   ClMem kv_table;               // [n_slots][blocks_per_slot] int32: StepIO::kv_table
   std::vector<int32_t> host_kv_table;  // what kv_table holds (empty: not uploaded since prepare())
-  ClMem rope;                   // [max_tokens][head_dim] floats: rope_table() of the step's positions
+  // The distinct RoPE angle sets of the graph's rope_kv nodes (a base, frequency scale and factors each:
+  // gemma3's local and global layers have two), each a [max_tokens][head_dim] table of the step's positions.
+  struct Rope {
+    float base = 0.0f, freq_scale = 1.0f;
+    const WeightView* factors = nullptr;
+    ClMem table;
+  };
+  std::vector<Rope> ropes;
   ClMem q_half;                 // [max_tokens][n_embd] halves, rope_kv -> attention
   ClMem q8_scales;              // exact: [max_tokens][widest / 32] (d, s) of the Q8 quants
   ClMem q8k_blocks;             // exact, K-quants: [max_tokens][widest / 256][kQ8KBlockFloats]
@@ -213,7 +225,6 @@ std::string OpenClBackend::describe() const {
 }
 
 bool OpenClBackend::supports(const Graph& g, const Node& n) const {
-  if (graph::uses_variants(g, n)) return false;  // gemma3's and qwen3's operators: the CPU backend has them
   auto type_ok = [&](TensorId w) { return MatmulWeights::supports(g.tensor(w).weight_type()); };
   // The node that reads `id`, when exactly one does.
   auto only_reader = [&](TensorId id) -> const Node* {
@@ -229,7 +240,11 @@ bool OpenClBackend::supports(const Graph& g, const Node& n) const {
   };
   switch (n.op) {
     case Op::kEmbed: return type_ok(n.in[1]);
-    case Op::kRmsNorm: return g.tensor(n.in[1]).weight_type() == DType::kF32;
+    case Op::kRmsNorm: {  // the row, or each head of it (groups of a multiple of 4 channels)
+      const int64_t c = g.tensor(n.in[0]).cols, group = g.tensor(n.in[1]).cols;
+      return g.tensor(n.in[1]).weight_type() == DType::kF32 && group > 0 && c % group == 0 &&
+             (group == c || group % 4 == 0);
+    }
     case Op::kMatmul: {
       if (!type_ok(n.in[1])) return false;
       if (n.in[2] == graph::kNone) return true;
@@ -237,24 +252,27 @@ bool OpenClBackend::supports(const Graph& g, const Node& n) const {
       const Node* r = only_reader(n.out[0]);
       return r != nullptr && r->op == Op::kRopeKv && (r->in[0] == n.out[0] || r->in[1] == n.out[0] || r->in[2] == n.out[0]);
     }
-    case Op::kMatmulSwiglu: return type_ok(n.in[1]) && type_ok(n.in[2]);
+    case Op::kMatmulSwiglu:
+    case Op::kMatmulGeglu: return type_ok(n.in[1]) && type_ok(n.in[2]);
     case Op::kRopeKv: {
       AttentionGeometry geo{g.heads.n_head, g.heads.n_head_kv, g.heads.head_dim, 1, 1, 1, g.heads.rope_base,
                             g.heads.rope_style == RopeStyle::kNeox ? RopeMode::kNeox : RopeMode::kNormal};
-      return geo.check().is_ok();
+      const bool factors_ok = n.rope_factors == nullptr ||
+                              (n.rope_factors->type == DType::kF32 && n.rope_factors->rows * n.rope_factors->cols ==
+                                                                          g.heads.head_dim / 2);
+      return geo.check().is_ok() && factors_ok;
     }
     case Op::kAttention: {
       const int p = g.producer(n.in[0]);  // attention reads the halves rope_kv writes for Q
       return p >= 0 && g.nodes()[static_cast<size_t>(p)].op == Op::kRopeKv;
     }
     case Op::kSwiglu:
+    case Op::kGeglu:
     case Op::kAdd:
     case Op::kGetRows: return true;
     case Op::kRope:
     case Op::kKvWrite:
-    case Op::kMatmulAdd:
-    case Op::kGeglu:
-    case Op::kMatmulGeglu: return false;
+    case Op::kMatmulAdd: return false;
   }
   return false;
 }
@@ -268,6 +286,7 @@ Status OpenClBackend::Impl::plan_graph(const Graph& g) {
   bound.assign(g.tensors().size(), Bound{});
   phys.clear();
   matrices.clear();
+  ropes.clear();
   stacked.clear();
   vectors.clear();
   stats.weight_bytes = 0;
@@ -392,8 +411,10 @@ Status OpenClBackend::Impl::plan_graph(const Graph& g) {
         place(n.out[0]);
         break;
       }
-      case Op::kMatmulSwiglu: {
+      case Op::kMatmulSwiglu:
+      case Op::kMatmulGeglu: {
         np.action = Action::kGateUp;
+        np.geglu = n.op == Op::kMatmulGeglu;
         const graph::Tensor& wg = g.tensor(n.in[1]);
         const graph::Tensor& wu = g.tensor(n.in[2]);
         const int32_t f = static_cast<int32_t>(wg.fixed_rows);
@@ -423,6 +444,17 @@ Status OpenClBackend::Impl::plan_graph(const Graph& g) {
       case Op::kRopeKv: {
         np.action = Action::kRopeKv;
         np.cache = n.layer - g.first_layer;
+        const float base = g.heads.rope_base_of(n);
+        auto same = [&](const Rope& rp) {
+          return rp.base == base && rp.freq_scale == n.rope_freq_scale && rp.factors == n.rope_factors;
+        };
+        auto it = std::find_if(ropes.begin(), ropes.end(), same);
+        np.rope = static_cast<int>(it - ropes.begin());
+        if (it == ropes.end()) ropes.push_back(Rope{base, n.rope_freq_scale, n.rope_factors, ClMem()});
+        // An attention that scales Q itself (Node::scale > 0): Q is scaled here, before its rounding.
+        for (const Node& m : g.nodes()) {
+          if (m.op == Op::kAttention && m.in[0] == n.out[0] && m.scale > 0.0f) np.q_scale = m.scale;
+        }
         // Q|K|V biases (qwen2) of the matmuls that computed Q, K and V.
         const int64_t e = geometry.n_embd(), ekv = geometry.n_embd_kv();
         std::vector<float> bias(static_cast<size_t>(e + 2 * ekv), 0.0f);
@@ -451,8 +483,9 @@ Status OpenClBackend::Impl::plan_graph(const Graph& g) {
         place(n.out[0]);
         break;
       case Op::kSwiglu:
+      case Op::kGeglu:
       case Op::kAdd:
-        np.action = n.op == Op::kAdd ? Action::kAdd : Action::kSwiglu;
+        np.action = n.op == Op::kAdd ? Action::kAdd : n.op == Op::kGeglu ? Action::kGeglu : Action::kSwiglu;
         place(n.out[0]);
         break;
       case Op::kGetRows: {
@@ -470,8 +503,6 @@ Status OpenClBackend::Impl::plan_graph(const Graph& g) {
       case Op::kRope:
       case Op::kKvWrite:
       case Op::kMatmulAdd:
-      case Op::kGeglu:
-      case Op::kMatmulGeglu:
         return Status(Code::kUnimplemented, std::string("the OpenCL backend cannot run ") + graph::op_name(n.op));
     }
     for (TensorId id : n.in) {
@@ -584,7 +615,10 @@ Status OpenClBackend::Impl::allocate(const Graph& g) {
                                       sizeof(cl_int),
                                   CL_MEM_READ_ONLY));
     host_kv_table.clear();
-    INFERD_RETURN_IF_ERROR(buffer(rope, tokens * static_cast<size_t>(geometry.head_dim) * sizeof(float), CL_MEM_READ_ONLY));
+    for (Rope& rp : ropes) {
+      INFERD_RETURN_IF_ERROR(
+          buffer(rp.table, tokens * static_cast<size_t>(geometry.head_dim) * sizeof(float), CL_MEM_READ_ONLY));
+    }
     INFERD_RETURN_IF_ERROR(buffer(q_half, tokens * static_cast<size_t>(geometry.n_embd()) * 2, CL_MEM_READ_WRITE));
   }
   if (exact()) {
@@ -724,7 +758,7 @@ Status OpenClBackend::Impl::run_node(const Graph& g, size_t ni, const graph::Ste
   auto out = [&]() -> Tensor& { return dev(n.out[0]); };
   switch (np.action) {
     case Action::kSkip: return Status::ok();
-    case Action::kEmbed: return ops->get_rows(*np.w, ids.get(), out());
+    case Action::kEmbed: return ops->get_rows(*np.w, ids.get(), out(), n.scale);
     case Action::kRmsNorm:
       return exact() ? ops->rms_norm_exact(dev(n.in[0]), *np.vec, n.eps, out())
                      : ops->rms_norm(dev(n.in[0]), *np.vec, n.eps, out());
@@ -737,23 +771,33 @@ Status OpenClBackend::Impl::run_node(const Graph& g, size_t ni, const graph::Ste
       Tensor& h = out();
       Tensor& a = *phys[static_cast<size_t>(np.tmp)].view;
       INFERD_RETURN_IF_ERROR(matmul(*np.w, n.in[0], a, t_count));
-      if (np.w2 == nullptr) return exact() ? ops->swiglu_halves_exact(a, h) : ops->swiglu_halves(a, h);
+      if (np.w2 == nullptr) {
+        if (np.geglu) return ops->geglu_halves(a, h);
+        return exact() ? ops->swiglu_halves_exact(a, h) : ops->swiglu_halves(a, h);
+      }
       Tensor& b = *phys[static_cast<size_t>(np.tmp2)].view;
       INFERD_RETURN_IF_ERROR(matmul(*np.w2, n.in[0], b, t_count));
+      if (np.geglu) return ops->geglu(a, b, h);
       return exact() ? ops->swiglu_exact(a, b, h) : ops->swiglu(a, b, h);
     }
-    case Action::kRopeKv:
-      return ops->rope_kv(geometry, slice(n.in[0]), slice(n.in[1]), slice(n.in[2]), np.bias.get(), tokens, q_half.get(),
-                          caches[static_cast<size_t>(np.cache)].get());
+    case Action::kRopeKv: {
+      TokenPlacement placed = tokens;
+      placed.rope = ropes[static_cast<size_t>(np.rope)].table.get();
+      return ops->rope_kv(geometry, slice(n.in[0]), slice(n.in[1]), slice(n.in[2]), np.bias.get(), placed, q_half.get(),
+                          caches[static_cast<size_t>(np.cache)].get(), np.q_scale);
+    }
     case Action::kAttention: {
-      const float kq_scale = 1.0f / std::sqrt(static_cast<float>(geometry.head_dim));
+      // An explicit scale multiplied Q before its rounding (rope_kv); the default scales the scores.
+      const float kq_scale = n.scale > 0.0f ? 1.0f : g.heads.kq_scale(n);
       cl_mem cache = caches[static_cast<size_t>(np.cache)].get();
       return exact() ? ops->attention_exact(geometry, q_half.get(), tokens, io.shape.kv_pad, kq_scale, cache,
-                                            scores.get(), cpu_order, out())
-                     : ops->attention(geometry, q_half.get(), tokens, io.shape.kv_pad, kq_scale, cache, out());
+                                            scores.get(), cpu_order, out(), n.window)
+                     : ops->attention(geometry, q_half.get(), tokens, io.shape.kv_pad, kq_scale, cache, out(),
+                                      n.window);
     }
     case Action::kSwiglu:
       return exact() ? ops->swiglu_exact(dev(n.in[0]), dev(n.in[1]), out()) : ops->swiglu(dev(n.in[0]), dev(n.in[1]), out());
+    case Action::kGeglu: return ops->geglu(dev(n.in[0]), dev(n.in[1]), out());
     case Action::kAdd: return ops->add(dev(n.in[0]), dev(n.in[1]), out());
     case Action::kGetRows:
       if (bound[static_cast<size_t>(n.out[0])].phys == bound[static_cast<size_t>(n.in[0])].phys) {
@@ -779,8 +823,12 @@ Status OpenClBackend::compute(const Graph& g, graph::StepIO& io) {
       INFERD_RETURN_IF_ERROR(rt.write_buffer(I.pos.get(), 0, ints, h.data));
       if (I.has_cache) {  // the rotary angles of the step's positions, as the CPU computes them
         I.host_pos.assign(static_cast<const int32_t*>(h.data), static_cast<const int32_t*>(h.data) + t_count);
-        I.host_rope = rope_table(I.host_pos, I.geometry.head_dim, I.geometry.rope_base);
-        INFERD_RETURN_IF_ERROR(rt.write_buffer(I.rope.get(), 0, I.host_rope.size() * sizeof(float), I.host_rope.data()));
+        for (Impl::Rope& rp : I.ropes) {
+          I.host_rope = rope_table(I.host_pos, I.geometry.head_dim, rp.base, rp.freq_scale,
+                                   rp.factors != nullptr ? rp.factors->f32() : nullptr);
+          INFERD_RETURN_IF_ERROR(
+              rt.write_buffer(rp.table.get(), 0, I.host_rope.size() * sizeof(float), I.host_rope.data()));
+        }
       }
     } else if (id == g.io.slots) {
       INFERD_RETURN_IF_ERROR(rt.write_buffer(I.slots.get(), 0, ints, h.data));
@@ -821,7 +869,7 @@ Status OpenClBackend::compute(const Graph& g, graph::StepIO& io) {
     I.bound[static_cast<size_t>(I.gathered_out)] = I.bound[static_cast<size_t>(I.gathered_in)];
   }
   I.q8_holds = I.q8k_holds = graph::kNone;
-  const TokenPlacement tokens{I.pos.get(), I.slots.get(), I.rope.get(), I.kv_table.get()};
+  const TokenPlacement tokens{I.pos.get(), I.slots.get(), nullptr, I.kv_table.get()};  // rope: per node
   Status st;
   for (size_t ni = 0; ni < g.nodes().size() && st; ++ni) {
     const Node& n = g.nodes()[ni];

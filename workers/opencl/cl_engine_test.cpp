@@ -1027,6 +1027,18 @@ TEST(ClEngineFiles, MixedSmallEqualsTheCpuEngine) {
   expect_file_equals_the_cpu_engine(INFERD_TEST_DATA_DIR "/models/mixed-small.gguf", 256, 16);
 }
 
+// The architectures past llama and qwen2 and the low-bit types, the committed synthetic models (make_synthetic_gguf.py):
+// gemma3 (Q/K norms per head, norms after attention and FFN, scaled embeddings, GeGLU, sliding-window
+// layers with their own RoPE base, Q scaled before its rounding), qwen3 (Q/K norms), phi3 (fused QKV and
+// gate/up as row ranges, Q scaled), llama3 (RoPE frequency factors) and lowbit-small (Q2_K, Q3_K, IQ4_NL,
+// IQ4_XS). 136 tokens: past gemma3-small's window of 128.
+TEST(ClEngineFiles, NewArchitecturesAndTypesEqualTheCpuEngine) {
+  for (const char* name : {"gemma3-small", "qwen3-small", "phi3-small", "llama3-small", "lowbit-small"}) {
+    SCOPED_TRACE(name);
+    expect_file_equals_the_cpu_engine(std::string(INFERD_TEST_DATA_DIR "/models/") + name + ".gguf", 128, 8);
+  }
+}
+
 // Further GGUFs named in INFERD_OPENCL_TEST_MODELS (paths separated by ':'), e.g. the q4_k-small and
 // q6_k-small presets of tools/reference/make_synthetic_gguf.py (too large to commit); skipped when unset.
 TEST(ClEngineFiles, ListedModelsEqualTheCpuEngine) {

@@ -110,8 +110,8 @@ KernelTemplate rms_norm_template(TensorFormat src, TensorFormat weight, TensorFo
   KernelTemplate k;
   k.name = "rms_norm";
   k.tensors = {{"src", src, Access::kRead}, {"weight", weight, Access::kRead}, {"dst", dst, Access::kWrite}};
-  k.params = {"float eps", "__local float* scratch"};
-  k.body = join({kHelpersCl("row_prologue"), kNormCl("rms_norm.sum_squares"), reduce_code("inferd_add"),
+  k.params = {"int group_slices", "float eps", "__local float* scratch"};
+  k.body = join({kNormCl("group_prologue"), kNormCl("rms_norm.sum_squares"), reduce_code("inferd_add"),
                  kNormCl("rms_norm.scale")});
   k.helpers = kNormCl("add");
   return k;
@@ -224,6 +224,7 @@ KernelTemplate get_rows_template(DType type, TensorFormat dst) {
   k.tensors = {{"dst", dst, Access::kWrite}};
   k.params = weight_params(type);
   k.params.insert(k.params.begin(), "__global const int* rows");
+  k.params.push_back("float scale");
   k.helpers = join({kWeightsCl("codes"), weight_loader("w_load", type)});
   k.body = kMatmulFloatCl("get_rows");
   return k;
@@ -248,6 +249,27 @@ KernelTemplate swiglu_halves_template(TensorFormat src, TensorFormat dst, bool e
   return k;
 }
 
+// gelu(gate) * up from the CPU's F16 gelu table (elementwise.cl's geglu): two tensors, or the halves of one.
+KernelTemplate geglu_template(TensorFormat gate, TensorFormat up, TensorFormat dst) {
+  KernelTemplate k;
+  k.name = "geglu";
+  k.tensors = {{"gate", gate, Access::kRead}, {"up", up, Access::kRead}, {"dst", dst, Access::kWrite}};
+  k.params = {"__global const ushort* gelu"};
+  k.helpers = kElementwiseCl("geglu.helpers");
+  k.body = kElementwiseCl("geglu");
+  return k;
+}
+
+KernelTemplate geglu_halves_template(TensorFormat src, TensorFormat dst) {
+  KernelTemplate k;
+  k.name = "geglu_halves";
+  k.tensors = {{"gu", src, Access::kRead}, {"dst", dst, Access::kWrite}};
+  k.params = {"__global const ushort* gelu"};
+  k.helpers = kElementwiseCl("geglu.helpers");
+  k.body = kElementwiseCl("geglu_halves");
+  return k;
+}
+
 KernelTemplate rope_kv_template(RopeMode mode, TensorFormat q, TensorFormat k_storage, TensorFormat v) {
   KernelTemplate k;
   k.name = mode == RopeMode::kNormal ? "rope_kv_normal" : "rope_kv_neox";
@@ -255,7 +277,7 @@ KernelTemplate rope_kv_template(RopeMode mode, TensorFormat q, TensorFormat k_st
   k.params = {"int q_slice", "int k_slice", "int v_slice", "__global const float* bias",
               "__global const int* pos", "__global const int* slot", "__global const float* rope", "int n_head",
               "int n_head_kv", "int head_dim", "__global const int* kv_table", "int bps", "__global half* q_out",
-              "__global half* cache"};
+              "__global half* cache", "float q_scale"};
   k.helpers = kRopeKvCl("rope_kv.helpers");
   k.body = join({kRopeKvCl("rope_kv.head"), kRopeKvCl(mode == RopeMode::kNormal ? "rope_kv.normal" : "rope_kv.neox")});
   return k;
@@ -271,7 +293,7 @@ KernelTemplate attention_template(int32_t head_dim, TensorFormat out) {
   k.tensors = {{"out", out, Access::kWrite}};
   k.params = {"__global const half* q", "__global const half* cache", "__global const int* pos",
               "__global const int* slot", "__global const int* kv_table", "int bps", "int n_head", "int n_head_kv",
-              "int kv_pad", "float scale", "__local float* lane_sum", "__local float4* lane_acc"};
+              "int kv_pad", "float scale", "int window", "__local float* lane_sum", "__local float4* lane_acc"};
   k.helpers = define_hd4(head_dim);
   k.body = kAttentionCl("attention");
   return k;
@@ -283,9 +305,9 @@ KernelTemplate rms_norm_exact_template(TensorFormat src, TensorFormat weight, Te
   KernelTemplate k;
   k.name = "rms_norm_exact";
   k.tensors = {{"src", src, Access::kRead}, {"weight", weight, Access::kRead}, {"dst", dst, Access::kWrite}};
-  k.params = {"float eps", "__local float* scratch"};
+  k.params = {"int group_slices", "float eps", "__local float* scratch"};
   k.helpers = kHelpersCl("exact_helpers");
-  k.body = join({kHelpersCl("row_prologue"), kNormCl("rms_norm_exact")});
+  k.body = join({kNormCl("group_prologue"), kNormCl("rms_norm_exact")});
   return k;
 }
 
@@ -405,7 +427,8 @@ KernelTemplate attention_exact_template(int32_t head_dim, CpuOrder order, Tensor
   k.params = {"__global const half* q",  "__global const half* cache",       "__global const int* pos",
               "__global const int* slot", "__global const int* kv_table",    "int bps",
               "int first_token",          "int n_head",                      "int n_head_kv",
-              "int kv_pad",               "float scale",                     "__global float* scores",
+              "int kv_pad",               "float scale",                     "int window",
+              "__global float* scores",
               "__local float* scratch",   "__local float* chains"};
   k.helpers = join({define_hd4(head_dim), kHelpersCl("exact_helpers"),
                     kAttentionCl(order == CpuOrder::kScalar ? "qk.scalar" : "qk.x86")});
@@ -914,9 +937,13 @@ Status Ops::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& d
 Status Ops::rms_norm_as(const Tensor& x, const Tensor& weight, float eps, Tensor& dst, bool exact) {
   const char* op = exact ? "rms_norm_exact" : "rms_norm";
   INFERD_RETURN_IF_ERROR(require_same_shape(op, x, dst));
-  if (!(weight.shape() == Bhwc{1, 1, 1, x.shape().c})) {
-    return make_error(Code::kInvalidArgument, "%s: weight %s for channels %d", op, weight.shape().to_string().c_str(),
-                      x.shape().c);
+  const Bhwc& ws = weight.shape();
+  if (ws.b != 1 || ws.h != 1 || ws.w != 1 || ws.c < 1 || x.shape().c % ws.c != 0) {
+    return make_error(Code::kInvalidArgument, "%s: weight %s for channels %d", op, ws.to_string().c_str(), x.shape().c);
+  }
+  const int32_t groups = x.shape().c / ws.c;
+  if (groups > 1 && ws.c % 4 != 0) {
+    return make_error(Code::kUnimplemented, "%s: groups of %d channels (not a multiple of 4)", op, ws.c);
   }
   auto k = kernel(op + storage_key({&x, &weight, &dst}), [&] {
     return exact ? rms_norm_exact_template(x.format(), weight.format(), dst.format())
@@ -925,10 +952,12 @@ Status Ops::rms_norm_as(const Tensor& x, const Tensor& weight, float eps, Tensor
   if (!k) return k.status();
   const size_t lanes = group_size(*k.value());
   KernelArgs args(k.value()->kernel.get());
-  args.tensor(x).tensor(weight).tensor(dst).value(eps).local(lanes * sizeof(float));
+  const cl_int group_slices = (ws.c + 3) / 4;
+  args.tensor(x).tensor(weight).tensor(dst).value(group_slices).value(eps).local(lanes * sizeof(float));
   INFERD_RETURN_IF_ERROR(args.status());
   const Bhwc& s = x.shape();
-  const size_t global[2] = {lanes, static_cast<size_t>(s.b) * static_cast<size_t>(s.w) * static_cast<size_t>(s.h)};
+  const size_t global[2] = {lanes, static_cast<size_t>(s.b) * static_cast<size_t>(s.w) * static_cast<size_t>(s.h) *
+                                       static_cast<size_t>(groups)};
   const size_t local[2] = {lanes, 1};
   return launch(*k.value(), 2, global, local);
 }
@@ -1011,7 +1040,7 @@ Status Ops::matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVar
 }
 
 
-Status Ops::get_rows(const MatmulWeights& w, cl_mem rows, Tensor& dst) {
+Status Ops::get_rows(const MatmulWeights& w, cl_mem rows, Tensor& dst, float scale) {
   const Bhwc& d = dst.shape();
   if (!is_token_rows(d) || d.c != w.k()) {
     return make_error(Code::kInvalidArgument, "get_rows: weights %lld x %lld, dst %s", static_cast<long long>(w.rows()),
@@ -1022,7 +1051,7 @@ Status Ops::get_rows(const MatmulWeights& w, cl_mem rows, Tensor& dst) {
                   [&] { return get_rows_template(w.type(), dst.format()); });
   if (!k) return k.status();
   KernelArgs args(k.value()->kernel.get());
-  args.tensor(dst).buffer(rows).weights(w);
+  args.tensor(dst).buffer(rows).weights(w).value(scale);
   INFERD_RETURN_IF_ERROR(args.status());
   const size_t global[2] = {static_cast<size_t>(d.w), static_cast<size_t>(d.slices())};
   return launch(*k.value(), 2, global, nullptr);
@@ -1046,6 +1075,51 @@ Status Ops::gather(const Tensor& src, cl_mem rows, Tensor& dst) {
 
 Status Ops::swiglu_halves(const Tensor& gate_up, Tensor& dst) { return swiglu_halves_as(gate_up, dst, false); }
 
+Result<cl_mem> Ops::gelu_table() {
+  if (!gelu_table_) {
+    auto b = rt_.create_buffer(sizeof(fp16_t) << 16, CL_MEM_READ_ONLY, kernels::gelu_table());
+    if (!b) return b.status();
+    gelu_table_ = std::move(b).value();
+  }
+  return gelu_table_.get();
+}
+
+Status Ops::geglu(const Tensor& gate, const Tensor& up, Tensor& dst) {
+  INFERD_RETURN_IF_ERROR(require_same_shape("geglu", gate, up));
+  INFERD_RETURN_IF_ERROR(require_same_shape("geglu", gate, dst));
+  const Bhwc& d = dst.shape();
+  if (!is_token_rows(d)) return make_error(Code::kInvalidArgument, "geglu: dst %s", d.to_string().c_str());
+  auto table = gelu_table();
+  if (!table) return table.status();
+  auto k = kernel("geglu" + storage_key({&gate, &up, &dst}),
+                  [&] { return geglu_template(gate.format(), up.format(), dst.format()); });
+  if (!k) return k.status();
+  KernelArgs args(k.value()->kernel.get());
+  args.tensor(gate).tensor(up).tensor(dst).buffer(table.value());
+  INFERD_RETURN_IF_ERROR(args.status());
+  const size_t global[2] = {static_cast<size_t>(d.w), static_cast<size_t>(d.slices())};
+  return launch(*k.value(), 2, global, nullptr);
+}
+
+Status Ops::geglu_halves(const Tensor& gate_up, Tensor& dst) {
+  const Bhwc& s = gate_up.shape();
+  const Bhwc& d = dst.shape();
+  if (!is_token_rows(s) || !is_token_rows(d) || d.c % 4 != 0 || s.c != 2 * d.c || s.w != d.w) {
+    return make_error(Code::kInvalidArgument, "geglu_halves: gate_up %s, dst %s", s.to_string().c_str(),
+                      d.to_string().c_str());
+  }
+  auto table = gelu_table();
+  if (!table) return table.status();
+  auto k = kernel("geglu_halves" + storage_key({&gate_up, &dst}),
+                  [&] { return geglu_halves_template(gate_up.format(), dst.format()); });
+  if (!k) return k.status();
+  KernelArgs args(k.value()->kernel.get());
+  args.tensor(gate_up).tensor(dst).buffer(table.value());
+  INFERD_RETURN_IF_ERROR(args.status());
+  const size_t global[2] = {static_cast<size_t>(d.w), static_cast<size_t>(d.slices())};
+  return launch(*k.value(), 2, global, nullptr);
+}
+
 Status Ops::swiglu_halves_as(const Tensor& gate_up, Tensor& dst, bool exact) {
   const char* op = exact ? "swiglu_halves_exact" : "swiglu_halves";
   const Bhwc& s = gate_up.shape();
@@ -1065,7 +1139,7 @@ Status Ops::swiglu_halves_as(const Tensor& gate_up, Tensor& dst, bool exact) {
 }
 
 Status Ops::rope_kv(const AttentionGeometry& g, TensorSlice q, TensorSlice k, TensorSlice v, cl_mem bias,
-                    const TokenPlacement& tokens, cl_mem q_out, cl_mem cache) {
+                    const TokenPlacement& tokens, cl_mem q_out, cl_mem cache, float q_scale) {
   INFERD_RETURN_IF_ERROR(g.check());
   if (q.tensor == nullptr || k.tensor == nullptr || v.tensor == nullptr) {
     return Status(Code::kInvalidArgument, "rope_kv: missing Q, K or V");
@@ -1105,7 +1179,7 @@ Status Ops::rope_kv(const AttentionGeometry& g, TensorSlice q, TensorSlice k, Te
   args.value(cl_int{q.first_slice}).value(cl_int{k.first_slice}).value(cl_int{v.first_slice}).buffer(bias);
   args.buffer(tokens.positions).buffer(tokens.slots).buffer(tokens.rope);
   args.value(cl_int{g.n_head}).value(cl_int{g.n_head_kv}).value(cl_int{g.head_dim});
-  args.buffer(tokens.kv_table).value(cl_int{g.blocks_per_slot()}).buffer(q_out).buffer(cache);
+  args.buffer(tokens.kv_table).value(cl_int{g.blocks_per_slot()}).buffer(q_out).buffer(cache).value(q_scale);
   INFERD_RETURN_IF_ERROR(args.status());
   const size_t units = static_cast<size_t>(normal ? g.head_dim / 4 : g.head_dim / 8);
   const size_t global[3] = {t, static_cast<size_t>(g.n_head + g.n_head_kv), units};
@@ -1113,7 +1187,7 @@ Status Ops::rope_kv(const AttentionGeometry& g, TensorSlice q, TensorSlice k, Te
 }
 
 Status Ops::attention(const AttentionGeometry& g, cl_mem q, const TokenPlacement& tokens, int32_t kv_pad, float scale,
-                      cl_mem cache, Tensor& out) {
+                      cl_mem cache, Tensor& out, int32_t window) {
   INFERD_RETURN_IF_ERROR(g.check());
   const Bhwc& o = out.shape();
   if (!is_token_rows(o) || o.c != g.n_embd()) {
@@ -1138,7 +1212,7 @@ Status Ops::attention(const AttentionGeometry& g, cl_mem q, const TokenPlacement
   KernelArgs args(k.value()->kernel.get());
   args.tensor(out).buffer(q).buffer(cache).buffer(tokens.positions).buffer(tokens.slots);
   args.buffer(tokens.kv_table).value(cl_int{g.blocks_per_slot()});
-  args.value(cl_int{g.n_head}).value(cl_int{g.n_head_kv}).value(cl_int{kv_pad}).value(scale);
+  args.value(cl_int{g.n_head}).value(cl_int{g.n_head_kv}).value(cl_int{kv_pad}).value(scale).value(cl_int{window});
   args.local(lanes * sizeof(float)).local(lanes * static_cast<size_t>(g.head_dim) * sizeof(float));
   INFERD_RETURN_IF_ERROR(args.status());
   const size_t global[2] = {lanes * static_cast<size_t>(g.n_head), t};
@@ -1258,7 +1332,8 @@ Status Ops::matmul_exact(const MatmulWeights& w, const Tensor& x, cl_mem scales,
 }
 
 Status Ops::attention_exact(const AttentionGeometry& g, cl_mem q, const TokenPlacement& tokens, int32_t kv_pad,
-                            float scale, cl_mem cache, cl_mem scratch, CpuOrder order, Tensor& out) {
+                            float scale, cl_mem cache, cl_mem scratch, CpuOrder order, Tensor& out,
+                            int32_t window) {
   INFERD_RETURN_IF_ERROR(require_exact("attention_exact", {&out}));
   INFERD_RETURN_IF_ERROR(g.check());
   const Bhwc& o = out.shape();
@@ -1291,7 +1366,7 @@ Status Ops::attention_exact(const AttentionGeometry& g, cl_mem q, const TokenPla
     args.tensor(out).buffer(q).buffer(cache).buffer(tokens.positions).buffer(tokens.slots);
     args.buffer(tokens.kv_table).value(cl_int{g.blocks_per_slot()});
     args.value(static_cast<cl_int>(first)).value(cl_int{g.n_head}).value(cl_int{g.n_head_kv});
-    args.value(cl_int{kv_pad}).value(scale).buffer(scratch);
+    args.value(cl_int{kv_pad}).value(scale).value(cl_int{window}).buffer(scratch);
     args.local(lanes * sizeof(float)).local(size_t{16} * static_cast<size_t>(g.head_dim) * sizeof(float));
     INFERD_RETURN_IF_ERROR(args.status());
     const size_t global[2] = {lanes * static_cast<size_t>(g.n_head), n};

@@ -10,7 +10,10 @@
 
 namespace inferd {
 
-// [positions.size()][head_dim / 2] (cos, sin) pairs. head_dim: positive and even.
-std::vector<float> rope_table(std::span<const int32_t> positions, int32_t head_dim, float base);
+// [positions.size()][head_dim / 2] (cos, sin) pairs. head_dim: positive and even. The angle of pair i is
+// freq_scale * theta_i, theta_i divided by factors[i] first where `factors` (head_dim / 2 floats: Llama
+// 3.1's rope_freqs) is given, as ops::rope_head computes it.
+std::vector<float> rope_table(std::span<const int32_t> positions, int32_t head_dim, float base,
+                              float freq_scale = 1.0f, const float* factors = nullptr);
 
 }  // namespace inferd

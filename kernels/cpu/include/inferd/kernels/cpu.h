@@ -84,6 +84,9 @@ void swiglu(int64_t n, const float* g, const float* u, float* y);
 // gelu (tanh approximation) as ggml's CPU backend computes it: 0 for x <= -10, x for x >= 10, else
 // its F16 table of 0.5x(1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))) at x rounded to F16, widened back.
 float gelu(float x);
+// The table gelu() and geglu() read: ggml's gelu at each of the 65536 F16 values (indexed by the bits),
+// as F16 (for backends that compute GeGLU as the CPU does).
+const fp16_t* gelu_table();
 // y[i] = gelu(g[i]) * u[i] (ggml_vec_geglu_f32).
 void geglu(int64_t n, const float* g, const float* u, float* y);
 // y[i] = exp(x[i] - max) for i < n; returns sum_i y[i] in ggml_vec_soft_max_f32's order: each

@@ -68,6 +68,12 @@ cudaError_t rms_norm(const float* x, const float* w, int32_t rows, int64_t cols,
                      cudaStream_t stream);
 cudaError_t add(const float* a, const float* b, int64_t n, float* y, cudaStream_t stream);
 cudaError_t swiglu(const float* gate, const float* up, int64_t n, float* y, cudaStream_t stream);
+// y = x * s (gemma3's embedding scale): one rounding, as the CPU's.
+cudaError_t scale(const float* x, int64_t n, float s, float* y, cudaStream_t stream);
+// y = gelu(gate) * up as kernels::geglu computes it, from `gelu_table` (kernels::gelu_table() on the device:
+// 65536 halves): the same bits in both numerics.
+cudaError_t geglu(const float* gate, const float* up, int64_t n, const uint16_t* gelu_table, float* y,
+                  cudaStream_t stream);
 
 // RoPE of `tokens` rows of n_heads heads of head_dim floats: y = x rotated by the angles in `table`
 // ([tokens][head_dim / 2] (cos, sin) pairs, computed on the host as the CPU computes them). neox: rotate
@@ -97,10 +103,12 @@ cudaError_t kv_write(const KvLayout& kv, const float* k, const float* v, const i
 // Causal attention of each token's n_head query heads over positions [0, pos] of its slot (GQA: query
 // head h reads kv head h / (n_head / n_head_kv)), softmax(q k^T * scale) v. Split over the KV length
 // within a block with an online softmax (flash-decoding's split-K), the partial results merged in
-// shared memory. head_dim: a multiple of 32, at most 256.
+// shared memory. head_dim: a multiple of 32, at most 256. q_scale > 0 multiplies Q first (gemma3's and
+// phi3's attention scale, as llama.cpp applies it; then scale is 1); window > 0: only positions
+// (pos - window, pos] are attended to (a sliding window).
 cudaError_t attention(const KvLayout& kv, int32_t n_head, const float* q, const int32_t* pos, const int32_t* slot,
-                      const int32_t* table, int32_t tokens, float scale, const uint16_t* cache, float* out,
-                      cudaStream_t stream);
+                      const int32_t* table, int32_t tokens, float scale, float q_scale, int32_t window,
+                      const uint16_t* cache, float* out, cudaStream_t stream);
 
 
 // ---- Exact numerics (exact.cu) -------------------------------------------------------------------------
@@ -123,11 +131,14 @@ cudaError_t get_rows_exact(const Matrix& w, const int32_t* ids, int32_t n, float
 cudaError_t rms_norm_exact(const float* x, const float* w, int32_t rows, int64_t cols, float eps, float* y,
                            cudaStream_t stream);
 cudaError_t swiglu_exact(const float* gate, const float* up, int64_t n, float* y, cudaStream_t stream);
-// ops::attention_head per (token, head). Scratch: attention_exact_scratch_floats(kv, n_head, scratch_tokens)
-// floats; longer steps run in launches of scratch_tokens tokens. head_dim at most 256.
+// ops::attention_head per (token, head), Q scaled (q_scale > 0) and rounded to half as the CPU's
+// q_as_half, the window's masked positions skipped as the CPU skips them. Scratch:
+// attention_exact_scratch_floats(kv, n_head, scratch_tokens) floats; longer steps run in launches of
+// scratch_tokens tokens. head_dim at most 256.
 size_t attention_exact_scratch_floats(const KvLayout& kv, int32_t n_head, int32_t tokens);
 cudaError_t attention_exact(const KvLayout& kv, int32_t n_head, const float* q, const int32_t* pos, const int32_t* slot,
-                            const int32_t* table, int32_t tokens, float scale, const uint16_t* cache, float* scratch,
-                            int32_t scratch_tokens, float* out, cudaStream_t stream);
+                            const int32_t* table, int32_t tokens, float scale, float q_scale, int32_t window,
+                            const uint16_t* cache, float* scratch, int32_t scratch_tokens, float* out,
+                            cudaStream_t stream);
 
 }  // namespace inferd::cuda

@@ -252,7 +252,9 @@ class Ops {
   Status add(const Tensor& a, const Tensor& b, Tensor& dst);
   Status mul(const Tensor& a, const Tensor& b, Tensor& dst);
   Status swiglu(const Tensor& gate, const Tensor& up, Tensor& dst);
-  // dst = x / sqrt(mean_c(x^2) + eps) * weight; weight has shape 1x1x1xC.
+  // dst = x / sqrt(mean_c(x^2) + eps) * weight over each group of G channels, weight having shape
+  // 1x1x1xG: the whole row (G = C), or each head of it (the Q/K norms: G = head_dim, a multiple of 4
+  // dividing C; kUnimplemented for other groups).
   Status rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& dst);
   // Rotary embedding of x = 1 x heads x tokens x head_dim (positions: an int32 buffer of >= tokens
   // entries), angles pos * base^(-2i/head_dim) formed by ggml's recurrence. kNormal needs an even
@@ -267,31 +269,39 @@ class Ops {
   // ---- The forward pass's own ops (ClEngine) ----
   //
   // dst[t] = row rows[t] of the weights, dequantized as the CPU engine's to_float does (q * d, then
-  // + m: two roundings): the embedding lookup, reading the same converted weights as the tied output
-  // projection. dst is 1x1xTxK with K = w.k(); `rows` an int32 buffer of >= T row indices in
-  // [0, w.rows()) (validated by the caller).
-  Status get_rows(const MatmulWeights& w, cl_mem rows, Tensor& dst);
+  // + m: two roundings), times `scale` where that is not 0 (gemma3's embeddings): the embedding lookup,
+  // reading the same converted weights as the tied output projection. dst is 1x1xTxK with K = w.k();
+  // `rows` an int32 buffer of >= T row indices in [0, w.rows()) (validated by the caller).
+  Status get_rows(const MatmulWeights& w, cl_mem rows, Tensor& dst, float scale = 0.0f);
   // dst[o] = src[rows[o]] for the N tokens of dst (1x1xNxC, src 1x1xTxC, rows in [0, T)): the tokens
   // whose logits are wanted.
   Status gather(const Tensor& src, cl_mem rows, Tensor& dst);
   // dst = silu(gate_up[..., :C]) * gate_up[..., C:], C = dst's channels (a multiple of 4): SwiGLU
   // after one matmul of the concatenated gate and up weights.
   Status swiglu_halves(const Tensor& gate_up, Tensor& dst);
+  // dst = gelu(gate) * up and its form over the halves of one gate|up tensor, as the CPU engine's
+  // kernels::geglu computes it (ggml's F16 gelu table, uploaded once): the same bits in both numerics.
+  Status geglu(const Tensor& gate, const Tensor& up, Tensor& dst);
+  Status geglu_halves(const Tensor& gate_up, Tensor& dst);
   // RoPE of the pass's Q and K (positions of `tokens`, rotated by tokens.rope), adding the optional
   // `bias` (Q|K|V, n_embd + 2 * n_embd_kv floats: qwen2) first. Q goes to `q_out` as halves,
   // [T][n_head][head_dim] (rounded as llama.cpp and the CPU engine round attention operands); K and V
   // rows go into the layer's `cache` at their slot and position. T is q's width; q, k and v hold
   // n_embd, n_embd_kv and n_embd_kv channels from their first slices. Exact: the rotation is the CPU
   // engine's (kernels::rope_rotate's fused multiply-adds), every rounding to half to nearest even.
+  // q_scale > 0 multiplies rotated Q before its rounding to half (gemma3's and phi3's attention scale,
+  // applied to Q as llama.cpp's graphs apply it); the angles are whatever tokens.rope holds (rope_table:
+  // the layer's base, frequency scale and factors).
   Status rope_kv(const AttentionGeometry& g, TensorSlice q, TensorSlice k, TensorSlice v, cl_mem bias,
-                 const TokenPlacement& tokens, cl_mem q_out, cl_mem cache);
+                 const TokenPlacement& tokens, cl_mem q_out, cl_mem cache, float q_scale = 0.0f);
   // Causal attention of T tokens (out: 1x1xTxn_embd) over their slots' cache rows: the KV length is
   // padded to `kv_pad` (a multiple of the engine's pad step, >= every token's position + 1) and the
   // positions past a token's own are masked. One work-group per (token, head), its lanes splitting the
   // positions in an online softmax; launch shapes do not depend on the KV length. Probabilities stay
   // float (llama.cpp rounds them to half; see the kernel).
+  // window > 0: a sliding window, only the last `window` positions (the token's own included) attended to.
   Status attention(const AttentionGeometry& g, cl_mem q, const TokenPlacement& tokens, int32_t kv_pad, float scale,
-                   cl_mem cache, Tensor& out);
+                   cl_mem cache, Tensor& out, int32_t window = 0);
 
   // ---- Exact ops: the CPU engine's arithmetic (see the header comment) ----
   //
@@ -332,8 +342,9 @@ class Ops {
   // rounded to half; out[d] as 16 chains of positions j = i (mod 16), reduced as
   // _mm512_reduce_add_ps. `scratch` holds the scores of a launch's (token, head) pairs: at least
   // attention_scratch_bytes(g, 1, kv_pad) bytes; a pass whose tokens do not fit runs in several launches.
+  // window as attention()'s; the masked positions are skipped as ops::attention_head skips them.
   Status attention_exact(const AttentionGeometry& g, cl_mem q, const TokenPlacement& tokens, int32_t kv_pad,
-                         float scale, cl_mem cache, cl_mem scratch, CpuOrder order, Tensor& out);
+                         float scale, cl_mem cache, cl_mem scratch, CpuOrder order, Tensor& out, int32_t window = 0);
   static size_t attention_scratch_bytes(const AttentionGeometry& g, int32_t tokens, int32_t kv_pad) {
     return static_cast<size_t>(tokens) * static_cast<size_t>(g.n_head) * static_cast<size_t>(kv_pad) * sizeof(float);
   }
@@ -364,7 +375,11 @@ class Ops {
   Status rms_norm_as(const Tensor& x, const Tensor& weight, float eps, Tensor& dst, bool exact);
   Status swiglu_halves_as(const Tensor& gate_up, Tensor& dst, bool exact);
 
+  // The CPU's F16 gelu table on the device (geglu), uploaded on first use.
+  Result<cl_mem> gelu_table();
+
   Runtime& rt_;
+  ClMem gelu_table_;
   IntDot int_dot_ = IntDot::kFloat;
   std::string build_options_;  // kBuildOptions, and correctly rounded float divide/sqrt where the device has it
   size_t reduce_group_size_ = 1;
