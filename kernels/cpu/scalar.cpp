@@ -184,21 +184,6 @@ void decode_q2_k(const BlockQ2_K& b, int q[256]) {
   }
 }
 
-// Q3_K's 16 six-bit scales, unpacked as ggml does (still + 32).
-void q3_k_scales(const BlockQ3_K& b, int sc[16]) {
-  constexpr uint32_t kMask1 = 0x03030303, kMask2 = 0x0f0f0f0f;
-  uint32_t aux[4];
-  std::memcpy(aux, b.scales, 12);
-  const uint32_t tmp = aux[2];
-  aux[2] = ((aux[0] >> 4) & kMask2) | (((tmp >> 4) & kMask1) << 4);
-  aux[3] = ((aux[1] >> 4) & kMask2) | (((tmp >> 6) & kMask1) << 4);
-  aux[0] = (aux[0] & kMask2) | (((tmp >> 0) & kMask1) << 4);
-  aux[1] = (aux[1] & kMask2) | (((tmp >> 2) & kMask1) << 4);
-  uint8_t bytes[16];
-  std::memcpy(bytes, aux, 16);
-  for (int g = 0; g < 16; ++g) sc[g] = bytes[g];
-}
-
 // Q3_K: 256 signed quants (-4..3): two low bits from qs, minus 4 where the hmask bit is clear.
 void decode_q3_k(const BlockQ3_K& b, int q[256]) {
   for (int c = 0; c < 2; ++c) {

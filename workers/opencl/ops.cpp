@@ -607,16 +607,8 @@ void decode_block(DType type, const unsigned char* p, DecodedBlock& out) {
     case DType::kQ3_K: {  // codes value + 4 (0..7), scales sc - 32: ggml's dequantize_row_q3_K
       const auto b = read_block<BlockQ3_K>(p);
       out.d = kernels::fp16_to_fp32(b.d);
-      constexpr uint32_t kMask1 = 0x03030303, kMask2 = 0x0f0f0f0f;
-      uint32_t aux[4];
-      std::memcpy(aux, b.scales, 12);
-      const uint32_t tmp = aux[2];
-      aux[2] = ((aux[0] >> 4) & kMask2) | (((tmp >> 4) & kMask1) << 4);
-      aux[3] = ((aux[1] >> 4) & kMask2) | (((tmp >> 6) & kMask1) << 4);
-      aux[0] = (aux[0] & kMask2) | (((tmp >> 0) & kMask1) << 4);
-      aux[1] = (aux[1] & kMask2) | (((tmp >> 2) & kMask1) << 4);
-      uint8_t sc[16];
-      std::memcpy(sc, aux, 16);
+      int sc[16];
+      q3_k_scales(b, sc);
       for (int g = 0; g < 16; ++g) out.sub[g] = static_cast<int8_t>(sc[g] - 32);
       for (int c = 0; c < 2; ++c) {
         for (int j = 0; j < 4; ++j) {

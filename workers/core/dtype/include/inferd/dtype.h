@@ -89,4 +89,14 @@ static_assert(sizeof(BlockQ8_K) == 292);
 static_assert(sizeof(BlockIQ4_NL) == 18);
 static_assert(sizeof(BlockIQ4_XS) == 136);
 
+// Q3_K's 16 six-bit scales unpacked as ggml unpacks them (still + 32): the low 4 bits from scales[0..7],
+// the high 2 from scales[8..11].
+inline void q3_k_scales(const BlockQ3_K& b, int sc[16]) {
+  for (int g = 0; g < 16; ++g) {
+    const int low = g < 8 ? b.scales[g] & 0x0F : b.scales[g - 8] >> 4;
+    const int high = (b.scales[8 + g % 4] >> (2 * (g / 4))) & 3;
+    sc[g] = low | (high << 4);
+  }
+}
+
 }  // namespace inferd
