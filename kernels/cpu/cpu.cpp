@@ -170,13 +170,7 @@ float gelu(float x) {
   if (x >= 10.0f) return x;
   return fp16_to_fp32(gelu_table()[fp32_to_fp16(x)]);
 }
-void geglu(int64_t n, const float* g, const float* u, float* y) {
-  const fp16_t* table = gelu_table();
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = g[i];
-    y[i] = x <= -10.0f ? 0.0f : x >= 10.0f ? x * u[i] : fp16_to_fp32(table[fp32_to_fp16(x)]) * u[i];
-  }
-}
+void geglu(int64_t n, const float* g, const float* u, float* y) { vector_for(best_isa()).geglu(n, g, u, y); }
 double exp_sum(int64_t n, const float* x, float max, float* y) {
   return vector_for(best_isa()).exp_sum(n, x, max, y);
 }

@@ -1049,5 +1049,26 @@ TEST(GgmlMath, GeluIsGgmlsF16Table) {
   for (size_t i = 0; i < g.size(); ++i) EXPECT_EQ(y[i], gelu(g[i]) * u[i]) << i;
 }
 
+// Every ISA's GeGLU (F16C's conversions 8 at a time) gives the scalar kernel's bits: gates across the
+// range, the edges at -10 and 10, halfway cases between two halves, a tail past the last 8.
+TEST(GgmlMath, GegluIsBitIdenticalOnEveryIsa) {
+  std::mt19937 rng(23);
+  const int64_t n = 8 * 40 + 5;
+  std::vector<float> g = random_floats(rng, n, 12.0f), u = random_floats(rng, n, 3.0f);
+  const float edges[] = {-10.0f, 10.0f, std::nextafter(-10.0f, 0.0f), std::nextafter(10.0f, 0.0f), -0.0f, 0.0f,
+                         1.0f + 0x1p-11f /* halfway between two halves */, 1.0f + 0x1p-11f * 3.0f, 65504.0f, -1e6f};
+  for (size_t i = 0; i < std::size(edges); ++i) g[i] = edges[i];
+  std::vector<float> want(n);
+  vector_kernels(Isa::kScalar).geglu(n, g.data(), u.data(), want.data());
+  for (int64_t i = 0; i < n; ++i) EXPECT_EQ(want[i], g[i] <= -10.0f ? 0.0f : gelu(g[i]) * u[i]) << g[i];
+  for (Isa isa : kAllIsas) {
+    if (!isa_available(isa)) continue;
+    std::vector<float> got(n + 1, 42.0f);
+    vector_kernels(isa).geglu(n, g.data(), u.data(), got.data());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), 4 * n), 0) << isa_name(isa);
+    EXPECT_EQ(got[n], 42.0f);
+  }
+}
+
 }  // namespace
 }  // namespace inferd::kernels

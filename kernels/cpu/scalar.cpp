@@ -620,6 +620,15 @@ double exp_sum_impl(int64_t n, const float* x, float max, float* y) {
   return sum;
 }
 
+// kernels::geglu: ggml's F16 gelu table at the gate rounded to half, 0 below -10, the gate from 10 on.
+void geglu_impl(int64_t n, const float* g, const float* u, float* y) {
+  const fp16_t* table = gelu_table();
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = g[i];
+    y[i] = x <= -10.0f ? 0.0f : x >= 10.0f ? x * u[i] : fp16_to_fp32(table[fp32_to_fp16(x)]) * u[i];
+  }
+}
+
 float silu_avx512_order(float x) { return ggml_math::silu_lane(x); }
 float silu_avx2_order(float x) { return ggml_math::silu_lane_avx2(x); }
 
@@ -628,14 +637,14 @@ constexpr VectorKernels kVector = {
     dot_f32_f16_impl,      axpy_f16_impl,         dot_f32_impl,
     silu_avx512_order,     swiglu_impl<silu_avx512_order>,
     exp_sum_impl<16, ggml_math::expf_lane, ggml_math::reduce16>,
-    ggml_math::rope_rotate, dot_f32_f16_rows_impl, axpy_f16_rows_impl<16>};
+    ggml_math::rope_rotate, dot_f32_f16_rows_impl, axpy_f16_rows_impl<16>, geglu_impl};
 
 constexpr VectorKernels kVectorAvx2Order = {
     Isa::kScalar,          fp16_row_to_f32,       f32_row_to_fp16,
     dot_f32_f16_impl,      axpy_f16_impl,         dot_f32_impl,
     silu_avx2_order,       swiglu_impl<silu_avx2_order>,
     exp_sum_impl<8, ggml_math::expf_lane_avx2, ggml_math::reduce8>,
-    ggml_math::rope_rotate, dot_f32_f16_rows_impl, axpy_f16_rows_impl<8>};
+    ggml_math::rope_rotate, dot_f32_f16_rows_impl, axpy_f16_rows_impl<8>, geglu_impl};
 
 }  // namespace
 

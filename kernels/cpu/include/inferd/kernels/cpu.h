@@ -116,7 +116,7 @@ int ggml_order_lanes();
 
 // The helpers above for one instruction set (the free functions use best_isa()); tests and
 // benchmarks compare them across ISAs. dot_f32_f16, axpy_f16 and dot_f32 may differ from the scalar
-// ones in float summation order; the fp16 conversions, silu, swiglu, exp_sum and rope_rotate are
+// ones in float summation order; the fp16 conversions, silu, swiglu, exp_sum, rope_rotate and geglu are
 // bit-identical on every ISA.
 struct VectorKernels {
   Isa isa;
@@ -133,6 +133,8 @@ struct VectorKernels {
                            float* out);
   void (*axpy_f16_rows)(int64_t n, const float* a, const fp16_t* x, int64_t stride, int64_t rows, int64_t first,
                         float* lanes, int64_t lane_stride);
+  // geglu(): the gate rounded to half (the x86 kernels: 8 at a time with F16C), the table, times up.
+  void (*geglu)(int64_t n, const float* g, const float* u, float* y);
 };
 // The helpers of `isa` in `order` (default: the current ggml_order()), or of the next lower available ISA
 // when `isa` is not available.
