@@ -620,13 +620,9 @@ double exp_sum_impl(int64_t n, const float* x, float max, float* y) {
   return sum;
 }
 
-// kernels::geglu: ggml's F16 gelu table at the gate rounded to half, 0 below -10, the gate from 10 on.
+// kernels::geglu: gelu() times up, and 0 (not 0 * up) where gelu is 0 by definition (-10 and below).
 void geglu_impl(int64_t n, const float* g, const float* u, float* y) {
-  const fp16_t* table = gelu_table();
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = g[i];
-    y[i] = x <= -10.0f ? 0.0f : x >= 10.0f ? x * u[i] : fp16_to_fp32(table[fp32_to_fp16(x)]) * u[i];
-  }
+  for (int64_t i = 0; i < n; ++i) y[i] = g[i] <= -10.0f ? 0.0f : gelu(g[i]) * u[i];
 }
 
 float silu_avx512_order(float x) { return ggml_math::silu_lane(x); }

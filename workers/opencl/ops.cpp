@@ -468,6 +468,14 @@ static_assert(graph::kKvBlockTokens == 64, "the KV kernels hard-code blocks of 6
 
 bool is_token_rows(const Bhwc& s) { return s.b == 1 && s.h == 1; }
 
+// A gated activation over the halves of one gate|up tensor: dst has half its channels (a multiple of 4).
+Status require_halves(const char* op, const Tensor& gate_up, const Tensor& dst) {
+  const Bhwc& s = gate_up.shape();
+  const Bhwc& d = dst.shape();
+  if (is_token_rows(s) && is_token_rows(d) && d.c % 4 == 0 && s.c == 2 * d.c && s.w == d.w) return Status::ok();
+  return make_error(Code::kInvalidArgument, "%s: gate_up %s, dst %s", op, s.to_string().c_str(), d.to_string().c_str());
+}
+
 Status require_same_shape(const char* op, const Tensor& a, const Tensor& b) {
   if (a.shape() == b.shape()) return Status::ok();
   return make_error(Code::kInvalidArgument, "%s: shapes %s and %s differ", op, a.shape().to_string().c_str(),
@@ -1094,12 +1102,8 @@ Status Ops::geglu(const Tensor& gate, const Tensor& up, Tensor& dst) {
 }
 
 Status Ops::geglu_halves(const Tensor& gate_up, Tensor& dst) {
-  const Bhwc& s = gate_up.shape();
+  INFERD_RETURN_IF_ERROR(require_halves("geglu_halves", gate_up, dst));
   const Bhwc& d = dst.shape();
-  if (!is_token_rows(s) || !is_token_rows(d) || d.c % 4 != 0 || s.c != 2 * d.c || s.w != d.w) {
-    return make_error(Code::kInvalidArgument, "geglu_halves: gate_up %s, dst %s", s.to_string().c_str(),
-                      d.to_string().c_str());
-  }
   auto table = gelu_table();
   if (!table) return table.status();
   auto k = kernel("geglu_halves" + storage_key({&gate_up, &dst}),
@@ -1114,12 +1118,8 @@ Status Ops::geglu_halves(const Tensor& gate_up, Tensor& dst) {
 
 Status Ops::swiglu_halves_as(const Tensor& gate_up, Tensor& dst, bool exact) {
   const char* op = exact ? "swiglu_halves_exact" : "swiglu_halves";
-  const Bhwc& s = gate_up.shape();
+  INFERD_RETURN_IF_ERROR(require_halves(op, gate_up, dst));
   const Bhwc& d = dst.shape();
-  if (!is_token_rows(s) || !is_token_rows(d) || d.c % 4 != 0 || s.c != 2 * d.c || s.w != d.w) {
-    return make_error(Code::kInvalidArgument, "%s: gate_up %s, dst %s", op, s.to_string().c_str(),
-                      d.to_string().c_str());
-  }
   auto k = kernel(op + storage_key({&gate_up, &dst}),
                   [&] { return swiglu_halves_template(gate_up.format(), dst.format(), exact); });
   if (!k) return k.status();
