@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "inferd/kernels/cuda.h"
 #include "inferd/kernels/cuda_exact_math.h"
@@ -51,6 +52,15 @@ __global__ void quantize_q8k_exact_kernel(const float* x, int64_t k, int32_t row
   }
 }
 
+// Copies `bytes` (a multiple of 16) from `src` to `dst` (both 16-byte aligned) with the warp's 16-byte
+// loads: the matmuls stage their weight blocks through shared memory so that a warp's reads are whole
+// memory transactions, all in flight at once, instead of each thread's byte loads of its own block.
+__device__ __forceinline__ void warp_stage(const uint8_t* src, int64_t bytes, uint8_t* dst, int lane) {
+  const uint4* s = reinterpret_cast<const uint4*>(src);
+  uint4* d = reinterpret_cast<uint4*>(dst);
+  for (int64_t i = lane; i < bytes / 16; i += 32) d[i] = __ldg(s + i);
+}
+
 // y[t][r] = residual[t][r] + v, or v + bias[r] (+0.0f without one), as the CPU's matmul stores it.
 __device__ __forceinline__ void store(float v, int64_t t, int64_t r, int64_t n, const float* bias, const float* residual,
                                       float* y) {
@@ -58,13 +68,15 @@ __device__ __forceinline__ void store(float v, int64_t t, int64_t r, int64_t n, 
   y[at] = residual != nullptr ? residual[at] + v : v + (bias != nullptr ? bias[r] : 0.0f);
 }
 
-template <uint32_t T, int TT>
+// Staged: the launcher found the rows 16-byte aligned with no padding (see launch_blocks).
+template <uint32_t T, int TT, bool Staged>
 __global__ void __launch_bounds__(kWarps * 32)
     matmul_blocks_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n, int64_t k,
                          const Q8Block* __restrict__ a, int32_t tokens, const float* bias, const float* residual,
                          float* y) {
   __shared__ float s_dw[kWarps][32], s_mw[kWarps][32];
   __shared__ int s_is[kWarps][TT][32][8];
+  __shared__ __align__(16) uint8_t s_w[kWarps][Staged ? 32 * block_bytes(T) : 16];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
   if (r >= n) return;  // a whole warp: no block-level barrier below
@@ -78,8 +90,14 @@ __global__ void __launch_bounds__(kWarps * 32)
   float acc = 0.0f, acc_min = 0.0f;
   for (int64_t c0 = 0; c0 < nb; c0 += 32) {
     const int nc = nb - c0 < 32 ? static_cast<int>(nb - c0) : 32;
+    if constexpr (Staged) {
+      warp_stage(row + static_cast<size_t>(c0) * block_bytes(T), static_cast<int64_t>(nc) * block_bytes(T),
+                 s_w[warp], lane);
+      __syncwarp();
+    }
     if (lane < nc) {
-      const uint8_t* blk = row + static_cast<size_t>(c0 + lane) * block_bytes(T);
+      const uint8_t* blk = Staged ? s_w[warp] + lane * block_bytes(T)
+                                  : row + static_cast<size_t>(c0 + lane) * block_bytes(T);
       s_dw[warp][lane] = block_d<T>(blk);
       if constexpr (has_min(T)) s_mw[warp][lane] = block_m<T>(blk);
       for (int t = 0; t < nt; ++t) block_isums<T>(blk, at[t * nb + c0 + lane], s_is[warp][t][lane]);
@@ -102,7 +120,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (cl == 0 && ct < nt) store(finish<T>(ra), t0 + ct, r, n, bias, residual, y);
 }
 
-template <uint32_t T, int TT>
+// Staged: as matmul_blocks_kernel's, 16 super-blocks at a time (static shared memory is 48 KiB).
+constexpr int kKStage = 16;
+template <uint32_t T, int TT, bool Staged>
 __global__ void __launch_bounds__(kWarps * 32)
     matmul_k_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n, int64_t k,
                     const Q8KBlock* __restrict__ a, int32_t tokens, const float* bias, const float* residual,
@@ -110,6 +130,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   __shared__ float s_d[kWarps][32], s_dmin[kWarps][32];
   __shared__ int s_lane[kWarps][TT][32][8];
   __shared__ int s_p[kWarps][TT][32][4];
+  __shared__ __align__(16) uint8_t s_w[kWarps][Staged ? kKStage * block_bytes(T) : 16];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
   if (r >= n) return;
@@ -122,11 +143,23 @@ __global__ void __launch_bounds__(kWarps * 32)
   float acc = 0.0f, acc_m = 0.0f;  // lane cl's chain; Q4_K: min lane cl (< 4); Q5_K: the min chain (cl 0)
   for (int64_t c0 = 0; c0 < nb; c0 += 32) {
     const int nc = nb - c0 < 32 ? static_cast<int>(nb - c0) : 32;
-    if (lane < nc) {
-      const uint8_t* blk = row + static_cast<size_t>(c0 + lane) * block_bytes(T);
-      s_d[warp][lane] = k_d(T, blk);
-      if constexpr (T != kQ6_K) s_dmin[warp][lane] = k_dmin(blk);
-      for (int t = 0; t < nt; ++t) k_lanes<T>(blk, at[t * nb + c0 + lane], s_lane[warp][t][lane], s_p[warp][t][lane]);
+    for (int h = 0; h < nc; h += Staged ? kKStage : 32) {
+      const int h_end = Staged ? min(h + kKStage, nc) : nc;
+      if constexpr (Staged) {
+        __syncwarp();  // the previous half is read
+        warp_stage(row + static_cast<size_t>(c0 + h) * block_bytes(T), static_cast<int64_t>(h_end - h) * block_bytes(T),
+                   s_w[warp], lane);
+        __syncwarp();
+      }
+      if (lane >= h && lane < h_end) {
+        const uint8_t* blk = Staged ? s_w[warp] + (lane - h) * block_bytes(T)
+                                    : row + static_cast<size_t>(c0 + lane) * block_bytes(T);
+        s_d[warp][lane] = k_d(T, blk);
+        if constexpr (T != kQ6_K) s_dmin[warp][lane] = k_dmin(blk);
+        for (int t = 0; t < nt; ++t) {
+          k_lanes<T>(blk, at[t * nb + c0 + lane], s_lane[warp][t][lane], s_p[warp][t][lane]);
+        }
+      }
     }
     __syncwarp();
     if (ct < nt) {
@@ -298,17 +331,30 @@ __global__ void __launch_bounds__(kAttnThreads)
   }
 }
 
+// Whether a matrix's rows can be staged with 16-byte loads: 16-byte aligned, no padding between rows.
+bool stageable(const Matrix& w, int64_t block_values, int64_t bytes_per_block) {
+  return reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.row_bytes % 16 == 0 &&
+         w.row_bytes == static_cast<size_t>(w.cols / block_values * bytes_per_block);
+}
+
 template <uint32_t T>
 cudaError_t launch_blocks(const Matrix& w, const void* a, int32_t tokens, const float* bias, const float* residual,
                           float* y, cudaStream_t stream) {
   const unsigned gx = static_cast<unsigned>(div_up(w.rows, kWarps));
   const auto* w8 = static_cast<const uint8_t*>(w.data);
+  const auto launch = [&](auto tt, auto staged) {
+    constexpr int TT = decltype(tt)::value;
+    matmul_blocks_kernel<T, TT, decltype(staged)::value>
+        <<<dim3(gx, static_cast<unsigned>(div_up(tokens, TT))), kWarps * 32, 0, stream>>>(
+            w8, w.row_bytes, w.rows, w.cols, static_cast<const Q8Block*>(a), tokens, bias, residual, y);
+  };
+  const bool staged = stageable(w, 32, block_bytes(T));
   if (tokens == 1) {
-    matmul_blocks_kernel<T, 1><<<dim3(gx, 1), kWarps * 32, 0, stream>>>(
-        w8, w.row_bytes, w.rows, w.cols, static_cast<const Q8Block*>(a), tokens, bias, residual, y);
+    staged ? launch(std::integral_constant<int, 1>(), std::true_type())
+           : launch(std::integral_constant<int, 1>(), std::false_type());
   } else {
-    matmul_blocks_kernel<T, kTT><<<dim3(gx, static_cast<unsigned>(div_up(tokens, kTT))), kWarps * 32, 0, stream>>>(
-        w8, w.row_bytes, w.rows, w.cols, static_cast<const Q8Block*>(a), tokens, bias, residual, y);
+    staged ? launch(std::integral_constant<int, kTT>(), std::true_type())
+           : launch(std::integral_constant<int, kTT>(), std::false_type());
   }
   return cudaGetLastError();
 }
@@ -318,13 +364,19 @@ cudaError_t launch_k(const Matrix& w, const void* a, int32_t tokens, const float
                      cudaStream_t stream) {
   const unsigned gx = static_cast<unsigned>(div_up(w.rows, kWarps));
   const auto* w8 = static_cast<const uint8_t*>(w.data);
+  const auto launch = [&](auto tt, auto staged) {
+    constexpr int TT = decltype(tt)::value;
+    matmul_k_kernel<T, TT, decltype(staged)::value>
+        <<<dim3(gx, static_cast<unsigned>(div_up(tokens, TT))), kWarps * 32, 0, stream>>>(
+            w8, w.row_bytes, w.rows, w.cols, static_cast<const Q8KBlock*>(a), tokens, bias, residual, y);
+  };
+  const bool staged = stageable(w, 256, block_bytes(T));
   if (tokens == 1) {
-    matmul_k_kernel<T, 1><<<dim3(gx, 1), kWarps * 32, 0, stream>>>(w8, w.row_bytes, w.rows, w.cols,
-                                                                  static_cast<const Q8KBlock*>(a), tokens, bias,
-                                                                  residual, y);
+    staged ? launch(std::integral_constant<int, 1>(), std::true_type())
+           : launch(std::integral_constant<int, 1>(), std::false_type());
   } else {
-    matmul_k_kernel<T, kTT><<<dim3(gx, static_cast<unsigned>(div_up(tokens, kTT))), kWarps * 32, 0, stream>>>(
-        w8, w.row_bytes, w.rows, w.cols, static_cast<const Q8KBlock*>(a), tokens, bias, residual, y);
+    staged ? launch(std::integral_constant<int, kTT>(), std::true_type())
+           : launch(std::integral_constant<int, kTT>(), std::false_type());
   }
   return cudaGetLastError();
 }

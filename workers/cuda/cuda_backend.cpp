@@ -62,7 +62,8 @@ class DeviceBuffer {
 
   static Result<DeviceBuffer> allocate(size_t bytes, const std::string& what) {
     DeviceBuffer b;
-    const cudaError_t e = cudaMalloc(&b.p_, std::max<size_t>(bytes, 16));
+    // Rounded up to 16 bytes: the staged GEMVs read a matrix's last row as whole 16-byte vectors (cuda.h).
+    const cudaError_t e = cudaMalloc(&b.p_, (std::max<size_t>(bytes, 16) + 15) / 16 * 16);
     if (e != cudaSuccess) {
       (void)cudaGetLastError();  // an allocation failure is not sticky: clear it
       size_t free_b = 0, total_b = 0;
@@ -218,8 +219,12 @@ struct CudaBackend::Impl {
   }
   std::string numerics_text() const {
     if (exact()) return "numerics exact (the CPU engine's x86 arithmetic, dp4a integer dots)";
-    return std::string("numerics float, matmul ") + matmul_path_name(opt.matmul) + ", matmul inputs " +
-           activations_name(opt.activations);
+    std::string t = std::string("numerics float, matmul ") + matmul_path_name(opt.matmul) + ", matmul inputs " +
+                    activations_name(opt.activations);
+    if (opt.matmul == MatmulPath::kGemv) {
+      t += opt.fuse ? ", fused GEMVs on (" + std::to_string(stats.fused_launches) + " launched)" : ", fused GEMVs off";
+    }
+    return t;
   }
   // CUDA graphs per step shape (tokens, outputs); a shape whose capture failed runs its kernels directly.
   std::map<std::pair<int32_t, int32_t>, GraphExec> graphs;
@@ -275,6 +280,13 @@ struct CudaBackend::Impl {
   Status plan(const Graph& g);
   Status upload_weights(const Graph& g);
   Status run_node(const Graph& g, const Node& n, const graph::StepShape& s, size_t index);
+  // Whether a step of `rows` tokens may launch fused GEMVs on W (CudaOptions::fuse).
+  bool fusable(const Matrix& w, const float* x, int32_t rows) const {
+    return opt.fuse && !exact() && opt.matmul == MatmulPath::kGemv && fused_gemv_applies(w, x, rows);
+  }
+  // Nodes ni, ni + 1, ... that are plain matmuls of one input and weight type and width (Q, K and V),
+  // launched as one fused GEMV; returns how many it ran (0: none, the caller runs node ni).
+  Result<size_t> run_fused_matmuls(const Graph& g, const graph::StepShape& s, size_t ni);
 };
 
 CudaBackend::CudaBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -758,6 +770,16 @@ Status CudaBackend::Impl::run_node(const Graph& g, const Node& n, const graph::S
                     n.op == Op::kMatmulAdd ? f(n.in[3]) : nullptr, f(n.out[0]));
     case Op::kMatmulSwiglu:
     case Op::kMatmulGeglu: {
+      const Matrix wg = matrix(g.tensor(n.in[1])), wu = matrix(g.tensor(n.in[2]));
+      if (wg.type == wu.type && fusable(wg, f(n.in[0]), rows)) {
+        auto in = matmul_input(g, n.in[0], rows, wg);
+        if (!in) return in.status();
+        stats.gemv_matmuls += 2;
+        ++stats.fused_launches;
+        e = matmul_glu(n.op == Op::kMatmulGeglu ? Glu::kGelu : Glu::kSilu, wg, wu, in.value(), rows,
+                       gelu.as<uint16_t>(), f(n.out[0]), stream);
+        break;
+      }
       float* a = pool[static_cast<size_t>(tmp_a[index])].as<float>();
       float* b = pool[static_cast<size_t>(tmp_b[index])].as<float>();
       INFERD_RETURN_IF_ERROR(matmul(g, n.in[0], rows, matrix(g.tensor(n.in[1])), nullptr, nullptr, a));
@@ -814,10 +836,43 @@ Status CudaBackend::Impl::run_nodes(const Graph& g, const graph::StepShape& s) {
   for (size_t ni = 0; ni < g.nodes().size(); ++ni) {
     const Node& n = g.nodes()[ni];
     if (g.tensor(n.out[0]).rows == graph::Rows::kOutputs && s.outputs == 0) continue;  // no logits wanted
-    Status st = run_node(g, n, s, ni);
+    Result<size_t> fused = run_fused_matmuls(g, s, ni);
+    Status st = fused ? Status::ok() : fused.status();
+    if (st && fused.value() > 0) {
+      ni += fused.value() - 1;
+    } else if (st) {
+      st = run_node(g, n, s, ni);
+    }
     if (!st) return n.layer >= 0 ? st.with_context("layer " + std::to_string(n.layer)) : st;
   }
   return Status::ok();
+}
+
+Result<size_t> CudaBackend::Impl::run_fused_matmuls(const Graph& g, const graph::StepShape& s, size_t ni) {
+  const auto& nodes = g.nodes();
+  const Node& first = nodes[ni];
+  if (first.op != Op::kMatmul) return size_t{0};
+  const int32_t rows = static_cast<int32_t>(Graph::rows(g.tensor(first.out[0]), s));
+  MatmulOut outs[kMaxFused];
+  size_t count = 0;
+  for (size_t j = ni; j < nodes.size() && count < static_cast<size_t>(kMaxFused); ++j) {
+    const Node& n = nodes[j];
+    if (n.op != Op::kMatmul || n.in[0] != first.in[0] || Graph::rows(g.tensor(n.out[0]), s) != rows) break;
+    const Matrix w = matrix(g.tensor(n.in[1]));
+    if (count > 0 && (w.type != outs[0].w.type || w.cols != outs[0].w.cols || w.row_bytes != outs[0].w.row_bytes)) {
+      break;
+    }
+    if (!fusable(w, f(n.in[0]), rows)) break;
+    outs[count++] = MatmulOut{w, vec(g, n.in[2]), f(n.out[0])};
+  }
+  if (count < 2) return size_t{0};
+  auto in = matmul_input(g, first.in[0], rows, outs[0].w);
+  if (!in) return in.status();
+  stats.gemv_matmuls += static_cast<int64_t>(count);
+  ++stats.fused_launches;
+  const cudaError_t e = matmul_many(outs, static_cast<int>(count), in.value(), rows, stream);
+  if (e != cudaSuccess) return fail(e, "matmul_many");
+  return count;
 }
 
 Status CudaBackend::compute(const Graph& g, graph::StepIO& io) {

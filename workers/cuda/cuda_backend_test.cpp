@@ -343,6 +343,49 @@ TEST_P(CudaEngineTest, GraphReplaysEqualDirectLaunches) {
   }
 }
 
+// Fused GEMVs (CudaOptions::fuse): decode steps of one and of two slots (Q, K and V in one launch, gate
+// and up with the activation in one) give the logits of the separate kernels bit for bit, float numerics
+// with float and q8 inputs; the backend counts the fused launches.
+TEST_P(CudaEngineTest, FusedGemvsEqualSeparateKernels) {
+  const std::vector<int32_t> t = tokens(20);
+  for (Activations act : {Activations::kFloat, Activations::kQ8}) {
+    SCOPED_TRACE(activations_name(act));
+    std::vector<float> out[2];
+    for (int fuse = 0; fuse < 2; ++fuse) {
+      CudaOptions o;
+      o.numerics = Numerics::kFloat;
+      o.activations = act;
+      o.fuse = fuse == 1;
+      auto r = runner(2, 512, 0, 0, o);
+      ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+      ModelRunner& m = *r.value();
+      auto pre = m.eval(0, std::span<const int32_t>(t.data(), 4));  // 4 tokens: fused too
+      ASSERT_TRUE(pre.is_ok()) << pre.status().to_string();
+      out[fuse].assign(pre->begin(), pre->end());
+      for (size_t i = 4; i < t.size(); ++i) {
+        const BatchToken batch[2] = {{t[i], 0, static_cast<int32_t>(i), true},
+                                     {t[t.size() - 1 - i], 1, static_cast<int32_t>(i - 4), true}};
+        auto d = m.forward(batch);
+        ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+        out[fuse].insert(out[fuse].end(), d->begin(), d->end());
+      }
+      const auto* cb = dynamic_cast<const CudaBackend*>(&m.backend());
+      ASSERT_NE(cb, nullptr);
+      std::printf("[cuda] %s inputs, fused GEMVs %s: %lld fused launches\n", activations_name(act), fuse ? "on" : "off",
+                  static_cast<long long>(cb->stats().fused_launches));
+      if (fuse == 1) {
+        EXPECT_GT(cb->stats().fused_launches, 0);
+      } else {
+        EXPECT_EQ(cb->stats().fused_launches, 0);
+      }
+    }
+    ASSERT_EQ(out[0].size(), out[1].size());
+    size_t differ = 0;
+    for (size_t i = 0; i < out[0].size(); ++i) differ += std::memcmp(&out[0][i], &out[1][i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0u) << "of " << out[0].size() << " logits";
+  }
+}
+
 // KV blocks (graph.h): a sequence whose blocks lie scattered over the pool (out of order, not adjacent)
 // gets the logits of the default layout (one run of blocks per slot), and a second sequence that takes
 // the first two blocks of its prompt from the first (set_slot with their 128 positions) and computes only

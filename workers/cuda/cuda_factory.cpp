@@ -9,6 +9,8 @@
 //                                         engine's arithmetic, logits equal to its bit for bit)
 //   graphs       INFERD_CUDA_GRAPHS       on | off (default on: steps of up to 16 tokens replay a CUDA
 //                                         graph captured once per shape)
+//   fuse         INFERD_CUDA_FUSE         on | off (default on: decode steps launch fused GEMVs for Q/K/V
+//                                         and gate/up + SwiGLU/GeGLU; float numerics)
 // A value outside these lists is kInvalidArgument naming the setting and its variable.
 #include <cstdlib>
 #include <string>
@@ -25,7 +27,8 @@ using namespace cuda;
 const std::map<std::string, std::string> kEnvironment = {{"matmul", "INFERD_CUDA_MATMUL"},
                                                          {"activations", "INFERD_CUDA_ACTIVATIONS"},
                                                          {"numerics", "INFERD_CUDA_NUMERICS"},
-                                                         {"graphs", "INFERD_CUDA_GRAPHS"}};
+                                                         {"graphs", "INFERD_CUDA_GRAPHS"},
+                                                         {"fuse", "INFERD_CUDA_FUSE"}};
 constexpr MatmulPath kPaths[] = {MatmulPath::kGemv, MatmulPath::kTensorCores};
 constexpr Activations kActivations[] = {Activations::kFloat, Activations::kQ8};
 constexpr Numerics kNumerics[] = {Numerics::kFloat, Numerics::kExact};
@@ -48,11 +51,12 @@ Result<std::unique_ptr<Backend>> create(const BackendConfig& config) {
   for (const auto& [key, value] : config.settings) {
     if (!kEnvironment.count(key)) return Status(Code::kInvalidArgument, "the CUDA backend has no setting '" + key + "'");
     std::string expected;
-    if (key == "graphs") {
+    if (key == "graphs" || key == "fuse") {
       if (value != "on" && value != "off") {
-        return Status(Code::kInvalidArgument, "INFERD_CUDA_GRAPHS (graphs) = '" + value + "': expected one of on, off");
+        return Status(Code::kInvalidArgument,
+                      kEnvironment.at(key) + " (" + key + ") = '" + value + "': expected one of on, off");
       }
-      o.graphs = value == "on";
+      (key == "graphs" ? o.graphs : o.fuse) = value == "on";
       continue;
     }
     const bool found = key == "matmul"        ? pick(value, kPaths, matmul_path_name, &o.matmul, &expected)

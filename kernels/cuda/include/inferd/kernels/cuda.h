@@ -32,6 +32,8 @@ bool wtype_supported(uint32_t type_id);
 
 struct Matrix {
   WType type = WType::kF32;
+  // The rows, one after another; readable up to the next multiple of 16 bytes past the last row's end
+  // (the GEMV reads whole 16-byte vectors; a cudaMalloc of the size rounded up to 16 provides it).
   const void* data = nullptr;
   size_t row_bytes = 0;
   int64_t rows = 0;  // n
@@ -42,9 +44,30 @@ struct Matrix {
 // x: tokens x W.cols; y, residual: tokens x W.rows (residual may equal y: added in the store).
 cudaError_t matmul(const Matrix& w, const float* x, int32_t tokens, const float* bias, const float* residual, float* y,
                    cudaStream_t stream);
-// The same with the path chosen (0 or 1: the GEMV, 2: tensor cores).
+// The same with the path chosen (0 or 1: the GEMV, 2: tensor cores, 3: the GEMV reading its rows from global
+// memory run by run instead of staging them through shared memory with 16-byte loads: the same bits,
+// kept to measure the difference).
 cudaError_t matmul_path(int path, const Matrix& w, const float* x, int32_t tokens, const float* bias,
                         const float* residual, float* y, cudaStream_t stream);
+
+// Fused GEMVs for decode steps (float numerics): several matmuls in one launch, each output the same bits
+// as matmul() gives it (path 1). They apply to steps of at most 8 tokens on matrices whose rows are a
+// multiple of 16 bytes, 16-byte aligned (every model's matrices), with x 16-byte aligned.
+inline constexpr int kMaxFused = 3;
+bool fused_gemv_applies(const Matrix& w, const float* x, int32_t tokens);
+struct MatmulOut {
+  Matrix w;
+  const float* bias = nullptr;
+  float* y = nullptr;
+};
+// outs[i].y = x outs[i].w^T (+ bias) for `count` (<= kMaxFused) matrices of one type and width on one
+// input (attention's Q, K and V).
+cudaError_t matmul_many(const MatmulOut* outs, int count, const float* x, int32_t tokens, cudaStream_t stream);
+// y = act(x Wg^T) * (x Wu^T) (SwiGLU: silu; GeGLU: gelu from `gelu_table`, see geglu()), Wg and Wu of one
+// type and shape: matmul() twice then swiglu() / geglu(), in one launch.
+enum class Glu : uint8_t { kSilu, kGelu };
+cudaError_t matmul_glu(Glu act, const Matrix& wg, const Matrix& wu, const float* x, int32_t tokens,
+                       const uint16_t* gelu_table, float* y, cudaStream_t stream);
 
 // How the CPU engine quantizes a matmul's activations for a weight type (ggml's vec_dot_type): 8-bit
 // blocks of 32 with an fp16 scale (Q8_0 / Q8_1, for the 32-value block types), 8-bit blocks of 256
@@ -110,6 +133,13 @@ cudaError_t attention(const KvLayout& kv, int32_t n_head, const float* q, const 
                       const int32_t* table, int32_t tokens, float scale, float q_scale, int32_t window,
                       const uint16_t* cache, float* out, cudaStream_t stream);
 
+
+// A read of `bytes` (a multiple of 16, p 16-byte aligned) with 16-byte loads over `blocks` blocks of 512
+// threads: the device's read bandwidth, which a decode GEMV is measured against (inferd-cuda-bandwidth).
+cudaError_t read_probe(const void* p, size_t bytes, int blocks, uint32_t* sink, cudaStream_t stream);
+// One thread busy for `cycles` clock cycles: launches enqueued behind it start back to back, so that a
+// timing of short kernels measures the kernels and not the host's launch rate.
+cudaError_t spin(long long cycles, cudaStream_t stream);
 
 // ---- Exact numerics (exact.cu) -------------------------------------------------------------------------
 // The CPU engine's arithmetic, operation for operation in its x86 kernels' order

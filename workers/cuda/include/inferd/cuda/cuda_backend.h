@@ -86,6 +86,10 @@ struct CudaOptions {
   // positions, slots, angles and KV block tables from fixed device buffers, so a shape's graph serves every
   // step of that shape. Off: every kernel launched each step.
   bool graphs = true;
+  // Decode steps (float numerics, the GEMV, up to 8 tokens) launch fused GEMVs: a layer's Q, K and V
+  // matmuls in one kernel, the FFN's gate and up matmuls with SwiGLU/GeGLU in one; each output the same
+  // bits as the separate kernels give. Off: a kernel per matmul and activation.
+  bool fuse = true;
 };
 inline constexpr int32_t kGraphMaxTokens = 16;
 
@@ -95,6 +99,7 @@ struct CudaStats {
   bool upload_registered = false;  // the weights were copied from a registered (pinned) host mapping
   int64_t steps = 0, gemv_matmuls = 0, tensor_core_matmuls = 0, exact_matmuls = 0;
   int64_t graph_captures = 0, graph_replays = 0;  // CUDA graphs: shapes captured, steps run as a graph
+  int64_t fused_launches = 0;  // fused GEMV launches (each doing the work of two or three kernels or more)
   double upload_gbps() const {
     return upload_seconds > 0 ? static_cast<double>(weight_bytes) / upload_seconds / 1e9 : 0.0;
   }
