@@ -26,6 +26,7 @@
 #   5. the OpenCL backend on NVIDIA's OpenCL driver: exact numerics against the CPU, float numerics;
 #   6. exact CUDA numerics through the daemon: greedy outputs of the whole model on CUDA, of a
 #      --stage-backends cuda,cpu pipeline and of the CPU alone, compared.
+# GPU_CHECK_SKIP="opencl daemon exact_daemon" leaves those steps out (a rerun after a kernel change).
 # The GPU machine has no package registry: nothing is installed there. (GPU_CHECK_PRESETS and
 # GPU_CHECK_BACKEND=cpu try the script itself on a machine without a GPU.)
 set -uo pipefail
@@ -102,8 +103,12 @@ run() {
   wait "${test_pids[@]}"
   say "test models: $(cd tests/data/models && ls | tr '\n' ' ')($((SECONDS - t0)) s)"
 
-  opencl_checks "$out" "$bin" &
-  local opencl_pid=$!
+  skip() { [[ " ${GPU_CHECK_SKIP:-} " == *" $1 "* ]]; }
+  local opencl_pid=""
+  if ! skip opencl; then
+    opencl_checks "$out" "$bin" &
+    opencl_pid=$!
+  fi
 
   # 1. Backend ops.
   timeout 240 "$bin/inferd_backend_ops_test" --gtest_filter='*cuda*' > "$out/backend_ops.txt" 2>&1
@@ -124,7 +129,7 @@ run() {
   say "3. inferd-cuda-bandwidth: rc=$?"
   sed 's/^/   /' "$out/bandwidth.txt" >> "$summary"
   say "   inferd-bench --backend cuda (pp512, tg128, median of 3): float numerics"
-  for m in smollm2-q4_0 tinyllama-q4_0 8b-q4_0; do
+  for m in smollm2-q4_0 tinyllama-q4_0 tinyllama-q4_k_m 8b-q4_0; do
     INFERD_CUDA_NUMERICS=float timeout 120 "$bin/inferd-bench" --backend cuda -m "$models/$m.gguf" -p 512 -n 128 -r 3 > "$out/bench-$m.txt" 2>&1
     say "  $m: rc=$? $(grep -E '^(prefill|decode|load)' "$out/bench-$m.txt" | tr -s ' ' | tr '\n' ';')"
   done
@@ -151,15 +156,17 @@ run() {
   done
 
   # 4. The daemon.
-  daemon_checks "$models/smollm2-q4_0.gguf" "$out" "$bin"
+  skip daemon || daemon_checks "$models/smollm2-q4_0.gguf" "$out" "$bin"
 
   # 5. OpenCL, started at the beginning (its kernels compile on the host CPU meanwhile).
-  wait "$opencl_pid"
-  say "5. OpenCL on NVIDIA's driver (exact numerics against the CPU): $(cat "$out/opencl-summary.txt")"
-  grep -E '^\[  FAILED  \]|differ' "$out/opencl.txt" "$out/opencl_ops.txt" 2>/dev/null | head -20 >> "$summary"
+  if [ -n "$opencl_pid" ]; then
+    wait "$opencl_pid"
+    say "5. OpenCL on NVIDIA's driver (exact numerics against the CPU): $(cat "$out/opencl-summary.txt")"
+    grep -E '^\[  FAILED  \]|differ' "$out/opencl.txt" "$out/opencl_ops.txt" 2>/dev/null | head -20 >> "$summary"
+  fi
 
   # 6. Exact numerics through the daemon.
-  exact_daemon_checks "$models/smollm2-q4_1.gguf" "$out" "$bin"
+  skip exact_daemon || exact_daemon_checks "$models/smollm2-q4_1.gguf" "$out" "$bin"
   say "total $((SECONDS - t0)) s"
   # Every log in one archive beside the summary.
   local logs

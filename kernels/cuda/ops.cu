@@ -20,24 +20,34 @@ namespace {
 
 // ---- Weight formats ------------------------------------------------------------------------------------
 
-__device__ __forceinline__ float h2f(const uint8_t* p) {
-  const uint16_t bits = static_cast<uint16_t>(p[0] | (p[1] << 8));
-  return __half2float(__ushort_as_half(bits));
-}
+// Block fields are 2-byte aligned in every format (block sizes and the offsets of their fields are even,
+// and so are row sizes and matrix starts): they are read with 16-bit loads.
+__device__ __forceinline__ uint32_t le16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
+__device__ __forceinline__ float h2f(const uint8_t* p) { return __half2float(__ushort_as_half(le16(p))); }
 __device__ __forceinline__ float bf2f(uint16_t bits) { return __uint_as_float(static_cast<uint32_t>(bits) << 16); }
-__device__ __forceinline__ uint32_t le32(const uint8_t* p) {
-  return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) | (static_cast<uint32_t>(p[2]) << 16) |
-         (static_cast<uint32_t>(p[3]) << 24);
+__device__ __forceinline__ uint32_t le32(const uint8_t* p) { return le16(p) | (le16(p + 2) << 16); }
+// 8 bytes from p (2-byte aligned) as two little-endian words.
+__device__ __forceinline__ void le64(const uint8_t* p, uint32_t (&w)[2]) {
+  w[0] = le32(p);
+  w[1] = le32(p + 4);
 }
+// Byte i of 8 loaded by le64.
+__device__ __forceinline__ uint32_t byte_of(const uint32_t (&w)[2], int i) { return (w[i / 4] >> (8 * (i % 4))) & 0xFFu; }
+
+// u - bias as a float, exactly, without the integer-to-float conversion (a quarter-rate instruction):
+// the bits 0x4B000000 | u are the float 2^23 + u (u < 2^23), and (2^23 + u) - (2^23 + bias) is exact
+// (Sterbenz: the operands are within a factor of two). `minus` is 2^23 + bias (kTwo23 + 8 for Q4_0's q - 8).
+__device__ __forceinline__ float uint_minus(uint32_t u, float minus) { return __int_as_float(0x4B000000 | u) - minus; }
+constexpr float kTwo23 = 8388608.0f;
 
 // Q4_K / Q5_K: the 6-bit scale and minimum of sub-block j (ggml's get_scale_min_k4).
 __device__ __forceinline__ void scale_min_k4(int j, const uint8_t* q, float* sc, float* m) {
   if (j < 4) {
-    *sc = static_cast<float>(q[j] & 63);
-    *m = static_cast<float>(q[j + 4] & 63);
+    *sc = uint_minus(q[j] & 63, kTwo23);
+    *m = uint_minus(q[j + 4] & 63, kTwo23);
   } else {
-    *sc = static_cast<float>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-    *m = static_cast<float>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    *sc = uint_minus((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), kTwo23);
+    *m = uint_minus((q[j + 4] >> 4) | ((q[j] >> 6) << 4), kTwo23);
   }
 }
 
@@ -60,9 +70,11 @@ __device__ __forceinline__ void dq8(const uint8_t* row, int64_t c, float* o) {
     const uint8_t* b = row + (e / 32) * 34;
     const int e0 = static_cast<int>(e % 32);
     const float d = h2f(b);
-    const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2) + e0;
+    uint32_t w[2];
+    le64(b + 2 + e0, w);
+    // int8 q: the byte u with its sign bit flipped is q + 128.
 #pragma unroll
-    for (int i = 0; i < 8; ++i) o[i] = static_cast<float>(qs[i]) * d;
+    for (int i = 0; i < 8; ++i) o[i] = uint_minus(byte_of(w, i) ^ 0x80u, kTwo23 + 128.0f) * d;
   } else if constexpr (T == WType::kQ4_0 || T == WType::kQ4_1) {
     constexpr int kBytes = T == WType::kQ4_0 ? 18 : 20;
     const uint8_t* b = row + (e / 32) * kBytes;
@@ -70,14 +82,15 @@ __device__ __forceinline__ void dq8(const uint8_t* row, int64_t c, float* o) {
     const float d = h2f(b);
     const uint8_t* qs = b + (T == WType::kQ4_0 ? 2 : 4);
     const int shift = e0 < 16 ? 0 : 4;
-    const int j0 = e0 % 16;
+    uint32_t w[2];
+    le64(qs + e0 % 16, w);
     if constexpr (T == WType::kQ4_0) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) o[i] = static_cast<float>(((qs[j0 + i] >> shift) & 0xF) - 8) * d;
+      for (int i = 0; i < 8; ++i) o[i] = uint_minus((byte_of(w, i) >> shift) & 0xF, kTwo23 + 8.0f) * d;
     } else {
       const float m = h2f(b + 2);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) o[i] = fmaf(static_cast<float>((qs[j0 + i] >> shift) & 0xF), d, m);
+      for (int i = 0; i < 8; ++i) o[i] = fmaf(uint_minus((byte_of(w, i) >> shift) & 0xF, kTwo23), d, m);
     }
   } else if constexpr (T == WType::kQ5_0 || T == WType::kQ5_1) {
     constexpr bool kMin = T == WType::kQ5_1;
@@ -89,51 +102,54 @@ __device__ __forceinline__ void dq8(const uint8_t* row, int64_t c, float* o) {
     const uint8_t* qs = b + (kMin ? 8 : 6);
     const bool high = e0 >= 16;
     const int j0 = e0 % 16;
+    uint32_t w[2];
+    le64(qs + j0, w);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int j = j0 + i;
-      const int lo = high ? (qs[j] >> 4) : (qs[j] & 0xF);
-      const int hb = (qh >> (high ? j + 16 : j)) & 1;
-      const int q = lo | (hb << 4);
+      const uint32_t lo = high ? (byte_of(w, i) >> 4) : (byte_of(w, i) & 0xF);
+      const uint32_t hb = (qh >> (high ? j + 16 : j)) & 1;
+      const uint32_t q = lo | (hb << 4);
       if constexpr (kMin) {
-        o[i] = fmaf(static_cast<float>(q), d, h2f(b + 2));
+        o[i] = fmaf(uint_minus(q, kTwo23), d, h2f(b + 2));
       } else {
-        o[i] = static_cast<float>(q - 16) * d;
+        o[i] = uint_minus(q, kTwo23 + 16.0f) * d;
       }
     }
   } else if constexpr (T == WType::kQ4_K || T == WType::kQ5_K) {
     constexpr bool k5 = T == WType::kQ5_K;
     const uint8_t* b = row + (e / 256) * (k5 ? 176 : 144);
     const int e0 = static_cast<int>(e % 256);
-    const int chunk = e0 / 64, w = e0 % 64;
-    const bool high = w >= 32;
+    const int chunk = e0 / 64, w64 = e0 % 64;
+    const bool high = w64 >= 32;
     float sc, mn;
     scale_min_k4(2 * chunk + (high ? 1 : 0), b + 4, &sc, &mn);
     const float d = h2f(b) * sc, m = h2f(b + 2) * mn;
-    const uint8_t* qs = b + (k5 ? 48 : 16) + chunk * 32 + (w % 32);
+    uint32_t w[2];
+    le64(b + (k5 ? 48 : 16) + chunk * 32 + (w64 % 32), w);
     const int shift = high ? 4 : 0;
+    uint32_t h[2] = {0, 0};
+    if constexpr (k5) le64(b + 16 + (w64 % 32), h);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      int q = (qs[i] >> shift) & 0xF;
-      if constexpr (k5) {
-        const uint8_t* qh = b + 16 + (w % 32);
-        q += ((qh[i] >> (2 * chunk + (high ? 1 : 0))) & 1) << 4;
-      }
-      o[i] = fmaf(d, static_cast<float>(q), -m);
+      uint32_t q = (byte_of(w, i) >> shift) & 0xF;
+      if constexpr (k5) q += ((byte_of(h, i) >> (2 * chunk + (high ? 1 : 0))) & 1) << 4;
+      o[i] = fmaf(d, uint_minus(q, kTwo23), -m);
     }
   } else if constexpr (T == WType::kQ6_K) {
     const uint8_t* b = row + (e / 256) * 210;
     const int e0 = static_cast<int>(e % 256);
     const int n = e0 / 128, r = e0 % 128, qd = r / 32, l = r % 32;
-    const uint8_t* ql = b + 64 * n + (qd & 1 ? 32 : 0) + l;
-    const uint8_t* qh = b + 128 + 32 * n + l;
-    const int8_t sc = reinterpret_cast<const int8_t*>(b + 192)[8 * n + l / 16 + 2 * qd];
-    const float d = h2f(b + 208) * static_cast<float>(sc);
+    uint32_t ql[2], qh[2];
+    le64(b + 64 * n + (qd & 1 ? 32 : 0) + l, ql);
+    le64(b + 128 + 32 * n + l, qh);
+    const uint32_t sc = b[192 + 8 * n + l / 16 + 2 * qd];  // an int8: its sign bit flipped is sc + 128
+    const float d = h2f(b + 208) * uint_minus(sc ^ 0x80u, kTwo23 + 128.0f);
     const int shift = qd >= 2 ? 4 : 0;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const int q = (((ql[i] >> shift) & 0xF) | (((qh[i] >> (2 * qd)) & 3) << 4)) - 32;
-      o[i] = d * static_cast<float>(q);
+      const uint32_t q = ((byte_of(ql, i) >> shift) & 0xF) | (((byte_of(qh, i) >> (2 * qd)) & 3) << 4);
+      o[i] = d * uint_minus(q, kTwo23 + 32.0f);
     }
   }
 }
