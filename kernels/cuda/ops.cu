@@ -39,6 +39,10 @@ __device__ __forceinline__ uint32_t byte_of(const uint32_t (&w)[2], int i) { ret
 // (Sterbenz: the operands are within a factor of two). `minus` is 2^23 + bias (kTwo23 + 8 for Q4_0's q - 8).
 __device__ __forceinline__ float uint_minus(uint32_t u, float minus) { return __int_as_float(0x4B000000 | u) - minus; }
 constexpr float kTwo23 = 8388608.0f;
+// The float 2^23 + (byte i of m), one byte permute: bytes (m_i, 0, 0, 0x4B) of (m, 0x4B000000).
+__device__ __forceinline__ float byte_as_two23(uint32_t m, int i) {
+  return __int_as_float(static_cast<int>(__byte_perm(m, 0x4B000000u, 0x7540u | static_cast<unsigned>(i))));
+}
 
 // Q4_K / Q5_K: the 6-bit scale and minimum of sub-block j (ggml's get_scale_min_k4).
 __device__ __forceinline__ void scale_min_k4(int j, const uint8_t* q, float* sc, float* m) {
@@ -73,8 +77,9 @@ __device__ __forceinline__ void dq8(const uint8_t* row, int64_t c, float* o) {
     uint32_t w[2];
     le64(b + 2 + e0, w);
     // int8 q: the byte u with its sign bit flipped is q + 128.
+    const uint32_t m[2] = {w[0] ^ 0x80808080u, w[1] ^ 0x80808080u};
 #pragma unroll
-    for (int i = 0; i < 8; ++i) o[i] = uint_minus(byte_of(w, i) ^ 0x80u, kTwo23 + 128.0f) * d;
+    for (int i = 0; i < 8; ++i) o[i] = (byte_as_two23(m[i / 4], i % 4) - (kTwo23 + 128.0f)) * d;
   } else if constexpr (T == WType::kQ4_0 || T == WType::kQ4_1) {
     constexpr int kBytes = T == WType::kQ4_0 ? 18 : 20;
     const uint8_t* b = row + (e / 32) * kBytes;
@@ -84,13 +89,14 @@ __device__ __forceinline__ void dq8(const uint8_t* row, int64_t c, float* o) {
     const int shift = e0 < 16 ? 0 : 4;
     uint32_t w[2];
     le64(qs + e0 % 16, w);
+    const uint32_t q[2] = {(w[0] >> shift) & 0x0F0F0F0Fu, (w[1] >> shift) & 0x0F0F0F0Fu};
     if constexpr (T == WType::kQ4_0) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) o[i] = uint_minus((byte_of(w, i) >> shift) & 0xF, kTwo23 + 8.0f) * d;
+      for (int i = 0; i < 8; ++i) o[i] = (byte_as_two23(q[i / 4], i % 4) - (kTwo23 + 8.0f)) * d;
     } else {
       const float m = h2f(b + 2);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) o[i] = fmaf(uint_minus((byte_of(w, i) >> shift) & 0xF, kTwo23), d, m);
+      for (int i = 0; i < 8; ++i) o[i] = fmaf(byte_as_two23(q[i / 4], i % 4) - kTwo23, d, m);
     }
   } else if constexpr (T == WType::kQ5_0 || T == WType::kQ5_1) {
     constexpr bool kMin = T == WType::kQ5_1;
@@ -128,14 +134,16 @@ __device__ __forceinline__ void dq8(const uint8_t* row, int64_t c, float* o) {
     uint32_t w[2];
     le64(b + (k5 ? 48 : 16) + chunk * 32 + (w64 % 32), w);
     const int shift = high ? 4 : 0;
-    uint32_t h[2] = {0, 0};
-    if constexpr (k5) le64(b + 16 + (w64 % 32), h);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      uint32_t q = (byte_of(w, i) >> shift) & 0xF;
-      if constexpr (k5) q += ((byte_of(h, i) >> (2 * chunk + (high ? 1 : 0))) & 1) << 4;
-      o[i] = fmaf(d, uint_minus(q, kTwo23), -m);
+    uint32_t q[2] = {(w[0] >> shift) & 0x0F0F0F0Fu, (w[1] >> shift) & 0x0F0F0F0Fu};
+    if constexpr (k5) {
+      uint32_t h[2];
+      le64(b + 16 + (w64 % 32), h);
+      const int hs = 2 * chunk + (high ? 1 : 0);
+      q[0] |= ((h[0] >> hs) & 0x01010101u) << 4;
+      q[1] |= ((h[1] >> hs) & 0x01010101u) << 4;
     }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[i] = fmaf(d, byte_as_two23(q[i / 4], i % 4) - kTwo23, -m);
   } else if constexpr (T == WType::kQ6_K) {
     const uint8_t* b = row + (e / 256) * 210;
     const int e0 = static_cast<int>(e % 256);
@@ -146,11 +154,11 @@ __device__ __forceinline__ void dq8(const uint8_t* row, int64_t c, float* o) {
     const uint32_t sc = b[192 + 8 * n + l / 16 + 2 * qd];  // an int8: its sign bit flipped is sc + 128
     const float d = h2f(b + 208) * uint_minus(sc ^ 0x80u, kTwo23 + 128.0f);
     const int shift = qd >= 2 ? 4 : 0;
+    uint32_t q[2];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const uint32_t q = ((byte_of(ql, i) >> shift) & 0xF) | (((byte_of(qh, i) >> (2 * qd)) & 3) << 4);
-      o[i] = d * uint_minus(q, kTwo23 + 32.0f);
-    }
+    for (int h = 0; h < 2; ++h) q[h] = ((ql[h] >> shift) & 0x0F0F0F0Fu) | (((qh[h] >> (2 * qd)) & 0x03030303u) << 4);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[i] = d * (byte_as_two23(q[i / 4], i % 4) - (kTwo23 + 32.0f));
   }
 }
 
