@@ -26,7 +26,7 @@
 #   5. the OpenCL backend on NVIDIA's OpenCL driver: exact numerics against the CPU, float numerics;
 #   6. exact CUDA numerics through the daemon: greedy outputs of the whole model on CUDA, of a
 #      --stage-backends cuda,cpu pipeline and of the CPU alone, compared.
-# GPU_CHECK_SKIP="opencl daemon exact_daemon nograph exact tensor_cores" leaves those steps out (a rerun
+# GPU_CHECK_SKIP="opencl daemon exact_daemon nograph nofuse exact tensor_cores" leaves those steps out (a rerun
 # after a kernel change).
 # The GPU machine has no package registry: nothing is installed there. (GPU_CHECK_PRESETS and
 # GPU_CHECK_BACKEND=cpu try the script itself on a machine without a GPU.)
@@ -140,7 +140,7 @@ run() {
       -p 512 -n 128 -r 2 > "$out/bench-nograph-$m.txt" 2>&1
     say "  $m, float, CUDA graphs off: rc=$? $(grep -E '^decode' "$out/bench-nograph-$m.txt" | tr -s ' ' | tr '\n' ';')"
   done
-  for m in smollm2-q4_0 tinyllama-q4_0 8b-q4_0; do
+  skip nofuse || for m in smollm2-q4_0 tinyllama-q4_0 8b-q4_0; do
     INFERD_CUDA_NUMERICS=float INFERD_CUDA_FUSE=off timeout 60 "$bin/inferd-bench" --backend cuda -m "$models/$m.gguf" \
       -p 512 -n 128 -r 2 > "$out/bench-nofuse-$m.txt" 2>&1
     say "  $m, float, fused GEMVs off: rc=$? $(grep -E '^decode' "$out/bench-nofuse-$m.txt" | tr -s ' ' | tr '\n' ';')"

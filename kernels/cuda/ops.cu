@@ -291,6 +291,21 @@ constexpr int64_t block_bytes() {
 constexpr int kStagePayload = 4608;                 // a segment's bytes at most: 32 Q4_0 units, 21 Q6_K blocks
 constexpr int kStageBytes = kStagePayload + 32;     // and the vectors' overhang on either side
 
+// A run of 8 weights dotted with 8 activations (xp: 16-byte aligned): gemv_kernel's fma chain from zero.
+__device__ __forceinline__ float run_dot(const float (&wv)[8], const float4* __restrict__ xp) {
+  const float4 a = __ldg(xp), b = __ldg(xp + 1);
+  float s = 0.0f;
+  s = fmaf(wv[0], a.x, s);
+  s = fmaf(wv[1], a.y, s);
+  s = fmaf(wv[2], a.z, s);
+  s = fmaf(wv[3], a.w, s);
+  s = fmaf(wv[4], b.x, s);
+  s = fmaf(wv[5], b.y, s);
+  s = fmaf(wv[6], b.z, s);
+  s = fmaf(wv[7], b.w, s);
+  return s;
+}
+
 // Lane `lane`'s partial sums of row `row` (k values, whole blocks) dotted with each of `tokens` (<= NT)
 // rows of x, staged through `buf` (this warp's kStageBytes, 16-byte aligned) a segment at a time.
 template <WType T, int NT>
@@ -310,24 +325,31 @@ __device__ __forceinline__ void staged_row_dot(const uint8_t* __restrict__ row, 
     for (int64_t i = lane; i < vecs; i += 32) dst[i] = __ldg(src + i);
     __syncwarp();
     const uint8_t* seg = buf + (a0 - v0);
-    for (int64_t cl = lane; cl < runs; cl += 32) {
+    // Two of the lane's runs at a time (cl, then cl + 32: the order of the sums is unchanged), their loads
+    // issued before either is computed.
+    int64_t cl = lane;
+    for (; cl + 32 < runs; cl += 64) {
+      float w0[8], w1[8];
+      dq8<T>(seg, cl, w0);
+      dq8<T>(seg, cl + 32, w1);
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        if (t < tokens) {
+          const float* xt = x + static_cast<size_t>(t) * k + seg0 * 8;
+          const float s0 = run_dot(w0, reinterpret_cast<const float4*>(xt + cl * 8));
+          const float s1 = run_dot(w1, reinterpret_cast<const float4*>(xt + (cl + 32) * 8));
+          acc[t] += s0;
+          acc[t] += s1;
+        }
+      }
+    }
+    if (cl < runs) {
       float wv[8];
       dq8<T>(seg, cl, wv);
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         if (t < tokens) {
-          const float4* xp = reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * k + (seg0 + cl) * 8);
-          const float4 a = __ldg(xp), b = __ldg(xp + 1);
-          float s = 0.0f;
-          s = fmaf(wv[0], a.x, s);
-          s = fmaf(wv[1], a.y, s);
-          s = fmaf(wv[2], a.z, s);
-          s = fmaf(wv[3], a.w, s);
-          s = fmaf(wv[4], b.x, s);
-          s = fmaf(wv[5], b.y, s);
-          s = fmaf(wv[6], b.z, s);
-          s = fmaf(wv[7], b.w, s);
-          acc[t] += s;
+          acc[t] += run_dot(wv, reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * k + (seg0 + cl) * 8));
         }
       }
     }
