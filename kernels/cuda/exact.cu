@@ -337,6 +337,18 @@ bool stageable(const Matrix& w, int64_t block_values, int64_t bytes_per_block) {
          w.row_bytes == static_cast<size_t>(w.cols / block_values * bytes_per_block);
 }
 
+// launch(TT, Staged) with TT = 1 for a decode step and kTT tokens per warp otherwise.
+template <class Launch>
+void with_tt_staged(int32_t tokens, bool staged, Launch launch) {
+  if (tokens == 1) {
+    staged ? launch(std::integral_constant<int, 1>(), std::true_type())
+           : launch(std::integral_constant<int, 1>(), std::false_type());
+  } else {
+    staged ? launch(std::integral_constant<int, kTT>(), std::true_type())
+           : launch(std::integral_constant<int, kTT>(), std::false_type());
+  }
+}
+
 template <uint32_t T>
 cudaError_t launch_blocks(const Matrix& w, const void* a, int32_t tokens, const float* bias, const float* residual,
                           float* y, cudaStream_t stream) {
@@ -348,14 +360,7 @@ cudaError_t launch_blocks(const Matrix& w, const void* a, int32_t tokens, const 
         <<<dim3(gx, static_cast<unsigned>(div_up(tokens, TT))), kWarps * 32, 0, stream>>>(
             w8, w.row_bytes, w.rows, w.cols, static_cast<const Q8Block*>(a), tokens, bias, residual, y);
   };
-  const bool staged = stageable(w, 32, block_bytes(T));
-  if (tokens == 1) {
-    staged ? launch(std::integral_constant<int, 1>(), std::true_type())
-           : launch(std::integral_constant<int, 1>(), std::false_type());
-  } else {
-    staged ? launch(std::integral_constant<int, kTT>(), std::true_type())
-           : launch(std::integral_constant<int, kTT>(), std::false_type());
-  }
+  with_tt_staged(tokens, stageable(w, 32, block_bytes(T)), launch);
   return cudaGetLastError();
 }
 
@@ -370,14 +375,7 @@ cudaError_t launch_k(const Matrix& w, const void* a, int32_t tokens, const float
         <<<dim3(gx, static_cast<unsigned>(div_up(tokens, TT))), kWarps * 32, 0, stream>>>(
             w8, w.row_bytes, w.rows, w.cols, static_cast<const Q8KBlock*>(a), tokens, bias, residual, y);
   };
-  const bool staged = stageable(w, 256, block_bytes(T));
-  if (tokens == 1) {
-    staged ? launch(std::integral_constant<int, 1>(), std::true_type())
-           : launch(std::integral_constant<int, 1>(), std::false_type());
-  } else {
-    staged ? launch(std::integral_constant<int, kTT>(), std::true_type())
-           : launch(std::integral_constant<int, kTT>(), std::false_type());
-  }
+  with_tt_staged(tokens, stageable(w, 256, block_bytes(T)), launch);
   return cudaGetLastError();
 }
 

@@ -356,6 +356,25 @@ __device__ __forceinline__ void staged_row_dot(const uint8_t* __restrict__ row, 
   }
 }
 
+// Row r's outputs from the lanes' partial sums: the warp's tree, then + bias[r], then + residual, as
+// gemv_kernel stores them.
+template <int NT>
+__device__ __forceinline__ void store_row(const float (&acc)[NT], int tokens, int lane, int64_t r, int64_t n,
+                                          const float* bias, const float* residual, float* y) {
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    if (t >= tokens) break;
+    const float s = warp_sum(acc[t]);
+    if (lane == 0) {
+      float v = s;
+      if (bias) v += bias[r];
+      const size_t at = static_cast<size_t>(t) * n + r;
+      if (residual) v += residual[at];
+      y[at] = v;
+    }
+  }
+}
+
 template <WType T, int NT>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_staged_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n, int64_t k,
@@ -370,18 +389,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
   staged_row_dot<T, NT>(w + static_cast<size_t>(r) * row_bytes, k, x, tokens, seg_runs, seg_bytes, stage[warp], lane,
                         acc);
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    if (t >= tokens) break;
-    const float s = warp_sum(acc[t]);
-    if (lane == 0) {
-      float v = s;
-      if (bias) v += bias[r];
-      const size_t at = static_cast<size_t>(t) * n + r;
-      if (residual) v += residual[at];
-      y[at] = v;
-    }
-  }
+  store_row(acc, tokens, lane, r, n, bias, residual, y);
 }
 
 // SwiGLU's and GeGLU's activation times up, one formula for the standalone kernels and the fused GEMV.
@@ -421,16 +429,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
   staged_row_dot<T, NT>(f.w[m] + static_cast<size_t>(r) * row_bytes, k, x, tokens, seg_runs, seg_bytes, stage[warp],
                         lane, acc);
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    if (t >= tokens) break;
-    const float s = warp_sum(acc[t]);
-    if (lane == 0) {
-      float v = s;
-      if (f.bias[m]) v += f.bias[m][r];
-      f.y[m][static_cast<size_t>(t) * n + r] = v;
-    }
-  }
+  store_row(acc, tokens, lane, r, n, f.bias[m], nullptr, f.y[m]);
 }
 
 // y = act(x Wg^T) * (x Wu^T): a warp takes row r of both matrices (gate, then up), the products as
@@ -459,15 +458,12 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   }
 }
 
-// The staged GEMV's segment unit: the fewest runs, a multiple of 32, that are whole blocks (32 for
-// every type: 256 values), and their bytes.
-template <WType T>
-constexpr int64_t stage_unit_runs() {
-  return 32;
-}
+// The staged GEMV's segment unit: 32 runs (a run for each lane), 256 values, whole blocks of every type;
+// and its bytes.
+constexpr int64_t kStageUnitRuns = 32;
 template <WType T>
 constexpr int64_t stage_unit_bytes() {
-  return stage_unit_runs<T>() * 8 / block_values<T>() * block_bytes<T>();
+  return kStageUnitRuns * 8 / block_values<T>() * block_bytes<T>();
 }
 static_assert(stage_unit_bytes<WType::kQ4_0>() == 144 && stage_unit_bytes<WType::kQ6_K>() == 210 &&
               stage_unit_bytes<WType::kQ8_0>() == 272 && stage_unit_bytes<WType::kF32>() == 1024);
@@ -646,7 +642,7 @@ bool can_stage(const Matrix& w, const float* x) {
 // The staged GEMV's segment: runs and bytes.
 template <WType T>
 constexpr int64_t seg_runs() {
-  return kStagePayload / stage_unit_bytes<T>() * stage_unit_runs<T>();
+  return kStagePayload / stage_unit_bytes<T>() * kStageUnitRuns;
 }
 template <WType T>
 constexpr int64_t seg_bytes() {
@@ -684,14 +680,8 @@ cudaError_t launch_matmul(int path, const Matrix& w, const float* x, int32_t tok
                                                                                    x, tokens, bias, residual, y);
       }
     };
-    if (tokens == 1) {
-      launch(std::integral_constant<int, 1>());
-    } else if (tokens == 2) {
-      launch(std::integral_constant<int, 2>());
-    } else if (tokens <= 4) {
-      launch(std::integral_constant<int, 4>());
-    } else if (tokens <= kGemvTokens) {
-      launch(std::integral_constant<int, 8>());
+    if (tokens <= kGemvTokens) {
+      with_nt(tokens, launch);
     } else {
       const dim3 tiles(static_cast<unsigned>((tokens + kTileTokens - 1) / kTileTokens),
                        static_cast<unsigned>((w.rows + kTileRows - 1) / kTileRows));
