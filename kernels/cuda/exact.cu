@@ -54,7 +54,7 @@ __global__ void quantize_q8k_exact_kernel(const float* x, int64_t k, int32_t row
 
 // Copies `bytes` (a multiple of 16) from `src` to `dst` (both 16-byte aligned) with the warp's 16-byte
 // loads: the matmuls stage their weight blocks through shared memory so that a warp's reads are whole
-// memory transactions, all in flight at once, instead of each thread's byte loads of its own block.
+// memory transactions, none depending on another, instead of each thread's byte loads of its own block.
 __device__ __forceinline__ void warp_stage(const uint8_t* src, int64_t bytes, uint8_t* dst, int lane) {
   const uint4* s = reinterpret_cast<const uint4*>(src);
   uint4* d = reinterpret_cast<uint4*>(dst);

@@ -282,8 +282,8 @@ constexpr int64_t block_bytes() {
   return 0;
 }
 // The same GEMV with the row read the way HBM wants it: each warp copies a segment of its row into shared
-// memory with 16-byte loads (a warp's loads cover 512 consecutive bytes: whole memory transactions, all
-// issued before the first is waited on) and dequantizes from there. A segment is a whole number of 32
+// memory with 16-byte loads (each warp-wide load covers 512 consecutive bytes: whole memory transactions,
+// and none of the copy's loads depends on another) and dequantizes from there. A segment is a whole number of 32
 // runs of 8 values starting on a block boundary, so lane l still sums runs l, l + 32, ... of the row in
 // order with the same fma chains and the same tree: every output is gemv_kernel's bits. A segment is
 // loaded as the aligned 16-byte vectors that cover it (rows of any width: 576 Q4_0 values are 324 bytes),
@@ -667,7 +667,7 @@ template <WType T>
 cudaError_t launch_matmul(int path, const Matrix& w, const float* x, int32_t tokens, const float* bias,
                           const float* residual, float* y, cudaStream_t stream) {
   const uint8_t* wd = static_cast<const uint8_t*>(w.data);
-  if (path == 0) path = 1;  // the GEMV for every step: batch-invariant (gemv_kernel)
+  if (path == 0) path = 1;  // the GEMV for every step: batch-invariant (staged, gemv_kernel or gemv_tiled_kernel)
   if (path == 1 || path == 3) {
     const dim3 grid(static_cast<unsigned>((w.rows + kGemvWarps - 1) / kGemvWarps));
     const bool staged = path == 1 && can_stage<T>(w, x);
@@ -1058,8 +1058,12 @@ cudaError_t matmul_path(int path, const Matrix& w, const float* x, int32_t token
 }
 
 bool fused_gemv_applies(const Matrix& w, const float* x, int32_t tokens) {
-  if (tokens < 1 || tokens > kGemvTokens || !wtype_supported(static_cast<uint32_t>(w.type))) return false;
-  INFERD_DISPATCH_WTYPE(w.type, return can_stage<T>(w, x));
+  if (tokens < 1 || tokens > kGemvTokens) return false;
+  bool applies = false;
+  const auto check = [&]() -> cudaError_t {
+    INFERD_DISPATCH_WTYPE(w.type, applies = can_stage<T>(w, x); return cudaSuccess);
+  };
+  return check() == cudaSuccess && applies;  // an unknown type: cudaErrorInvalidValue, not applicable
 }
 
 cudaError_t matmul_many(const MatmulOut* outs, int count, const float* x, int32_t tokens, cudaStream_t stream) {

@@ -222,7 +222,8 @@ struct CudaBackend::Impl {
     std::string t = std::string("numerics float, matmul ") + matmul_path_name(opt.matmul) + ", matmul inputs " +
                     activations_name(opt.activations);
     if (opt.matmul == MatmulPath::kGemv) {
-      t += opt.fuse ? ", fused GEMVs on (" + std::to_string(stats.fused_launches) + " launched)" : ", fused GEMVs off";
+      t += opt.fuse ? ", fused GEMVs on (" + std::to_string(stats.fused_launches) + " launches recorded)"
+                    : ", fused GEMVs off";
     }
     return t;
   }
@@ -771,14 +772,17 @@ Status CudaBackend::Impl::run_node(const Graph& g, const Node& n, const graph::S
     case Op::kMatmulSwiglu:
     case Op::kMatmulGeglu: {
       const Matrix wg = matrix(g.tensor(n.in[1])), wu = matrix(g.tensor(n.in[2]));
-      if (wg.type == wu.type && fusable(wg, f(n.in[0]), rows)) {
+      if (wg.type == wu.type && wg.rows == wu.rows && wg.cols == wu.cols && fusable(wg, f(n.in[0]), rows)) {
+        // The input the kernel reads (quantized with q8 inputs; kept for the separate matmuls otherwise).
         auto in = matmul_input(g, n.in[0], rows, wg);
         if (!in) return in.status();
-        stats.gemv_matmuls += 2;
-        ++stats.fused_launches;
-        e = matmul_glu(n.op == Op::kMatmulGeglu ? Glu::kGelu : Glu::kSilu, wg, wu, in.value(), rows,
-                       gelu.as<uint16_t>(), f(n.out[0]), stream);
-        break;
+        if (fusable(wg, in.value(), rows) && fusable(wu, in.value(), rows)) {
+          stats.gemv_matmuls += 2;
+          ++stats.fused_launches;
+          e = matmul_glu(n.op == Op::kMatmulGeglu ? Glu::kGelu : Glu::kSilu, wg, wu, in.value(), rows,
+                         gelu.as<uint16_t>(), f(n.out[0]), stream);
+          break;
+        }
       }
       float* a = pool[static_cast<size_t>(tmp_a[index])].as<float>();
       float* b = pool[static_cast<size_t>(tmp_b[index])].as<float>();
@@ -866,8 +870,13 @@ Result<size_t> CudaBackend::Impl::run_fused_matmuls(const Graph& g, const graph:
     outs[count++] = MatmulOut{w, vec(g, n.in[2]), f(n.out[0])};
   }
   if (count < 2) return size_t{0};
+  // The input the kernel reads (quantized with q8 inputs: then cached for the separate matmuls if these
+  // cannot be fused after all).
   auto in = matmul_input(g, first.in[0], rows, outs[0].w);
   if (!in) return in.status();
+  for (size_t i = 0; i < count; ++i) {
+    if (!fusable(outs[i].w, in.value(), rows)) return size_t{0};
+  }
   stats.gemv_matmuls += static_cast<int64_t>(count);
   ++stats.fused_launches;
   const cudaError_t e = matmul_many(outs, static_cast<int>(count), in.value(), rows, stream);

@@ -18,10 +18,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include "inferd/backend_factory.h"
 #include "inferd/engine.h"
+#include "inferd/kernels/cuda.h"
+#include "inferd/kernels/test_weights.h"
 #include "inferd/model_runner.h"
 #include "inferd/tokenizer.h"
 
@@ -74,6 +77,114 @@ TEST(CudaDevice, BadSettingsAreRefusedNamingTheVariable) {
   auto d = cuda_backend_factory().create(BackendConfig{"gpu0", 0, {}});
   ASSERT_FALSE(d.is_ok());
   EXPECT_EQ(d.status().code(), Code::kInvalidArgument);
+  auto f = cuda_backend_factory().create(BackendConfig{"", 0, {{"fuse", "maybe"}}});
+  ASSERT_FALSE(f.is_ok());
+  EXPECT_EQ(f.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(f.status().message().find("INFERD_CUDA_FUSE"), std::string::npos) << f.status().to_string();
+}
+
+// ---- Kernels on the device -----------------------------------------------------------------------------
+
+// Device memory for a test, rounded up to 16 bytes as the backend's allocations are (cuda.h, Matrix).
+struct DeviceMemory {
+  void* p = nullptr;
+  explicit DeviceMemory(size_t bytes) {
+    if (cudaMalloc(&p, (std::max<size_t>(bytes, 16) + 15) / 16 * 16) != cudaSuccess) p = nullptr;
+  }
+  ~DeviceMemory() {
+    if (p != nullptr) (void)cudaFree(p);
+  }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+std::vector<float> download(const float* d, size_t n) {
+  std::vector<float> h(n);
+  EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
+}
+
+size_t differing(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  size_t n = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) n += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  return n;
+}
+
+// The staged GEMV (path 1: rows through shared memory, in segments, from any row alignment) against the
+// unstaged one (path 3), and the fused GEMVs against separate launches, bit for bit: every weight type,
+// rows narrower than a segment and unaligned (576 values), rows of several segments (9,216), 1-8 tokens.
+TEST(CudaKernels, StagedAndFusedGemvsEqualTheUnstagedGemv) {
+  const std::string why = no_device_reason();
+  if (!why.empty()) GTEST_SKIP() << why;
+  const DType types[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
+                         DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+  constexpr int64_t kRows = 67;
+  for (DType type : types) {
+    for (int64_t k : {int64_t{576}, int64_t{9216}}) {
+      if (k % dtype_info(type)->block_size != 0) continue;
+      SCOPED_TRACE(std::string(dtype_name(type)) + " k=" + std::to_string(k));
+      const size_t row_bytes = dtype_row_bytes(type, k);
+      // Three matrices (Q, K, V or gate, up and a third), one after another in one allocation.
+      std::vector<uint8_t> host(3 * kRows * row_bytes);
+      std::mt19937 rng(static_cast<uint32_t>(k) * 131 + static_cast<uint32_t>(type));
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      std::vector<float> values(static_cast<size_t>(k));
+      for (int64_t r = 0; r < 3 * kRows; ++r) {
+        for (float& v : values) v = normal(rng);
+        kernels::testing::encode_weight_row(type, values.data(), k, static_cast<uint32_t>(r), 3.0f,
+                                            host.data() + static_cast<size_t>(r) * row_bytes);
+      }
+      DeviceMemory w(host.size()), x(8 * static_cast<size_t>(k) * 4), bias(kRows * 4);
+      DeviceMemory y1(8 * kRows * 4), y3(8 * kRows * 4), ys(3 * 8 * kRows * 4), yg(8 * kRows * 4);
+      ASSERT_NE(w.p, nullptr);
+      ASSERT_EQ(cudaMemcpy(w.p, host.data(), host.size(), cudaMemcpyHostToDevice), cudaSuccess);
+      std::vector<float> xs(8 * static_cast<size_t>(k)), bs(kRows);
+      for (float& v : xs) v = normal(rng);
+      for (float& v : bs) v = normal(rng);
+      ASSERT_EQ(cudaMemcpy(x.p, xs.data(), xs.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(bias.p, bs.data(), bs.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      Matrix m[3];
+      for (int i = 0; i < 3; ++i) {
+        m[i] = Matrix{static_cast<WType>(type), w.as<uint8_t>() + static_cast<size_t>(i) * kRows * row_bytes, row_bytes,
+                      kRows, k};
+      }
+      for (int32_t tokens : {1, 2, 3, 5, 8}) {
+        SCOPED_TRACE("tokens " + std::to_string(tokens));
+        const size_t out = static_cast<size_t>(tokens) * kRows;
+        // The last matrix of the three: its last row ends at the allocation's end.
+        ASSERT_EQ(matmul_path(1, m[2], x.as<float>(), tokens, bias.as<float>(), nullptr, y1.as<float>(), nullptr),
+                  cudaSuccess);
+        ASSERT_EQ(matmul_path(3, m[2], x.as<float>(), tokens, bias.as<float>(), nullptr, y3.as<float>(), nullptr),
+                  cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<float> unstaged = download(y3.as<float>(), out);
+        EXPECT_EQ(differing(download(y1.as<float>(), out), unstaged), 0u) << "staged vs unstaged";
+        if (!fused_gemv_applies(m[0], x.as<float>(), tokens)) continue;
+        // Q, K and V in one launch (biases on the last) against three launches.
+        MatmulOut outs[3];
+        for (int i = 0; i < 3; ++i) {
+          outs[i] = MatmulOut{m[i], i == 2 ? bias.as<float>() : nullptr, ys.as<float>() + static_cast<size_t>(i) * out};
+        }
+        ASSERT_EQ(matmul_many(outs, 3, x.as<float>(), tokens, nullptr), cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_EQ(differing(download(ys.as<float>() + 2 * out, out), unstaged), 0u) << "matmul_many";
+        // Gate and up with SwiGLU in one launch against two matmuls and swiglu().
+        ASSERT_EQ(matmul_path(3, m[0], x.as<float>(), tokens, nullptr, nullptr, y1.as<float>(), nullptr), cudaSuccess);
+        ASSERT_EQ(matmul_path(3, m[1], x.as<float>(), tokens, nullptr, nullptr, y3.as<float>(), nullptr), cudaSuccess);
+        ASSERT_EQ(swiglu(y1.as<float>(), y3.as<float>(), static_cast<int64_t>(out), y1.as<float>(), nullptr),
+                  cudaSuccess);
+        ASSERT_EQ(matmul_glu(Glu::kSilu, m[0], m[1], x.as<float>(), tokens, nullptr, yg.as<float>(), nullptr),
+                  cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_EQ(differing(download(yg.as<float>(), out), download(y1.as<float>(), out)), 0u) << "matmul_glu";
+      }
+    }
+  }
 }
 
 // ---- Models on the device ------------------------------------------------------------------------------

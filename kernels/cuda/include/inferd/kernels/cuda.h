@@ -51,8 +51,9 @@ cudaError_t matmul_path(int path, const Matrix& w, const float* x, int32_t token
                         const float* residual, float* y, cudaStream_t stream);
 
 // Fused GEMVs for decode steps (float numerics): several matmuls in one launch, each output the same bits
-// as matmul() gives it (path 1). They apply to steps of at most 8 tokens on matrices whose rows are a
-// multiple of 16 bytes, 16-byte aligned (every model's matrices), with x 16-byte aligned.
+// as matmul() gives it (path 1). They apply (fused_gemv_applies) to steps of at most 8 tokens on a
+// 16-byte aligned matrix whose rows are whole blocks without padding and a multiple of 8 values wide (every
+// model's matrices), with x 16-byte aligned.
 inline constexpr int kMaxFused = 3;
 bool fused_gemv_applies(const Matrix& w, const float* x, int32_t tokens);
 struct MatmulOut {

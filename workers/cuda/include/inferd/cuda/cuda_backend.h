@@ -99,7 +99,9 @@ struct CudaStats {
   bool upload_registered = false;  // the weights were copied from a registered (pinned) host mapping
   int64_t steps = 0, gemv_matmuls = 0, tensor_core_matmuls = 0, exact_matmuls = 0;
   int64_t graph_captures = 0, graph_replays = 0;  // CUDA graphs: shapes captured, steps run as a graph
-  int64_t fused_launches = 0;  // fused GEMV launches (each doing the work of two or three kernels or more)
+  // Fused GEMV launches enqueued (each doing the work of two or three kernels); a launch recorded into a
+  // CUDA graph counts once, however often the graph is replayed.
+  int64_t fused_launches = 0;
   double upload_gbps() const {
     return upload_seconds > 0 ? static_cast<double>(weight_bytes) / upload_seconds / 1e9 : 0.0;
   }
