@@ -5,8 +5,12 @@
 #                                        machine runs and packs it into gpu-bundle/ and gpu-bundle.tar.xz
 #                                        (binaries, the shared libraries the GPU machine lacks — Cap'n Proto,
 #                                        spdlog, fmt, the OpenCL ICD loader — and the Python packages that
-#                                        write synthetic models): ~4 MiB compressed, which with the checkout
-#                                        stays under 64 MiB
+#                                        write synthetic models): ~18 MiB compressed
+#   scripts/gpu-check.sh untrack         before the checkout travels to a GPU machine whose transfer is
+#                                        size-limited (64 MiB): takes the six generated test models out of the
+#                                        index (the files stay; `run` writes them again there), so that the
+#                                        checkout (~36 MB) and gpu-bundle.tar.xz (~18 MB) fit; `retrack` puts
+#                                        them back (do it before the next commit)
 #   scripts/gpu-check.sh run [OUTDIR]    on the GPU machine, from the repository root with gpu-bundle/ or
 #                                        gpu-bundle.tar.xz in it: writes OUTDIR/summary.txt (default
 #                                        gpu-bundle/out) and one log per check
@@ -293,8 +297,33 @@ for f in r.fields.values():
   rm -rf "$dir"
 }
 
+# The committed test models `run` can write again from their presets (all but mixed-small, the tokenizer
+# source of every preset).
+generated_test_models() {
+  local p
+  for p in qwen2 gemma3 qwen3 phi3 llama3 lowbit; do echo "tests/data/models/$p-small.gguf"; done
+}
+
 case "${1:-}" in
   bundle) bundle ;;
+  untrack)
+    mkdir -p "$(git rev-parse --git-dir)/info"
+    for f in $(generated_test_models); do
+      grep -qxF "/$f" "$(git rev-parse --git-dir)/info/exclude" 2>/dev/null || echo "/$f" >> "$(git rev-parse --git-dir)/info/exclude"
+    done
+    # shellcheck disable=SC2046
+    git rm -q --cached $(generated_test_models)
+    echo "untracked: $(generated_test_models | tr '\n' ' ')(scripts/gpu-check.sh retrack puts them back)" ;;
+  retrack)
+    # shellcheck disable=SC2046
+    git reset -q HEAD -- $(generated_test_models)
+    exclude="$(git rev-parse --git-dir)/info/exclude"
+    if [ -f "$exclude" ]; then
+      tmp=$(mktemp)
+      grep -vxF -f <(generated_test_models | sed 's|^|/|') "$exclude" > "$tmp" || true
+      mv "$tmp" "$exclude"
+    fi
+    git status --short -- tests/data/models ;;
   run) shift; run "$@" ;;
-  *) sed -n '2,22p' "$0"; exit 2 ;;
+  *) sed -n '2,36p' "$0"; exit 2 ;;
 esac
