@@ -68,7 +68,7 @@ __device__ __forceinline__ void store(float v, int64_t t, int64_t r, int64_t n, 
   y[at] = residual != nullptr ? residual[at] + v : v + (bias != nullptr ? bias[r] : 0.0f);
 }
 
-// Staged: the launcher found the rows 16-byte aligned with no padding (see launch_blocks).
+// Staged: the launcher found the rows 16-byte aligned with no padding (see launch_quantized).
 template <uint32_t T, int TT, bool Staged>
 __global__ void __launch_bounds__(kWarps * 32)
     matmul_blocks_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n, int64_t k,
@@ -337,45 +337,28 @@ bool stageable(const Matrix& w, int64_t block_values, int64_t bytes_per_block) {
          w.row_bytes == static_cast<size_t>(w.cols / block_values * bytes_per_block);
 }
 
-// launch(TT, Staged) with TT = 1 for a decode step and kTT tokens per warp otherwise.
-template <class Launch>
-void with_tt_staged(int32_t tokens, bool staged, Launch launch) {
-  if (tokens == 1) {
-    staged ? launch(std::integral_constant<int, 1>(), std::true_type())
-           : launch(std::integral_constant<int, 1>(), std::false_type());
-  } else {
-    staged ? launch(std::integral_constant<int, kTT>(), std::true_type())
-           : launch(std::integral_constant<int, kTT>(), std::false_type());
-  }
-}
-
+// A quantized matmul: matmul_blocks_kernel (32-element blocks) or matmul_k_kernel (K-quants), a token per
+// warp for a decode step and kTT otherwise, its blocks staged where the rows allow it.
 template <uint32_t T>
-cudaError_t launch_blocks(const Matrix& w, const void* a, int32_t tokens, const float* bias, const float* residual,
-                          float* y, cudaStream_t stream) {
+cudaError_t launch_quantized(const Matrix& w, const void* a, int32_t tokens, const float* bias, const float* residual,
+                             float* y, cudaStream_t stream) {
   const unsigned gx = static_cast<unsigned>(div_up(w.rows, kWarps));
   const auto* w8 = static_cast<const uint8_t*>(w.data);
   const auto launch = [&](auto tt, auto staged) {
     constexpr int TT = decltype(tt)::value;
-    matmul_blocks_kernel<T, TT, decltype(staged)::value>
-        <<<dim3(gx, static_cast<unsigned>(div_up(tokens, TT))), kWarps * 32, 0, stream>>>(
-            w8, w.row_bytes, w.rows, w.cols, static_cast<const Q8Block*>(a), tokens, bias, residual, y);
+    constexpr bool kStaged = decltype(staged)::value;
+    const dim3 grid(gx, static_cast<unsigned>(div_up(tokens, TT)));
+    if constexpr (is_k_quant(T)) {
+      matmul_k_kernel<T, TT, kStaged><<<grid, kWarps * 32, 0, stream>>>(
+          w8, w.row_bytes, w.rows, w.cols, static_cast<const Q8KBlock*>(a), tokens, bias, residual, y);
+    } else {
+      matmul_blocks_kernel<T, TT, kStaged><<<grid, kWarps * 32, 0, stream>>>(
+          w8, w.row_bytes, w.rows, w.cols, static_cast<const Q8Block*>(a), tokens, bias, residual, y);
+    }
   };
-  with_tt_staged(tokens, stageable(w, 32, block_bytes(T)), launch);
-  return cudaGetLastError();
-}
-
-template <uint32_t T>
-cudaError_t launch_k(const Matrix& w, const void* a, int32_t tokens, const float* bias, const float* residual, float* y,
-                     cudaStream_t stream) {
-  const unsigned gx = static_cast<unsigned>(div_up(w.rows, kWarps));
-  const auto* w8 = static_cast<const uint8_t*>(w.data);
-  const auto launch = [&](auto tt, auto staged) {
-    constexpr int TT = decltype(tt)::value;
-    matmul_k_kernel<T, TT, decltype(staged)::value>
-        <<<dim3(gx, static_cast<unsigned>(div_up(tokens, TT))), kWarps * 32, 0, stream>>>(
-            w8, w.row_bytes, w.rows, w.cols, static_cast<const Q8KBlock*>(a), tokens, bias, residual, y);
-  };
-  with_tt_staged(tokens, stageable(w, 256, block_bytes(T)), launch);
+  const bool staged = stageable(w, is_k_quant(T) ? 256 : 32, block_bytes(T));
+  const auto with_tt = [&](auto tt) { staged ? launch(tt, std::true_type()) : launch(tt, std::false_type()); };
+  tokens == 1 ? with_tt(std::integral_constant<int, 1>()) : with_tt(std::integral_constant<int, kTT>());
   return cudaGetLastError();
 }
 
@@ -424,14 +407,14 @@ cudaError_t matmul_exact(const Matrix& w, const void* act, int32_t tokens, const
     case WType::kF32: return launch_float<kF32>(w, x, tokens, bias, residual, y, stream);
     case WType::kF16: return launch_float<kF16>(w, x, tokens, bias, residual, y, stream);
     case WType::kBF16: return launch_float<kBF16>(w, x, tokens, bias, residual, y, stream);
-    case WType::kQ8_0: return launch_blocks<kQ8_0>(w, act, tokens, bias, residual, y, stream);
-    case WType::kQ4_0: return launch_blocks<kQ4_0>(w, act, tokens, bias, residual, y, stream);
-    case WType::kQ4_1: return launch_blocks<kQ4_1>(w, act, tokens, bias, residual, y, stream);
-    case WType::kQ5_0: return launch_blocks<kQ5_0>(w, act, tokens, bias, residual, y, stream);
-    case WType::kQ5_1: return launch_blocks<kQ5_1>(w, act, tokens, bias, residual, y, stream);
-    case WType::kQ4_K: return launch_k<kQ4_K>(w, act, tokens, bias, residual, y, stream);
-    case WType::kQ5_K: return launch_k<kQ5_K>(w, act, tokens, bias, residual, y, stream);
-    case WType::kQ6_K: return launch_k<kQ6_K>(w, act, tokens, bias, residual, y, stream);
+    case WType::kQ8_0: return launch_quantized<kQ8_0>(w, act, tokens, bias, residual, y, stream);
+    case WType::kQ4_0: return launch_quantized<kQ4_0>(w, act, tokens, bias, residual, y, stream);
+    case WType::kQ4_1: return launch_quantized<kQ4_1>(w, act, tokens, bias, residual, y, stream);
+    case WType::kQ5_0: return launch_quantized<kQ5_0>(w, act, tokens, bias, residual, y, stream);
+    case WType::kQ5_1: return launch_quantized<kQ5_1>(w, act, tokens, bias, residual, y, stream);
+    case WType::kQ4_K: return launch_quantized<kQ4_K>(w, act, tokens, bias, residual, y, stream);
+    case WType::kQ5_K: return launch_quantized<kQ5_K>(w, act, tokens, bias, residual, y, stream);
+    case WType::kQ6_K: return launch_quantized<kQ6_K>(w, act, tokens, bias, residual, y, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "inferd/kernels/cuda.h"
+#include "inferd/kernels/cuda_exact_math.h"
 
 namespace inferd::cuda {
 
@@ -257,30 +258,18 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   }
 }
 
-// Values and bytes of one block of T (float types: one value).
+// Values and bytes of one block of T (float types: one value); the block sizes are the exact kernels'.
 template <WType T>
 constexpr int64_t block_values() {
-  if constexpr (T == WType::kF32 || T == WType::kF16 || T == WType::kBF16) return 1;
-  if constexpr (T == WType::kQ4_K || T == WType::kQ5_K || T == WType::kQ6_K) return 256;
-  return 32;
+  constexpr auto t = static_cast<uint32_t>(T);
+  return exact::is_float(t) ? 1 : exact::is_k_quant(t) ? 256 : 32;
 }
 template <WType T>
 constexpr int64_t block_bytes() {
-  switch (T) {
-    case WType::kF32: return 4;
-    case WType::kF16:
-    case WType::kBF16: return 2;
-    case WType::kQ8_0: return 34;
-    case WType::kQ4_0: return 18;
-    case WType::kQ4_1: return 20;
-    case WType::kQ5_0: return 22;
-    case WType::kQ5_1: return 24;
-    case WType::kQ4_K: return 144;
-    case WType::kQ5_K: return 176;
-    case WType::kQ6_K: return 210;
-  }
-  return 0;
+  constexpr auto t = static_cast<uint32_t>(T);
+  return t == exact::kF32 ? 4 : exact::is_float(t) ? 2 : exact::block_bytes(t);
 }
+
 // The same GEMV with the row read the way HBM wants it: each warp copies a segment of its row into shared
 // memory with 16-byte loads (each warp-wide load covers 512 consecutive bytes: whole memory transactions,
 // and none of the copy's loads depends on another) and dequantizes from there. A segment is a whole number of 32

@@ -281,10 +281,9 @@ struct CudaBackend::Impl {
   Status plan(const Graph& g);
   Status upload_weights(const Graph& g);
   Status run_node(const Graph& g, const Node& n, const graph::StepShape& s, size_t index);
-  // Whether a step of `rows` tokens may launch fused GEMVs on W (CudaOptions::fuse).
-  bool fusable(const Matrix& w, const float* x, int32_t rows) const {
-    return opt.fuse && !exact() && opt.matmul == MatmulPath::kGemv && fused_gemv_applies(w, x, rows);
-  }
+  // Whether the options let steps launch fused GEMVs (CudaOptions::fuse; float numerics, the GEMV); each
+  // launch also needs fused_gemv_applies() on its matrices and the input the kernel reads.
+  bool fusing() const { return opt.fuse && !exact() && opt.matmul == MatmulPath::kGemv; }
   // Nodes ni, ni + 1, ... that are plain matmuls of one input and weight type and width (Q, K and V),
   // launched as one fused GEMV; returns how many it ran (0: none, the caller runs node ni).
   Result<size_t> run_fused_matmuls(const Graph& g, const graph::StepShape& s, size_t ni);
@@ -772,11 +771,11 @@ Status CudaBackend::Impl::run_node(const Graph& g, const Node& n, const graph::S
     case Op::kMatmulSwiglu:
     case Op::kMatmulGeglu: {
       const Matrix wg = matrix(g.tensor(n.in[1])), wu = matrix(g.tensor(n.in[2]));
-      if (wg.type == wu.type && wg.rows == wu.rows && wg.cols == wu.cols && fusable(wg, f(n.in[0]), rows)) {
+      if (fusing() && wg.type == wu.type && wg.rows == wu.rows && wg.cols == wu.cols) {
         // The input the kernel reads (quantized with q8 inputs; kept for the separate matmuls otherwise).
         auto in = matmul_input(g, n.in[0], rows, wg);
         if (!in) return in.status();
-        if (fusable(wg, in.value(), rows) && fusable(wu, in.value(), rows)) {
+        if (fused_gemv_applies(wg, in.value(), rows) && fused_gemv_applies(wu, in.value(), rows)) {
           stats.gemv_matmuls += 2;
           ++stats.fused_launches;
           e = matmul_glu(n.op == Op::kMatmulGeglu ? Glu::kGelu : Glu::kSilu, wg, wu, in.value(), rows,
@@ -786,8 +785,8 @@ Status CudaBackend::Impl::run_node(const Graph& g, const Node& n, const graph::S
       }
       float* a = pool[static_cast<size_t>(tmp_a[index])].as<float>();
       float* b = pool[static_cast<size_t>(tmp_b[index])].as<float>();
-      INFERD_RETURN_IF_ERROR(matmul(g, n.in[0], rows, matrix(g.tensor(n.in[1])), nullptr, nullptr, a));
-      INFERD_RETURN_IF_ERROR(matmul(g, n.in[0], rows, matrix(g.tensor(n.in[2])), nullptr, nullptr, b));
+      INFERD_RETURN_IF_ERROR(matmul(g, n.in[0], rows, wg, nullptr, nullptr, a));
+      INFERD_RETURN_IF_ERROR(matmul(g, n.in[0], rows, wu, nullptr, nullptr, b));
       const int64_t count = static_cast<int64_t>(rows) * cols;
       if (n.op == Op::kMatmulGeglu) {
         e = geglu(a, b, count, gelu.as<uint16_t>(), f(n.out[0]), stream);
@@ -855,7 +854,7 @@ Status CudaBackend::Impl::run_nodes(const Graph& g, const graph::StepShape& s) {
 Result<size_t> CudaBackend::Impl::run_fused_matmuls(const Graph& g, const graph::StepShape& s, size_t ni) {
   const auto& nodes = g.nodes();
   const Node& first = nodes[ni];
-  if (first.op != Op::kMatmul) return size_t{0};
+  if (first.op != Op::kMatmul || !fusing()) return size_t{0};
   const int32_t rows = static_cast<int32_t>(Graph::rows(g.tensor(first.out[0]), s));
   MatmulOut outs[kMaxFused];
   size_t count = 0;
@@ -866,7 +865,6 @@ Result<size_t> CudaBackend::Impl::run_fused_matmuls(const Graph& g, const graph:
     if (count > 0 && (w.type != outs[0].w.type || w.cols != outs[0].w.cols || w.row_bytes != outs[0].w.row_bytes)) {
       break;
     }
-    if (!fusable(w, f(n.in[0]), rows)) break;
     outs[count++] = MatmulOut{w, vec(g, n.in[2]), f(n.out[0])};
   }
   if (count < 2) return size_t{0};
@@ -875,7 +873,7 @@ Result<size_t> CudaBackend::Impl::run_fused_matmuls(const Graph& g, const graph:
   auto in = matmul_input(g, first.in[0], rows, outs[0].w);
   if (!in) return in.status();
   for (size_t i = 0; i < count; ++i) {
-    if (!fusable(outs[i].w, in.value(), rows)) return size_t{0};
+    if (!fused_gemv_applies(outs[i].w, in.value(), rows)) return size_t{0};
   }
   stats.gemv_matmuls += static_cast<int64_t>(count);
   ++stats.fused_launches;
