@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "inferd/kernels/cpu.h"
+#include "inferd/weight_layout.h"
 #include "inferd/kernels/quantize.h"
 
 namespace inferd::kernels {
@@ -1005,6 +1006,76 @@ TEST(Dot, FourWeightRowsEqualDotBitForBit) {
       }
     }
   }
+}
+
+// Interleaving is a permutation inside each 16-row group: deinterleave undoes it, copy_row reads any row
+// back, and the matrix keeps its size.
+TEST(WeightLayout, InterleaveRoundTripsAndCopyRowReadsEveryRow) {
+  std::mt19937 rng(5);
+  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0}) {
+    for (int64_t k : {32, 96, 2048}) {
+      const int64_t rows = 48;
+      const size_t row_bytes = dtype_row_bytes(t, k);
+      std::vector<uint8_t> plain;
+      for (int64_t r = 0; r < rows; ++r) {
+        const std::vector<uint8_t> row = random_weights(rng, t, k);
+        plain.insert(plain.end(), row.begin(), row.end());
+      }
+      std::vector<uint8_t> inter(plain.size()), back(plain.size());
+      interleave_groups(t, k, rows / kInterleaveRows, plain.data(), inter.data());
+      EXPECT_NE(inter, plain) << dtype_name(t);
+      deinterleave_groups(t, k, rows / kInterleaveRows, inter.data(), back.data());
+      EXPECT_EQ(back, plain) << dtype_name(t) << " k " << k;
+      std::vector<uint8_t> row(row_bytes);
+      for (int64_t r = 0; r < rows; ++r) {
+        copy_row(t, WeightLayout::kInterleaved16, k, inter.data(), r, row.data());
+        ASSERT_EQ(std::memcmp(row.data(), plain.data() + r * row_bytes, row_bytes), 0) << dtype_name(t) << " row " << r;
+      }
+      // Block column 0 of group 0 starts with the 16 rows' scales, in row order.
+      for (int j = 0; j < 16; ++j) EXPECT_EQ(std::memcmp(inter.data() + 2 * j, plain.data() + j * row_bytes, 2), 0);
+    }
+    EXPECT_TRUE(layout_fits(WeightLayout::kInterleaved16, t, 32, 64));
+    EXPECT_FALSE(layout_fits(WeightLayout::kInterleaved16, t, 40, 64));
+  }
+  EXPECT_FALSE(layout_fits(WeightLayout::kInterleaved16, DType::kQ4_K, 32, 256));
+  EXPECT_TRUE(layout_fits(WeightLayout::kRows, DType::kQ4_K, 33, 256));
+}
+
+// The interleaved decode kernel gives, for each of a group's 16 rows, exactly the bits of `dot` (nr = 1)
+// on that row in the row layout, on every ISA that has it.
+TEST(Dot, InterleavedGroupEqualsDotBitForBit) {
+  std::mt19937 rng(29);
+  int checked = 0;
+  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
+    for (int64_t k : {32, 64, 96, 576, 2048, 5632}) {
+      const size_t row_bytes = dtype_row_bytes(t, k);
+      std::vector<uint8_t> plain;
+      for (int r = 0; r < 16; ++r) {
+        const std::vector<uint8_t> row = random_weights(rng, t, k);
+        plain.insert(plain.end(), row.begin(), row.end());
+      }
+      std::vector<uint8_t> group(plain.size());
+      interleave_groups(t, k, 1, plain.data(), group.data());
+      const TypeKernels* ref = type_kernels(t, Isa::kScalar);
+      std::vector<uint8_t> act(dtype_row_bytes(ref->act_type, k));
+      const std::vector<float> x = random_floats(rng, k, 3.0f);
+      ref->quantize_act(x.data(), act.data(), k);
+      for (Isa isa : kAllIsas) {
+        if (!isa_available(isa)) continue;
+        const TypeKernels* tk = type_kernels(t, isa);
+        if (tk->dot_x16 == nullptr) continue;
+        float sixteen[16], one;
+        tk->dot_x16(k, group.data(), act.data(), sixteen);
+        for (int r = 0; r < 16; ++r) {
+          tk->dot(k, plain.data() + r * row_bytes, act.data(), act.size(), 1, &one);
+          EXPECT_EQ(std::memcmp(&sixteen[r], &one, sizeof(float)), 0)
+              << dtype_name(t) << " " << isa_name(isa) << " k " << k << " row " << r << ": " << sixteen[r] << " vs " << one;
+        }
+        ++checked;
+      }
+    }
+  }
+  if (isa_available(Isa::kAvx2)) EXPECT_GT(checked, 0);
 }
 
 }  // namespace

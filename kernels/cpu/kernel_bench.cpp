@@ -4,10 +4,10 @@
 // L3) is multiplied with nr = 1 and nr = 4 activation rows, once per ISA. With --ggml PATH
 // (libggml-cpu.so) it also times llama.cpp's own vec_dot for the same types, nr = 1, in-process.
 //
-// --pages: the decode GEMV (dot_w4, best ISA) streaming a 345 MB Q4_0 matrix from a memfd, as the
-// workers read the weights segment, once with 4 KiB pages and once after MADV_COLLAPSE into 2 MiB
-// pages; single thread, each pass reads every byte once (out of cache: the matrix is larger than the
-// L2 and than this VM's share of L3).
+// --pages: the decode GEMV streaming a 300000 x 2048 matrix (345 MB of Q4_0) from a memfd, as the workers
+// read the weights segment, in the row layout (dot_w4) and interleaved (dot_x16), for Q4_0, Q4_1 and
+// Q8_0 on AVX2 and AVX-512, once with 4 KiB pages and once after MADV_COLLAPSE into 2 MiB pages; single
+// thread, each pass reads every byte once (out of cache: larger than the L2 and this VM's share of L3).
 #include <dlfcn.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "inferd/kernels/cpu.h"
+#include "inferd/weight_layout.h"
 
 namespace {
 
@@ -82,71 +83,92 @@ struct GgmlTraitsCpu {
 };
 using GgmlGetTraits = const GgmlTraitsCpu* (*)(int type);
 
-// One pass of dot_w4 over `rows` rows of Q4_0 at `w`: GB/s of weights, best of kReps.
-double stream_q4_0(const uint8_t* w, int64_t rows, const TypeKernels* k, const uint8_t* act, float* out) {
-  const size_t row_bytes = inferd::dtype_row_bytes(DType::kQ4_0, kCols);
+// One pass of the decode GEMV over `rows` rows of `type` at `w` (row layout: dot_w4; interleaved: dot_x16),
+// GB/s of weights, best of kReps.
+double stream(DType type, inferd::WeightLayout layout, const TypeKernels* k, const uint8_t* w, int64_t rows,
+              const uint8_t* act, float* out) {
+  const size_t row_bytes = inferd::dtype_row_bytes(type, kCols);
   const double s = best_seconds([&] {
-    for (int64_t r = 0; r < rows; r += 4) k->dot_w4(kCols, w + r * row_bytes, row_bytes, act, out + r);
+    if (layout == inferd::WeightLayout::kRows) {
+      for (int64_t r = 0; r < rows; r += 4) k->dot_w4(kCols, w + r * row_bytes, row_bytes, act, out + r);
+    } else {
+      for (int64_t r = 0; r < rows; r += 16) k->dot_x16(kCols, w + r * row_bytes, act, out + r);
+    }
   });
   return static_cast<double>(rows) * row_bytes / s / 1e9;
 }
 
 int bench_pages() {
   constexpr size_t kHuge = size_t{2} << 20;
-  constexpr int64_t kStreamRows = 300000;  // x 1152 B = 345 MB
-  const TypeKernels* k = type_kernels(DType::kQ4_0, best_isa());
-  const size_t bytes = static_cast<size_t>(kStreamRows) * inferd::dtype_row_bytes(DType::kQ4_0, kCols);
-  const size_t mapped = (bytes + kHuge - 1) / kHuge * kHuge;
+  constexpr int64_t kStreamRows = 300000;  // x 1152 B = 345 MB of Q4_0
   std::vector<float> x(kCols);
   std::mt19937 rng(3);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (auto& v : x) v = normal(rng);
-  std::vector<uint8_t> act(inferd::dtype_row_bytes(k->act_type, kCols));
-  k->quantize_act(x.data(), act.data(), kCols);
   std::vector<float> out(kStreamRows);
-  std::printf("Q4_0 decode GEMV (dot_w4, %s), %lld x %lld from a memfd (%.0f MB), single thread, best of %d\n",
-              isa_name(best_isa()), static_cast<long long>(kStreamRows), static_cast<long long>(kCols), bytes / 1e6,
-              kReps);
-  for (bool huge : {false, true}) {
-    const int fd = memfd_create("inferd-kernel-bench", MFD_CLOEXEC);
-    if (fd < 0 || ftruncate(fd, static_cast<off_t>(mapped)) != 0) {
-      std::perror("memfd");
-      return 1;
-    }
-    // A 2 MiB-aligned mapping, as ipc::WeightsSegment makes.
-    void* reserved = mmap(nullptr, mapped + kHuge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (reserved == MAP_FAILED) {
-      std::perror("mmap");
-      close(fd);
-      return 1;
-    }
-    auto* reserve = static_cast<uint8_t*>(reserved);
-    auto* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(reserve) + kHuge - 1) & ~uintptr_t{kHuge - 1});
-    void* mapped_w = mmap(base, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
-    if (mapped_w == MAP_FAILED) {
-      std::perror("mmap");
-      munmap(reserve, mapped + kHuge);
-      close(fd);
-      return 1;
-    }
-    auto* w = static_cast<uint8_t*>(mapped_w);
-    const std::vector<uint8_t> row = [] {
-      std::vector<uint8_t> r = make_weights(DType::kQ4_0);
-      r.resize(inferd::dtype_row_bytes(DType::kQ4_0, kCols) * 64);
+  std::printf("decode GEMV, %lld x %lld from a memfd, single thread, best of %d; GB/s of weights\n",
+              static_cast<long long>(kStreamRows), static_cast<long long>(kCols), kReps);
+  std::printf("%-6s %-7s %-14s %12s %12s\n", "type", "isa", "layout", "4 KiB pages", "2 MiB pages");
+  for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0}) {
+    const size_t row_bytes = inferd::dtype_row_bytes(type, kCols);
+    const size_t bytes = static_cast<size_t>(kStreamRows) * row_bytes;
+    const size_t mapped = (bytes + kHuge - 1) / kHuge * kHuge;
+    // 64 rows of random quants, repeated; the interleaved copy interleaves the 64 rows (4 groups).
+    const std::vector<uint8_t> rows64 = [&] {
+      std::vector<uint8_t> r = make_weights(type);
+      r.resize(row_bytes * 64);
       return r;
     }();
-    for (size_t off = 0; off < bytes; off += row.size()) std::memcpy(w + off, row.data(), std::min(row.size(), bytes - off));
-    int collapse_rc = 0;
-    if (huge) {
-      madvise(w, mapped, MADV_HUGEPAGE);
-      collapse_rc = madvise(w, mapped, 25 /* MADV_COLLAPSE, Linux 6.1 */);
+    std::vector<uint8_t> groups4(rows64.size());
+    inferd::interleave_groups(type, kCols, 4, rows64.data(), groups4.data());
+    for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+      if (!isa_available(isa)) continue;
+      const TypeKernels* k = type_kernels(type, isa);
+      std::vector<uint8_t> act(inferd::dtype_row_bytes(k->act_type, kCols));
+      k->quantize_act(x.data(), act.data(), kCols);
+      for (inferd::WeightLayout layout : {inferd::WeightLayout::kRows, inferd::WeightLayout::kInterleaved16}) {
+        if (layout == inferd::WeightLayout::kInterleaved16 && k->dot_x16 == nullptr) continue;
+        double gbs[2] = {0, 0};
+        for (bool huge : {false, true}) {
+          const int fd = memfd_create("inferd-kernel-bench", MFD_CLOEXEC);
+          if (fd < 0 || ftruncate(fd, static_cast<off_t>(mapped)) != 0) {
+            std::perror("memfd");
+            return 1;
+          }
+          // A 2 MiB-aligned mapping, as ipc::WeightsSegment makes.
+          void* reserved = mmap(nullptr, mapped + kHuge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+          if (reserved == MAP_FAILED) {
+            std::perror("mmap");
+            close(fd);
+            return 1;
+          }
+          auto* reserve = static_cast<uint8_t*>(reserved);
+          auto* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(reserve) + kHuge - 1) & ~uintptr_t{kHuge - 1});
+          void* mapped_w = mmap(base, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+          if (mapped_w == MAP_FAILED) {
+            std::perror("mmap");
+            munmap(reserve, mapped + kHuge);
+            close(fd);
+            return 1;
+          }
+          auto* w = static_cast<uint8_t*>(mapped_w);
+          const std::vector<uint8_t>& pattern = layout == inferd::WeightLayout::kRows ? rows64 : groups4;
+          for (size_t off = 0; off < bytes; off += pattern.size()) {
+            std::memcpy(w + off, pattern.data(), std::min(pattern.size(), bytes - off));
+          }
+          if (huge) {
+            madvise(w, mapped, MADV_HUGEPAGE);
+            if (madvise(w, mapped, 25 /* MADV_COLLAPSE, Linux 6.1 */) != 0) std::printf("(2 MiB pages refused)\n");
+          }
+          const int64_t rows = kStreamRows / 64 * 64;
+          gbs[huge ? 1 : 0] = stream(type, layout, k, w, rows, act.data(), out.data());
+          munmap(reserve, mapped + kHuge);
+          close(fd);
+        }
+        std::printf("%-6s %-7s %-14s %12.2f %12.2f\n", inferd::dtype_name(type), isa_name(isa),
+                    inferd::weight_layout_name(layout), gbs[0], gbs[1]);
+      }
     }
-    const double gbs = stream_q4_0(w, kStreamRows, k, act.data(), out.data());
-    std::printf("  %-34s %6.2f GB/s\n",
-                !huge ? "4 KiB pages" : collapse_rc == 0 ? "2 MiB pages (MADV_COLLAPSE)" : "2 MiB pages refused by the kernel",
-                gbs);
-    munmap(reserve, mapped + kHuge);
-    close(fd);
   }
   return 0;
 }

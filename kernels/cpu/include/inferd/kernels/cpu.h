@@ -47,6 +47,11 @@ struct TypeKernels {
   // apart) and one activation row. Four independent accumulation chains instead of one; each row's
   // operations are exactly `dot`'s (nr = 1), so the results are bit-identical. nullptr: use `dot`.
   void (*dot_w4)(int64_t k, const void* w_rows, size_t w_row_bytes, const void* act, float* out) = nullptr;
+  // The decode shape on interleaved weights (WeightLayout::kInterleaved16, inferd/weight_layout.h):
+  // out[j] = dot(row j of the 16-row group at `group`, act) for j < 16, each bit-identical to `dot` (nr = 1)
+  // on that row. nullptr where the type has no interleaved form or this ISA no kernel for it (callers
+  // then gather rows with copy_row()).
+  void (*dot_x16)(int64_t k, const void* group, const void* act, float* out) = nullptr;
 };
 
 // Kernels for weight type `type` on `isa`; nullptr when the type has no kernels.

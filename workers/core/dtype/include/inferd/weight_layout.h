@@ -1,0 +1,58 @@
+// inferd/weight_layout.h — how a weight matrix's blocks are arranged in memory.
+//
+// A GGUF file stores a quantized matrix row after row (WeightLayout::kRows). The CPU's decode GEMV
+// reads faster from another arrangement, so the supervisor writes the matrices of some types into the
+// weights segment as WeightLayout::kInterleaved16 instead (the segment's tensor table records which;
+// docs/ARCHITECTURE.md draws it):
+//
+//   rows are taken in groups of 16 (a matrix is interleaved only when its row count is a multiple of 16);
+//   group g occupies the same bytes as rows 16g..16g+15 do in the row layout (16 * row_bytes from
+//   row(16 g)), so row ranges that start at a multiple of 16 keep their offsets;
+//   inside a group, block column b (the b-th block of each of the 16 rows) is one record of
+//   16 * block_bytes bytes at b * 16 * block_bytes:
+//     Q4_0:  d[16] (fp16)                 qs[16][16]     288 B
+//     Q4_1:  d[16] (fp16)  m[16] (fp16)   qs[16][16]     320 B
+//     Q8_0:  d[16] (fp16)                 qs[16][32]     544 B
+//   i.e. each of the block's 16-bit header fields for the 16 rows, then the 16 rows' quants, every field
+//   of row j at index j. Quant bytes are unchanged (same nibble order as ggml).
+//
+// One group is one sequential stream for the GEMV (instead of 16 rows' streams), 16 scales load as one
+// vector, and four rows' quants fill one 512-bit register. The bytes are a permutation of the row
+// layout's within each group: interleave and deinterleave are exact inverses, and the matrix has the
+// same size. GPU workers deinterleave on upload (their kernels read rows).
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "inferd/dtype.h"
+
+namespace inferd {
+
+enum class WeightLayout : uint32_t {
+  kRows = 0,           // GGUF's
+  kInterleaved16 = 1,  // groups of 16 rows, block columns of 16 blocks (above)
+};
+inline constexpr int64_t kInterleaveRows = 16;
+
+// "rows" or "interleaved16"; "?" for a value outside the enum.
+const char* weight_layout_name(WeightLayout layout);
+
+// Whether blocks of `type` have an interleaved form (Q4_0, Q4_1, Q8_0).
+bool interleavable(DType type);
+// Whether a rows x cols matrix of `type` may be stored as `layout` (kRows: always; kInterleaved16: an
+// interleavable type and a row count that is a positive multiple of 16).
+bool layout_fits(WeightLayout layout, DType type, int64_t rows, int64_t cols);
+
+// Converts `groups` consecutive 16-row groups between the two layouts (cols elements per row, a multiple of
+// the block size). src and dst must not overlap.
+void interleave_groups(DType type, int64_t cols, int64_t groups, const uint8_t* src, uint8_t* dst);
+void deinterleave_groups(DType type, int64_t cols, int64_t groups, const uint8_t* src, uint8_t* dst);
+
+// Row r (0 <= r < rows) of a matrix stored as `layout` at `data`, written in the row layout to `dst`
+// (dtype_row_bytes(type, cols) bytes).
+void copy_row(DType type, WeightLayout layout, int64_t cols, const uint8_t* data, int64_t r, uint8_t* dst);
+
+}  // namespace inferd
