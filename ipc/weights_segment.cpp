@@ -11,6 +11,9 @@
 #include <cstdlib>
 #include <cerrno>
 #include <cstring>
+#include <vector>
+
+#include "inferd/weight_layout.h"
 
 namespace inferd::ipc {
 namespace {
@@ -74,6 +77,52 @@ Result<const uint8_t*> map_huge_aligned(int fd, size_t size) {
   return static_cast<const uint8_t*>(p);
 }
 
+// The layout create() gives a tensor: interleaved where the type and shape allow and `interleave` is on.
+WeightLayout layout_for(const gguf::TensorInfo& t, bool interleave) {
+  if (!interleave || t.n_dims != 2) return WeightLayout::kRows;
+  return layout_fits(WeightLayout::kInterleaved16, t.type, t.ne[1], t.ne[0]) ? WeightLayout::kInterleaved16
+                                                                            : WeightLayout::kRows;
+}
+
+// INFERD_WEIGHTS_LAYOUT: "interleaved" (the default) or "rows".
+Result<bool> interleave_from_env() {
+  const char* env = std::getenv("INFERD_WEIGHTS_LAYOUT");
+  if (env == nullptr || std::strcmp(env, "interleaved") == 0) return true;
+  if (std::strcmp(env, "rows") == 0) return false;
+  return Status(Code::kInvalidArgument,
+                std::string("INFERD_WEIGHTS_LAYOUT is \"") + env + "\"; it must be \"interleaved\" or \"rows\"");
+}
+
+// Rewrites the `bytes` at `offset` of `fd` (a rows x cols matrix of `type` in the row layout, rows a
+// multiple of 16) interleaved, a few MiB at a time.
+Status interleave_in_place(int fd, uint64_t offset, DType type, int64_t rows, int64_t cols) {
+  const size_t group_bytes = kInterleaveRows * dtype_row_bytes(type, cols);
+  const int64_t groups = rows / kInterleaveRows;
+  const int64_t per_step = std::max<int64_t>(1, static_cast<int64_t>((size_t{4} << 20) / group_bytes));
+  std::vector<uint8_t> plain, inter;
+  for (int64_t g = 0; g < groups; g += per_step) {
+    const int64_t n = std::min(per_step, groups - g);
+    const size_t len = static_cast<size_t>(n) * group_bytes;
+    const auto at = static_cast<off_t>(offset + static_cast<uint64_t>(g) * group_bytes);
+    plain.resize(len);
+    inter.resize(len);
+    for (size_t done = 0; done < len;) {
+      const ssize_t r = ::pread(fd, plain.data() + done, len - done, at + static_cast<off_t>(done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) return errno_error("reading the weights segment back");
+      done += static_cast<size_t>(r);
+    }
+    interleave_groups(type, cols, n, plain.data(), inter.data());
+    for (size_t done = 0; done < len;) {
+      const ssize_t w = ::pwrite(fd, inter.data() + done, len - done, at + static_cast<off_t>(done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return errno_error("writing interleaved weights into the segment");
+      done += static_cast<size_t>(w);
+    }
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 uint64_t fnv1a64(const void* data, size_t n, uint64_t h) {
@@ -99,6 +148,8 @@ const TensorEntry* WeightsSegment::tensors() const {
 
 Result<std::shared_ptr<const WeightsSegment>> WeightsSegment::create(const std::string& path,
                                                                     const ProgressFn& progress) {
+  auto interleave = interleave_from_env();
+  if (!interleave) return interleave.status();
   // 1. Parse the file once for the layout: its metadata and tensor table only, read with pread (a file
   //    truncated meanwhile is an error, not SIGBUS).
   auto parsed = gguf::GgufFile::read_header(path);
@@ -138,6 +189,12 @@ Result<std::shared_ptr<const WeightsSegment>> WeightsSegment::create(const std::
   }
 
   // 3. Header and table through a temporary writable mapping of the first pages.
+  struct Interleaved {
+    uint64_t offset;
+    DType type;
+    int64_t rows, cols;
+  };
+  std::vector<Interleaved> to_interleave;
   {
     const size_t head_bytes = align_up(table_offset + table_bytes, 4096);
     void* p = ::mmap(nullptr, head_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
@@ -170,6 +227,9 @@ Result<std::shared_ptr<const WeightsSegment>> WeightsSegment::create(const std::
       for (int d = 0; d < 4; ++d) e.ne[d] = t.ne[d];
       e.offset = h->data_offset + t.offset;
       e.bytes = t.nbytes;
+      const WeightLayout layout = layout_for(t, interleave.value());
+      e.layout = static_cast<uint32_t>(layout);
+      if (layout != WeightLayout::kRows) to_interleave.push_back({e.offset, t.type, t.ne[1], t.ne[0]});
     }
     h->table_checksum = fnv1a64(table, table_bytes);
     ::munmap(p, head_bytes);
@@ -195,7 +255,10 @@ Result<std::shared_ptr<const WeightsSegment>> WeightsSegment::create(const std::
   if (::fstat(file.get(), &after) != 0) return errno_error(path + ": cannot stat");
   if (!same_identity(before, after)) return Status(Code::kFailed, path + ": the file changed while loading");
 
-  // 5. Seal: from here on nobody can write or resize it, and every mapping is read-only.
+  // 5. The matrices the CPU kernels read interleaved, rewritten in place (a permutation of their bytes).
+  for (const Interleaved& m : to_interleave) INFERD_RETURN_IF_ERROR(interleave_in_place(fd.get(), m.offset, m.type, m.rows, m.cols));
+
+  // 6. Seal: from here on nobody can write or resize it, and every mapping is read-only.
   if (::fcntl(fd.get(), F_ADD_SEALS, kSeals) != 0) return errno_error("sealing the weights segment");
   auto seg = attach(std::move(fd));
   if (!seg) return seg.status().with_context(path + ": the copy in shared memory does not validate");
@@ -255,14 +318,22 @@ Status WeightsSegment::validate_and_parse() {
     return corrupt("unterminated string in the header");
   }
 
+  const TensorEntry* table = tensors();
+  std::vector<WeightLayout> layouts(h.tensor_count);
+  for (uint32_t i = 0; i < h.tensor_count; ++i) {
+    if (table[i].layout != static_cast<uint32_t>(WeightLayout::kRows) &&
+        table[i].layout != static_cast<uint32_t>(WeightLayout::kInterleaved16)) {
+      return corrupt("tensor table entry " + std::to_string(i) + " has unknown layout " + std::to_string(table[i].layout));
+    }
+    layouts[i] = static_cast<WeightLayout>(table[i].layout);
+  }
   auto file = gguf::GgufFile::from_memory(data() + h.gguf_offset, h.gguf_bytes,
-                                          std::string(h.source_path) + " (shared memory)", mapping_);
+                                          std::string(h.source_path) + " (shared memory)", mapping_, layouts);
   if (!file) return file.status();
   gguf_ = std::move(file).value();
 
   if (gguf_->tensors().size() != h.tensor_count) return corrupt("tensor count differs from the GGUF image");
   if (h.gguf_offset + gguf_->data_offset() != h.data_offset) return corrupt("data offset differs from the GGUF image");
-  const TensorEntry* table = tensors();
   for (uint32_t i = 0; i < h.tensor_count; ++i) {
     const gguf::TensorInfo& t = gguf_->tensors()[i];
     const TensorEntry& e = table[i];

@@ -5,10 +5,15 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
+#include <string>
+#include <utility>
 
 #include "inferd/model.h"
+#include "inferd/weight_layout.h"
 
 namespace inferd::ipc {
 namespace {
@@ -20,7 +25,50 @@ std::vector<uint8_t> read_file(const std::string& path) {
   return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
 }
 
-TEST(WeightsSegment, CopiesTheFileByteForByteWithHugePageAlignedData) {
+// Sets an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// The checks both layouts share: header, table, alignment, a model that loads.
+void expect_valid_copy(const WeightsSegment& s, const std::vector<uint8_t>& file) {
+  const WeightsHeader& h = s.header();
+  EXPECT_EQ(0, std::memcmp(h.magic, kWeightsMagic, 8));
+  EXPECT_EQ(h.gguf_bytes, file.size());
+  EXPECT_EQ(h.data_offset % kHugePageBytes, 0u);
+  EXPECT_EQ(h.segment_bytes, s.size());
+  EXPECT_STREQ(h.source_path, kModel.c_str());
+  // The table names every tensor at its place in the image, with the layout the parsed image reports.
+  ASSERT_EQ(h.tensor_count, s.gguf()->tensors().size());
+  for (uint32_t i = 0; i < h.tensor_count; ++i) {
+    const gguf::TensorInfo& t = s.gguf()->tensors()[i];
+    EXPECT_EQ(s.tensors()[i].name, t.name);
+    EXPECT_EQ(s.data() + s.tensors()[i].offset, t.data);
+    EXPECT_EQ(s.tensors()[i].layout, static_cast<uint32_t>(t.layout)) << t.name;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data) % 32, 0u) << t.name;
+  }
+  // A model loads from it without touching the file.
+  auto model = Model::load(s.gguf());
+  ASSERT_TRUE(model) << model.status().to_string();
+}
+
+TEST(WeightsSegment, WithRowsLayoutCopiesTheFileByteForByteWithHugePageAlignedData) {
+  ScopedEnv rows("INFERD_WEIGHTS_LAYOUT", "rows");
   uint64_t last_done = 0, calls = 0;
   auto seg = WeightsSegment::create(kModel, [&](uint64_t done, uint64_t total) {
     EXPECT_GT(done, last_done);
@@ -33,24 +81,41 @@ TEST(WeightsSegment, CopiesTheFileByteForByteWithHugePageAlignedData) {
   std::vector<uint8_t> file = read_file(kModel);
   EXPECT_EQ(last_done, file.size());
   EXPECT_GE(calls, 1u);
-  const WeightsHeader& h = s.header();
-  EXPECT_EQ(0, std::memcmp(h.magic, kWeightsMagic, 8));
-  EXPECT_EQ(h.gguf_bytes, file.size());
-  EXPECT_EQ(h.data_offset % kHugePageBytes, 0u);
-  EXPECT_EQ(h.segment_bytes, s.size());
-  EXPECT_EQ(0, std::memcmp(s.data() + h.gguf_offset, file.data(), file.size()));
-  EXPECT_STREQ(h.source_path, kModel.c_str());
-  // The table names every tensor at its place in the image.
-  ASSERT_EQ(h.tensor_count, s.gguf()->tensors().size());
-  for (uint32_t i = 0; i < h.tensor_count; ++i) {
-    const gguf::TensorInfo& t = s.gguf()->tensors()[i];
-    EXPECT_EQ(s.tensors()[i].name, t.name);
-    EXPECT_EQ(s.data() + s.tensors()[i].offset, t.data);
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data) % 32, 0u) << t.name;
+  EXPECT_EQ(0, std::memcmp(s.data() + s.header().gguf_offset, file.data(), file.size()));
+  expect_valid_copy(s, file);
+  for (uint32_t i = 0; i < s.header().tensor_count; ++i) EXPECT_EQ(s.tensors()[i].layout, 0u);
+}
+
+// By default the Q4_0/Q4_1/Q8_0 matrices are interleaved: every other byte is the file's, and each
+// interleaved matrix deinterleaves to the file's bytes.
+TEST(WeightsSegment, InterleavesTheMatricesItCanAndKeepsEverythingElse) {
+  auto seg = WeightsSegment::create(kModel, nullptr);
+  ASSERT_TRUE(seg) << seg.status().to_string();
+  const WeightsSegment& s = *seg.value();
+  const std::vector<uint8_t> file = read_file(kModel);
+  expect_valid_copy(s, file);
+  std::vector<uint8_t> image(s.data() + s.header().gguf_offset, s.data() + s.header().gguf_offset + file.size());
+  int interleaved = 0;
+  for (const gguf::TensorInfo& t : s.gguf()->tensors()) {
+    const size_t at = s.gguf()->data_offset() + t.offset;
+    const bool expect = t.n_dims == 2 && layout_fits(WeightLayout::kInterleaved16, t.type, t.ne[1], t.ne[0]);
+    EXPECT_EQ(t.layout == WeightLayout::kInterleaved16, expect) << t.name;
+    if (t.layout != WeightLayout::kInterleaved16) continue;
+    ++interleaved;
+    EXPECT_NE(0, std::memcmp(image.data() + at, file.data() + at, t.nbytes)) << t.name;
+    deinterleave_groups(t.type, t.ne[0], t.ne[1] / kInterleaveRows, s.data() + s.header().gguf_offset + at,
+                        image.data() + at);
   }
-  // A model loads from it without touching the file.
-  auto model = Model::load(s.gguf());
-  ASSERT_TRUE(model) << model.status().to_string();
+  EXPECT_GT(interleaved, 0);
+  EXPECT_EQ(0, std::memcmp(image.data(), file.data(), file.size()));
+}
+
+TEST(WeightsSegment, RefusesAnUnknownLayoutSetting) {
+  ScopedEnv bad("INFERD_WEIGHTS_LAYOUT", "tiled");
+  auto seg = WeightsSegment::create(kModel, nullptr);
+  ASSERT_FALSE(seg);
+  EXPECT_EQ(seg.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(seg.status().message().find("INFERD_WEIGHTS_LAYOUT"), std::string::npos) << seg.status().to_string();
 }
 
 TEST(WeightsSegment, MapsTheDataAt2MiBAlignedAddressesAndSharesItsHugePages) {
@@ -190,6 +255,26 @@ TEST(WeightsSegment, AttachRejectsUnsealedAndDamagedSegments) {
   }
   std::vector<uint8_t> tiny(100, 0);
   EXPECT_FALSE(WeightsSegment::attach(memfd_with(tiny, true)));
+
+  // A table whose checksum holds but whose layouts lie: an unknown layout, and a vector (F32) said to be
+  // interleaved.
+  const TensorEntry* table = seg.value()->tensors();
+  uint32_t vector = h.tensor_count;
+  for (uint32_t i = 0; i < h.tensor_count && vector == h.tensor_count; ++i) {
+    if (table[i].n_dims == 1) vector = i;
+  }
+  ASSERT_LT(vector, h.tensor_count);
+  for (auto [layout, want] : {std::pair<uint32_t, const char*>{7, "unknown layout"}, {1, "cannot be stored as interleaved16"}}) {
+    std::vector<uint8_t> broken = bytes;
+    auto* entries = reinterpret_cast<TensorEntry*>(broken.data() + h.table_offset);
+    entries[vector].layout = layout;
+    reinterpret_cast<WeightsHeader*>(broken.data())->table_checksum =
+        fnv1a64(entries, uint64_t{h.tensor_count} * sizeof(TensorEntry));
+    auto r = WeightsSegment::attach(memfd_with(broken, true));
+    ASSERT_FALSE(r) << want;
+    EXPECT_EQ(r.status().code(), Code::kCorrupt);
+    EXPECT_NE(r.status().message().find(want), std::string::npos) << r.status().to_string();
+  }
 }
 
 }  // namespace

@@ -94,6 +94,7 @@ void gemm_type(const GemmArgs& g) {
 
 void gemm(const GemmArgs& g) {
   INFERD_ASSERT(g.k % 32 == 0, "k must be a multiple of 32");
+  INFERD_ASSERT(g.layout == WeightLayout::kRows, "the scalar GEMM reads the row layout only");
   switch (g.type) {
     case DType::kQ4_0:
       return gemm_type<DType::kQ4_0>(g);
@@ -127,6 +128,12 @@ GemmFn gemm_kernel(DType type, Isa isa) {
   // AVX2, or AVX-512 asked for on a CPU without it.
   if (isa_available(Isa::kAvx2)) return gemm_avx2::kernel(type);
   return nullptr;
+}
+
+GemmFn gemm_kernel_for(DType type, WeightLayout layout, Isa isa) {
+  if (layout == WeightLayout::kRows) return gemm_kernel(type, isa);
+  if (!interleavable(type) || isa == Isa::kScalar) return nullptr;
+  return gemm_kernel(type, isa);  // the AVX-512 and AVX2 GEMMs of the interleavable types read both layouts
 }
 
 }  // namespace inferd::kernels

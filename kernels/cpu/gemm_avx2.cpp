@@ -106,11 +106,12 @@ void pack_acts(const GemmArgs& g, int64_t nb, int64_t rows, ActBlock* out, float
   }
 }
 
-// One tile's inputs and outputs. Row r of the tile is weight row w + r * w_row_bytes; acts and
-// act_sums start at the tile's first activation row.
+// One tile's inputs and outputs. Row r of the tile is weight row row0 + r of g's matrix (either layout
+// for Q4_0, Q4_1 and Q8_0; the row layout for Q5_0 and IQ4_NL); acts and act_sums start at the tile's
+// first activation row.
 struct TileIo {
-  const uint8_t* w;
-  size_t w_row_bytes;
+  const GemmArgs* g;
+  int64_t row0;
   const ActBlock* acts;      // [activation row][block], nb blocks per row
   const float* act_scales;  // [block][8]: the tile's activation scales in lane order
   int64_t nb;
@@ -129,8 +130,8 @@ void tile(const TileIo& io) {
   const float* half = scalar::fp16_table();
   const int64_t nb = io.nb;
   const ActBlock* acts = io.acts;
-  const WBlock* rows[R];
-  for (int r = 0; r < R; ++r) rows[r] = reinterpret_cast<const WBlock*>(io.w + static_cast<size_t>(r) * io.w_row_bytes);
+  gemm_tiles::RowBlocks<WBlock> rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = gemm_tiles::row_blocks<WBlock>(*io.g, io.row0 + r);
   [[maybe_unused]] __m128 summs[R];
   if constexpr (kType == DType::kQ4_1) {
     for (int r = 0; r < R; ++r) summs[r] = _mm_setzero_ps();
@@ -147,28 +148,28 @@ void tile(const TileIo& io) {
     __m256i wq[R];                     // Q4: nibbles 0..15; Q8_0, IQ4_NL: the signed values
     [[maybe_unused]] __m256i wabs[R];  // Q8_0, IQ4_NL: |w| as u8
     for (int r = 0; r < R; ++r) {
-      const WBlock& blk = rows[r][b];
+      const uint8_t* qs = rows[r].qs(b);
       // The first activation tile over a chunk streams its weights from memory (later ones find
       // them in L2): ask for them ahead, as the decode GEMV does.
-      _mm_prefetch(reinterpret_cast<const char*>(&blk) + kPrefetchBytes, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(qs) + kPrefetchBytes, _MM_HINT_T0);
       if constexpr (kType == DType::kQ8_0) {
-        wq[r] = load32(blk.qs);
+        wq[r] = load32(qs);
         wabs[r] = _mm256_sign_epi8(wq[r], wq[r]);
       } else if constexpr (kType == DType::kIQ4_NL) {
         const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues));
-        const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs));
+        const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
         const __m128i m4 = _mm_set1_epi8(0x0F);
         wq[r] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_shuffle_epi8(table, _mm_and_si128(bits, m4))),
                                         _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bits, 4), m4)), 1);
         wabs[r] = _mm256_sign_epi8(wq[r], wq[r]);
       } else {
         // Low nibbles (elements 0..15) in the low 128 bits, high nibbles (16..31) in the high.
-        const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs)));
+        const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
         wq[r] = _mm256_and_si256(_mm256_srlv_epi32(both, nibble_shift), low_nibbles);
         if constexpr (kType == DType::kQ5_0) {
           // The fifth bit of element i is bit i of qh: 16 where it is set.
           uint32_t qh;
-          std::memcpy(&qh, blk.qh, sizeof(qh));
+          std::memcpy(&qh, rows[r].plain(b).qh, sizeof(qh));
           const __m256i spread = _mm256_shuffle_epi8(
               _mm256_set1_epi32(static_cast<int>(qh)),
               _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
@@ -177,7 +178,7 @@ void tile(const TileIo& io) {
           wq[r] = _mm256_or_si256(wq[r], _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
         }
       }
-      dw_bits |= static_cast<uint64_t>(blk.d) << (16 * r);
+      dw_bits |= static_cast<uint64_t>(rows[r].d(b)) << (16 * r);
     }
     // Built in registers: 16-bit stores read back as one vector stall store forwarding, and a
     // scale array in memory made GCC 12 keep the accumulators in memory too (both measured).
@@ -191,7 +192,7 @@ void tile(const TileIo& io) {
     const __m256 scale = _mm256_mul_ps(dw_lanes, _mm256_loadu_ps(io.act_scales + 8 * b));
     if constexpr (kType == DType::kQ4_1) {
       const __m128 sa = _mm_loadu_ps(io.act_sums + b * io.m_pad);
-      for (int r = 0; r < R; ++r) summs[r] = _mm_fmadd_ps(_mm_set1_ps(half[rows[r][b].m]), sa, summs[r]);
+      for (int r = 0; r < R; ++r) summs[r] = _mm_fmadd_ps(_mm_set1_ps(half[rows[r].m(b)]), sa, summs[r]);
     }
     for (int t = 0; t < T; ++t) {
       const ActBlock& ab = acts[t * nb + b];
@@ -232,6 +233,8 @@ struct TileOf {
 template <DType kType>
 void gemm(const GemmArgs& g) {
   INFERD_ASSERT(g.k % 32 == 0, "k must be a multiple of 32");
+  INFERD_ASSERT(g.layout == WeightLayout::kRows || interleavable(kType), "%s has no interleaved layout", dtype_name(kType));
+  INFERD_ASSERT(g.layout == WeightLayout::kRows || g.r0 % kInterleaveRows == 0, "an interleaved GEMM starts at a group");
   if (g.m <= 0 || g.r1 <= g.r0) return;
   const int64_t nb = g.k / 32;
   const int64_t npairs = (g.m + 1) / 2;
@@ -249,8 +252,8 @@ void gemm(const GemmArgs& g) {
   }
   alignas(32) float summs[kRows][kCols];
   gemm_tiles::walk<kRows, kPairs>(g, npairs, [&](int64_t r, int nr, int64_t p0, int np, float (*res)[kCols]) {
-    const TileIo io{g.w + static_cast<size_t>(r) * g.w_row_bytes,
-                    g.w_row_bytes,
+    const TileIo io{&g,
+                    r,
                     s.acts.data() + 2 * p0 * nb,
                     s.act_scales.data() + p0 / kPairs * nb * 8,
                     nb,

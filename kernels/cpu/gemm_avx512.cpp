@@ -98,11 +98,11 @@ void pack_pairs(const GemmArgs& g, int64_t nb, int64_t npairs, PairBlock* out) {
   }
 }
 
-// One tile's inputs and outputs. Row r of the tile is weight row w + r * w_row_bytes; pairs and
-// act_sums start at the tile's first activation pair / row.
+// One tile's inputs and outputs. Row r of the tile is weight row row0 + r of g's matrix (either layout);
+// pairs and act_sums start at the tile's first activation pair / row.
 struct TileIo {
-  const uint8_t* w;
-  size_t w_row_bytes;
+  const GemmArgs* g;
+  int64_t row0;
   const PairBlock* pairs;  // [pair][block], nb blocks per pair
   int64_t nb;
   const float* act_sums;  // Q4_1: s_a as [block][token], m_pad tokens per block
@@ -118,8 +118,8 @@ void tile(const TileIo& io) {
   const float* half = scalar::fp16_table();
   const int64_t nb = io.nb;
   const PairBlock* pairs = io.pairs;
-  const WBlock* rows[R];
-  for (int r = 0; r < R; ++r) rows[r] = reinterpret_cast<const WBlock*>(io.w + static_cast<size_t>(r) * io.w_row_bytes);
+  gemm_tiles::RowBlocks<WBlock> rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = gemm_tiles::row_blocks<WBlock>(*io.g, io.row0 + r);
   [[maybe_unused]] __m256 summs[R];
   if constexpr (kType == DType::kQ4_1) {
     for (int r = 0; r < R; ++r) summs[r] = _mm256_setzero_ps();
@@ -136,23 +136,23 @@ void tile(const TileIo& io) {
     __m512i wq[R];
     __m512 dw[R];
     for (int r = 0; r < R; ++r) {
-      const WBlock& blk = rows[r][b];
+      const uint8_t* qs = rows[r].qs(b);
       // The first activation tile over a chunk streams its weights from memory (later ones find
       // them in L2): ask for them ahead, as the decode GEMV does.
-      _mm_prefetch(reinterpret_cast<const char*>(&blk) + kPrefetchBytes, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(qs) + kPrefetchBytes, _MM_HINT_T0);
       if constexpr (kType == DType::kQ8_0) {
         wq[r] = _mm512_xor_si512(
-            _mm512_maskz_broadcast_i64x4(0xFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs))), sign_bit);
+            _mm512_maskz_broadcast_i64x4(0xFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs))), sign_bit);
       } else {
         wq[r] = _mm512_and_si512(
-            _mm512_maskz_broadcast_i32x4(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.qs))), nibble_mask);
+            _mm512_maskz_broadcast_i32x4(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs))), nibble_mask);
       }
-      dw[r] = _mm512_set1_ps(half[blk.d]);
+      dw[r] = _mm512_set1_ps(half[rows[r].d(b)]);
     }
     if constexpr (kType == DType::kQ4_1) {
       static_assert(2 * kPairs == 8);
       const __m256 sa = _mm256_loadu_ps(io.act_sums + b * io.m_pad);
-      for (int r = 0; r < R; ++r) summs[r] = _mm256_fmadd_ps(_mm256_set1_ps(half[rows[r][b].m]), sa, summs[r]);
+      for (int r = 0; r < R; ++r) summs[r] = _mm256_fmadd_ps(_mm256_set1_ps(half[rows[r].m(b)]), sa, summs[r]);
     }
     for (int p = 0; p < P; ++p) {
       const PairBlock& pb = pairs[p * nb + b];
@@ -184,6 +184,8 @@ struct TileOf {
 template <DType kType>
 void gemm(const GemmArgs& g) {
   INFERD_ASSERT(g.k % 32 == 0, "k must be a multiple of 32");
+  INFERD_ASSERT(g.layout == WeightLayout::kRows || interleavable(kType), "%s has no interleaved layout", dtype_name(kType));
+  INFERD_ASSERT(g.layout == WeightLayout::kRows || g.r0 % kInterleaveRows == 0, "an interleaved GEMM starts at a group");
   if (g.m <= 0 || g.r1 <= g.r0) return;
   const int64_t nb = g.k / 32;
   const int64_t npairs = (g.m + 1) / 2;
@@ -197,7 +199,7 @@ void gemm(const GemmArgs& g) {
   }
   alignas(64) float summs[kRows][2 * kPairs];
   gemm_tiles::walk<kRows, kPairs>(g, npairs, [&](int64_t r, int nr, int64_t p0, int np, float (*res)[2 * kPairs]) {
-    const TileIo io{g.w + static_cast<size_t>(r) * g.w_row_bytes, g.w_row_bytes, s.pairs.data() + p0 * nb, nb,
+    const TileIo io{&g, r, s.pairs.data() + p0 * nb, nb,
                     kType == DType::kQ4_1 ? s.act_sums.data() + 2 * p0 : nullptr, m_pad, res, summs};
     gemm_tiles::TileTable<TileOf<kType>, kRows, kPairs>::kTable[nr - 1][np - 1](io);
     if constexpr (kType == DType::kQ4_1) gemm_tiles::add_min_terms(nr, 2 * np, summs, res);

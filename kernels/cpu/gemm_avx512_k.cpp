@@ -283,6 +283,7 @@ struct TileOf {
 template <DType kType>
 void gemm(const GemmArgs& g) {
   INFERD_ASSERT(g.k % kQK_K == 0, "k must be a multiple of 256");
+  INFERD_ASSERT(g.layout == WeightLayout::kRows, "K-quants have no interleaved layout");
   if (g.m <= 0 || g.r1 <= g.r0) return;
   const int64_t nb = g.k / kQK_K;
   const int64_t npairs = (g.m + 1) / 2;

@@ -11,10 +11,12 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 
 #include "inferd/dtype.h"
 #include "inferd/kernels/gemm.h"
+#include "inferd/weight_layout.h"
 #include "isa_tables.h"
 
 // Internal linkage (see x86_common.h): the including translation units are compiled for different
@@ -58,6 +60,42 @@ struct Traits<DType::kIQ4_NL> {
   using WBlock = BlockIQ4_NL;
   using ABlock = BlockQ8_0;
 };
+
+// Row `row` of g's weight matrix, block by block, in either layout (GemmArgs::layout): block b's fields
+// are at base + b * stride plus their offsets. The row layout (GGUF's) has them inside one block; the
+// interleaved one (inferd/weight_layout.h) in the block column of the row's 16-row group.
+template <typename WBlock>
+struct RowBlocks {
+  const uint8_t* base;
+  size_t stride;
+  size_t d_off, m_off, qs_off;
+
+  const uint8_t* column(int64_t b) const { return base + static_cast<size_t>(b) * stride; }
+  const uint8_t* qs(int64_t b) const { return column(b) + qs_off; }
+  fp16_t d(int64_t b) const { return field(b, d_off); }
+  fp16_t m(int64_t b) const { return field(b, m_off); }  // Q4_1
+  // The whole block; the row layout only (types without an interleaved form, e.g. Q5_0's qh).
+  const WBlock& plain(int64_t b) const { return reinterpret_cast<const WBlock*>(base)[b]; }
+
+ private:
+  fp16_t field(int64_t b, size_t off) const {
+    fp16_t v;
+    std::memcpy(&v, column(b) + off, sizeof(v));
+    return v;
+  }
+};
+
+template <typename WBlock>
+RowBlocks<WBlock> row_blocks(const GemmArgs& g, int64_t row) {
+  constexpr size_t kQuantBytes = sizeof(WBlock::qs);
+  constexpr size_t kFields = (sizeof(WBlock) - kQuantBytes) / 2;  // 16-bit header fields before qs
+  if (g.layout == WeightLayout::kRows) {
+    return {g.w + static_cast<size_t>(row) * g.w_row_bytes, sizeof(WBlock), 0, 2, 2 * kFields};
+  }
+  const auto j = static_cast<size_t>(row % kInterleaveRows);
+  return {g.w + static_cast<size_t>(row - static_cast<int64_t>(j)) * g.w_row_bytes, kInterleaveRows * sizeof(WBlock),
+          2 * j, 2 * kInterleaveRows + 2 * j, kFields * 2 * kInterleaveRows + j * kQuantBytes};
+}
 
 // Q4_1: s_a of every block and activation row, transposed to [block][token] (m_pad tokens per block,
 // the rows past g.m repeating the last) for the tiles' min-term step.

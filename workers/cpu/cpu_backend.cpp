@@ -360,8 +360,10 @@ void CpuBackend::Impl::run_step(const Step& s, int ith, int nth) {
       float* dst = f32(s.dst, ith);
       const int64_t e = w.cols;
       auto [t0, t1] = split_range(m, ith, nth);
+      thread_local std::vector<uint8_t> row;  // an interleaved matrix's row, in the row layout
+      row.resize(w.row_bytes);
       for (int64_t t = t0; t < t1; ++t) {
-        tk->to_float(w.row(ids[t]), dst + t * e, e);
+        tk->to_float(w.read_row(ids[t], row.data()), dst + t * e, e);
         if (n.scale != 0.0f) {
           for (int64_t i = 0; i < e; ++i) dst[t * e + i] *= n.scale;
         }

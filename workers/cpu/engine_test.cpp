@@ -7,7 +7,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <string>
+#include <vector>
+
+#include "inferd/gguf.h"
+#include "inferd/weight_layout.h"
 
 namespace inferd {
 namespace {
@@ -361,6 +368,95 @@ TEST(Gemma3Config, ReadFromTheFile) {
   EXPECT_EQ(c.layer_rope_base(0), 10000.0f);
   EXPECT_EQ(c.layer_rope_base(5), 1000000.0f);
   EXPECT_EQ(c.swa_window, 128);
+}
+
+}  // namespace
+}  // namespace inferd
+
+namespace inferd {
+namespace {
+
+// A model whose matrices are interleaved as a weights segment stores them (WeightLayout::kInterleaved16),
+// built in memory from the file: the same GGUF image with every interleavable 2-D matrix permuted.
+std::shared_ptr<const Model> interleaved_model(const std::string& path, int* n_interleaved) {
+  auto plain = gguf::GgufFile::open(path);
+  EXPECT_TRUE(plain) << plain.status().to_string();
+  if (!plain) return nullptr;
+  const gguf::GgufFile& f = *plain.value();
+  struct Aligned {
+    uint8_t* p = nullptr;
+    ~Aligned() { std::free(p); }
+  };
+  auto image = std::make_shared<Aligned>();
+  image->p = static_cast<uint8_t*>(std::aligned_alloc(64, (f.file_size() + 63) / 64 * 64));
+  std::memcpy(image->p, f.data(), f.file_size());
+  std::vector<WeightLayout> layouts;
+  *n_interleaved = 0;
+  for (const gguf::TensorInfo& t : f.tensors()) {
+    const bool inter = t.n_dims == 2 && layout_fits(WeightLayout::kInterleaved16, t.type, t.ne[1], t.ne[0]);
+    layouts.push_back(inter ? WeightLayout::kInterleaved16 : WeightLayout::kRows);
+    if (!inter) continue;
+    ++*n_interleaved;
+    interleave_groups(t.type, t.ne[0], t.ne[1] / kInterleaveRows, t.data, image->p + (t.data - f.data()));
+  }
+  auto file = gguf::GgufFile::from_memory(image->p, f.file_size(), path + " (interleaved)", image, layouts);
+  EXPECT_TRUE(file) << file.status().to_string();
+  if (!file) return nullptr;
+  auto model = Model::load(std::shared_ptr<const gguf::GgufFile>(std::move(file).value()));
+  EXPECT_TRUE(model) << model.status().to_string();
+  return model ? model.value() : nullptr;
+}
+
+bool same_bits(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Interleaving changes where the bytes are, not one bit of the results: prefill (the GEMM path), decode
+// (the GEMV path, token by token and with a batch forced onto it) and the embedding lookup of a tied
+// output give the row layout's logits exactly. Covers Q4_1 (the default model), Q4_0 and Q8_0 next to
+// K-quants (mixed-small), and fused Q|K|V and gate|up matrices split at group boundaries (phi3-small).
+TEST(InterleavedWeights, GiveTheRowLayoutsLogitsBitForBit) {
+  for (const std::string path : {std::string(kModel), std::string(INFERD_SOURCE_DIR "/tests/data/models/mixed-small.gguf"),
+                                 std::string(INFERD_SOURCE_DIR "/tests/data/models/phi3-small.gguf")}) {
+    SCOPED_TRACE(path);
+    if (!std::filesystem::exists(path)) GTEST_SKIP() << "model not found: " << path << " (run scripts/setup.sh)";
+    auto rows = Model::open(path);
+    ASSERT_TRUE(rows) << rows.status().to_string();
+    int n_interleaved = 0;
+    std::shared_ptr<const Model> inter = interleaved_model(path, &n_interleaved);
+    ASSERT_NE(inter, nullptr);
+    EXPECT_GT(n_interleaved, 0);
+    EngineOptions o;
+    o.n_threads = 2;
+    o.n_ctx = 256;
+    const MatmulPath gemv = MatmulPath::kGemv;
+    for (bool force_gemv : {false, true}) {
+      auto a = Engine::create(rows.value(), o);
+      auto b = Engine::create(inter, o);
+      ASSERT_TRUE(a && b);
+      if (force_gemv) {
+        a.value()->force_matmul_path(&gemv);
+        b.value()->force_matmul_path(&gemv);
+      }
+      const int32_t n_vocab = a.value()->n_vocab();
+      std::vector<int32_t> prompt;
+      for (size_t i = 0; i < kPrompt.size(); ++i) prompt.push_back(kPrompt[i] % n_vocab);
+      auto la = a.value()->eval(0, prompt, /*all_logits=*/true);
+      ASSERT_TRUE(la) << la.status().to_string();
+      std::vector<float> want(la->begin(), la->end());
+      auto lb = b.value()->eval(0, prompt, /*all_logits=*/true);
+      ASSERT_TRUE(lb) << lb.status().to_string();
+      EXPECT_TRUE(same_bits(want, *lb)) << "prefill, forced GEMV " << force_gemv;
+      for (int32_t tok : {17, 4, 900}) {
+        auto da = a.value()->eval(0, std::span<const int32_t>(&tok, 1));
+        ASSERT_TRUE(da);
+        std::vector<float> d(da->begin(), da->end());
+        auto db = b.value()->eval(0, std::span<const int32_t>(&tok, 1));
+        ASSERT_TRUE(db);
+        EXPECT_TRUE(same_bits(d, *db)) << "decode of " << tok;
+      }
+    }
+  }
 }
 
 }  // namespace

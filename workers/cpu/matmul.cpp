@@ -1,6 +1,7 @@
 #include "matmul.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "inferd/kernels/cpu.h"
 #include "inferd/kernels/gemm.h"
@@ -36,20 +37,76 @@ void encode_row(int kind, const float* src, uint8_t* dst, int64_t k) {
   kQuantizers[kind]->quantize_act(src, dst, k);
 }
 
+namespace {
+
+// Rows [r, r + n) of a matrix in the row layout, as a matrix of n rows.
+WeightView rows_view(const WeightView& w, int64_t r, int64_t n) {
+  WeightView v = w;
+  v.data = w.row(r);
+  v.rows = n;
+  return v;
+}
+
+// Rows [r, r + n) of an interleaved matrix in the row layout, in a thread-local buffer, as a matrix of n rows.
+WeightView gather_rows(const WeightView& w, int64_t r, int64_t n, std::vector<uint8_t>& buf) {
+  buf.resize(static_cast<size_t>(n) * w.row_bytes);
+  for (int64_t i = 0; i < n; ++i) copy_row(w.type, w.layout, w.cols, w.data, r + i, buf.data() + i * w.row_bytes);
+  WeightView v = w;
+  v.data = buf.data();
+  v.rows = n;
+  v.layout = WeightLayout::kRows;
+  return v;
+}
+
+// Interleaved weights on a path without a kernel for their layout (the scalar ISA, a type without an
+// interleaved GEMM): 16 rows at a time gathered into the row layout and multiplied there (same bits).
+void matmul_gathered(const MatmulJob& j, int64_t m, int max_nr, int64_t r0, int64_t r1) {
+  thread_local std::vector<uint8_t> buf;
+  for (int64_t rb = r0; rb < r1; rb += kInterleaveRows) {
+    const int64_t n = std::min<int64_t>(kInterleaveRows, r1 - rb);
+    const WeightView v = gather_rows(*j.w, rb, n, buf);
+    MatmulJob part = j;
+    part.w = &v;
+    part.out = j.out + rb;
+    part.bias = j.bias != nullptr ? j.bias + rb : nullptr;
+    part.residual = j.residual != nullptr ? j.residual + rb : nullptr;
+    matmul_rows(part, m, max_nr, 0, n);
+  }
+}
+
+// out[i] = dot(row r + i, act) for i < 16 of an interleaved matrix, by its kernel or through gathered rows.
+void group_dots(const WeightView& w, const kernels::TypeKernels* tk, int64_t r, const uint8_t* act, float* out) {
+  if (tk->dot_x16 != nullptr) {
+    tk->dot_x16(w.cols, w.row(r), act, out);
+    return;
+  }
+  thread_local std::vector<uint8_t> buf;
+  const WeightView v = gather_rows(w, r, kInterleaveRows, buf);
+  for (int64_t i = 0; i < kInterleaveRows; ++i) tk->dot(w.cols, v.row(i), act, 0, 1, out + i);
+}
+
+}  // namespace
+
 void matmul_rows(const MatmulJob& j, int64_t m, int max_nr, int64_t r0, int64_t r1) {
+  const bool interleaved = j.w->interleaved();
+  INFERD_ASSERT(!interleaved || (r0 % kInterleaveRows == 0 && (r1 % kInterleaveRows == 0 || r1 == j.w->rows)),
+                "interleaved rows are computed in whole groups");
+  const kernels::TypeKernels* tk = kernels::type_kernels(j.w->type);
+  if (interleaved && (max_nr > 1 ? kernels::gemm_kernel_for(j.w->type, j.w->layout) == nullptr : tk->dot_x16 == nullptr)) {
+    return matmul_gathered(j, m, max_nr, r0, r1);
+  }
   if (j.residual != nullptr && j.residual != j.out) {
     INFERD_ASSERT(j.accumulate);
     for (int64_t t = 0; t < m; ++t) {
       std::copy(j.residual + t * j.out_stride + r0, j.residual + t * j.out_stride + r1, j.out + t * j.out_stride + r0);
     }
   }
-  const kernels::TypeKernels* tk = kernels::type_kernels(j.w->type);
   const int a = act_index(tk->act_type);
   // The GEMM path uses the register-tiled kernel where one exists (same bits as `dot`).
   if (max_nr > 1) {
-    if (kernels::GemmFn gemm = kernels::gemm_kernel(j.w->type)) {
+    if (kernels::GemmFn gemm = kernels::gemm_kernel_for(j.w->type, j.w->layout)) {
       gemm({j.w->type, j.w->cols, j.w->data, j.w->row_bytes, r0, r1, j.act[a], j.act_row_bytes[a], m, j.out,
-            j.out_stride, j.accumulate, j.bias});
+            j.out_stride, j.accumulate, j.bias, j.w->layout});
       return;
     }
   }
@@ -60,6 +117,22 @@ void matmul_rows(const MatmulJob& j, int64_t m, int max_nr, int64_t r0, int64_t 
     float* o = j.out + t * j.out_stride + r;
     *o = j.accumulate ? *o + v : v + (j.bias ? j.bias[r] : 0.0f);
   };
+  // Decode on interleaved weights: a group of 16 rows per call, one sequential stream.
+  if (interleaved) {
+    INFERD_ASSERT(max_nr == 1);
+    // The kernel prefetches a few block columns ahead as it streams; ask for the chunk's first ones here.
+    const size_t warm = std::min<size_t>(static_cast<size_t>(r1 - r0) * j.w->row_bytes, 4096);
+    for (size_t off = 0; off < warm; off += 64) __builtin_prefetch(j.w->row(r0) + off, 0, 3);
+    float y16[kInterleaveRows];
+    for (int64_t t = 0; t < m; ++t) {
+      const uint8_t* at = act + static_cast<size_t>(t) * stride;
+      for (int64_t r = r0; r < r1; r += kInterleaveRows) {
+        tk->dot_x16(k, j.w->row(r), at, y16);
+        for (int i = 0; i < kInterleaveRows; ++i) store(t, r + i, y16[i]);
+      }
+    }
+    return;
+  }
   // Decode: four weight rows at a time (four independent accumulation chains; same bits as `dot`).
   if (max_nr == 1 && tk->dot_w4 != nullptr) {
     // The kernels prefetch the rows two calls ahead as they stream; the first two calls of a chunk
@@ -115,6 +188,40 @@ void gate_up_rows(const WeightView& wg, const WeightView& wu, uint8_t* const* ac
   const int64_t rb = max_nr == 1 ? r1 - r0
                                  : std::max<int64_t>(1, static_cast<int64_t>((32 * 1024) / (wg.row_bytes + wu.row_bytes)));
   float g[kernels::kMaxDotRows], u[kernels::kMaxDotRows];
+  if (wg.interleaved() || wu.interleaved()) {
+    INFERD_ASSERT(r0 % kInterleaveRows == 0 && r1 % kInterleaveRows == 0, "interleaved rows are computed in whole groups");
+    if (max_nr > 1) {
+      // Prefill without a GEMM for either type (the scalar ISA): gathered rows, 16 at a time, in the row layout.
+      thread_local std::vector<uint8_t> gbuf, ubuf;
+      for (int64_t rb = r0; rb < r1; rb += kInterleaveRows) {
+        const WeightView g16 = wg.interleaved() ? gather_rows(wg, rb, kInterleaveRows, gbuf) : rows_view(wg, rb, kInterleaveRows);
+        const WeightView u16 = wu.interleaved() ? gather_rows(wu, rb, kInterleaveRows, ubuf) : rows_view(wu, rb, kInterleaveRows);
+        gate_up_rows(g16, u16, act, act_row_bytes, h + rb, m, max_nr, n_ff, 0, kInterleaveRows, geglu);
+      }
+      return;
+    }
+    // Decode: a group of 16 rows of gate and of up per step.
+    float g16[kInterleaveRows], u16[kInterleaveRows];
+    for (int64_t t = 0; t < m; ++t) {
+      const uint8_t* ag_t = act[ag] + static_cast<size_t>(t) * act_row_bytes[ag];
+      const uint8_t* au_t = act[au] + static_cast<size_t>(t) * act_row_bytes[au];
+      for (int64_t r = r0; r < r1; r += kInterleaveRows) {
+        for (int half = 0; half < 2; ++half) {
+          const WeightView& w = half == 0 ? wg : wu;
+          const kernels::TypeKernels* tk = half == 0 ? tg : tu;
+          const uint8_t* a = half == 0 ? ag_t : au_t;
+          float* y = half == 0 ? g16 : u16;
+          if (w.interleaved()) {
+            group_dots(w, tk, r, a, y);
+          } else {
+            for (int64_t i = 0; i < kInterleaveRows; ++i) tk->dot(k, w.row(r + i), a, 0, 1, y + i);
+          }
+        }
+        for (int i = 0; i < kInterleaveRows; ++i) h[t * n_ff + r + i] = act_fn(g16[i]) * u16[i];
+      }
+    }
+    return;
+  }
   // Decode: four rows of gate and of up at a time (same bits as `dot`, see TypeKernels::dot_w4).
   if (max_nr == 1 && tg->dot_w4 != nullptr && tu->dot_w4 != nullptr) {
     for (int64_t t = 0; t < m; ++t) {

@@ -440,7 +440,19 @@ Status CudaBackend::Impl::upload_weights(const Graph& g) {
       st = b.status();
       break;
     }
-    const cudaError_t e = cudaMemcpyAsync(b->get(), v->data, bytes, cudaMemcpyHostToDevice, stream);
+    cudaError_t e = cudaSuccess;
+    if (!v->interleaved()) {
+      e = cudaMemcpyAsync(b->get(), v->data, bytes, cudaMemcpyHostToDevice, stream);
+    } else {
+      // Interleaved for the CPU's GEMV (inferd/weight_layout.h): the kernels here read rows, so the matrix
+      // goes up in the row layout, a few MiB at a time through a host buffer (synchronous copies: the
+      // buffer is reused).
+      auto* dst = static_cast<uint8_t*>(b->get());
+      for_each_row_layout_piece(v->type, v->layout, v->rows, v->cols, v->data, [&](size_t off, const uint8_t* p, size_t n) {
+        e = cudaMemcpy(dst + off, p, n, cudaMemcpyHostToDevice);
+        return e == cudaSuccess;
+      });
+    }
     if (e != cudaSuccess) {
       st = fail(e, "the weight upload");
       break;

@@ -33,6 +33,18 @@ Result<std::unique_ptr<MatmulWeights>> upload_matrix(Runtime& rt, const std::str
   return std::make_unique<MatmulWeights>(std::move(w).value());
 }
 
+// A weight matrix as MatmulWeights::upload reads it: the row layout (an interleaved matrix from a weights
+// segment is deinterleaved into a host copy first).
+Result<std::unique_ptr<MatmulWeights>> upload_view(Runtime& rt, const std::string& name, const WeightView& w) {
+  if (!w.interleaved()) return upload_matrix(rt, name, w.type, w.rows, w.cols, w.data);
+  std::vector<uint8_t> host(static_cast<size_t>(w.rows) * w.row_bytes);
+  for_each_row_layout_piece(w.type, w.layout, w.rows, w.cols, w.data, [&](size_t off, const uint8_t* p, size_t n) {
+    std::memcpy(host.data() + off, p, n);
+    return true;
+  });
+  return upload_matrix(rt, name, w.type, w.rows, w.cols, host.data());
+}
+
 // Several matrices of one type and width stacked into one (their rows one after the other), as one
 // matmul computes them all.
 Result<std::unique_ptr<MatmulWeights>> upload_stacked(Runtime& rt, const std::string& name,
@@ -45,7 +57,10 @@ Result<std::unique_ptr<MatmulWeights>> upload_stacked(Runtime& rt, const std::st
   for (const WeightView* p : parts) {
     INFERD_ASSERT(p->type == first.type && p->cols == first.cols && p->row_bytes == first.row_bytes);
     const size_t bytes = static_cast<size_t>(p->rows) * p->row_bytes;
-    std::memcpy(host.data() + at, p->data, bytes);
+    for_each_row_layout_piece(p->type, p->layout, p->rows, p->cols, p->data, [&](size_t off, const uint8_t* b, size_t n) {
+      std::memcpy(host.data() + at + off, b, n);
+      return true;
+    });
     at += bytes;
   }
   return upload_matrix(rt, name, first.type, rows, first.cols, host.data());
@@ -296,7 +311,7 @@ Status OpenClBackend::Impl::plan_graph(const Graph& g) {
     const graph::Tensor& t = g.tensor(id);
     auto it = matrices.find(t.weight);
     if (it != matrices.end()) return it->second.get();
-    auto w = upload_matrix(r, t.name, t.weight->type, t.weight->rows, t.weight->cols, t.weight->data);
+    auto w = upload_view(r, t.name, *t.weight);
     if (!w) return w.status();
     stats.weight_bytes += w.value()->device_bytes();
     return matrices.emplace(t.weight, std::move(w).value()).first->second.get();

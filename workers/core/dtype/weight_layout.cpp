@@ -1,6 +1,8 @@
 #include "inferd/weight_layout.h"
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "inferd/status.h"
 
@@ -108,6 +110,24 @@ void copy_row(DType type, WeightLayout layout, int64_t cols, const uint8_t* data
   for (int64_t b = 0; b < nb; ++b) {
     from_column(s, group + static_cast<size_t>(b) * kInterleaveRows * block_bytes, dst + static_cast<size_t>(b) * block_bytes, j);
   }
+}
+
+bool for_each_row_layout_piece(DType type, WeightLayout layout, int64_t rows, int64_t cols, const uint8_t* data,
+                               const std::function<bool(size_t, const uint8_t*, size_t)>& sink) {
+  const size_t row_bytes = dtype_row_bytes(type, cols);
+  if (layout == WeightLayout::kRows) return sink(0, data, static_cast<size_t>(rows) * row_bytes);
+  INFERD_ASSERT(layout_fits(layout, type, rows, cols), "layout does not fit the matrix");
+  const size_t group_bytes = kInterleaveRows * row_bytes;
+  const int64_t groups = rows / kInterleaveRows;
+  const int64_t per_piece = std::max<int64_t>(1, static_cast<int64_t>((size_t{8} << 20) / group_bytes));
+  std::vector<uint8_t> buf(static_cast<size_t>(std::min(per_piece, groups)) * group_bytes);
+  for (int64_t g = 0; g < groups; g += per_piece) {
+    const int64_t n = std::min(per_piece, groups - g);
+    const size_t offset = static_cast<size_t>(g) * group_bytes;
+    deinterleave_groups(type, cols, n, data + offset, buf.data());
+    if (!sink(offset, buf.data(), static_cast<size_t>(n) * group_bytes)) return false;
+  }
+  return true;
 }
 
 }  // namespace inferd

@@ -444,12 +444,28 @@ Result<std::unique_ptr<GgufFile>> GgufFile::from_buffer(std::vector<uint8_t> byt
 }
 
 Result<std::unique_ptr<GgufFile>> GgufFile::from_memory(const uint8_t* data, size_t size, std::string name,
-                                                        std::shared_ptr<const void> keepalive) {
+                                                        std::shared_ptr<const void> keepalive,
+                                                        std::span<const WeightLayout> layouts) {
   std::unique_ptr<GgufFile> file(new GgufFile(std::move(name), nullptr, {}));
   file->keepalive_ = std::move(keepalive);
   file->base_ = data;
   file->size_ = file->file_size_ = size;
   INFERD_RETURN_IF_ERROR(file->parse());
+  if (!layouts.empty()) {
+    if (layouts.size() != file->tensors_.size()) {
+      return Status(Code::kCorrupt, file->path_ + ": " + std::to_string(layouts.size()) + " tensor layouts for " +
+                                        std::to_string(file->tensors_.size()) + " tensors");
+    }
+    for (size_t i = 0; i < layouts.size(); ++i) {
+      TensorInfo& t = file->tensors_[i];
+      const int64_t rows = t.n_dims >= 2 ? t.ne[1] * t.ne[2] * t.ne[3] : 1;
+      if (!layout_fits(layouts[i], t.type, rows, t.ne[0])) {
+        return Status(Code::kCorrupt, file->path_ + ": tensor " + t.name + " (" + dtype_name(t.type) + ") cannot be stored as " +
+                                          weight_layout_name(layouts[i]));
+      }
+      t.layout = layouts[i];
+    }
+  }
   return file;
 }
 

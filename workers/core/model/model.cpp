@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <initializer_list>
 #include <map>
+#include <utility>
 
 
 namespace inferd {
@@ -57,6 +59,7 @@ class TensorBinder {
     out->rows = rows;
     out->cols = cols;
     out->row_bytes = dtype_row_bytes(t->type, cols);
+    out->layout = t->layout;
     bytes_ += t->nbytes;
     return Status::ok();
   }
@@ -68,13 +71,27 @@ class TensorBinder {
   size_t bytes_ = 0;
 };
 
-// Rows [r0, r0 + n) of a bound matrix, as a matrix of its own (the rows of a fused tensor).
-WeightView rows_of(const WeightView& w, int64_t r0, int64_t n) {
-  INFERD_ASSERT(r0 >= 0 && n > 0 && r0 + n <= w.rows, "row range outside the matrix");
-  WeightView v = w;
-  v.data = w.data + static_cast<size_t>(r0) * w.row_bytes;
-  v.rows = n;
-  return v;
+// Splits a bound matrix into consecutive row ranges, each a matrix of its own (the parts of a fused
+// tensor): part i is the next parts[i].first rows. An interleaved matrix splits only at multiples of 16
+// rows (its groups); a segment that interleaved one splitting elsewhere is refused (kUnimplemented),
+// naming the way out.
+Status split_rows(const gguf::GgufFile& f, const std::string& name, const WeightView& w,
+                  std::initializer_list<std::pair<int64_t, WeightView*>> parts) {
+  int64_t r0 = 0;
+  for (const auto& [n, out] : parts) {
+    INFERD_ASSERT(n > 0 && r0 + n <= w.rows, "row range outside the matrix");
+    if (w.layout == WeightLayout::kInterleaved16 && (r0 % kInterleaveRows != 0 || n % kInterleaveRows != 0)) {
+      return make_error(Code::kUnimplemented,
+                        "%s: tensor %s is interleaved in groups of 16 rows but splits at row %lld (%lld rows); "
+                        "load it with INFERD_WEIGHTS_LAYOUT=rows",
+                        f.path().c_str(), name.c_str(), static_cast<long long>(r0), static_cast<long long>(n));
+    }
+    *out = w;
+    out->data = w.data + static_cast<size_t>(r0) * w.row_bytes;
+    out->rows = n;
+    r0 += n;
+  }
+  return Status::ok();
 }
 
 }  // namespace
@@ -273,9 +290,7 @@ Result<std::shared_ptr<const Model>> Model::load(std::shared_ptr<const gguf::Ggu
       // Fused Q, K and V (phi3): one matrix whose rows are Q's, then K's, then V's; bound as three row ranges.
       WeightView qkv;
       INFERD_RETURN_IF_ERROR(b.bind(p + "attn_qkv.weight", e, eq + 2 * ekv, true, &qkv));
-      l.wq = rows_of(qkv, 0, eq);
-      l.wk = rows_of(qkv, eq, ekv);
-      l.wv = rows_of(qkv, eq + ekv, ekv);
+      INFERD_RETURN_IF_ERROR(split_rows(f, p + "attn_qkv.weight", qkv, {{eq, &l.wq}, {ekv, &l.wk}, {ekv, &l.wv}}));
     } else {
       INFERD_RETURN_IF_ERROR(b.bind(p + "attn_q.weight", e, eq, true, &l.wq));
       INFERD_RETURN_IF_ERROR(b.bind(p + "attn_k.weight", e, ekv, true, &l.wk));
@@ -299,8 +314,7 @@ Result<std::shared_ptr<const Model>> Model::load(std::shared_ptr<const gguf::Ggu
       // Fused gate and up (phi3): ffn_up holds 2 * n_ff rows, the gate's first (ggml_swiglu's first half).
       WeightView gate_up;
       INFERD_RETURN_IF_ERROR(b.bind(p + "ffn_up.weight", e, 2 * ff, true, &gate_up));
-      l.w_gate = rows_of(gate_up, 0, ff);
-      l.w_up = rows_of(gate_up, ff, ff);
+      INFERD_RETURN_IF_ERROR(split_rows(f, p + "ffn_up.weight", gate_up, {{ff, &l.w_gate}, {ff, &l.w_up}}));
     } else {
       INFERD_RETURN_IF_ERROR(b.bind(p + "ffn_gate.weight", e, ff, true, &l.w_gate));
       INFERD_RETURN_IF_ERROR(b.bind(p + "ffn_up.weight", e, ff, true, &l.w_up));

@@ -8,11 +8,17 @@
 //
 //   offset 0           WeightsHeader (4 KiB): magic "INFDWGT1", version, offsets and sizes below,
 //                      the source file's identity (path, size, mtime, device, inode)
-//   table_offset       TensorEntry[tensor_count] (128 B each): name, type, shape, offset, bytes
-//   gguf_offset        the GGUF file, byte for byte (metadata, tokenizer, tensor infos, data)
+//   table_offset       TensorEntry[tensor_count] (128 B each): name, type, shape, offset, bytes, layout
+//   gguf_offset        the GGUF file (metadata, tokenizer, tensor infos, data), byte for byte except that
+//                      the matrices whose entry says kInterleaved16 hold their blocks interleaved
+//                      (inferd/weight_layout.h: the same bytes permuted within each 16-row group), the
+//                      layout the CPU's decode GEMV reads fastest
 //   data_offset        = gguf_offset + the GGUF's data-section offset: a multiple of 2 MiB, so the
 //                      tensor data can sit on transparent huge pages; each tensor keeps the GGUF
 //                      alignment (32 B or general.alignment), which the SIMD kernels rely on
+//
+// Which matrices are interleaved: every 2-D Q4_0, Q4_1 and Q8_0 tensor whose row count is a multiple of
+// 16, unless INFERD_WEIGHTS_LAYOUT=rows (then none: the segment is the file, byte for byte).
 //
 // Every offset is from the segment's first byte; nothing in the segment is a pointer. A reader
 // validates the header, the table checksum and the GGUF (the same validating parser that opens
@@ -35,7 +41,7 @@
 namespace inferd::ipc {
 
 inline constexpr char kWeightsMagic[8] = {'I', 'N', 'F', 'D', 'W', 'G', 'T', '1'};
-inline constexpr uint32_t kWeightsVersion = 1;
+inline constexpr uint32_t kWeightsVersion = 2;  // 2: TensorEntry::layout
 inline constexpr size_t kWeightsHeaderBytes = 4096;
 inline constexpr size_t kHugePageBytes = size_t{2} << 20;
 
@@ -74,11 +80,13 @@ struct TensorEntry {
   int64_t ne[4];
   uint64_t offset;   // from the segment's first byte
   uint64_t bytes;
-  uint8_t reserved[8];
+  uint32_t layout;   // WeightLayout: how the tensor's blocks are arranged in the segment
+  uint8_t reserved[4];
 };
 static_assert(sizeof(TensorEntry) == 128);
 static_assert(offsetof(TensorEntry, type) == 64);
 static_assert(offsetof(TensorEntry, offset) == 104);
+static_assert(offsetof(TensorEntry, layout) == 120);
 
 // Reports copy progress: bytes done of total. Called from the creating thread.
 using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
@@ -89,7 +97,8 @@ class WeightsSegment {
   // once to lay the segment out and the copy is parsed again (that is the GgufFile everyone uses), so
   // a file changed on disk during the copy is detected (kFailed "changed while loading").
   // Errors: those of GgufFile::open (kNotFound, kCorrupt, ...), kOutOfRange when the copy is larger
-  // than the memory available (MemAvailable), kFailed for memfd/mmap/IO failures.
+  // than the memory available (MemAvailable), kInvalidArgument for an INFERD_WEIGHTS_LAYOUT other than
+  // "rows" or "interleaved", kFailed for memfd/mmap/IO failures.
   static Result<std::shared_ptr<const WeightsSegment>> create(const std::string& path, const ProgressFn& progress);
 
   // Maps an existing segment read-only and validates it (kCorrupt naming what is wrong). Takes the fd.

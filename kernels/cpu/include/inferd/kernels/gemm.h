@@ -26,6 +26,7 @@
 
 #include "inferd/kernels/cpu.h"
 #include "inferd/dtype.h"
+#include "inferd/weight_layout.h"
 
 namespace inferd::kernels {
 
@@ -46,6 +47,9 @@ struct GemmArgs {
   int64_t out_stride;
   bool accumulate;
   const float* bias;
+  // How W's blocks are arranged (inferd/weight_layout.h). kInterleaved16: r0 a multiple of 16, W's row count
+  // too (w is the matrix's first byte, w_row_bytes its row size); gemm_kernel_for() says which kernels read it.
+  WeightLayout layout = WeightLayout::kRows;
 };
 using GemmFn = void (*)(const GemmArgs&);
 
@@ -53,5 +57,9 @@ using GemmFn = void (*)(const GemmArgs&);
 // GEMM for the type on that ISA (the caller then uses TypeKernels::dot).
 GemmFn gemm_kernel(DType type, Isa isa);
 inline GemmFn gemm_kernel(DType type) { return gemm_kernel(type, best_isa()); }
+// The GEMM for weights of `type` stored as `layout`: gemm_kernel() for the row layout; for interleaved
+// weights the AVX-512 and AVX2 GEMMs of Q4_0, Q4_1 and Q8_0 (nullptr otherwise: the caller gathers rows).
+GemmFn gemm_kernel_for(DType type, WeightLayout layout, Isa isa);
+inline GemmFn gemm_kernel_for(DType type, WeightLayout layout) { return gemm_kernel_for(type, layout, best_isa()); }
 
 }  // namespace inferd::kernels

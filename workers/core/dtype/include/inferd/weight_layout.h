@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "inferd/dtype.h"
 
@@ -54,5 +55,11 @@ void deinterleave_groups(DType type, int64_t cols, int64_t groups, const uint8_t
 // Row r (0 <= r < rows) of a matrix stored as `layout` at `data`, written in the row layout to `dst`
 // (dtype_row_bytes(type, cols) bytes).
 void copy_row(DType type, WeightLayout layout, int64_t cols, const uint8_t* data, int64_t r, uint8_t* dst);
+
+// Hands the rows x cols matrix at `data` (stored as `layout`) to `sink` in the row layout, in order, as
+// (byte offset, pointer, bytes) pieces: the matrix itself where it is in the row layout, else a few MiB at
+// a time through a buffer (what a GPU worker uploads). Stops at, and returns, the first false from sink.
+bool for_each_row_layout_piece(DType type, WeightLayout layout, int64_t rows, int64_t cols, const uint8_t* data,
+                               const std::function<bool(size_t offset, const uint8_t* bytes, size_t n)>& sink);
 
 }  // namespace inferd

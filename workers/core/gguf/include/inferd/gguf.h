@@ -21,12 +21,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
 #include "inferd/dtype.h"
+#include "inferd/weight_layout.h"
 #include "inferd/status.h"
 
 namespace inferd::gguf {
@@ -53,6 +55,9 @@ struct TensorInfo {
   uint64_t offset = 0;           // relative to the data section (GgufFile::data_offset())
   size_t nbytes = 0;
   const uint8_t* data = nullptr; // into the mapping; nbytes readable bytes
+  // How the data's blocks are arranged: always kRows in a GGUF file; a weights segment may hold some
+  // matrices interleaved (inferd/weight_layout.h), and says so through from_memory().
+  WeightLayout layout = WeightLayout::kRows;
 
   int64_t n_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
 };
@@ -89,9 +94,12 @@ class GgufFile {
   // Parses `bytes` as if it were the file `name` (used in error messages).
   static Result<std::unique_ptr<GgufFile>> from_buffer(std::vector<uint8_t> bytes, std::string name);
   // Parses `size` bytes at `data` in place, without copying (a GGUF image inside a shared-memory weights
-  // segment). `keepalive` owns the memory; the GgufFile holds it until destroyed.
+  // segment). `keepalive` owns the memory; the GgufFile holds it until destroyed. `layouts`, when not
+  // empty, gives each tensor's layout in table order (kCorrupt if its size differs from the tensor count
+  // or a layout does not fit its tensor's type and shape).
   static Result<std::unique_ptr<GgufFile>> from_memory(const uint8_t* data, size_t size, std::string name,
-                                                       std::shared_ptr<const void> keepalive);
+                                                       std::shared_ptr<const void> keepalive,
+                                                       std::span<const WeightLayout> layouts = {});
   // The metadata and tensor table only, read with pread into a buffer (a prefix of the file, grown until
   // the table fits): nothing is mapped, so a file truncated or rewritten meanwhile gives an error, never
   // SIGBUS. Tensor data pointers are null; file_size() is the file's. Opened as open() opens (O_NONBLOCK,

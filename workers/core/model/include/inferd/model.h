@@ -16,6 +16,7 @@
 
 #include "inferd/gguf.h"
 #include "inferd/dtype.h"
+#include "inferd/weight_layout.h"
 #include "inferd/status.h"
 
 namespace inferd {
@@ -61,15 +62,27 @@ struct ModelConfig {
 // The context a model gets when none is asked for: min(its training context, 4096).
 int32_t default_context(const ModelConfig& config);
 
-// A 2-D weight matrix (`rows` x `cols`, row-major, cols contiguous) or a 1-D vector (rows == 1).
+// A 2-D weight matrix (`rows` x `cols`, cols contiguous) or a 1-D vector (rows == 1). In the row layout
+// (GGUF's) row r is the row_bytes at row(r). An interleaved matrix (WeightLayout::kInterleaved16, from a
+// weights segment) has the same size, but row(r) is only meaningful for r a multiple of 16 (where its
+// group starts); read a single row with read_row(), or whole groups with the kernels that know the layout.
 struct WeightView {
   const uint8_t* data = nullptr;
   DType type = DType::kF32;
   int64_t rows = 0;
   int64_t cols = 0;
   size_t row_bytes = 0;
+  WeightLayout layout = WeightLayout::kRows;
 
   const uint8_t* row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes; }
+  bool interleaved() const { return layout != WeightLayout::kRows; }
+  // Row r in the row layout, into dst (row_bytes bytes); a copy only where the matrix is interleaved, else
+  // the row itself.
+  const uint8_t* read_row(int64_t r, uint8_t* dst) const {
+    if (!interleaved()) return row(r);
+    copy_row(type, layout, cols, data, r, dst);
+    return dst;
+  }
   const float* f32() const { return reinterpret_cast<const float*>(data); }
   bool present() const { return data != nullptr; }
 };
