@@ -11,6 +11,7 @@ Presets
                    them). ~640 MB.
   tinyllama-q4_k_m TinyLlama-1.1B shapes in a simplified Q4_K_M mix: attn_v and ffn_down Q6_K, the other
                    matrices and token_embd Q4_K, output Q6_K. ~680 MB.
+  tinyllama-q8_0   TinyLlama-1.1B shapes, every 2-D weight Q8_0 (output too, as llama.cpp's Q8_0 files). ~1.2 GB.
   mixed-small      n_embd 256, 6 layers, 4 heads / 2 kv heads (head_dim 64), ffn 1024, rope base 10000, context
                    2048, full SmolLM2 vocabulary (49152). token_embd Q8_0, output Q6_K, the seven matrices of layer
                    L rotate through Q4_0, Q8_0, Q4_K, Q6_K: matrix k (attn_q, attn_k, attn_v, attn_output,
@@ -114,6 +115,9 @@ PRESETS = {
                              QT.Q4_0, QT.Q6_K, _uniform_q4_0),
     "tinyllama-q4_k_m": Preset("tinyllama-q4_k_m", 2048, 22, 32, 4, 5632, 32000, 10000.0, 1e-5, 2048,
                                QT.Q4_K, QT.Q6_K, _q4_k_m, file_type=15),  # LLAMA_FTYPE_MOSTLY_Q4_K_M
+    # llama.cpp's Q8_0 files keep the output in Q8_0 too.
+    "tinyllama-q8_0": Preset("tinyllama-q8_0", 2048, 22, 32, 4, 5632, 32000, 10000.0, 1e-5, 2048,
+                             QT.Q8_0, QT.Q8_0, _uniform_q8_0, file_type=7),
     "mixed-small": Preset("mixed-small", 256, 6, 4, 2, 1024, 49152, 10000.0, 1e-5, 2048,
                           QT.Q8_0, QT.Q6_K, _mixed, file_type=7),  # "mostly Q8_0" is the closest ftype label
     # Qwen2 layout at a small size, all Q8_0 (a type llama.cpp does not repack on x86, so its vec_dot order
