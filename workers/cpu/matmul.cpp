@@ -217,7 +217,9 @@ void gate_up_rows(const WeightView& wg, const WeightView& wu, uint8_t* const* ac
             for (int64_t i = 0; i < kInterleaveRows; ++i) tk->dot(k, w.row(r + i), a, 0, 1, y + i);
           }
         }
-        for (int i = 0; i < kInterleaveRows; ++i) h[t * n_ff + r + i] = act_fn(g16[i]) * u16[i];
+        // The 16 outputs at once, each exactly act_fn(g) * u (swiglu and geglu are elementwise and bit-identical
+        // to silu / gelu per element).
+        (geglu ? kernels::geglu : kernels::swiglu)(kInterleaveRows, g16, u16, h + t * n_ff + r);
       }
     }
     return;
