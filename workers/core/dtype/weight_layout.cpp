@@ -9,56 +9,58 @@
 namespace inferd {
 namespace {
 
-// A block as the interleaved layout sees it: `fields` 16-bit header fields, then `quant_bytes` of quants.
-struct BlockShape {
-  int fields;
-  size_t quant_bytes;
+// A block as the interleaved layout sees it: kFields 16-bit header fields, then kQuantBytes of quants.
+template <int kFields, size_t kQuantBytes>
+struct Shape {
+  static constexpr size_t kBlockBytes = 2 * kFields + kQuantBytes;
+  // The byte offsets, inside one block column of a group, of row j's field f and of its quants.
+  static constexpr size_t field_offset(int f, int64_t j) { return static_cast<size_t>(f) * 2 * kInterleaveRows + 2 * static_cast<size_t>(j); }
+  static constexpr size_t quant_offset(int64_t j) {
+    return kFields * 2 * kInterleaveRows + static_cast<size_t>(j) * kQuantBytes;
+  }
+  // Block b of row j in the row layout (`block`) -> its place in block column b of the group (`column`).
+  static void to_column(const uint8_t* block, uint8_t* column, int64_t j) {
+    for (int f = 0; f < kFields; ++f) std::memcpy(column + field_offset(f, j), block + 2 * f, 2);
+    std::memcpy(column + quant_offset(j), block + 2 * kFields, kQuantBytes);
+  }
+  // The inverse: row j's block from block column `column`.
+  static void from_column(const uint8_t* column, uint8_t* block, int64_t j) {
+    for (int f = 0; f < kFields; ++f) std::memcpy(block + 2 * f, column + field_offset(f, j), 2);
+    std::memcpy(block + 2 * kFields, column + quant_offset(j), kQuantBytes);
+  }
 };
+using ShapeQ4_0 = Shape<1, sizeof(BlockQ4_0::qs)>;
+using ShapeQ4_1 = Shape<2, sizeof(BlockQ4_1::qs)>;
+using ShapeQ8_0 = Shape<1, sizeof(BlockQ8_0::qs)>;
+static_assert(ShapeQ4_0::kBlockBytes == sizeof(BlockQ4_0) && ShapeQ4_1::kBlockBytes == sizeof(BlockQ4_1) &&
+              ShapeQ8_0::kBlockBytes == sizeof(BlockQ8_0));
 
-BlockShape shape_of(DType type) {
+// Calls fn.template operator()<S>() with the Shape of `type`.
+template <typename Fn>
+void with_shape(DType type, Fn&& fn) {
   switch (type) {
-    case DType::kQ4_0: return {1, sizeof(BlockQ4_0::qs)};
-    case DType::kQ4_1: return {2, sizeof(BlockQ4_1::qs)};
-    case DType::kQ8_0: return {1, sizeof(BlockQ8_0::qs)};
-    default: INFERD_ASSERT(false, "%s has no interleaved layout", dtype_name(type)); return {0, 0};
+    case DType::kQ4_0: return fn.template operator()<ShapeQ4_0>();
+    case DType::kQ4_1: return fn.template operator()<ShapeQ4_1>();
+    case DType::kQ8_0: return fn.template operator()<ShapeQ8_0>();
+    default: INFERD_ASSERT(false, "%s has no interleaved layout", dtype_name(type));
   }
 }
-static_assert(sizeof(BlockQ4_0) == 2 + 16 && sizeof(BlockQ4_1) == 4 + 16 && sizeof(BlockQ8_0) == 2 + 32);
 
-// The byte offsets, inside one block column of a group, of row j's field f and of its quants.
-size_t field_offset(int f, int64_t j) { return static_cast<size_t>(f) * 2 * kInterleaveRows + 2 * static_cast<size_t>(j); }
-size_t quant_offset(const BlockShape& s, int64_t j) {
-  return static_cast<size_t>(s.fields) * 2 * kInterleaveRows + static_cast<size_t>(j) * s.quant_bytes;
-}
-
-// Block b of row j in the row layout (`block`) -> its place in block column b of the group (`column`).
-void to_column(const BlockShape& s, const uint8_t* block, uint8_t* column, int64_t j) {
-  for (int f = 0; f < s.fields; ++f) std::memcpy(column + field_offset(f, j), block + 2 * f, 2);
-  std::memcpy(column + quant_offset(s, j), block + 2 * s.fields, s.quant_bytes);
-}
-// The inverse: row j's block from block column `column`.
-void from_column(const BlockShape& s, const uint8_t* column, uint8_t* block, int64_t j) {
-  for (int f = 0; f < s.fields; ++f) std::memcpy(block + 2 * f, column + field_offset(f, j), 2);
-  std::memcpy(block + 2 * s.fields, column + quant_offset(s, j), s.quant_bytes);
-}
-
-template <bool kInterleave>
-void convert_groups(DType type, int64_t cols, int64_t groups, const uint8_t* src, uint8_t* dst) {
-  const BlockShape s = shape_of(type);
-  const size_t block_bytes = dtype_info(type)->block_bytes;
-  const size_t row_bytes = dtype_row_bytes(type, cols);
-  const int64_t nb = cols / dtype_info(type)->block_size;
-  const size_t column_bytes = kInterleaveRows * block_bytes;
+template <typename S, bool kInterleave>
+void convert_groups(int64_t cols, int64_t groups, const uint8_t* src, uint8_t* dst) {
+  const int64_t nb = cols / 32;
+  const size_t row_bytes = static_cast<size_t>(nb) * S::kBlockBytes;
+  constexpr size_t kColumnBytes = kInterleaveRows * S::kBlockBytes;
   for (int64_t g = 0; g < groups; ++g) {
     const size_t base = static_cast<size_t>(g) * kInterleaveRows * row_bytes;
     for (int64_t j = 0; j < kInterleaveRows; ++j) {
       for (int64_t b = 0; b < nb; ++b) {
-        const size_t row_at = base + static_cast<size_t>(j) * row_bytes + static_cast<size_t>(b) * block_bytes;
-        const size_t col_at = base + static_cast<size_t>(b) * column_bytes;
+        const size_t row_at = base + static_cast<size_t>(j) * row_bytes + static_cast<size_t>(b) * S::kBlockBytes;
+        const size_t col_at = base + static_cast<size_t>(b) * kColumnBytes;
         if constexpr (kInterleave) {
-          to_column(s, src + row_at, dst + col_at, j);
+          S::to_column(src + row_at, dst + col_at, j);
         } else {
-          from_column(s, src + col_at, dst + row_at, j);
+          S::from_column(src + col_at, dst + row_at, j);
         }
       }
     }
@@ -88,11 +90,13 @@ bool layout_fits(WeightLayout layout, DType type, int64_t rows, int64_t cols) {
 }
 
 void interleave_groups(DType type, int64_t cols, int64_t groups, const uint8_t* src, uint8_t* dst) {
-  convert_groups<true>(type, cols, groups, src, dst);
+  INFERD_ASSERT(cols % 32 == 0, "row length not a multiple of the block size");
+  with_shape(type, [&]<typename S>() { convert_groups<S, true>(cols, groups, src, dst); });
 }
 
 void deinterleave_groups(DType type, int64_t cols, int64_t groups, const uint8_t* src, uint8_t* dst) {
-  convert_groups<false>(type, cols, groups, src, dst);
+  INFERD_ASSERT(cols % 32 == 0, "row length not a multiple of the block size");
+  with_shape(type, [&]<typename S>() { convert_groups<S, false>(cols, groups, src, dst); });
 }
 
 void copy_row(DType type, WeightLayout layout, int64_t cols, const uint8_t* data, int64_t r, uint8_t* dst) {
@@ -102,14 +106,13 @@ void copy_row(DType type, WeightLayout layout, int64_t cols, const uint8_t* data
     return;
   }
   INFERD_ASSERT(layout == WeightLayout::kInterleaved16, "unknown layout");
-  const BlockShape s = shape_of(type);
-  const size_t block_bytes = dtype_info(type)->block_bytes;
-  const int64_t nb = cols / dtype_info(type)->block_size;
   const uint8_t* group = data + static_cast<size_t>(r / kInterleaveRows) * kInterleaveRows * row_bytes;
   const int64_t j = r % kInterleaveRows;
-  for (int64_t b = 0; b < nb; ++b) {
-    from_column(s, group + static_cast<size_t>(b) * kInterleaveRows * block_bytes, dst + static_cast<size_t>(b) * block_bytes, j);
-  }
+  with_shape(type, [&]<typename S>() {
+    for (int64_t b = 0; b < cols / 32; ++b) {
+      S::from_column(group + static_cast<size_t>(b) * kInterleaveRows * S::kBlockBytes, dst + static_cast<size_t>(b) * S::kBlockBytes, j);
+    }
+  });
 }
 
 bool for_each_row_layout_piece(DType type, WeightLayout layout, int64_t rows, int64_t cols, const uint8_t* data,
