@@ -36,9 +36,10 @@ constexpr int kPairs = 6;
 // Prefetch distance along the weight rows (as gemm_avx512.cpp).
 constexpr int kPrefetchBytes = 4096;
 
+// Row r of the tile is row row0 + r of g's matrix (Q4_K in either layout).
 struct TileIo {
-  const uint8_t* w;
-  size_t w_row_bytes;
+  const GemmArgs* g;
+  int64_t row0;
   const BlockQ8_K* const* acts;  // the tile's 2 * P activation rows
   int64_t nb;
   float (*res)[2 * kPairs];  // [row][activation row]
@@ -66,10 +67,8 @@ template <bool kHigh, int R, int P>
 void tile_k_min(const TileIo& io) {
   using Block = std::conditional_t<kHigh, BlockQ5_K, BlockQ4_K>;
   constexpr int T = 2 * P;
-  const Block* rows[R];
-  for (int r = 0; r < R; ++r) {
-    rows[r] = reinterpret_cast<const Block*>(io.w + static_cast<size_t>(r) * io.w_row_bytes);
-  }
+  gemm_tiles::KRowBlocks<Block> rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = gemm_tiles::k_row_blocks<Block>(*io.g, io.row0 + r);
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   __m256 acc[R][T];
   __m128 acc_m[R][T];
@@ -89,19 +88,19 @@ void tile_k_min(const TileIo& io) {
       pairs[t] = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
     }
     for (int r = 0; r < R; ++r) {
-      const Block& b = rows[r][i];
-      const char* ahead = reinterpret_cast<const char*>(&b) + kPrefetchBytes;
+      const gemm_tiles::KRowBlocks<Block>& b = rows[r];
+      const char* ahead = reinterpret_cast<const char*>(b.qs(i, 0)) + kPrefetchBytes;
       for (size_t off = 0; off < sizeof(Block); off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
       uint32_t sm[4];
-      unpack_k4_scales(b.scales, sm);
+      unpack_k4_scales(b.scales(i), sm);
       const __m128i sm_bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sm));
       const __m128i mins = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm_bytes, sm_bytes));
       const auto* sc = reinterpret_cast<const uint8_t*>(sm);
       Decoded w;
       [[maybe_unused]] __m256i hbits;
-      if constexpr (kHigh) hbits = load32(b.qh);
+      if constexpr (kHigh) hbits = load32(b.plain(i).qh);
       for (int c = 0; c < 4; ++c) {
-        const __m256i x = load32(b.qs + 32 * c);
+        const __m256i x = load32(b.qs(i, c));
         __m256i lo = _mm256_and_si256(x, nibble);
         __m256i hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), nibble);
         if constexpr (kHigh) {
@@ -116,7 +115,7 @@ void tile_k_min(const TileIo& io) {
         w.scale[2 * c] = _mm256_set1_epi16(sc[2 * c]);
         w.scale[2 * c + 1] = _mm256_set1_epi16(sc[2 * c + 1]);
       }
-      const float d = h2f(b.d), dmin = h2f(b.dmin);
+      const float d = h2f(b.d(i)), dmin = h2f(b.dmin(i));
       for (int t = 0; t < T; ++t) {
         const BlockQ8_K& a = io.acts[t][i];
         const __m256i sumi = lane_sums(w, a.qs);
@@ -154,7 +153,7 @@ void tile_q6_k(const TileIo& io) {
   constexpr int T = 2 * P;
   const BlockQ6_K* rows[R];
   for (int r = 0; r < R; ++r) {
-    rows[r] = reinterpret_cast<const BlockQ6_K*>(io.w + static_cast<size_t>(r) * io.w_row_bytes);
+    rows[r] = reinterpret_cast<const BlockQ6_K*>(io.g->w + static_cast<size_t>(io.row0 + r) * io.g->w_row_bytes);
   }
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   const __m256i two_bits = _mm256_set1_epi8(0x30);
@@ -224,7 +223,8 @@ struct TileOf {
 template <DType kType>
 void gemm(const GemmArgs& g) {
   INFERD_ASSERT(g.k % kQK_K == 0, "k must be a multiple of 256");
-  INFERD_ASSERT(g.layout == WeightLayout::kRows, "K-quants have no interleaved layout");
+  INFERD_ASSERT(g.layout == WeightLayout::kRows || (kType == DType::kQ4_K && g.r0 % kInterleaveRows == 0),
+                "only Q4_K is interleaved, and an interleaved GEMM starts at a group");
   if (g.m <= 0 || g.r1 <= g.r0) return;
   const int64_t nb = g.k / kQK_K;
   const int64_t npairs = (g.m + 1) / 2;
@@ -234,7 +234,7 @@ void gemm(const GemmArgs& g) {
       const int64_t row = std::min(2 * p0 + t, g.m - 1);  // an odd last row is computed twice
       acts[t] = reinterpret_cast<const BlockQ8_K*>(g.act + static_cast<size_t>(row) * g.act_stride);
     }
-    const TileIo io{g.w + static_cast<size_t>(r) * g.w_row_bytes, g.w_row_bytes, acts, nb, res};
+    const TileIo io{&g, r, acts, nb, res};
     gemm_tiles::TileTable<TileOf<kType>, kRows, kPairs>::kTable[nr - 1][np - 1](io);
   });
 }

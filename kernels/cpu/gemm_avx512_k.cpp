@@ -96,9 +96,10 @@ inline float reduce4(__m128 m) {
 // 32 bytes placed in both 256-bit halves of a zmm.
 inline __m512i twice(__m256i v) { return _mm512_inserti64x4(_mm512_castsi256_si512(v), v, 1); }
 
+// Row r of the tile is row row0 + r of g's matrix (Q4_K in either layout).
 struct TileIo {
-  const uint8_t* w;
-  size_t w_row_bytes;
+  const GemmArgs* g;
+  int64_t row0;
   const KPairBlock* pairs;  // [pair][block], nb blocks per pair
   int64_t nb;
   float (*res)[2 * kPairs];  // [row][activation row]
@@ -110,10 +111,8 @@ template <bool kHigh, int R, int P>
 void tile_k_min(const TileIo& io) {
   using Block = std::conditional_t<kHigh, BlockQ5_K, BlockQ4_K>;
   const int64_t nb = io.nb;
-  const Block* rows[R];
-  for (int r = 0; r < R; ++r) {
-    rows[r] = reinterpret_cast<const Block*>(io.w + static_cast<size_t>(r) * io.w_row_bytes);
-  }
+  gemm_tiles::KRowBlocks<Block> rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = gemm_tiles::k_row_blocks<Block>(*io.g, io.row0 + r);
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m512 acc[R][P];
@@ -128,19 +127,19 @@ void tile_k_min(const TileIo& io) {
   }
   for (int64_t b = 0; b < nb; ++b) {
     for (int r = 0; r < R; ++r) {
-      const Block& blk = rows[r][b];
-      const char* ahead = reinterpret_cast<const char*>(&blk) + kPrefetchBytes;
+      const gemm_tiles::KRowBlocks<Block>& blk = rows[r];
+      const char* ahead = reinterpret_cast<const char*>(blk.qs(b, 0)) + kPrefetchBytes;
       _mm_prefetch(ahead, _MM_HINT_T0);
       _mm_prefetch(ahead + 64, _MM_HINT_T0);
       _mm_prefetch(ahead + 128, _MM_HINT_T0);
       alignas(16) uint32_t sm_words[4];
-      unpack_k4_scales(blk.scales, sm_words);
+      unpack_k4_scales(blk.scales(b), sm_words);
       const auto* sm = reinterpret_cast<const uint8_t*>(sm_words);  // scales 0..7, mins 8..15
       __m512i wq[8];
       [[maybe_unused]] __m512i hbits;
-      if constexpr (kHigh) hbits = twice(load32(blk.qh));
+      if constexpr (kHigh) hbits = twice(load32(blk.plain(b).qh));
       for (int c = 0; c < 4; ++c) {
-        const __m512i x = twice(load32(blk.qs + 32 * c));
+        const __m512i x = twice(load32(blk.qs(b, c)));
         wq[2 * c] = _mm512_and_si512(x, nibble);
         wq[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(x, 4), nibble);
         if constexpr (kHigh) {
@@ -155,8 +154,8 @@ void tile_k_min(const TileIo& io) {
       // mins[0..7] for row t and again for row t + 1, as int16.
       const __m128i mins8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sm + 8));
       const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(mins8, mins8));
-      const __m512 d = _mm512_set1_ps(h2f(blk.d));
-      const __m256 dmin = _mm256_set1_ps(h2f(blk.dmin));
+      const __m512 d = _mm512_set1_ps(h2f(blk.d(b)));
+      const __m256 dmin = _mm256_set1_ps(h2f(blk.dmin(b)));
       for (int p = 0; p < P; ++p) {
         const KPairBlock& pb = io.pairs[p * nb + b];
         __m512i sumi = _mm512_setzero_si512();
@@ -204,7 +203,7 @@ void tile_q6_k(const TileIo& io) {
   const int64_t nb = io.nb;
   const BlockQ6_K* rows[R];
   for (int r = 0; r < R; ++r) {
-    rows[r] = reinterpret_cast<const BlockQ6_K*>(io.w + static_cast<size_t>(r) * io.w_row_bytes);
+    rows[r] = reinterpret_cast<const BlockQ6_K*>(io.g->w + static_cast<size_t>(io.row0 + r) * io.g->w_row_bytes);
   }
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   const __m256i two_bits = _mm256_set1_epi8(0x30);
@@ -283,7 +282,8 @@ struct TileOf {
 template <DType kType>
 void gemm(const GemmArgs& g) {
   INFERD_ASSERT(g.k % kQK_K == 0, "k must be a multiple of 256");
-  INFERD_ASSERT(g.layout == WeightLayout::kRows, "K-quants have no interleaved layout");
+  INFERD_ASSERT(g.layout == WeightLayout::kRows || (kType == DType::kQ4_K && g.r0 % kInterleaveRows == 0),
+                "only Q4_K is interleaved, and an interleaved GEMM starts at a group");
   if (g.m <= 0 || g.r1 <= g.r0) return;
   const int64_t nb = g.k / kQK_K;
   const int64_t npairs = (g.m + 1) / 2;
@@ -291,7 +291,7 @@ void gemm(const GemmArgs& g) {
   if (pairs.size() < static_cast<size_t>(npairs * nb)) pairs.resize(static_cast<size_t>(npairs * nb));
   pack_pairs(g, nb, npairs, pairs.data());
   gemm_tiles::walk<kRows, kPairs>(g, npairs, [&](int64_t r, int nr, int64_t p0, int np, float (*res)[2 * kPairs]) {
-    const TileIo io{g.w + static_cast<size_t>(r) * g.w_row_bytes, g.w_row_bytes, pairs.data() + p0 * nb, nb, res};
+    const TileIo io{&g, r, pairs.data() + p0 * nb, nb, res};
     gemm_tiles::TileTable<TileOf<kType>, kRows, kPairs>::kTable[nr - 1][np - 1](io);
   });
 }

@@ -207,48 +207,6 @@ TEST(Gemm, BitIdenticalToContractAndCloseToScalarDot) {
   }
 }
 
-// The GEMMs read interleaved weights (WeightLayout::kInterleaved16) too: the same bits as on the row layout,
-// for row ranges that start at a group (the engine's chunks do) and end anywhere.
-TEST(Gemm, InterleavedWeightsGiveTheRowLayoutsBits) {
-  std::mt19937 rng(37);
-  for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0}) {
-    EXPECT_EQ(gemm_kernel_for(type, WeightLayout::kInterleaved16, Isa::kScalar), nullptr);
-    EXPECT_EQ(gemm_kernel_for(type, WeightLayout::kRows, Isa::kScalar), gemm_kernel(type, Isa::kScalar));
-    for (int64_t k : {32, 576, 2048 + 32}) {
-      for (int64_t m : {2, 5, 16}) {
-        const int64_t rows = 48;
-        Problem p = make_problem(rng, type, k, rows, m);
-        // Packed rows (the interleaved layout has no gaps between rows).
-        const size_t row_bytes = dtype_row_bytes(type, k);
-        std::vector<uint8_t> packed(row_bytes * rows), inter(row_bytes * rows);
-        for (int64_t r = 0; r < rows; ++r) {
-          std::memcpy(packed.data() + r * row_bytes, p.w.data() + r * p.w_row_bytes, row_bytes);
-        }
-        interleave_groups(type, k, rows / kInterleaveRows, packed.data(), inter.data());
-        for (Isa isa : kAllIsas) {
-          if (!isa_available(isa)) continue;
-          const GemmFn fn = gemm_kernel_for(type, WeightLayout::kInterleaved16, isa);
-          if (fn == nullptr) continue;
-          for (const auto& range : {std::pair<int64_t, int64_t>{0, rows}, {16, 37}, {32, 33}}) {
-            const int64_t out_stride = rows + 3;
-            std::vector<float> want(out_stride * m, kSentinel), got(out_stride * m, kSentinel);
-            GemmArgs a{type, k, packed.data(), row_bytes, range.first, range.second, p.act.data(), p.act_stride,
-                       m, want.data(), out_stride, false, p.bias.data()};
-            gemm_kernel(type, isa)(a);
-            a.w = inter.data();
-            a.out = got.data();
-            a.layout = WeightLayout::kInterleaved16;
-            fn(a);
-            ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
-                << dtype_name(type) << " " << isa_name(isa) << " k " << k << " m " << m << " rows [" << range.first
-                << "," << range.second << ")";
-          }
-        }
-      }
-    }
-  }
-}
-
 // Random Q4_K / Q6_K rows: random codes and scales, finite fp16 block scales.
 Problem make_k_problem(std::mt19937& rng, DType type, int64_t k, int64_t rows, int64_t m) {
   Problem p{type, k, rows, m, dtype_row_bytes(type, k) + 6, 0, {}, {}, {}, {}};
@@ -281,6 +239,49 @@ Problem make_k_problem(std::mt19937& rng, DType type, int64_t k, int64_t rows, i
   }
   p.bias = random_floats(rng, rows, 1.0f);
   return p;
+}
+
+// The GEMMs read interleaved weights (WeightLayout::kInterleaved16) too: the same bits as on the row layout,
+// for row ranges that start at a group (the engine's chunks do) and end anywhere.
+TEST(Gemm, InterleavedWeightsGiveTheRowLayoutsBits) {
+  std::mt19937 rng(37);
+  for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K}) {
+    EXPECT_EQ(gemm_kernel_for(type, WeightLayout::kInterleaved16, Isa::kScalar), nullptr);
+    EXPECT_EQ(gemm_kernel_for(type, WeightLayout::kRows, Isa::kScalar), gemm_kernel(type, Isa::kScalar));
+    const bool k_quant = type == DType::kQ4_K;
+    for (int64_t k : k_quant ? std::vector<int64_t>{256, 2048} : std::vector<int64_t>{32, 576, 2048 + 32}) {
+      for (int64_t m : {2, 5, 16}) {
+        const int64_t rows = 48;
+        Problem p = k_quant ? make_k_problem(rng, type, k, rows, m) : make_problem(rng, type, k, rows, m);
+        // Packed rows (the interleaved layout has no gaps between rows).
+        const size_t row_bytes = dtype_row_bytes(type, k);
+        std::vector<uint8_t> packed(row_bytes * rows), inter(row_bytes * rows);
+        for (int64_t r = 0; r < rows; ++r) {
+          std::memcpy(packed.data() + r * row_bytes, p.w.data() + r * p.w_row_bytes, row_bytes);
+        }
+        interleave_groups(type, k, rows / kInterleaveRows, packed.data(), inter.data());
+        for (Isa isa : kAllIsas) {
+          if (!isa_available(isa)) continue;
+          const GemmFn fn = gemm_kernel_for(type, WeightLayout::kInterleaved16, isa);
+          if (fn == nullptr) continue;
+          for (const auto& range : {std::pair<int64_t, int64_t>{0, rows}, {16, 37}, {32, 33}}) {
+            const int64_t out_stride = rows + 3;
+            std::vector<float> want(out_stride * m, kSentinel), got(out_stride * m, kSentinel);
+            GemmArgs a{type, k, packed.data(), row_bytes, range.first, range.second, p.act.data(), p.act_stride,
+                       m, want.data(), out_stride, false, p.bias.data()};
+            gemm_kernel(type, isa)(a);
+            a.w = inter.data();
+            a.out = got.data();
+            a.layout = WeightLayout::kInterleaved16;
+            fn(a);
+            ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+                << dtype_name(type) << " " << isa_name(isa) << " k " << k << " m " << m << " rows [" << range.first
+                << "," << range.second << ")";
+          }
+        }
+      }
+    }
+  }
 }
 
 // The K-quant GEMMs have no contract emulation of their own: each ISA's must equal that ISA's x86 dot

@@ -97,6 +97,46 @@ RowBlocks<WBlock> row_blocks(const GemmArgs& g, int64_t row) {
           2 * j, 2 * kInterleaveRows + 2 * j, kFields * 2 * kInterleaveRows + j * kQuantBytes};
 }
 
+// Row `row` of a Q4_K or Q5_K matrix, block by block, in either layout: the fields the K-quant tiles read.
+// Q4_K may be interleaved (its block column, Q4KColumn); Q5_K is always in the row layout.
+template <typename Block>
+struct KRowBlocks {
+  const uint8_t* base;  // the row (row layout) or its group (interleaved)
+  bool interleaved;
+  int64_t j;            // the row's index in its group
+
+  const uint8_t* block(int64_t b) const {
+    return base + static_cast<size_t>(b) * (interleaved ? Q4KColumn::kBytes : sizeof(Block));
+  }
+  fp16_t d(int64_t b) const { return half_at(interleaved ? block(b) + Q4KColumn::d(j) : block(b) + offsetof(Block, d)); }
+  fp16_t dmin(int64_t b) const {
+    return half_at(interleaved ? block(b) + Q4KColumn::dmin(j) : block(b) + offsetof(Block, dmin));
+  }
+  const uint8_t* scales(int64_t b) const {
+    return interleaved ? block(b) + Q4KColumn::scales(j) : block(b) + offsetof(Block, scales);
+  }
+  // Quant chunk c (32 bytes: sub-blocks 2c and 2c + 1).
+  const uint8_t* qs(int64_t b, int c) const {
+    return interleaved ? block(b) + Q4KColumn::qs(j, c) : block(b) + offsetof(Block, qs) + 32 * static_cast<size_t>(c);
+  }
+  // The whole block; the row layout only (Q5_K's qh).
+  const Block& plain(int64_t b) const { return *reinterpret_cast<const Block*>(block(b)); }
+
+ private:
+  static fp16_t half_at(const uint8_t* p) {
+    fp16_t v;
+    std::memcpy(&v, p, sizeof(v));
+    return v;
+  }
+};
+
+template <typename Block>
+KRowBlocks<Block> k_row_blocks(const GemmArgs& g, int64_t row) {
+  if (g.layout == WeightLayout::kRows) return {g.w + static_cast<size_t>(row) * g.w_row_bytes, false, 0};
+  const int64_t j = row % kInterleaveRows;
+  return {g.w + static_cast<size_t>(row - j) * g.w_row_bytes, true, j};
+}
+
 // Q4_1: s_a of every block and activation row, transposed to [block][token] (m_pad tokens per block,
 // the rows past g.m repeating the last) for the tiles' min-term step.
 inline void pack_act_sums(const GemmArgs& g, int64_t nb, int64_t m_pad, float* out) {

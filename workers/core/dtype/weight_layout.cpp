@@ -13,6 +13,7 @@ namespace {
 template <int kFields, size_t kQuantBytes>
 struct Shape {
   static constexpr size_t kBlockBytes = 2 * kFields + kQuantBytes;
+  static constexpr int64_t kBlockElems = 32;
   // The byte offsets, inside one block column of a group, of row j's field f and of its quants.
   static constexpr size_t field_offset(int f, int64_t j) { return static_cast<size_t>(f) * 2 * kInterleaveRows + 2 * static_cast<size_t>(j); }
   static constexpr size_t quant_offset(int64_t j) {
@@ -35,6 +36,26 @@ using ShapeQ8_0 = Shape<1, sizeof(BlockQ8_0::qs)>;
 static_assert(ShapeQ4_0::kBlockBytes == sizeof(BlockQ4_0) && ShapeQ4_1::kBlockBytes == sizeof(BlockQ4_1) &&
               ShapeQ8_0::kBlockBytes == sizeof(BlockQ8_0));
 
+// Q4_K: its own column arrangement (Q4KColumn).
+struct ShapeQ4_K {
+  static constexpr size_t kBlockBytes = sizeof(BlockQ4_K);
+  static constexpr int64_t kBlockElems = kQK_K;
+  static void to_column(const uint8_t* block, uint8_t* column, int64_t j) {
+    const auto& b = *reinterpret_cast<const BlockQ4_K*>(block);
+    std::memcpy(column + Q4KColumn::d(j), &b.d, 2);
+    std::memcpy(column + Q4KColumn::dmin(j), &b.dmin, 2);
+    std::memcpy(column + Q4KColumn::scales(j), b.scales, sizeof(b.scales));
+    for (int c = 0; c < 4; ++c) std::memcpy(column + Q4KColumn::qs(j, c), b.qs + 32 * c, 32);
+  }
+  static void from_column(const uint8_t* column, uint8_t* block, int64_t j) {
+    auto& b = *reinterpret_cast<BlockQ4_K*>(block);
+    std::memcpy(&b.d, column + Q4KColumn::d(j), 2);
+    std::memcpy(&b.dmin, column + Q4KColumn::dmin(j), 2);
+    std::memcpy(b.scales, column + Q4KColumn::scales(j), sizeof(b.scales));
+    for (int c = 0; c < 4; ++c) std::memcpy(b.qs + 32 * c, column + Q4KColumn::qs(j, c), 32);
+  }
+};
+
 // Calls fn.template operator()<S>() with the Shape of `type`.
 template <typename Fn>
 void with_shape(DType type, Fn&& fn) {
@@ -42,13 +63,14 @@ void with_shape(DType type, Fn&& fn) {
     case DType::kQ4_0: return fn.template operator()<ShapeQ4_0>();
     case DType::kQ4_1: return fn.template operator()<ShapeQ4_1>();
     case DType::kQ8_0: return fn.template operator()<ShapeQ8_0>();
+    case DType::kQ4_K: return fn.template operator()<ShapeQ4_K>();
     default: INFERD_ASSERT(false, "%s has no interleaved layout", dtype_name(type));
   }
 }
 
 template <typename S, bool kInterleave>
 void convert_groups(int64_t cols, int64_t groups, const uint8_t* src, uint8_t* dst) {
-  const int64_t nb = cols / 32;
+  const int64_t nb = cols / S::kBlockElems;
   const size_t row_bytes = static_cast<size_t>(nb) * S::kBlockBytes;
   constexpr size_t kColumnBytes = kInterleaveRows * S::kBlockBytes;
   for (int64_t g = 0; g < groups; ++g) {
@@ -77,7 +99,9 @@ const char* weight_layout_name(WeightLayout layout) {
   return "?";
 }
 
-bool interleavable(DType type) { return type == DType::kQ4_0 || type == DType::kQ4_1 || type == DType::kQ8_0; }
+bool interleavable(DType type) {
+  return type == DType::kQ4_0 || type == DType::kQ4_1 || type == DType::kQ8_0 || type == DType::kQ4_K;
+}
 
 bool layout_fits(WeightLayout layout, DType type, int64_t rows, int64_t cols) {
   switch (layout) {
@@ -90,12 +114,12 @@ bool layout_fits(WeightLayout layout, DType type, int64_t rows, int64_t cols) {
 }
 
 void interleave_groups(DType type, int64_t cols, int64_t groups, const uint8_t* src, uint8_t* dst) {
-  INFERD_ASSERT(cols % 32 == 0, "row length not a multiple of the block size");
+  INFERD_ASSERT(cols % dtype_info(type)->block_size == 0, "row length not a multiple of the block size");
   with_shape(type, [&]<typename S>() { convert_groups<S, true>(cols, groups, src, dst); });
 }
 
 void deinterleave_groups(DType type, int64_t cols, int64_t groups, const uint8_t* src, uint8_t* dst) {
-  INFERD_ASSERT(cols % 32 == 0, "row length not a multiple of the block size");
+  INFERD_ASSERT(cols % dtype_info(type)->block_size == 0, "row length not a multiple of the block size");
   with_shape(type, [&]<typename S>() { convert_groups<S, false>(cols, groups, src, dst); });
 }
 
@@ -109,7 +133,7 @@ void copy_row(DType type, WeightLayout layout, int64_t cols, const uint8_t* data
   const uint8_t* group = data + static_cast<size_t>(r / kInterleaveRows) * kInterleaveRows * row_bytes;
   const int64_t j = r % kInterleaveRows;
   with_shape(type, [&]<typename S>() {
-    for (int64_t b = 0; b < cols / 32; ++b) {
+    for (int64_t b = 0; b < cols / S::kBlockElems; ++b) {
       S::from_column(group + static_cast<size_t>(b) * kInterleaveRows * S::kBlockBytes, dst + static_cast<size_t>(b) * S::kBlockBytes, j);
     }
   });

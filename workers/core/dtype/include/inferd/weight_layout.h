@@ -15,6 +15,9 @@
 //     Q8_0:  d[16] (fp16)                 qs[16][32]     544 B
 //   i.e. each of the block's 16-bit header fields for the 16 rows, then the 16 rows' quants, every field
 //   of row j at index j. Quant bytes are unchanged (same nibble order as ggml).
+//     Q4_K:  d[16] (fp16)  dmin[16] (fp16)  scales[16][12]  then the quants of row pairs (2p, 2p + 1)
+//            at 256 + 256 p: chunk c (32 bytes: sub-blocks 2c and 2c + 1) of row 2p at + 64 c, of row
+//            2p + 1 at + 64 c + 32                                                  2304 B (Q4KColumn)
 //
 // One group is one sequential stream for the GEMV (instead of 16 rows' streams), 16 scales load as one
 // vector, and four rows' quants fill one 512-bit register. The bytes are a permutation of the row
@@ -41,7 +44,19 @@ inline constexpr int64_t kInterleaveRows = 16;
 // "rows" or "interleaved16"; "?" for a value outside the enum.
 const char* weight_layout_name(WeightLayout layout);
 
-// Whether blocks of `type` have an interleaved form (Q4_0, Q4_1, Q8_0).
+// Byte offsets inside a Q4_K block column of a group (row j = 0..15, chunk c = 0..3).
+struct Q4KColumn {
+  static constexpr size_t kBytes = 16 * 144;
+  static constexpr size_t d(int64_t j) { return 2 * static_cast<size_t>(j); }
+  static constexpr size_t dmin(int64_t j) { return 32 + 2 * static_cast<size_t>(j); }
+  static constexpr size_t scales(int64_t j) { return 64 + 12 * static_cast<size_t>(j); }
+  static constexpr size_t qs(int64_t j, int c) {
+    return 256 + 256 * static_cast<size_t>(j / 2) + 64 * static_cast<size_t>(c) + 32 * static_cast<size_t>(j % 2);
+  }
+};
+static_assert(sizeof(BlockQ4_K) == 144 && Q4KColumn::qs(15, 3) + 32 == Q4KColumn::kBytes);
+
+// Whether blocks of `type` have an interleaved form (Q4_0, Q4_1, Q8_0, Q4_K).
 bool interleavable(DType type);
 // Whether a rows x cols matrix of `type` may be stored as `layout` (kRows: always; kInterleaved16: an
 // interleavable type and a row count that is a positive multiple of 16).
