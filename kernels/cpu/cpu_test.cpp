@@ -12,6 +12,7 @@
 #include <cmath>
 #include <limits>
 #include <cstdio>
+#include <cstddef>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -1012,7 +1013,7 @@ TEST(Dot, FourWeightRowsEqualDotBitForBit) {
 // back, and the matrix keeps its size.
 TEST(WeightLayout, InterleaveRoundTripsAndCopyRowReadsEveryRow) {
   std::mt19937 rng(5);
-  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K}) {
+  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
     for (int64_t k : {256, 768, 2048}) {
       const int64_t rows = 48;
       const size_t row_bytes = dtype_row_bytes(t, k);
@@ -1031,13 +1032,14 @@ TEST(WeightLayout, InterleaveRoundTripsAndCopyRowReadsEveryRow) {
         copy_row(t, WeightLayout::kInterleaved16, k, inter.data(), r, row.data());
         ASSERT_EQ(std::memcmp(row.data(), plain.data() + r * row_bytes, row_bytes), 0) << dtype_name(t) << " row " << r;
       }
-      // Block column 0 of group 0 starts with the 16 rows' scales, in row order.
-      for (int j = 0; j < 16; ++j) EXPECT_EQ(std::memcmp(inter.data() + 2 * j, plain.data() + j * row_bytes, 2), 0);
+      // Block column 0 of group 0 starts with the 16 rows' scales d, in row order.
+      const size_t d_at = t == DType::kQ6_K ? offsetof(BlockQ6_K, d) : 0;
+      for (int j = 0; j < 16; ++j) EXPECT_EQ(std::memcmp(inter.data() + 2 * j, plain.data() + j * row_bytes + d_at, 2), 0);
     }
     EXPECT_TRUE(layout_fits(WeightLayout::kInterleaved16, t, 32, 256));
     EXPECT_FALSE(layout_fits(WeightLayout::kInterleaved16, t, 40, 256));
   }
-  EXPECT_FALSE(layout_fits(WeightLayout::kInterleaved16, DType::kQ6_K, 32, 256));
+  EXPECT_FALSE(layout_fits(WeightLayout::kInterleaved16, DType::kQ5_K, 32, 256));
   EXPECT_TRUE(layout_fits(WeightLayout::kRows, DType::kQ4_K, 33, 256));
 }
 
@@ -1046,7 +1048,7 @@ TEST(WeightLayout, InterleaveRoundTripsAndCopyRowReadsEveryRow) {
 TEST(Dot, InterleavedGroupEqualsDotBitForBit) {
   std::mt19937 rng(29);
   int checked = 0;
-  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ4_K}) {
+  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ4_K, DType::kQ6_K}) {
     const bool k_quant = dtype_info(t)->block_size == 256;
     for (int64_t k : k_quant ? std::vector<int64_t>{256, 512, 2048, 5632} : std::vector<int64_t>{32, 64, 96, 576, 2048, 5632}) {
       const size_t row_bytes = dtype_row_bytes(t, k);

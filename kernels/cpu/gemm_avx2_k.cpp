@@ -151,10 +151,8 @@ void tile_k_min(const TileIo& io) {
 template <int R, int P>
 void tile_q6_k(const TileIo& io) {
   constexpr int T = 2 * P;
-  const BlockQ6_K* rows[R];
-  for (int r = 0; r < R; ++r) {
-    rows[r] = reinterpret_cast<const BlockQ6_K*>(io.g->w + static_cast<size_t>(io.row0 + r) * io.g->w_row_bytes);
-  }
+  gemm_tiles::Q6RowBlocks rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = gemm_tiles::q6_row_blocks(*io.g, io.row0 + r);
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   const __m256i two_bits = _mm256_set1_epi8(0x30);
   const __m128i group_pair = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
@@ -164,18 +162,18 @@ void tile_q6_k(const TileIo& io) {
   }
   for (int64_t i = 0; i < io.nb; ++i) {
     for (int r = 0; r < R; ++r) {
-      const BlockQ6_K& b = rows[r][i];
-      const char* ahead = reinterpret_cast<const char*>(&b) + kPrefetchBytes;
+      const gemm_tiles::Q6RowBlocks& b = rows[r];
+      const char* ahead = reinterpret_cast<const char*>(b.ql(i, 0)) + kPrefetchBytes;
       for (size_t off = 0; off < sizeof(BlockQ6_K); off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
       _mm_prefetch(ahead + sizeof(BlockQ6_K) - 1, _MM_HINT_T0);
-      const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales));
+      const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales(i)));
       // Quants +32 (0..63) of chunk c = 4 * half + t and chunk c's scales (groups 2c, 2c + 1), as
       // q6_k_quants and q6_k_chunk_scales give them.
       Decoded w;
       for (int half = 0; half < 2; ++half) {
-        const __m256i l0 = load32(b.ql + 64 * half);
-        const __m256i l1 = load32(b.ql + 64 * half + 32);
-        const __m256i hb = load32(b.qh + 32 * half);
+        const __m256i l0 = load32(b.ql(i, 2 * half));
+        const __m256i l1 = load32(b.ql(i, 2 * half + 1));
+        const __m256i hb = load32(b.qh(i, half));
         w.q[4 * half + 0] =
             _mm256_or_si256(_mm256_and_si256(l0, nibble), _mm256_and_si256(_mm256_slli_epi16(hb, 4), two_bits));
         w.q[4 * half + 1] =
@@ -190,7 +188,7 @@ void tile_q6_k(const TileIo& io) {
         w.scale[c] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick));
       }
       const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-      const float d = h2f(b.d);
+      const float d = h2f(b.d(i));
       for (int t = 0; t < T; ++t) {
         const BlockQ8_K& a = io.acts[t][i];
         const __m256i sumi = lane_sums(w, a.qs);
@@ -223,8 +221,8 @@ struct TileOf {
 template <DType kType>
 void gemm(const GemmArgs& g) {
   INFERD_ASSERT(g.k % kQK_K == 0, "k must be a multiple of 256");
-  INFERD_ASSERT(g.layout == WeightLayout::kRows || (kType == DType::kQ4_K && g.r0 % kInterleaveRows == 0),
-                "only Q4_K is interleaved, and an interleaved GEMM starts at a group");
+  INFERD_ASSERT(g.layout == WeightLayout::kRows || (interleavable(kType) && g.r0 % kInterleaveRows == 0),
+                "Q5_K is not interleaved, and an interleaved GEMM starts at a group");
   if (g.m <= 0 || g.r1 <= g.r0) return;
   const int64_t nb = g.k / kQK_K;
   const int64_t npairs = (g.m + 1) / 2;

@@ -201,10 +201,8 @@ void tile_k_min(const TileIo& io) {
 template <int R, int P>
 void tile_q6_k(const TileIo& io) {
   const int64_t nb = io.nb;
-  const BlockQ6_K* rows[R];
-  for (int r = 0; r < R; ++r) {
-    rows[r] = reinterpret_cast<const BlockQ6_K*>(io.g->w + static_cast<size_t>(io.row0 + r) * io.g->w_row_bytes);
-  }
+  gemm_tiles::Q6RowBlocks rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = gemm_tiles::q6_row_blocks(*io.g, io.row0 + r);
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   const __m256i two_bits = _mm256_set1_epi8(0x30);
   __m512 acc[R][P];
@@ -213,15 +211,15 @@ void tile_q6_k(const TileIo& io) {
   }
   for (int64_t b = 0; b < nb; ++b) {
     for (int r = 0; r < R; ++r) {
-      const BlockQ6_K& blk = rows[r][b];
-      const char* ahead = reinterpret_cast<const char*>(&blk) + kPrefetchBytes;
+      const gemm_tiles::Q6RowBlocks& blk = rows[r];
+      const char* ahead = reinterpret_cast<const char*>(blk.ql(b, 0)) + kPrefetchBytes;
       for (int off = 0; off < 256; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
       // Quants +32 (0..63) of chunk c = 4 * half + t, as in the dot kernel.
       __m512i wq[8];
       for (int half = 0; half < 2; ++half) {
-        const __m256i l0 = load32(blk.ql + 64 * half);
-        const __m256i l1 = load32(blk.ql + 64 * half + 32);
-        const __m256i hb = load32(blk.qh + 32 * half);
+        const __m256i l0 = load32(blk.ql(b, 2 * half));
+        const __m256i l1 = load32(blk.ql(b, 2 * half + 1));
+        const __m256i hb = load32(blk.qh(b, half));
         wq[4 * half + 0] = twice(
             _mm256_or_si256(_mm256_and_si256(l0, nibble), _mm256_and_si256(_mm256_slli_epi16(hb, 4), two_bits)));
         wq[4 * half + 1] = twice(
@@ -234,16 +232,16 @@ void tile_q6_k(const TileIo& io) {
       // Chunk c's scales as (scale, 0) int16 pairs: lanes 0..3 group 2c, lanes 4..7 group 2c + 1, twice.
       __m512i scale_pairs[8];
       for (int c = 0; c < 8; ++c) {
-        const int32_t s0 = static_cast<uint16_t>(static_cast<int16_t>(blk.scales[2 * c]));
-        const int32_t s1 = static_cast<uint16_t>(static_cast<int16_t>(blk.scales[2 * c + 1]));
+        const int32_t s0 = static_cast<uint16_t>(static_cast<int16_t>(blk.scales(b)[2 * c]));
+        const int32_t s1 = static_cast<uint16_t>(static_cast<int16_t>(blk.scales(b)[2 * c + 1]));
         const __m512i lo = _mm512_set1_epi32(s0), hi = _mm512_set1_epi32(s1);
         scale_pairs[c] = _mm512_mask_blend_epi32(0xF0F0, lo, hi);
       }
       // The 16 scales as int16, for row t and again for row t + 1.
       const __m256i sc16 =
-          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.scales)));
+          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.scales(b))));
       const __m512i sc16x2 = _mm512_inserti64x4(_mm512_castsi256_si512(sc16), sc16, 1);
-      const __m512 d = _mm512_set1_ps(h2f(blk.d));
+      const __m512 d = _mm512_set1_ps(h2f(blk.d(b)));
       for (int p = 0; p < P; ++p) {
         const KPairBlock& pb = io.pairs[p * nb + b];
         __m512i sumi = _mm512_setzero_si512();
@@ -282,8 +280,8 @@ struct TileOf {
 template <DType kType>
 void gemm(const GemmArgs& g) {
   INFERD_ASSERT(g.k % kQK_K == 0, "k must be a multiple of 256");
-  INFERD_ASSERT(g.layout == WeightLayout::kRows || (kType == DType::kQ4_K && g.r0 % kInterleaveRows == 0),
-                "only Q4_K is interleaved, and an interleaved GEMM starts at a group");
+  INFERD_ASSERT(g.layout == WeightLayout::kRows || (interleavable(kType) && g.r0 % kInterleaveRows == 0),
+                "Q5_K is not interleaved, and an interleaved GEMM starts at a group");
   if (g.m <= 0 || g.r1 <= g.r0) return;
   const int64_t nb = g.k / kQK_K;
   const int64_t npairs = (g.m + 1) / 2;

@@ -137,6 +137,38 @@ KRowBlocks<Block> k_row_blocks(const GemmArgs& g, int64_t row) {
   return {g.w + static_cast<size_t>(row - j) * g.w_row_bytes, true, j};
 }
 
+// Row `row` of a Q6_K matrix, block by block, in either layout (Q6KColumn when interleaved).
+struct Q6RowBlocks {
+  const uint8_t* base;
+  bool interleaved;
+  int64_t j;
+
+  const uint8_t* block(int64_t b) const {
+    return base + static_cast<size_t>(b) * (interleaved ? Q6KColumn::kBytes : sizeof(BlockQ6_K));
+  }
+  // ql bytes 32k..32k+31 (k = 0..3), qh bytes 32h..32h+31 (h = 0, 1).
+  const uint8_t* ql(int64_t b, int k) const {
+    return interleaved ? block(b) + Q6KColumn::chunk(j, k) : block(b) + offsetof(BlockQ6_K, ql) + 32 * static_cast<size_t>(k);
+  }
+  const uint8_t* qh(int64_t b, int h) const {
+    return interleaved ? block(b) + Q6KColumn::chunk(j, 4 + h) : block(b) + offsetof(BlockQ6_K, qh) + 32 * static_cast<size_t>(h);
+  }
+  const int8_t* scales(int64_t b) const {
+    return reinterpret_cast<const int8_t*>(interleaved ? block(b) + Q6KColumn::scales(j) : block(b) + offsetof(BlockQ6_K, scales));
+  }
+  fp16_t d(int64_t b) const {
+    fp16_t v;
+    std::memcpy(&v, interleaved ? block(b) + Q6KColumn::d(j) : block(b) + offsetof(BlockQ6_K, d), sizeof(v));
+    return v;
+  }
+};
+
+inline Q6RowBlocks q6_row_blocks(const GemmArgs& g, int64_t row) {
+  if (g.layout == WeightLayout::kRows) return {g.w + static_cast<size_t>(row) * g.w_row_bytes, false, 0};
+  const int64_t j = row % kInterleaveRows;
+  return {g.w + static_cast<size_t>(row - j) * g.w_row_bytes, true, j};
+}
+
 // Q4_1: s_a of every block and activation row, transposed to [block][token] (m_pad tokens per block,
 // the rows past g.m repeating the last) for the tiles' min-term step.
 inline void pack_act_sums(const GemmArgs& g, int64_t nb, int64_t m_pad, float* out) {

@@ -56,6 +56,26 @@ struct ShapeQ4_K {
   }
 };
 
+// Q6_K: its own column arrangement (Q6KColumn).
+struct ShapeQ6_K {
+  static constexpr size_t kBlockBytes = sizeof(BlockQ6_K);
+  static constexpr int64_t kBlockElems = kQK_K;
+  static const uint8_t* chunk_of(const BlockQ6_K& b, int k) { return k < 4 ? b.ql + 32 * k : b.qh + 32 * (k - 4); }
+  static uint8_t* chunk_of(BlockQ6_K& b, int k) { return k < 4 ? b.ql + 32 * k : b.qh + 32 * (k - 4); }
+  static void to_column(const uint8_t* block, uint8_t* column, int64_t j) {
+    const auto& b = *reinterpret_cast<const BlockQ6_K*>(block);
+    std::memcpy(column + Q6KColumn::d(j), &b.d, 2);
+    std::memcpy(column + Q6KColumn::scales(j), b.scales, sizeof(b.scales));
+    for (int k = 0; k < 6; ++k) std::memcpy(column + Q6KColumn::chunk(j, k), chunk_of(b, k), 32);
+  }
+  static void from_column(const uint8_t* column, uint8_t* block, int64_t j) {
+    auto& b = *reinterpret_cast<BlockQ6_K*>(block);
+    std::memcpy(&b.d, column + Q6KColumn::d(j), 2);
+    std::memcpy(b.scales, column + Q6KColumn::scales(j), sizeof(b.scales));
+    for (int k = 0; k < 6; ++k) std::memcpy(chunk_of(b, k), column + Q6KColumn::chunk(j, k), 32);
+  }
+};
+
 // Calls fn.template operator()<S>() with the Shape of `type`.
 template <typename Fn>
 void with_shape(DType type, Fn&& fn) {
@@ -64,6 +84,7 @@ void with_shape(DType type, Fn&& fn) {
     case DType::kQ4_1: return fn.template operator()<ShapeQ4_1>();
     case DType::kQ8_0: return fn.template operator()<ShapeQ8_0>();
     case DType::kQ4_K: return fn.template operator()<ShapeQ4_K>();
+    case DType::kQ6_K: return fn.template operator()<ShapeQ6_K>();
     default: INFERD_ASSERT(false, "%s has no interleaved layout", dtype_name(type));
   }
 }
@@ -100,7 +121,8 @@ const char* weight_layout_name(WeightLayout layout) {
 }
 
 bool interleavable(DType type) {
-  return type == DType::kQ4_0 || type == DType::kQ4_1 || type == DType::kQ8_0 || type == DType::kQ4_K;
+  return type == DType::kQ4_0 || type == DType::kQ4_1 || type == DType::kQ8_0 || type == DType::kQ4_K ||
+         type == DType::kQ6_K;
 }
 
 bool layout_fits(WeightLayout layout, DType type, int64_t rows, int64_t cols) {

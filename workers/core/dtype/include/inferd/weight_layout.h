@@ -18,6 +18,9 @@
 //     Q4_K:  d[16] (fp16)  dmin[16] (fp16)  scales[16][12]  then the quants of row pairs (2p, 2p + 1)
 //            at 256 + 256 p: chunk c (32 bytes: sub-blocks 2c and 2c + 1) of row 2p at + 64 c, of row
 //            2p + 1 at + 64 c + 32                                                  2304 B (Q4KColumn)
+//     Q6_K:  d[16] (fp16)  scales[16][16] (int8)  then row pairs (2p, 2p + 1) at 288 + 384 p: six
+//            32-byte chunks k (ql[0..31], ql[32..63], ql[64..95], ql[96..127], qh[0..31], qh[32..63]),
+//            row 2p's at + 64 k, row 2p + 1's at + 64 k + 32                       3360 B (Q6KColumn)
 //
 // One group is one sequential stream for the GEMV (instead of 16 rows' streams), 16 scales load as one
 // vector, and four rows' quants fill one 512-bit register. The bytes are a permutation of the row
@@ -56,7 +59,18 @@ struct Q4KColumn {
 };
 static_assert(sizeof(BlockQ4_K) == 144 && Q4KColumn::qs(15, 3) + 32 == Q4KColumn::kBytes);
 
-// Whether blocks of `type` have an interleaved form (Q4_0, Q4_1, Q8_0, Q4_K).
+// Byte offsets inside a Q6_K block column of a group (row j = 0..15; chunk k = 0..3 of ql, 4..5 of qh).
+struct Q6KColumn {
+  static constexpr size_t kBytes = 16 * 210;
+  static constexpr size_t d(int64_t j) { return 2 * static_cast<size_t>(j); }
+  static constexpr size_t scales(int64_t j) { return 32 + 16 * static_cast<size_t>(j); }
+  static constexpr size_t chunk(int64_t j, int k) {
+    return 288 + 384 * static_cast<size_t>(j / 2) + 64 * static_cast<size_t>(k) + 32 * static_cast<size_t>(j % 2);
+  }
+};
+static_assert(sizeof(BlockQ6_K) == 210 && Q6KColumn::chunk(15, 5) + 32 == Q6KColumn::kBytes);
+
+// Whether blocks of `type` have an interleaved form (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K).
 bool interleavable(DType type);
 // Whether a rows x cols matrix of `type` may be stored as `layout` (kRows: always; kInterleaved16: an
 // interleavable type and a row count that is a positive multiple of 16).
