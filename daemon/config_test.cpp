@@ -1,5 +1,5 @@
 #include "config.h"
-#include "scoped_env_test_util.h"
+#include "inferd/testing/scoped_env.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -15,7 +15,7 @@
 namespace inferd::daemon {
 namespace {
 
-using testing::ScopedEnv;
+using inferd::testing::ScopedEnv;
 
 class ConfigTest : public ::testing::Test {
  protected:

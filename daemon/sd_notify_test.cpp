@@ -1,5 +1,5 @@
 #include "sd_notify.h"
-#include "scoped_env_test_util.h"
+#include "inferd/testing/scoped_env.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -19,7 +19,7 @@
 namespace inferd::daemon::systemd {
 namespace {
 
-using inferd::daemon::testing::ScopedEnv;
+using inferd::testing::ScopedEnv;
 
 // A receiving notify socket bound at a path or an abstract name ("@..."), as systemd's.
 class Receiver {

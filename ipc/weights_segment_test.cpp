@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "inferd/model.h"
+#include "inferd/testing/scoped_env.h"
 #include "inferd/weight_layout.h"
 
 namespace inferd::ipc {
@@ -25,25 +26,7 @@ std::vector<uint8_t> read_file(const std::string& path) {
   return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
 }
 
-// Sets an environment variable for one scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using inferd::testing::ScopedEnv;
 
 // The checks both layouts share: header, table, alignment, a model that loads.
 void expect_valid_copy(const WeightsSegment& s, const std::vector<uint8_t>& file) {

@@ -1078,7 +1078,9 @@ TEST(Dot, InterleavedGroupEqualsDotBitForBit) {
       }
     }
   }
-  if (isa_available(Isa::kAvx2)) EXPECT_GT(checked, 0);
+  if (isa_available(Isa::kAvx2)) {
+    EXPECT_GT(checked, 0);
+  }
 }
 
 }  // namespace

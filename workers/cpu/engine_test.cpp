@@ -417,7 +417,7 @@ bool same_bits(std::span<const float> a, std::span<const float> b) {
 // K-quants (mixed-small), fused Q|K|V and gate|up matrices split at group boundaries (phi3-small), and
 // GeGLU (gemma3-small).
 TEST(InterleavedWeights, GiveTheRowLayoutsLogitsBitForBit) {
-  for (const std::string path : {std::string(kModel), std::string(INFERD_SOURCE_DIR "/tests/data/models/mixed-small.gguf"),
+  for (const std::string& path : {std::string(kModel), std::string(INFERD_SOURCE_DIR "/tests/data/models/mixed-small.gguf"),
                                  std::string(INFERD_SOURCE_DIR "/tests/data/models/phi3-small.gguf"),
                                  std::string(INFERD_SOURCE_DIR "/tests/data/models/gemma3-small.gguf")}) {
     SCOPED_TRACE(path);

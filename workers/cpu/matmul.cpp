@@ -193,10 +193,10 @@ void gate_up_rows(const WeightView& wg, const WeightView& wu, uint8_t* const* ac
     if (max_nr > 1) {
       // Prefill without a GEMM for either type (the scalar ISA): gathered rows, 16 at a time, in the row layout.
       thread_local std::vector<uint8_t> gbuf, ubuf;
-      for (int64_t rb = r0; rb < r1; rb += kInterleaveRows) {
-        const WeightView g16 = wg.interleaved() ? gather_rows(wg, rb, kInterleaveRows, gbuf) : rows_view(wg, rb, kInterleaveRows);
-        const WeightView u16 = wu.interleaved() ? gather_rows(wu, rb, kInterleaveRows, ubuf) : rows_view(wu, rb, kInterleaveRows);
-        gate_up_rows(g16, u16, act, act_row_bytes, h + rb, m, max_nr, n_ff, 0, kInterleaveRows, geglu);
+      for (int64_t g0 = r0; g0 < r1; g0 += kInterleaveRows) {
+        const WeightView g16 = wg.interleaved() ? gather_rows(wg, g0, kInterleaveRows, gbuf) : rows_view(wg, g0, kInterleaveRows);
+        const WeightView u16 = wu.interleaved() ? gather_rows(wu, g0, kInterleaveRows, ubuf) : rows_view(wu, g0, kInterleaveRows);
+        gate_up_rows(g16, u16, act, act_row_bytes, h + g0, m, max_nr, n_ff, 0, kInterleaveRows, geglu);
       }
       return;
     }
