@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "inferd/weight_layout.h"
+
 namespace inferd::cli {
 
 Result<WeightsSource> parse_weights_source(std::string_view name) {
@@ -13,10 +15,16 @@ Result<WeightsSource> parse_weights_source(std::string_view name) {
 std::string LoadedModel::describe_weights() const {
   if (!segment) return note.empty() ? "file mapping" : "file mapping (" + note + ")";
   const ipc::WeightsHeader& h = segment->header();
-  char buf[128];
-  std::snprintf(buf, sizeof buf, "shared memory, %.0f of %.0f MiB in 2 MiB pages",
+  uint32_t interleaved = 0, matrices = 0;
+  for (uint32_t i = 0; i < h.tensor_count; ++i) {
+    const ipc::TensorEntry& e = segment->tensors()[i];
+    matrices += e.n_dims == 2 ? 1 : 0;
+    interleaved += e.layout != static_cast<uint32_t>(WeightLayout::kRows) ? 1 : 0;
+  }
+  char buf[192];
+  std::snprintf(buf, sizeof buf, "shared memory, %.0f of %.0f MiB in 2 MiB pages, %u of %u matrices interleaved",
                 static_cast<double>(segment->huge_page_bytes()) / 1048576.0,
-                static_cast<double>(segment->size() - h.data_offset) / 1048576.0);
+                static_cast<double>(segment->size() - h.data_offset) / 1048576.0, interleaved, matrices);
   return buf;
 }
 
