@@ -93,34 +93,18 @@ Result<bool> interleave_from_env() {
                 std::string("INFERD_WEIGHTS_LAYOUT is \"") + env + "\"; it must be \"interleaved\" or \"rows\"");
 }
 
-// Rewrites the `bytes` at `offset` of `fd` (a rows x cols matrix of `type` in the row layout, rows a
-// multiple of 16) interleaved, a few MiB at a time.
-Status interleave_in_place(int fd, uint64_t offset, DType type, int64_t rows, int64_t cols) {
+// Rewrites the rows x cols matrix of `type` at `matrix` (in the row layout; rows a multiple of 16) interleaved,
+// in place, a few MiB at a time through a copy of the plain bytes.
+void interleave_in_place(uint8_t* matrix, DType type, int64_t rows, int64_t cols, std::vector<uint8_t>& plain) {
   const size_t group_bytes = kInterleaveRows * dtype_row_bytes(type, cols);
   const int64_t groups = rows / kInterleaveRows;
   const int64_t per_step = std::max<int64_t>(1, static_cast<int64_t>((size_t{4} << 20) / group_bytes));
-  std::vector<uint8_t> plain, inter;
   for (int64_t g = 0; g < groups; g += per_step) {
     const int64_t n = std::min(per_step, groups - g);
-    const size_t len = static_cast<size_t>(n) * group_bytes;
-    const auto at = static_cast<off_t>(offset + static_cast<uint64_t>(g) * group_bytes);
-    plain.resize(len);
-    inter.resize(len);
-    for (size_t done = 0; done < len;) {
-      const ssize_t r = ::pread(fd, plain.data() + done, len - done, at + static_cast<off_t>(done));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) return errno_error("reading the weights segment back");
-      done += static_cast<size_t>(r);
-    }
-    interleave_groups(type, cols, n, plain.data(), inter.data());
-    for (size_t done = 0; done < len;) {
-      const ssize_t w = ::pwrite(fd, inter.data() + done, len - done, at + static_cast<off_t>(done));
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) return errno_error("writing interleaved weights into the segment");
-      done += static_cast<size_t>(w);
-    }
+    uint8_t* at = matrix + static_cast<size_t>(g) * group_bytes;
+    plain.assign(at, at + static_cast<size_t>(n) * group_bytes);
+    interleave_groups(type, cols, n, plain.data(), at);
   }
-  return Status::ok();
 }
 
 }  // namespace
@@ -171,6 +155,7 @@ Result<std::shared_ptr<const WeightsSegment>> WeightsSegment::create(const std::
   const size_t table_bytes = n_tensors * sizeof(TensorEntry);
   const size_t gguf_offset =
       align_up(table_offset + table_bytes + src.data_offset(), kHugePageBytes) - src.data_offset();
+  const size_t data_offset = gguf_offset + src.data_offset();  // a multiple of kHugePageBytes
   const size_t gguf_bytes = src.file_size();
   const size_t segment_bytes = align_up(gguf_offset + gguf_bytes, 4096);
   // The copy is resident and cannot be paged back to the file: refuse it up front rather than let
@@ -209,7 +194,7 @@ Result<std::shared_ptr<const WeightsSegment>> WeightsSegment::create(const std::
     h->tensor_entry_bytes = sizeof(TensorEntry);
     h->gguf_offset = gguf_offset;
     h->gguf_bytes = gguf_bytes;
-    h->data_offset = gguf_offset + src.data_offset();
+    h->data_offset = data_offset;
     h->source_bytes = static_cast<uint64_t>(before.st_size);
     h->source_mtime_ns = int64_t{before.st_mtim.tv_sec} * 1000000000 + before.st_mtim.tv_nsec;
     h->source_dev = before.st_dev;
@@ -256,7 +241,17 @@ Result<std::shared_ptr<const WeightsSegment>> WeightsSegment::create(const std::
   if (!same_identity(before, after)) return Status(Code::kFailed, path + ": the file changed while loading");
 
   // 5. The matrices the CPU kernels read interleaved, rewritten in place (a permutation of their bytes).
-  for (const Interleaved& m : to_interleave) INFERD_RETURN_IF_ERROR(interleave_in_place(fd.get(), m.offset, m.type, m.rows, m.cols));
+  if (!to_interleave.empty()) {
+    // Through a writable mapping of the tensor data (2 MiB-aligned), unmapped again before sealing.
+    void* p = ::mmap(nullptr, segment_bytes - data_offset, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(),
+                     static_cast<off_t>(data_offset));
+    if (p == MAP_FAILED) return errno_error("mmap of the weights segment's tensor data");
+    std::vector<uint8_t> plain;
+    for (const Interleaved& m : to_interleave) {
+      interleave_in_place(static_cast<uint8_t*>(p) + (m.offset - data_offset), m.type, m.rows, m.cols, plain);
+    }
+    ::munmap(p, segment_bytes - data_offset);
+  }
 
   // 6. Seal: from here on nobody can write or resize it, and every mapping is read-only.
   if (::fcntl(fd.get(), F_ADD_SEALS, kSeals) != 0) return errno_error("sealing the weights segment");
