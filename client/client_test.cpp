@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "inferd/testing/scoped_env.h"
+
 #include "inferd/schemas/inferd.capnp.h"
 
 namespace inferd::client {
@@ -489,29 +491,7 @@ TEST(ClientConnectTest, MissingSocketIsAConnectError) {
   }
 }
 
-// Sets an environment variable for one scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value) {
-      ::setenv(name, value, 1);
-    } else {
-      ::unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using inferd::testing::ScopedEnv;
 
 TEST(DefaultSocketPathTest, FollowsTheDocumentedOrder) {
   {
@@ -525,8 +505,8 @@ TEST(DefaultSocketPathTest, FollowsTheDocumentedOrder) {
     EXPECT_EQ(default_socket_path(), "/run/user/1000/inferd/inferd.sock");
   }
   {
-    ScopedEnv socket("INFERD_SOCKET", nullptr);
-    ScopedEnv xdg("XDG_RUNTIME_DIR", nullptr);
+    ScopedEnv socket("INFERD_SOCKET", std::nullopt);
+    ScopedEnv xdg("XDG_RUNTIME_DIR", std::nullopt);
     EXPECT_EQ(default_socket_path(), ::geteuid() == 0 ? std::string("/run/inferd/inferd.sock")
                                                       : "/tmp/inferd-" + std::to_string(::geteuid()) +
                                                             "/inferd.sock");

@@ -118,11 +118,31 @@ std::vector<uint8_t> random_weights(std::mt19937& rng, DType type, int64_t n) {
   return row;
 }
 
+// `rows` random rows of `type` back to back (the row layout of a rows x n matrix).
+std::vector<uint8_t> random_matrix(std::mt19937& rng, DType type, int64_t n, int64_t rows) {
+  std::vector<uint8_t> m;
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::vector<uint8_t> row = random_weights(rng, type, n);
+    m.insert(m.end(), row.begin(), row.end());
+  }
+  return m;
+}
+
 std::vector<float> random_floats(std::mt19937& rng, int64_t n, float scale = 1.0f) {
   std::vector<float> v(n);
   std::normal_distribution<float> normal(0.0f, scale);
   for (auto& x : v) x = normal(rng);
   return v;
+}
+
+// A random activation row of n elements (scale 3) quantized as weights of `type` consume it (the scalar
+// reference's act_type encoding).
+std::vector<uint8_t> random_act(std::mt19937& rng, DType type, int64_t n) {
+  const TypeKernels* ref = type_kernels(type, Isa::kScalar);
+  std::vector<uint8_t> act(dtype_row_bytes(ref->act_type, n));
+  const std::vector<float> x = random_floats(rng, n, 3.0f);
+  ref->quantize_act(x.data(), act.data(), n);
+  return act;
 }
 
 // ---- Independent decoders (one element at a time, straight from the format description) --------
@@ -989,10 +1009,7 @@ TEST(Dot, FourWeightRowsEqualDotBitForBit) {
         const std::vector<uint8_t> row = random_weights(rng, t, k);
         std::copy(row.begin(), row.end(), w.begin() + static_cast<std::ptrdiff_t>(r * row_bytes));
       }
-      const TypeKernels* ref = type_kernels(t, Isa::kScalar);
-      std::vector<uint8_t> act(dtype_row_bytes(ref->act_type, k));
-      const std::vector<float> x = random_floats(rng, k, 3.0f);
-      ref->quantize_act(x.data(), act.data(), k);
+      const std::vector<uint8_t> act = random_act(rng, t, k);
       for (Isa isa : kAllIsas) {
         if (!isa_available(isa)) continue;
         const TypeKernels* tk = type_kernels(t, isa);
@@ -1017,11 +1034,7 @@ TEST(WeightLayout, InterleaveRoundTripsAndCopyRowReadsEveryRow) {
     for (int64_t k : {256, 768, 2048}) {
       const int64_t rows = 48;
       const size_t row_bytes = dtype_row_bytes(t, k);
-      std::vector<uint8_t> plain;
-      for (int64_t r = 0; r < rows; ++r) {
-        const std::vector<uint8_t> row = random_weights(rng, t, k);
-        plain.insert(plain.end(), row.begin(), row.end());
-      }
+      const std::vector<uint8_t> plain = random_matrix(rng, t, k, rows);
       std::vector<uint8_t> inter(plain.size()), back(plain.size());
       interleave_groups(t, k, rows / kInterleaveRows, plain.data(), inter.data());
       EXPECT_NE(inter, plain) << dtype_name(t);
@@ -1052,17 +1065,10 @@ TEST(Dot, InterleavedGroupEqualsDotBitForBit) {
     const bool k_quant = dtype_info(t)->block_size == 256;
     for (int64_t k : k_quant ? std::vector<int64_t>{256, 512, 2048, 5632} : std::vector<int64_t>{32, 64, 96, 576, 2048, 5632}) {
       const size_t row_bytes = dtype_row_bytes(t, k);
-      std::vector<uint8_t> plain;
-      for (int r = 0; r < 16; ++r) {
-        const std::vector<uint8_t> row = random_weights(rng, t, k);
-        plain.insert(plain.end(), row.begin(), row.end());
-      }
+      const std::vector<uint8_t> plain = random_matrix(rng, t, k, 16);
       std::vector<uint8_t> group(plain.size());
       interleave_groups(t, k, 1, plain.data(), group.data());
-      const TypeKernels* ref = type_kernels(t, Isa::kScalar);
-      std::vector<uint8_t> act(dtype_row_bytes(ref->act_type, k));
-      const std::vector<float> x = random_floats(rng, k, 3.0f);
-      ref->quantize_act(x.data(), act.data(), k);
+      const std::vector<uint8_t> act = random_act(rng, t, k);
       for (Isa isa : kAllIsas) {
         if (!isa_available(isa)) continue;
         const TypeKernels* tk = type_kernels(t, isa);

@@ -39,21 +39,18 @@ void encode_row(int kind, const float* src, uint8_t* dst, int64_t k) {
 
 namespace {
 
-// Rows [r, r + n) of a matrix in the row layout, as a matrix of n rows.
-WeightView rows_view(const WeightView& w, int64_t r, int64_t n) {
+// Rows [r, r + n) of `w` as a matrix of n rows in the row layout: the rows themselves, or for an
+// interleaved matrix a copy gathered into `buf`.
+WeightView row_layout_rows(const WeightView& w, int64_t r, int64_t n, std::vector<uint8_t>& buf) {
   WeightView v = w;
-  v.data = w.row(r);
   v.rows = n;
-  return v;
-}
-
-// Rows [r, r + n) of an interleaved matrix in the row layout, in a thread-local buffer, as a matrix of n rows.
-WeightView gather_rows(const WeightView& w, int64_t r, int64_t n, std::vector<uint8_t>& buf) {
+  if (!w.interleaved()) {
+    v.data = w.row(r);
+    return v;
+  }
   buf.resize(static_cast<size_t>(n) * w.row_bytes);
   for (int64_t i = 0; i < n; ++i) copy_row(w.type, w.layout, w.cols, w.data, r + i, buf.data() + i * w.row_bytes);
-  WeightView v = w;
   v.data = buf.data();
-  v.rows = n;
   v.layout = WeightLayout::kRows;
   return v;
 }
@@ -64,7 +61,7 @@ void matmul_gathered(const MatmulJob& j, int64_t m, int max_nr, int64_t r0, int6
   thread_local std::vector<uint8_t> buf;
   for (int64_t rb = r0; rb < r1; rb += kInterleaveRows) {
     const int64_t n = std::min<int64_t>(kInterleaveRows, r1 - rb);
-    const WeightView v = gather_rows(*j.w, rb, n, buf);
+    const WeightView v = row_layout_rows(*j.w, rb, n, buf);
     MatmulJob part = j;
     part.w = &v;
     part.out = j.out + rb;
@@ -74,14 +71,15 @@ void matmul_gathered(const MatmulJob& j, int64_t m, int max_nr, int64_t r0, int6
   }
 }
 
-// out[i] = dot(row r + i, act) for i < 16 of an interleaved matrix, by its kernel or through gathered rows.
+// out[i] = dot(row r + i, act) for i < 16 (r a group start), in either layout: an interleaved matrix by its
+// kernel where the ISA has one, else row by row (gathered rows for an interleaved matrix).
 void group_dots(const WeightView& w, const kernels::TypeKernels* tk, int64_t r, const uint8_t* act, float* out) {
-  if (tk->dot_x16 != nullptr) {
+  if (w.interleaved() && tk->dot_x16 != nullptr) {
     tk->dot_x16(w.cols, w.row(r), act, out);
     return;
   }
   thread_local std::vector<uint8_t> buf;
-  const WeightView v = gather_rows(w, r, kInterleaveRows, buf);
+  const WeightView v = row_layout_rows(w, r, kInterleaveRows, buf);
   for (int64_t i = 0; i < kInterleaveRows; ++i) tk->dot(w.cols, v.row(i), act, 0, 1, out + i);
 }
 
@@ -194,8 +192,8 @@ void gate_up_rows(const WeightView& wg, const WeightView& wu, uint8_t* const* ac
       // Prefill without a GEMM for either type (the scalar ISA): gathered rows, 16 at a time, in the row layout.
       thread_local std::vector<uint8_t> gbuf, ubuf;
       for (int64_t g0 = r0; g0 < r1; g0 += kInterleaveRows) {
-        const WeightView g16 = wg.interleaved() ? gather_rows(wg, g0, kInterleaveRows, gbuf) : rows_view(wg, g0, kInterleaveRows);
-        const WeightView u16 = wu.interleaved() ? gather_rows(wu, g0, kInterleaveRows, ubuf) : rows_view(wu, g0, kInterleaveRows);
+        const WeightView g16 = row_layout_rows(wg, g0, kInterleaveRows, gbuf);
+        const WeightView u16 = row_layout_rows(wu, g0, kInterleaveRows, ubuf);
         gate_up_rows(g16, u16, act, act_row_bytes, h + g0, m, max_nr, n_ff, 0, kInterleaveRows, geglu);
       }
       return;
@@ -206,17 +204,8 @@ void gate_up_rows(const WeightView& wg, const WeightView& wu, uint8_t* const* ac
       const uint8_t* ag_t = act[ag] + static_cast<size_t>(t) * act_row_bytes[ag];
       const uint8_t* au_t = act[au] + static_cast<size_t>(t) * act_row_bytes[au];
       for (int64_t r = r0; r < r1; r += kInterleaveRows) {
-        for (int half = 0; half < 2; ++half) {
-          const WeightView& w = half == 0 ? wg : wu;
-          const kernels::TypeKernels* tk = half == 0 ? tg : tu;
-          const uint8_t* a = half == 0 ? ag_t : au_t;
-          float* y = half == 0 ? g16 : u16;
-          if (w.interleaved()) {
-            group_dots(w, tk, r, a, y);
-          } else {
-            for (int64_t i = 0; i < kInterleaveRows; ++i) tk->dot(k, w.row(r + i), a, 0, 1, y + i);
-          }
-        }
+        group_dots(wg, tg, r, ag_t, g16);
+        group_dots(wu, tu, r, au_t, u16);
         // The 16 outputs at once, each exactly act_fn(g) * u (swiglu and geglu are elementwise and bit-identical
         // to silu / gelu per element).
         (geglu ? kernels::geglu : kernels::swiglu)(kInterleaveRows, g16, u16, h + t * n_ff + r);
