@@ -61,6 +61,13 @@ struct Traits<DType::kIQ4_NL> {
   using ABlock = BlockQ8_0;
 };
 
+// The fp16 at p (any alignment).
+inline fp16_t load_fp16(const uint8_t* p) {
+  fp16_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
 // Row `row` of g's weight matrix, block by block, in either layout (GemmArgs::layout): block b's fields
 // are at base + b * stride plus their offsets. The row layout (GGUF's) has them inside one block; the
 // interleaved one (inferd/weight_layout.h) in the block column of the row's 16-row group.
@@ -72,17 +79,10 @@ struct RowBlocks {
 
   const uint8_t* column(int64_t b) const { return base + static_cast<size_t>(b) * stride; }
   const uint8_t* qs(int64_t b) const { return column(b) + qs_off; }
-  fp16_t d(int64_t b) const { return field(b, d_off); }
-  fp16_t m(int64_t b) const { return field(b, m_off); }  // Q4_1
+  fp16_t d(int64_t b) const { return load_fp16(column(b) + d_off); }
+  fp16_t m(int64_t b) const { return load_fp16(column(b) + m_off); }  // Q4_1
   // The whole block; the row layout only (types without an interleaved form, e.g. Q5_0's qh).
   const WBlock& plain(int64_t b) const { return reinterpret_cast<const WBlock*>(base)[b]; }
-
- private:
-  fp16_t field(int64_t b, size_t off) const {
-    fp16_t v;
-    std::memcpy(&v, column(b) + off, sizeof(v));
-    return v;
-  }
 };
 
 template <typename WBlock>
@@ -108,9 +108,9 @@ struct KRowBlocks {
   const uint8_t* block(int64_t b) const {
     return base + static_cast<size_t>(b) * (interleaved ? Q4KColumn::kBytes : sizeof(Block));
   }
-  fp16_t d(int64_t b) const { return half_at(interleaved ? block(b) + Q4KColumn::d(j) : block(b) + offsetof(Block, d)); }
+  fp16_t d(int64_t b) const { return load_fp16(interleaved ? block(b) + Q4KColumn::d(j) : block(b) + offsetof(Block, d)); }
   fp16_t dmin(int64_t b) const {
-    return half_at(interleaved ? block(b) + Q4KColumn::dmin(j) : block(b) + offsetof(Block, dmin));
+    return load_fp16(interleaved ? block(b) + Q4KColumn::dmin(j) : block(b) + offsetof(Block, dmin));
   }
   const uint8_t* scales(int64_t b) const {
     return interleaved ? block(b) + Q4KColumn::scales(j) : block(b) + offsetof(Block, scales);
@@ -121,13 +121,6 @@ struct KRowBlocks {
   }
   // The whole block; the row layout only (Q5_K's qh).
   const Block& plain(int64_t b) const { return *reinterpret_cast<const Block*>(block(b)); }
-
- private:
-  static fp16_t half_at(const uint8_t* p) {
-    fp16_t v;
-    std::memcpy(&v, p, sizeof(v));
-    return v;
-  }
 };
 
 template <typename Block>
@@ -157,9 +150,7 @@ struct Q6RowBlocks {
     return reinterpret_cast<const int8_t*>(interleaved ? block(b) + Q6KColumn::scales(j) : block(b) + offsetof(BlockQ6_K, scales));
   }
   fp16_t d(int64_t b) const {
-    fp16_t v;
-    std::memcpy(&v, interleaved ? block(b) + Q6KColumn::d(j) : block(b) + offsetof(BlockQ6_K, d), sizeof(v));
-    return v;
+    return load_fp16(interleaved ? block(b) + Q6KColumn::d(j) : block(b) + offsetof(BlockQ6_K, d));
   }
 };
 
