@@ -5,7 +5,9 @@
 // For Q4_0, Q4_1 and Q8_0 a rows x k weight matrix (default 5632 x 2048, larger than L2) is multiplied
 // with m (default 128) quantized activation rows, once with gemm_kernel() over the whole row range
 // and once the way the engine runs prefill without it: for each block of 32 rows, for each group of
-// kMaxDotRows activation rows, for each row, TypeKernels::dot. Best of N repetitions.
+// kMaxDotRows activation rows, for each row, TypeKernels::dot. Best of N repetitions. Types with an
+// interleaved layout (inferd/weight_layout.h, as the weights segment stores them) are also run from
+// that layout: the "x16" column.
 #include <algorithm>
 #include <cstddef>
 #include <chrono>
@@ -19,6 +21,7 @@
 #include "inferd/kernels/cpu.h"
 #include "inferd/kernels/gemm.h"
 #include "inferd/kernels/quantize.h"
+#include "inferd/weight_layout.h"
 
 namespace {
 
@@ -120,9 +123,22 @@ int main(int argc, char** argv) {
     const double t_gemm = best_seconds(reps, [&] { fn(args); });
     int64_t differ = 0;
     for (size_t i = 0; i < out_dot.size(); ++i) differ += std::memcmp(&out_dot[i], &out_gemm[i], 4) != 0;
-    std::printf("%-5s dot nr=4 %7.2f GMAC/s   gemm %7.2f GMAC/s   x%.2f   outputs differing from dot: %lld\n",
-                inferd::dtype_name(type), macs / t_dot * 1e-9, macs / t_gemm * 1e-9, t_dot / t_gemm,
-                static_cast<long long>(differ));
+    std::printf("%-5s dot nr=4 %7.2f GMAC/s   gemm %7.2f GMAC/s   x%.2f", inferd::dtype_name(type), macs / t_dot * 1e-9,
+                macs / t_gemm * 1e-9, t_dot / t_gemm);
+    const GemmFn fn16 = gemm_kernel_for(type, inferd::WeightLayout::kInterleaved16, best_isa());
+    if (fn16 != nullptr && rows % inferd::kInterleaveRows == 0) {
+      std::vector<uint8_t> w16(w.size());
+      inferd::interleave_groups(type, k, rows / inferd::kInterleaveRows, w.data(), w16.data());
+      GemmArgs args16 = args;
+      args16.w = w16.data();
+      args16.layout = inferd::WeightLayout::kInterleaved16;
+      std::vector<float> out16(rows * m);
+      args16.out = out16.data();
+      const double t16 = best_seconds(reps, [&] { fn16(args16); });
+      for (size_t i = 0; i < out_dot.size(); ++i) differ += std::memcmp(&out_dot[i], &out16[i], 4) != 0;
+      std::printf("   gemm x16 %7.2f GMAC/s", macs / t16 * 1e-9);
+    }
+    std::printf("   outputs differing from dot: %lld\n", static_cast<long long>(differ));
   }
   return 0;
 }
