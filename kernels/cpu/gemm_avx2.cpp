@@ -107,7 +107,7 @@ void pack_acts(const GemmArgs& g, int64_t nb, int64_t rows, ActBlock* out, float
 }
 
 // One tile's inputs and outputs. Row r of the tile is weight row row0 + r of g's matrix (either layout
-// for Q4_0, Q4_1 and Q8_0; the row layout for Q5_0 and IQ4_NL); acts and act_sums start at the tile's
+// for Q4_0, Q4_1, Q5_0 and Q8_0; the row layout for IQ4_NL); acts and act_sums start at the tile's
 // first activation row.
 struct TileIo {
   const GemmArgs* g;
@@ -168,8 +168,7 @@ void tile(const TileIo& io) {
         wq[r] = _mm256_and_si256(_mm256_srlv_epi32(both, nibble_shift), low_nibbles);
         if constexpr (kType == DType::kQ5_0) {
           // The fifth bit of element i is bit i of qh: 16 where it is set.
-          uint32_t qh;
-          std::memcpy(&qh, rows[r].plain(b).qh, sizeof(qh));
+          const uint32_t qh = rows[r].qh(b);
           const __m256i spread = _mm256_shuffle_epi8(
               _mm256_set1_epi32(static_cast<int>(qh)),
               _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));

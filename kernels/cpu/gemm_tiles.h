@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "inferd/dtype.h"
@@ -76,13 +77,15 @@ struct RowBlocks {
   const uint8_t* base;
   size_t stride;
   size_t d_off, m_off, qs_off;
+  size_t qh_off[2];  // Q5_0: its qh's two 16-bit halves (bits 0..15, 16..31)
 
   const uint8_t* column(int64_t b) const { return base + static_cast<size_t>(b) * stride; }
   const uint8_t* qs(int64_t b) const { return column(b) + qs_off; }
   fp16_t d(int64_t b) const { return load_fp16(column(b) + d_off); }
   fp16_t m(int64_t b) const { return load_fp16(column(b) + m_off); }  // Q4_1
-  // The whole block; the row layout only (types without an interleaved form, e.g. Q5_0's qh).
-  const WBlock& plain(int64_t b) const { return reinterpret_cast<const WBlock*>(base)[b]; }
+  uint32_t qh(int64_t b) const {                                       // Q5_0
+    return static_cast<uint32_t>(load_fp16(column(b) + qh_off[0])) | static_cast<uint32_t>(load_fp16(column(b) + qh_off[1])) << 16;
+  }
 };
 
 template <typename WBlock>
@@ -90,11 +93,17 @@ RowBlocks<WBlock> row_blocks(const GemmArgs& g, int64_t row) {
   constexpr size_t kQuantBytes = sizeof(WBlock::qs);
   constexpr size_t kFields = (sizeof(WBlock) - kQuantBytes) / 2;  // 16-bit header fields before qs
   if (g.layout == WeightLayout::kRows) {
-    return {g.w + static_cast<size_t>(row) * g.w_row_bytes, sizeof(WBlock), 0, 2, 2 * kFields};
+    return {g.w + static_cast<size_t>(row) * g.w_row_bytes, sizeof(WBlock), 0, 2, 2 * kFields, {2, 4}};
   }
   const auto j = static_cast<size_t>(row % kInterleaveRows);
-  return {g.w + static_cast<size_t>(row - static_cast<int64_t>(j)) * g.w_row_bytes, kInterleaveRows * sizeof(WBlock),
-          2 * j, 2 * kInterleaveRows + 2 * j, kFields * 2 * kInterleaveRows + j * kQuantBytes};
+  // Q5_0Column places qh four rows at a time (the d and qs offsets are the generic ones).
+  static_assert(!std::is_same_v<WBlock, BlockQ5_0> || (Q5_0Column::d(3) == 6 && Q5_0Column::qs(3) == 6 * kInterleaveRows + 3 * kQuantBytes));
+  return {g.w + static_cast<size_t>(row - static_cast<int64_t>(j)) * g.w_row_bytes,
+          kInterleaveRows * sizeof(WBlock),
+          2 * j,
+          2 * kInterleaveRows + 2 * j,
+          kFields * 2 * kInterleaveRows + j * kQuantBytes,
+          {Q5_0Column::qh(static_cast<int64_t>(j), 0), Q5_0Column::qh(static_cast<int64_t>(j), 1)}};
 }
 
 // Row `row` of a Q4_K or Q5_K matrix, block by block, in either layout: the fields the K-quant tiles read.

@@ -414,12 +414,13 @@ bool same_bits(std::span<const float> a, std::span<const float> b) {
 // Interleaving changes where the bytes are, not one bit of the results: prefill (the GEMM path), decode
 // (the GEMV path, token by token and with a batch forced onto it) and the embedding lookup of a tied
 // output give the row layout's logits exactly. Covers Q4_1 (the default model), Q4_0 and Q8_0 next to
-// K-quants (mixed-small), fused Q|K|V and gate|up matrices split at group boundaries (phi3-small), and
-// GeGLU (gemma3-small).
+// K-quants (mixed-small), fused Q|K|V and gate|up matrices split at group boundaries (phi3-small),
+// GeGLU (gemma3-small) and Q5_0 next to Q4_K, Q6_K and a tied Q8_0 output (Gemma 3 270M's Q4_K_M file).
 TEST(InterleavedWeights, GiveTheRowLayoutsLogitsBitForBit) {
   for (const std::string& path : {std::string(kModel), std::string(INFERD_SOURCE_DIR "/tests/data/models/mixed-small.gguf"),
                                  std::string(INFERD_SOURCE_DIR "/tests/data/models/phi3-small.gguf"),
-                                 std::string(INFERD_SOURCE_DIR "/tests/data/models/gemma3-small.gguf")}) {
+                                 std::string(INFERD_SOURCE_DIR "/tests/data/models/gemma3-small.gguf"),
+                                 std::string(INFERD_SOURCE_DIR "/models/gemma-3-270m-q4_k_m.gguf")}) {
     SCOPED_TRACE(path);
     if (!std::filesystem::exists(path)) GTEST_SKIP() << "model not found: " << path << " (run scripts/setup.sh)";
     auto rows = Model::open(path);

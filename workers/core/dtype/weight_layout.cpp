@@ -36,6 +36,26 @@ using ShapeQ8_0 = Shape<1, sizeof(BlockQ8_0::qs)>;
 static_assert(ShapeQ4_0::kBlockBytes == sizeof(BlockQ4_0) && ShapeQ4_1::kBlockBytes == sizeof(BlockQ4_1) &&
               ShapeQ8_0::kBlockBytes == sizeof(BlockQ8_0));
 
+// Q5_0: its own column arrangement (Q5_0Column): qh split into its two 16-bit halves.
+struct ShapeQ5_0 {
+  static constexpr size_t kBlockBytes = sizeof(BlockQ5_0);
+  static constexpr int64_t kBlockElems = 32;
+  static void to_column(const uint8_t* block, uint8_t* column, int64_t j) {
+    const auto& b = *reinterpret_cast<const BlockQ5_0*>(block);
+    std::memcpy(column + Q5_0Column::d(j), &b.d, 2);
+    std::memcpy(column + Q5_0Column::qh(j, 0), b.qh, 2);
+    std::memcpy(column + Q5_0Column::qh(j, 1), b.qh + 2, 2);
+    std::memcpy(column + Q5_0Column::qs(j), b.qs, sizeof(b.qs));
+  }
+  static void from_column(const uint8_t* column, uint8_t* block, int64_t j) {
+    auto& b = *reinterpret_cast<BlockQ5_0*>(block);
+    std::memcpy(&b.d, column + Q5_0Column::d(j), 2);
+    std::memcpy(b.qh, column + Q5_0Column::qh(j, 0), 2);
+    std::memcpy(b.qh + 2, column + Q5_0Column::qh(j, 1), 2);
+    std::memcpy(b.qs, column + Q5_0Column::qs(j), sizeof(b.qs));
+  }
+};
+
 // Q4_K: its own column arrangement (Q4KColumn).
 struct ShapeQ4_K {
   static constexpr size_t kBlockBytes = sizeof(BlockQ4_K);
@@ -83,6 +103,7 @@ void with_shape(DType type, Fn&& fn) {
     case DType::kQ4_0: return fn.template operator()<ShapeQ4_0>();
     case DType::kQ4_1: return fn.template operator()<ShapeQ4_1>();
     case DType::kQ8_0: return fn.template operator()<ShapeQ8_0>();
+    case DType::kQ5_0: return fn.template operator()<ShapeQ5_0>();
     case DType::kQ4_K: return fn.template operator()<ShapeQ4_K>();
     case DType::kQ6_K: return fn.template operator()<ShapeQ6_K>();
     default: INFERD_ASSERT(false, "%s has no interleaved layout", dtype_name(type));
@@ -121,8 +142,8 @@ const char* weight_layout_name(WeightLayout layout) {
 }
 
 bool interleavable(DType type) {
-  return type == DType::kQ4_0 || type == DType::kQ4_1 || type == DType::kQ8_0 || type == DType::kQ4_K ||
-         type == DType::kQ6_K;
+  return type == DType::kQ4_0 || type == DType::kQ4_1 || type == DType::kQ5_0 || type == DType::kQ8_0 ||
+         type == DType::kQ4_K || type == DType::kQ6_K;
 }
 
 bool layout_fits(WeightLayout layout, DType type, int64_t rows, int64_t cols) {

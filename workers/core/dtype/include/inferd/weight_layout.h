@@ -15,6 +15,9 @@
 //     Q8_0:  d[16] (fp16)                 qs[16][32]     544 B
 //   i.e. each of the block's 16-bit header fields for the 16 rows, then the 16 rows' quants, every field
 //   of row j at index j. Quant bytes are unchanged (same nibble order as ggml).
+//     Q5_0:  d[16] (fp16)  qh, four rows at a time: for rows 4q..4q+3 at 32 + 16 q their bits 0..15 (2
+//            bytes per row), then at + 8 their bits 16..31 (the 64 bits of one AVX-512 byte mask),
+//            then qs[16][16] at 96                                                  352 B (Q5_0Column)
 //     Q4_K:  d[16] (fp16)  dmin[16] (fp16)  scales[16][12]  then the quants of row pairs (2p, 2p + 1)
 //            at 256 + 256 p: chunk c (32 bytes: sub-blocks 2c and 2c + 1) of row 2p at + 64 c, of row
 //            2p + 1 at + 64 c + 32                                                  2304 B (Q4KColumn)
@@ -47,6 +50,19 @@ inline constexpr int64_t kInterleaveRows = 16;
 // "rows" or "interleaved16"; "?" for a value outside the enum.
 const char* weight_layout_name(WeightLayout layout);
 
+// Byte offsets inside a Q5_0 block column of a group (row j = 0..15; qh half h = 0 for bits 0..15, 1 for
+// 16..31).
+struct Q5_0Column {
+  static constexpr size_t kBytes = 16 * 22;
+  static constexpr size_t d(int64_t j) { return 2 * static_cast<size_t>(j); }
+  static constexpr size_t qh(int64_t j, int h) {
+    return 32 + 16 * static_cast<size_t>(j / 4) + 8 * static_cast<size_t>(h) + 2 * static_cast<size_t>(j % 4);
+  }
+  static constexpr size_t qs(int64_t j) { return 96 + 16 * static_cast<size_t>(j); }
+};
+static_assert(sizeof(BlockQ5_0) == 22 && Q5_0Column::qh(15, 1) + 2 == Q5_0Column::qs(0) &&
+              Q5_0Column::qs(15) + 16 == Q5_0Column::kBytes);
+
 // Byte offsets inside a Q4_K block column of a group (row j = 0..15, chunk c = 0..3).
 struct Q4KColumn {
   static constexpr size_t kBytes = 16 * 144;
@@ -70,7 +86,7 @@ struct Q6KColumn {
 };
 static_assert(sizeof(BlockQ6_K) == 210 && Q6KColumn::chunk(15, 5) + 32 == Q6KColumn::kBytes);
 
-// Whether blocks of `type` have an interleaved form (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K).
+// Whether blocks of `type` have an interleaved form (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K).
 bool interleavable(DType type);
 // Whether a rows x cols matrix of `type` may be stored as `layout` (kRows: always; kInterleaved16: an
 // interleavable type and a row count that is a positive multiple of 16).
