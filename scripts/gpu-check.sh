@@ -41,7 +41,7 @@ B=gpu-bundle
 bundle() {
   set -e
   local targets=(inferd_backend_ops_test inferd_cuda_test inferd_opencl_test inferd-bench inferd inferd-worker
-                 inferctl inferd-run inferd-cuda-bandwidth)
+                 inferctl inferd-run inferd-cuda-bandwidth inferd-opencl-bench)
   if [ ! -f build/build.ninja ]; then scripts/build.sh; fi
   cmake --build build --target "${targets[@]}"
   rm -rf "$B"
@@ -192,6 +192,15 @@ opencl_checks() {
   OCL_ICD_VENDORS="$out/icd" timeout 170 "$bin/inferd_opencl_test" --gtest_filter="$filter" > "$out/opencl.txt" 2>&1
   local rc=$?
   echo "rc=$rc $(grep -E '^\[  (PASSED|FAILED) +\] [0-9]+ test' "$out/opencl.txt" | tr '\n' ' ')" > "$out/opencl-summary.txt"
+  # A cold load (empty program cache: every kernel compiled, a pass's kernels side by side) and a warm one
+  # (from the disk cache). The CUDA checks share the host CPU meanwhile.
+  local cache
+  cache=$(mktemp -d)
+  for run in cold warm; do
+    XDG_CACHE_HOME="$cache" OCL_ICD_VENDORS="$out/icd" timeout 120 "$bin/inferd-opencl-bench" \
+      tests/data/models/mixed-small.gguf -p 64 -n 16 -r 1 > "$out/opencl-load-$run.txt" 2>&1
+    echo "  $run load: $(grep -E '^kernels:' "$out/opencl-load-$run.txt")" >> "$out/opencl-summary.txt"
+  done
 }
 
 # Daemon checks on `model` with the CUDA backend: 16 concurrent greedy streams equal their one-at-a-time

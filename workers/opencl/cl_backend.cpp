@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <set>
+#include <tuple>
 
 #include "inferd/kernels/cpu.h"
 
@@ -87,6 +89,8 @@ enum class Action : uint8_t {
 const char* numerics_name(Numerics numerics) { return numerics == Numerics::kExact ? "exact" : "float"; }
 
 struct OpenClBackend::Impl {
+  // The pass shapes (tokens, logits wanted, every row gathered) whose kernels were collected (compute()).
+  std::set<std::tuple<int32_t, bool, bool>> collected_shapes;
   std::unique_ptr<Runtime> rt;
   std::unique_ptr<Ops> ops;
   OpenClOptions opt;
@@ -725,6 +729,7 @@ Status OpenClBackend::prepare(const Graph& g, const BackendShape& shape) {
   }
   INFERD_RETURN_IF_ERROR(I.plan_graph(g));
   INFERD_RETURN_IF_ERROR(I.allocate(g));
+  I.collected_shapes.clear();
   I.caches.clear();
   I.stats.kv_bytes = 0;
   if (I.has_cache) {
@@ -883,15 +888,29 @@ Status OpenClBackend::compute(const Graph& g, graph::StepIO& io) {
     saved = I.bound[static_cast<size_t>(I.gathered_out)];
     I.bound[static_cast<size_t>(I.gathered_out)] = I.bound[static_cast<size_t>(I.gathered_in)];
   }
-  I.q8_holds = I.q8k_holds = graph::kNone;
   const TokenPlacement tokens{I.pos.get(), I.slots.get(), nullptr, I.kv_table.get()};  // rope: per node
+  auto run_nodes = [&]() -> Status {
+    I.q8_holds = I.q8k_holds = graph::kNone;
+    for (size_t ni = 0; ni < g.nodes().size(); ++ni) {
+      const Node& n = g.nodes()[ni];
+      if (g.tensor(n.out[0]).rows == graph::Rows::kOutputs && n_out == 0) continue;  // no logits wanted
+      Status s = I.run_node(g, ni, io, tokens);
+      if (!s) return n.layer >= 0 ? s.with_context("layer " + std::to_string(n.layer)) : s;
+    }
+    return Status::ok();
+  };
+  // The first pass of its shape (tokens, logits or not, rows gathered or not) first goes through the nodes
+  // collecting the kernels it needs, then builds the new ones side by side: a cold start compiles them in
+  // parallel instead of one by one as the pass reaches them (Ops::begin_collect).
   Status st;
-  for (size_t ni = 0; ni < g.nodes().size() && st; ++ni) {
-    const Node& n = g.nodes()[ni];
-    if (g.tensor(n.out[0]).rows == graph::Rows::kOutputs && n_out == 0) continue;  // no logits wanted
-    st = I.run_node(g, ni, io, tokens);
-    if (!st && n.layer >= 0) st = st.with_context("layer " + std::to_string(n.layer));
+  if (I.collected_shapes.emplace(t_count, n_out > 0, all_rows).second) {
+    I.ops->begin_collect();
+    const Status collected = run_nodes();  // computes nothing; an error here recurs in the real pass below
+    st = I.ops->build_collected();
+    (void)collected;
+    if (st) I.stats.kernels_collected += I.ops->last_collected();
   }
+  if (st) st = run_nodes();
   bool downloaded = false;
   for (size_t i = 0; i < g.outputs().size(); ++i) {
     const TensorId id = g.outputs()[i];

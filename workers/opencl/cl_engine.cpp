@@ -40,6 +40,7 @@ const ClEngineStats& ClEngine::stats() const {
   stats_.kv_bytes = c.kv_bytes;
   stats_.activation_bytes = c.activation_bytes;
   stats_.kernels = c.kernels;
+  stats_.kernels_collected = c.kernels_collected;
   return stats_;
 }
 

@@ -351,6 +351,8 @@ TEST_P(ClEngineNumericsTest, PrefillMatchesTokenByTokenAndChunks) {
   EXPECT_EQ(cl->slot_length(0), 70);
   EXPECT_EQ(cl->slot_length(1), 70);
   EXPECT_GE(cl->stats().decode_passes, 70);
+  // Every kernel of these passes was built side by side before the first pass of its shape ran.
+  EXPECT_EQ(cl->stats().kernels_collected, cl->stats().kernels);
 
   float max_step = 0.0f, max_chunk = 0.0f;
   int same_step = 0, same_chunk = 0;

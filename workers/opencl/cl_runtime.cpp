@@ -15,7 +15,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <sstream>
+#include <thread>
 #include <tuple>
 
 namespace inferd::opencl {
@@ -593,7 +596,7 @@ Result<std::unique_ptr<Runtime>> Runtime::create_default(RuntimeOptions options,
   return create(device.value(), std::move(options));
 }
 
-Result<ClProgram> Runtime::build_from_source(std::string_view source, const std::string& options) {
+Result<ClProgram> Runtime::build_from_source(std::string_view source, const std::string& options) const {
   const char* text = source.data();
   const size_t length = source.size();
   cl_int err = CL_SUCCESS;
@@ -617,7 +620,7 @@ Result<ClProgram> Runtime::build_from_source(std::string_view source, const std:
   return program;
 }
 
-Result<ClProgram> Runtime::build_from_binary(const std::vector<unsigned char>& binary, const std::string& options) {
+Result<ClProgram> Runtime::build_from_binary(const std::vector<unsigned char>& binary, const std::string& options) const {
   const unsigned char* bytes = binary.data();
   const size_t length = binary.size();
   cl_int binary_status = CL_SUCCESS, err = CL_SUCCESS;
@@ -628,56 +631,124 @@ Result<ClProgram> Runtime::build_from_binary(const std::vector<unsigned char>& b
   return program;
 }
 
-Result<cl_program> Runtime::build_program(std::string_view source, std::string_view options_view) {
-  const std::string options(options_view);
-  // In memory the key is the exact text: no hash collisions within one process.
-  std::string memory_key = options;
-  memory_key.push_back('\0');
-  memory_key.append(source);
-  if (auto it = programs_.find(memory_key); it != programs_.end()) {
-    ++stats_.memory_hits;
-    return it->second.get();
-  }
-
+// The program for (source, options) from the disk cache or compiled (and then stored); touches only this
+// Runtime's immutable state and the cache directory, so several threads may run it at once. `stats`
+// counts what happened.
+Result<ClProgram> Runtime::load_or_compile(std::string_view source, const std::string& options,
+                                           ProgramCacheStats& stats) const {
   const ProgramKey key{info().name, info().driver_version, fnv1a64(source), options};
-  ClProgram program;
   if (!options_.cache_dir.empty()) {
     ProgramBinaryCache cache(options_.cache_dir);
     auto binary = cache.load(key);
     if (binary) {
       auto loaded = build_from_binary(binary.value(), options);
       if (loaded) {
-        ++stats_.disk_hits;
-        program = std::move(loaded.value());
-      } else {
-        ++stats_.disk_rejected;  // e.g. a driver update that kept its version string
+        ++stats.disk_hits;
+        return std::move(loaded).value();
       }
+      ++stats.disk_rejected;  // e.g. a driver update that kept its version string
     } else if (binary.status().code() != Code::kNotFound) {
-      ++stats_.disk_rejected;
+      ++stats.disk_rejected;
     }
   }
-  if (!program) {
-    auto built = build_from_source(source, options);
-    if (!built) return built.status();
-    program = std::move(built.value());
-    ++stats_.compiled;
-    if (!options_.cache_dir.empty()) {
-      size_t size = 0;
-      std::vector<unsigned char> binary;
-      bool have_binary = clGetProgramInfo(program.get(), CL_PROGRAM_BINARY_SIZES, sizeof(size), &size, nullptr) ==
-                             CL_SUCCESS &&
-                         size > 0;
-      if (have_binary) {
-        binary.resize(size);
-        unsigned char* ptr = binary.data();
-        have_binary = clGetProgramInfo(program.get(), CL_PROGRAM_BINARIES, sizeof(ptr), &ptr, nullptr) == CL_SUCCESS;
-      }
-      if (!have_binary || !ProgramBinaryCache(options_.cache_dir).store(key, binary)) ++stats_.store_failures;
+  auto built = build_from_source(source, options);
+  if (!built) return built.status();
+  ClProgram program = std::move(built).value();
+  ++stats.compiled;
+  if (!options_.cache_dir.empty()) {
+    size_t size = 0;
+    std::vector<unsigned char> binary;
+    bool have_binary =
+        clGetProgramInfo(program.get(), CL_PROGRAM_BINARY_SIZES, sizeof(size), &size, nullptr) == CL_SUCCESS && size > 0;
+    if (have_binary) {
+      binary.resize(size);
+      unsigned char* ptr = binary.data();
+      have_binary = clGetProgramInfo(program.get(), CL_PROGRAM_BINARIES, sizeof(ptr), &ptr, nullptr) == CL_SUCCESS;
     }
+    if (!have_binary || !ProgramBinaryCache(options_.cache_dir).store(key, binary)) ++stats.store_failures;
   }
-  cl_program handle = program.get();
-  programs_.emplace(std::move(memory_key), std::move(program));
+  return program;
+}
+
+namespace {
+std::string memory_key(std::string_view source, const std::string& options) {
+  // In memory the key is the exact text: no hash collisions within one process.
+  std::string key = options;
+  key.push_back('\0');
+  key.append(source);
+  return key;
+}
+
+void add_stats(ProgramCacheStats& to, const ProgramCacheStats& from) {
+  to.memory_hits += from.memory_hits;
+  to.disk_hits += from.disk_hits;
+  to.disk_rejected += from.disk_rejected;
+  to.compiled += from.compiled;
+  to.store_failures += from.store_failures;
+}
+}  // namespace
+
+Result<cl_program> Runtime::build_program(std::string_view source, std::string_view options_view) {
+  const std::string options(options_view);
+  std::string key = memory_key(source, options);
+  if (auto it = programs_.find(key); it != programs_.end()) {
+    ++stats_.memory_hits;
+    return it->second.get();
+  }
+  auto program = load_or_compile(source, options, stats_);
+  if (!program) return program.status();
+  cl_program handle = program->get();
+  programs_.emplace(std::move(key), std::move(program).value());
   return handle;
+}
+
+std::vector<Result<cl_program>> Runtime::build_programs(std::span<const std::string> sources, std::string_view options_view,
+                                                        int max_threads) {
+  const std::string options(options_view);
+  std::vector<Result<cl_program>> out(sources.size(), Result<cl_program>(Status(Code::kFailed, "not built")));
+  std::vector<size_t> todo;  // indexes of the sources this Runtime has not built yet (first occurrence)
+  std::map<std::string, size_t> first;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    std::string key = memory_key(sources[i], options);
+    if (auto it = programs_.find(key); it != programs_.end()) {
+      ++stats_.memory_hits;
+      out[i] = it->second.get();
+    } else if (first.emplace(std::move(key), i).second) {
+      todo.push_back(i);
+    }
+  }
+  std::vector<std::optional<Result<ClProgram>>> built(todo.size());
+  std::vector<ProgramCacheStats> stats(todo.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t j = next++; j < todo.size(); j = next++) built[j].emplace(load_or_compile(sources[todo[j]], options, stats[j]));
+  };
+  const size_t hw = std::max(1u, std::thread::hardware_concurrency());
+  const size_t n_threads = std::min(todo.size(), max_threads > 0 ? static_cast<size_t>(max_threads) : hw);
+  std::vector<std::thread> threads;
+  for (size_t t = 1; t < n_threads; ++t) threads.emplace_back(work);
+  work();
+  for (std::thread& t : threads) t.join();
+  for (size_t j = 0; j < todo.size(); ++j) {
+    add_stats(stats_, stats[j]);
+    const size_t i = todo[j];
+    if (!*built[j]) {
+      out[i] = built[j]->status();
+      continue;
+    }
+    cl_program handle = built[j]->value().get();
+    programs_.emplace(memory_key(sources[i], options), std::move(*built[j]).value());
+    out[i] = handle;
+  }
+  for (size_t i = 0; i < sources.size(); ++i) {  // repeats of a source built above
+    if (out[i]) continue;
+    auto it = programs_.find(memory_key(sources[i], options));
+    if (it != programs_.end()) {
+      ++stats_.memory_hits;
+      out[i] = it->second.get();
+    }
+  }
+  return out;
 }
 
 Result<ClMem> Runtime::create_buffer(size_t bytes, cl_mem_flags flags, const void* host) {

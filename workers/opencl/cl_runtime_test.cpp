@@ -253,6 +253,51 @@ TEST(ClRuntimeDevice, ProgramsAreBuiltOncePerRuntime) {
   EXPECT_EQ(run_fill42(*rt, a.value()), std::vector<cl_int>(8, 42));
 }
 
+// build_programs(): one result per source in order; a source repeated in the batch or built before is built
+// once; a source that does not build fails alone, with its build log; a second runtime on the same cache
+// directory loads the whole batch from disk.
+TEST(ClRuntimeDevice, BuildProgramsBuildsABatchSideBySide) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  TempDir dir("runtime_batch");
+  auto device = select_device(std::getenv("INFERD_OPENCL_DEVICE") ? std::getenv("INFERD_OPENCL_DEVICE") : "");
+  ASSERT_TRUE(device.is_ok());
+  RuntimeOptions options;
+  options.cache_dir = dir.str();
+  const std::string build_options = "-cl-std=CL1.2 -DINFERD_BATCH_TEST";
+  auto fill = [](int v) {
+    return "__kernel void fill42(__global int* o) { o[get_global_id(0)] = " + std::to_string(v) + "; }";
+  };
+  const std::vector<std::string> sources = {fill(42), fill(7), fill(42), "__kernel void broken() { nope; }", fill(9)};
+
+  auto first = Runtime::create(device.value(), options);
+  ASSERT_TRUE(first.is_ok()) << first.status().to_string();
+  Runtime& r1 = *first.value();
+  auto earlier = r1.build_program(fill(9), build_options);
+  ASSERT_TRUE(earlier.is_ok()) << earlier.status().to_string();
+  const ProgramCacheStats before = r1.cache_stats();
+  std::vector<Result<cl_program>> built = r1.build_programs(sources, build_options, 2);
+  ASSERT_EQ(built.size(), sources.size());
+  for (size_t i : {0u, 1u, 2u, 4u}) ASSERT_TRUE(built[i].is_ok()) << i << ": " << built[i].status().to_string();
+  ASSERT_FALSE(built[3].is_ok());
+  EXPECT_NE(built[3].status().message().find("nope"), std::string::npos) << built[3].status().message();
+  EXPECT_EQ(built[0].value(), built[2].value());
+  EXPECT_EQ(built[4].value(), earlier.value());
+  EXPECT_EQ(r1.cache_stats().compiled, before.compiled + 2);  // fill(42) and fill(7); the broken one failed
+  EXPECT_EQ(run_fill42(r1, built[0].value()), std::vector<cl_int>(8, 42));
+  EXPECT_EQ(run_fill42(r1, built[1].value()), std::vector<cl_int>(8, 7));
+  EXPECT_EQ(run_fill42(r1, built[4].value()), std::vector<cl_int>(8, 9));
+  if (r1.cache_stats().store_failures > 0) GTEST_SKIP() << "the driver returns no program binaries";
+
+  auto second = Runtime::create(device.value(), options);
+  ASSERT_TRUE(second.is_ok());
+  std::vector<Result<cl_program>> loaded = second.value()->build_programs(
+      std::vector<std::string>{fill(42), fill(7), fill(9)}, build_options);
+  for (const auto& p : loaded) ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  EXPECT_EQ(second.value()->cache_stats().disk_hits, 3);
+  EXPECT_EQ(second.value()->cache_stats().compiled, 0);
+  EXPECT_EQ(run_fill42(*second.value(), loaded[1].value()), std::vector<cl_int>(8, 7));
+}
+
 // The disk cache: a second runtime loads the binary the first stored; a corrupt entry is rebuilt
 // and rewritten, and the program from every path runs.
 TEST(ClRuntimeDevice, BinaryCacheHitsAndRebuildsCorruptEntries) {

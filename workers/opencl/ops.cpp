@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <limits>
 
 #include "inferd/kernels/cpu.h"
 #include "inferd/kernels/gemm.h"
@@ -17,7 +18,7 @@ namespace inferd::opencl {
 
 void KernelArgs::set(size_t size, const void* value) {
   const cl_uint index = next_++;
-  if (!status_) return;
+  if (!status_ || kernel_ == nullptr) return;  // no kernel: Ops is collecting
   const cl_int err = clSetKernelArg(kernel_, index, size, value);
   if (err != CL_SUCCESS) status_ = cl_error(err, "clSetKernelArg(" + std::to_string(index) + ")");
 }
@@ -874,20 +875,64 @@ Ops::Ops(Runtime& rt) : rt_(rt), int_dot_(choose_int_dot(rt.info())) {
   reduce_group_size_ = floor_pow2(std::max<size_t>(1, std::min({wanted, limit, by_local})));
 }
 
+namespace {
+// The kernel `name` of `program` and its work-group limit.
+Status make_kernel(cl_program program, const std::string& name, cl_device_id device, ClKernel& kernel, size_t& max_group) {
+  cl_int err = CL_SUCCESS;
+  kernel.reset(clCreateKernel(program, name.c_str(), &err));
+  if (err != CL_SUCCESS) return cl_error(err, "clCreateKernel(" + name + ")");
+  INFERD_CL_RETURN_IF_ERROR(
+      clGetKernelWorkGroupInfo(kernel.get(), device, CL_KERNEL_WORK_GROUP_SIZE, sizeof(max_group), &max_group, nullptr));
+  return Status::ok();
+}
+}  // namespace
+
 template <typename MakeTemplate>
 Result<Ops::Kernel*> Ops::kernel(const std::string& key, MakeTemplate make) {
+  if (collecting_) {  // nothing launches, not even the kernels built already
+    const bool seen = kernels_.count(key) != 0 ||
+                      std::any_of(pending_.begin(), pending_.end(), [&](const Pending& p) { return p.key == key; });
+    if (!seen) {
+      auto generated = generate_kernel(make());
+      if (!generated) return generated.status();
+      pending_.push_back(Pending{key, generated->name, std::move(generated->source)});
+    }
+    return &placeholder_;
+  }
   if (auto it = kernels_.find(key); it != kernels_.end()) return &it->second;
   auto generated = generate_kernel(make());
   if (!generated) return generated.status();
   auto program = rt_.build_program(generated->source, build_options_);
   if (!program) return program.status().with_context(key);
-  cl_int err = CL_SUCCESS;
   Kernel k;
-  k.kernel.reset(clCreateKernel(program.value(), generated->name.c_str(), &err));
-  if (err != CL_SUCCESS) return cl_error(err, "clCreateKernel(" + generated->name + ")");
-  INFERD_CL_RETURN_IF_ERROR(clGetKernelWorkGroupInfo(k.kernel.get(), rt_.device(), CL_KERNEL_WORK_GROUP_SIZE,
-                                                     sizeof(k.max_group), &k.max_group, nullptr));
+  INFERD_RETURN_IF_ERROR(make_kernel(program.value(), generated->name, rt_.device(), k.kernel, k.max_group));
   return &kernels_.emplace(key, std::move(k)).first->second;
+}
+
+void Ops::begin_collect() {
+  INFERD_ASSERT(!collecting_, "already collecting");
+  collecting_ = true;
+  pending_.clear();
+  placeholder_.max_group = std::numeric_limits<size_t>::max();
+}
+
+Status Ops::build_collected() {
+  INFERD_ASSERT(collecting_, "build_collected() without begin_collect()");
+  collecting_ = false;
+  std::vector<Pending> pending = std::move(pending_);
+  pending_.clear();
+  last_collected_ = pending.size();
+  std::vector<std::string> sources;
+  sources.reserve(pending.size());
+  for (const Pending& p : pending) sources.push_back(p.source);
+  std::vector<Result<cl_program>> programs = rt_.build_programs(sources, build_options_);
+  for (size_t i = 0; i < pending.size(); ++i) {
+    if (!programs[i]) return programs[i].status().with_context(pending[i].key);
+    Kernel k;
+    INFERD_RETURN_IF_ERROR(make_kernel(programs[i].value(), pending[i].name, rt_.device(), k.kernel, k.max_group));
+    kernels_.emplace(pending[i].key, std::move(k));
+  }
+  return Status::ok();
 }
 
 size_t Ops::group_size(const Kernel& k) const {
@@ -895,6 +940,7 @@ size_t Ops::group_size(const Kernel& k) const {
 }
 
 Status Ops::launch(const Kernel& k, cl_uint dims, const size_t* global, const size_t* local) {
+  if (&k == &placeholder_) return Status::ok();  // collecting: nothing is computed
   for (cl_uint d = 0; d < dims; ++d) {
     if (global[d] == 0) return Status::ok();  // nothing to do (cannot happen for valid shapes)
   }

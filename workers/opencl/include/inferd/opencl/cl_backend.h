@@ -69,6 +69,7 @@ struct OpenClStats {
   size_t kv_bytes = 0;
   size_t activation_bytes = 0;  // activation tensors and per-step buffers, logits included
   size_t kernels = 0;           // distinct kernels built
+  size_t kernels_collected = 0;  // of them, built side by side before the first pass of a shape needed them
 };
 
 class OpenClBackend final : public Backend {

@@ -68,6 +68,7 @@ struct ClEngineStats {
   size_t kv_bytes = 0;
   size_t activation_bytes = 0;  // activation tensors and per-pass buffers, logits included
   size_t kernels = 0;           // distinct kernels built
+  size_t kernels_collected = 0;  // of them, built side by side before the first pass of a shape (OpenClStats)
 };
 
 class ClEngine final : public ModelRunner {

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -264,6 +265,11 @@ class Runtime {
   // The program for (source, options), built for this device. Owned by the Runtime: valid until it
   // is destroyed. kFailed with the complete build log when the source does not build.
   Result<cl_program> build_program(std::string_view source, std::string_view options);
+  // build_program() for several sources at once: those not built yet are loaded or compiled side by side in
+  // up to max_threads threads (0: one per hardware thread), as a cold start of a model does with its
+  // kernels. One result per source, in order.
+  std::vector<Result<cl_program>> build_programs(std::span<const std::string> sources, std::string_view options,
+                                                 int max_threads = 0);
   const ProgramCacheStats& cache_stats() const { return stats_; }
   // Forgets the programs built so far (tests of the disk cache); invalidates their cl_programs.
   void clear_memory_cache() { programs_.clear(); }
@@ -278,8 +284,9 @@ class Runtime {
 
  private:
   Runtime(DeviceHandle device, RuntimeOptions options) : device_(std::move(device)), options_(std::move(options)) {}
-  Result<ClProgram> build_from_source(std::string_view source, const std::string& options);
-  Result<ClProgram> build_from_binary(const std::vector<unsigned char>& binary, const std::string& options);
+  Result<ClProgram> load_or_compile(std::string_view source, const std::string& options, ProgramCacheStats& stats) const;
+  Result<ClProgram> build_from_source(std::string_view source, const std::string& options) const;
+  Result<ClProgram> build_from_binary(const std::vector<unsigned char>& binary, const std::string& options) const;
 
   DeviceHandle device_;
   RuntimeOptions options_;

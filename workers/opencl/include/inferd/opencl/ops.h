@@ -355,6 +355,17 @@ class Ops {
   // Kernels generated and built so far.
   size_t kernel_count() const { return kernels_.size(); }
 
+  // Collecting a pass's kernels: between begin_collect() and build_collected() the ops generate the kernels
+  // they need but neither build nor launch them (the pass computes nothing; its other commands, e.g. a
+  // table upload, do run). build_collected() then builds them all side by side (Runtime::build_programs):
+  // a cold start compiles in parallel what it would otherwise compile one by one at first use.
+  void begin_collect();
+  // Ends collecting. The first build error, naming its kernel; the kernels built before it are kept.
+  Status build_collected();
+  bool collecting() const { return collecting_; }
+  // Kernels the last build_collected() built (0 when the pass needed no new one).
+  size_t last_collected() const { return last_collected_; }
+
  private:
   struct Kernel {
     ClKernel kernel;
@@ -384,6 +395,15 @@ class Ops {
   std::string build_options_;  // kBuildOptions, and correctly rounded float divide/sqrt where the device has it
   size_t reduce_group_size_ = 1;
   std::map<std::string, Kernel> kernels_;
+  // Collecting (begin_collect()): the kernels a pass needs, generated but not built yet, and the kernel
+  // handed out meanwhile (none: launch() enqueues nothing for it).
+  struct Pending {
+    std::string key, name, source;
+  };
+  bool collecting_ = false;
+  std::vector<Pending> pending_;
+  Kernel placeholder_;
+  size_t last_collected_ = 0;
 };
 
 }  // namespace inferd::opencl
