@@ -1030,7 +1030,7 @@ TEST(Dot, FourWeightRowsEqualDotBitForBit) {
 // back, and the matrix keeps its size.
 TEST(WeightLayout, InterleaveRoundTripsAndCopyRowReadsEveryRow) {
   std::mt19937 rng(5);
-  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
+  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     for (int64_t k : {256, 768, 2048}) {
       const int64_t rows = 48;
       const size_t row_bytes = dtype_row_bytes(t, k);
@@ -1052,7 +1052,7 @@ TEST(WeightLayout, InterleaveRoundTripsAndCopyRowReadsEveryRow) {
     EXPECT_TRUE(layout_fits(WeightLayout::kInterleaved16, t, 32, 256));
     EXPECT_FALSE(layout_fits(WeightLayout::kInterleaved16, t, 40, 256));
   }
-  EXPECT_FALSE(layout_fits(WeightLayout::kInterleaved16, DType::kQ5_K, 32, 256));
+  EXPECT_FALSE(layout_fits(WeightLayout::kInterleaved16, DType::kQ3_K, 32, 256));
   EXPECT_TRUE(layout_fits(WeightLayout::kRows, DType::kQ4_K, 33, 256));
 }
 
@@ -1061,7 +1061,7 @@ TEST(WeightLayout, InterleaveRoundTripsAndCopyRowReadsEveryRow) {
 TEST(Dot, InterleavedGroupEqualsDotBitForBit) {
   std::mt19937 rng(29);
   int checked = 0;
-  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K}) {
+  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     const bool k_quant = dtype_info(t)->block_size == 256;
     for (int64_t k : k_quant ? std::vector<int64_t>{256, 512, 2048, 5632} : std::vector<int64_t>{32, 64, 96, 576, 2048, 5632}) {
       const size_t row_bytes = dtype_row_bytes(t, k);

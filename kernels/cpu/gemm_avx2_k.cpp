@@ -98,7 +98,7 @@ void tile_k_min(const TileIo& io) {
       const auto* sc = reinterpret_cast<const uint8_t*>(sm);
       Decoded w;
       [[maybe_unused]] __m256i hbits;
-      if constexpr (kHigh) hbits = load32(b.plain(i).qh);
+      if constexpr (kHigh) hbits = load32(b.qh(i));
       for (int c = 0; c < 4; ++c) {
         const __m256i x = load32(b.qs(i, c));
         __m256i lo = _mm256_and_si256(x, nibble);
@@ -222,7 +222,7 @@ template <DType kType>
 void gemm(const GemmArgs& g) {
   INFERD_ASSERT(g.k % kQK_K == 0, "k must be a multiple of 256");
   INFERD_ASSERT(g.layout == WeightLayout::kRows || (interleavable(kType) && g.r0 % kInterleaveRows == 0),
-                "Q5_K is not interleaved, and an interleaved GEMM starts at a group");
+                "an interleaved GEMM starts at a group");
   if (g.m <= 0 || g.r1 <= g.r0) return;
   const int64_t nb = g.k / kQK_K;
   const int64_t npairs = (g.m + 1) / 2;

@@ -137,7 +137,7 @@ void tile_k_min(const TileIo& io) {
       const auto* sm = reinterpret_cast<const uint8_t*>(sm_words);  // scales 0..7, mins 8..15
       __m512i wq[8];
       [[maybe_unused]] __m512i hbits;
-      if constexpr (kHigh) hbits = twice(load32(blk.plain(b).qh));
+      if constexpr (kHigh) hbits = twice(load32(blk.qh(b)));
       for (int c = 0; c < 4; ++c) {
         const __m512i x = twice(load32(blk.qs(b, c)));
         wq[2 * c] = _mm512_and_si512(x, nibble);
@@ -281,7 +281,7 @@ template <DType kType>
 void gemm(const GemmArgs& g) {
   INFERD_ASSERT(g.k % kQK_K == 0, "k must be a multiple of 256");
   INFERD_ASSERT(g.layout == WeightLayout::kRows || (interleavable(kType) && g.r0 % kInterleaveRows == 0),
-                "Q5_K is not interleaved, and an interleaved GEMM starts at a group");
+                "an interleaved GEMM starts at a group");
   if (g.m <= 0 || g.r1 <= g.r0) return;
   const int64_t nb = g.k / kQK_K;
   const int64_t npairs = (g.m + 1) / 2;

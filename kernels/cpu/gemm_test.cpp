@@ -245,7 +245,7 @@ Problem make_k_problem(std::mt19937& rng, DType type, int64_t k, int64_t rows, i
 // for row ranges that start at a group (the engine's chunks do) and end anywhere.
 TEST(Gemm, InterleavedWeightsGiveTheRowLayoutsBits) {
   std::mt19937 rng(37);
-  for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
+  for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     EXPECT_EQ(gemm_kernel_for(type, WeightLayout::kInterleaved16, Isa::kScalar), nullptr);
     EXPECT_EQ(gemm_kernel_for(type, WeightLayout::kRows, Isa::kScalar), gemm_kernel(type, Isa::kScalar));
     const bool k_quant = dtype_info(type)->block_size == kQK_K;

@@ -106,30 +106,45 @@ RowBlocks<WBlock> row_blocks(const GemmArgs& g, int64_t row) {
           {Q5_0Column::qh(static_cast<int64_t>(j), 0), Q5_0Column::qh(static_cast<int64_t>(j), 1)}};
 }
 
+// The interleaved block column of a Q4_K / Q5_K matrix (inferd/weight_layout.h).
+template <typename Block>
+struct KColumnOf;
+template <>
+struct KColumnOf<BlockQ4_K> {
+  using type = Q4KColumn;
+};
+template <>
+struct KColumnOf<BlockQ5_K> {
+  using type = Q5KColumn;
+};
+
 // Row `row` of a Q4_K or Q5_K matrix, block by block, in either layout: the fields the K-quant tiles read.
-// Q4_K may be interleaved (its block column, Q4KColumn); Q5_K is always in the row layout.
 template <typename Block>
 struct KRowBlocks {
+  using Column = typename KColumnOf<Block>::type;
   const uint8_t* base;  // the row (row layout) or its group (interleaved)
   bool interleaved;
   int64_t j;            // the row's index in its group
 
   const uint8_t* block(int64_t b) const {
-    return base + static_cast<size_t>(b) * (interleaved ? Q4KColumn::kBytes : sizeof(Block));
+    return base + static_cast<size_t>(b) * (interleaved ? Column::kBytes : sizeof(Block));
   }
-  fp16_t d(int64_t b) const { return load_fp16(interleaved ? block(b) + Q4KColumn::d(j) : block(b) + offsetof(Block, d)); }
+  fp16_t d(int64_t b) const { return load_fp16(interleaved ? block(b) + Column::d(j) : block(b) + offsetof(Block, d)); }
   fp16_t dmin(int64_t b) const {
-    return load_fp16(interleaved ? block(b) + Q4KColumn::dmin(j) : block(b) + offsetof(Block, dmin));
+    return load_fp16(interleaved ? block(b) + Column::dmin(j) : block(b) + offsetof(Block, dmin));
   }
   const uint8_t* scales(int64_t b) const {
-    return interleaved ? block(b) + Q4KColumn::scales(j) : block(b) + offsetof(Block, scales);
+    return interleaved ? block(b) + Column::scales(j) : block(b) + offsetof(Block, scales);
   }
   // Quant chunk c (32 bytes: sub-blocks 2c and 2c + 1).
   const uint8_t* qs(int64_t b, int c) const {
-    return interleaved ? block(b) + Q4KColumn::qs(j, c) : block(b) + offsetof(Block, qs) + 32 * static_cast<size_t>(c);
+    return interleaved ? block(b) + Column::qs(j, c) : block(b) + offsetof(Block, qs) + 32 * static_cast<size_t>(c);
   }
-  // The whole block; the row layout only (Q5_K's qh).
-  const Block& plain(int64_t b) const { return *reinterpret_cast<const Block*>(block(b)); }
+  // Q5_K's fifth bits (32 bytes).
+  const uint8_t* qh(int64_t b) const {
+    static_assert(std::is_same_v<Block, BlockQ5_K>);
+    return interleaved ? block(b) + Q5KColumn::qh(j) : block(b) + offsetof(BlockQ5_K, qh);
+  }
 };
 
 template <typename Block>

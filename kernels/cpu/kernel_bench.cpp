@@ -5,8 +5,8 @@
 // (libggml-cpu.so) it also times llama.cpp's own vec_dot for the same types, nr = 1, in-process.
 //
 // --pages: the decode GEMV streaming a 300000 x 2048 matrix (345 MB of Q4_0) from a memfd, as the workers
-// read the weights segment, in the row layout (dot_w4) and interleaved (dot_x16), for Q4_0, Q4_1, Q8_0,
-// Q4_K and Q6_K on AVX2 and AVX-512, once with 4 KiB pages and once after MADV_COLLAPSE into 2 MiB pages; single
+// read the weights segment, in the row layout (dot_w4) and interleaved (dot_x16), for Q4_0, Q4_1, Q5_0, Q8_0,
+// Q4_K, Q5_K and Q6_K on AVX2 and AVX-512, once with 4 KiB pages and once after MADV_COLLAPSE into 2 MiB pages; single
 // thread, each pass reads every byte once (out of cache: larger than the L2 and this VM's share of L3).
 #include <dlfcn.h>
 #include <sys/mman.h>
@@ -48,6 +48,7 @@ std::vector<uint8_t> make_weights(DType type) {
         break;
       case DType::kQ4_1:
       case DType::kQ4_K:
+      case DType::kQ5_K:
         std::memcpy(&w[off + 2], &s, 2);
         std::memcpy(&w[off], &s, 2);
         break;
@@ -109,7 +110,7 @@ int bench_pages() {
   std::printf("decode GEMV, %lld x %lld from a memfd, single thread, best of %d; GB/s of weights\n",
               static_cast<long long>(kStreamRows), static_cast<long long>(kCols), kReps);
   std::printf("%-6s %-7s %-14s %12s %12s\n", "type", "isa", "layout", "4 KiB pages", "2 MiB pages");
-  for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
+  for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     const size_t row_bytes = inferd::dtype_row_bytes(type, kCols);
     const size_t bytes = static_cast<size_t>(kStreamRows) * row_bytes;
     const size_t mapped = (bytes + kHuge - 1) / kHuge * kHuge;

@@ -76,6 +76,28 @@ struct ShapeQ4_K {
   }
 };
 
+// Q5_K: its own column arrangement (Q5KColumn).
+struct ShapeQ5_K {
+  static constexpr size_t kBlockBytes = sizeof(BlockQ5_K);
+  static constexpr int64_t kBlockElems = kQK_K;
+  static void to_column(const uint8_t* block, uint8_t* column, int64_t j) {
+    const auto& b = *reinterpret_cast<const BlockQ5_K*>(block);
+    std::memcpy(column + Q5KColumn::d(j), &b.d, 2);
+    std::memcpy(column + Q5KColumn::dmin(j), &b.dmin, 2);
+    std::memcpy(column + Q5KColumn::scales(j), b.scales, sizeof(b.scales));
+    std::memcpy(column + Q5KColumn::qh(j), b.qh, sizeof(b.qh));
+    for (int c = 0; c < 4; ++c) std::memcpy(column + Q5KColumn::qs(j, c), b.qs + 32 * c, 32);
+  }
+  static void from_column(const uint8_t* column, uint8_t* block, int64_t j) {
+    auto& b = *reinterpret_cast<BlockQ5_K*>(block);
+    std::memcpy(&b.d, column + Q5KColumn::d(j), 2);
+    std::memcpy(&b.dmin, column + Q5KColumn::dmin(j), 2);
+    std::memcpy(b.scales, column + Q5KColumn::scales(j), sizeof(b.scales));
+    std::memcpy(b.qh, column + Q5KColumn::qh(j), sizeof(b.qh));
+    for (int c = 0; c < 4; ++c) std::memcpy(b.qs + 32 * c, column + Q5KColumn::qs(j, c), 32);
+  }
+};
+
 // Q6_K: its own column arrangement (Q6KColumn).
 struct ShapeQ6_K {
   static constexpr size_t kBlockBytes = sizeof(BlockQ6_K);
@@ -105,6 +127,7 @@ void with_shape(DType type, Fn&& fn) {
     case DType::kQ8_0: return fn.template operator()<ShapeQ8_0>();
     case DType::kQ5_0: return fn.template operator()<ShapeQ5_0>();
     case DType::kQ4_K: return fn.template operator()<ShapeQ4_K>();
+    case DType::kQ5_K: return fn.template operator()<ShapeQ5_K>();
     case DType::kQ6_K: return fn.template operator()<ShapeQ6_K>();
     default: INFERD_ASSERT(false, "%s has no interleaved layout", dtype_name(type));
   }
@@ -143,7 +166,7 @@ const char* weight_layout_name(WeightLayout layout) {
 
 bool interleavable(DType type) {
   return type == DType::kQ4_0 || type == DType::kQ4_1 || type == DType::kQ5_0 || type == DType::kQ8_0 ||
-         type == DType::kQ4_K || type == DType::kQ6_K;
+         type == DType::kQ4_K || type == DType::kQ5_K || type == DType::kQ6_K;
 }
 
 bool layout_fits(WeightLayout layout, DType type, int64_t rows, int64_t cols) {

@@ -21,6 +21,8 @@
 //     Q4_K:  d[16] (fp16)  dmin[16] (fp16)  scales[16][12]  then the quants of row pairs (2p, 2p + 1)
 //            at 256 + 256 p: chunk c (32 bytes: sub-blocks 2c and 2c + 1) of row 2p at + 64 c, of row
 //            2p + 1 at + 64 c + 32                                                  2304 B (Q4KColumn)
+//     Q5_K:  as Q4_K, with each row pair's qh (32 bytes per row: row 2p's, then row 2p + 1's) before its
+//            quant chunks: pair p at 256 + 320 p, chunk c at + 64 + 64 c               2816 B (Q5KColumn)
 //     Q6_K:  d[16] (fp16)  scales[16][16] (int8)  then row pairs (2p, 2p + 1) at 288 + 384 p: six
 //            32-byte chunks k (ql[0..31], ql[32..63], ql[64..95], ql[96..127], qh[0..31], qh[32..63]),
 //            row 2p's at + 64 k, row 2p + 1's at + 64 k + 32                       3360 B (Q6KColumn)
@@ -75,6 +77,17 @@ struct Q4KColumn {
 };
 static_assert(sizeof(BlockQ4_K) == 144 && Q4KColumn::qs(15, 3) + 32 == Q4KColumn::kBytes);
 
+// Byte offsets inside a Q5_K block column of a group (row j = 0..15, chunk c = 0..3).
+struct Q5KColumn {
+  static constexpr size_t kBytes = 16 * 176;
+  static constexpr size_t d(int64_t j) { return 2 * static_cast<size_t>(j); }
+  static constexpr size_t dmin(int64_t j) { return 32 + 2 * static_cast<size_t>(j); }
+  static constexpr size_t scales(int64_t j) { return 64 + 12 * static_cast<size_t>(j); }
+  static constexpr size_t qh(int64_t j) { return 256 + 320 * static_cast<size_t>(j / 2) + 32 * static_cast<size_t>(j % 2); }
+  static constexpr size_t qs(int64_t j, int c) { return qh(j) + 64 + 64 * static_cast<size_t>(c); }
+};
+static_assert(sizeof(BlockQ5_K) == 176 && Q5KColumn::qs(15, 3) + 32 == Q5KColumn::kBytes);
+
 // Byte offsets inside a Q6_K block column of a group (row j = 0..15; chunk k = 0..3 of ql, 4..5 of qh).
 struct Q6KColumn {
   static constexpr size_t kBytes = 16 * 210;
@@ -86,7 +99,7 @@ struct Q6KColumn {
 };
 static_assert(sizeof(BlockQ6_K) == 210 && Q6KColumn::chunk(15, 5) + 32 == Q6KColumn::kBytes);
 
-// Whether blocks of `type` have an interleaved form (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K).
+// Whether blocks of `type` have an interleaved form (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K).
 bool interleavable(DType type);
 // Whether a rows x cols matrix of `type` may be stored as `layout` (kRows: always; kInterleaved16: an
 // interleavable type and a row count that is a positive multiple of 16).
