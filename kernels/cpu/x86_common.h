@@ -31,5 +31,16 @@ inline void unpack_k4_scales(const uint8_t* packed, uint32_t out[4]) {
   out[3] = ((u[2] >> 4) & kMask2) | (((u[1] >> 6) & kMask3) << 4);
 }
 
+// unpack_k4_scales in one register: bytes 0..7 the scales, 8..15 the mins. Reads 16 bytes at `packed` (the
+// 12 packed bytes and 4 after them, which every caller's block or block column has).
+inline __m128i unpack_k4_scales_sse(const uint8_t* packed) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed));  // dwords u0, u1, u2, -
+  const __m128i low = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0)), _mm_setr_epi32(0, 0, 0, 4)),
+                                    _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+  const __m128i high = _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)), 2),
+                                     _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+  return _mm_or_si128(low, high);
+}
+
 }  // namespace
 }  // namespace inferd::kernels
