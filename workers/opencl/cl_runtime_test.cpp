@@ -215,6 +215,18 @@ TEST(ClRuntimeDevice, QueuePriorityIsLowOnlyWithPriorityHints) {
 
 constexpr const char* kFill42 = R"(__kernel void fill42(__global int* out) { out[get_global_id(0)] = 42; })";
 
+// The device the tests run on (INFERD_OPENCL_DEVICE, else the default).
+Result<DeviceHandle> test_device() {
+  return select_device(std::getenv("INFERD_OPENCL_DEVICE") ? std::getenv("INFERD_OPENCL_DEVICE") : "");
+}
+
+// Runtime options with the program binary cache in `dir`.
+RuntimeOptions cached_at(const TempDir& dir) {
+  RuntimeOptions options;
+  options.cache_dir = dir.str();
+  return options;
+}
+
 // Runs fill42 from `program` on 8 ints and returns them.
 std::vector<cl_int> run_fill42(Runtime& rt, cl_program program) {
   cl_int err = CL_SUCCESS;
@@ -259,10 +271,9 @@ TEST(ClRuntimeDevice, ProgramsAreBuiltOncePerRuntime) {
 TEST(ClRuntimeDevice, BuildProgramsBuildsABatchSideBySide) {
   INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
   TempDir dir("runtime_batch");
-  auto device = select_device(std::getenv("INFERD_OPENCL_DEVICE") ? std::getenv("INFERD_OPENCL_DEVICE") : "");
+  auto device = test_device();
   ASSERT_TRUE(device.is_ok());
-  RuntimeOptions options;
-  options.cache_dir = dir.str();
+  const RuntimeOptions options = cached_at(dir);
   const std::string build_options = "-cl-std=CL1.2 -DINFERD_BATCH_TEST";
   auto fill = [](int v) {
     return "__kernel void fill42(__global int* o) { o[get_global_id(0)] = " + std::to_string(v) + "; }";
@@ -303,10 +314,9 @@ TEST(ClRuntimeDevice, BuildProgramsBuildsABatchSideBySide) {
 TEST(ClRuntimeDevice, BinaryCacheHitsAndRebuildsCorruptEntries) {
   INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
   TempDir dir("runtime_cache");
-  auto device = select_device(std::getenv("INFERD_OPENCL_DEVICE") ? std::getenv("INFERD_OPENCL_DEVICE") : "");
+  auto device = test_device();
   ASSERT_TRUE(device.is_ok());
-  RuntimeOptions options;
-  options.cache_dir = dir.str();
+  const RuntimeOptions options = cached_at(dir);
   const std::string build_options = "-cl-std=CL1.2 -DINFERD_CACHE_TEST";
 
   auto first = Runtime::create(device.value(), options);
