@@ -17,8 +17,8 @@
 //                      tensor data can sit on transparent huge pages; each tensor keeps the GGUF
 //                      alignment (32 B or general.alignment), which the SIMD kernels rely on
 //
-// Which matrices are interleaved: every 2-D Q4_0, Q4_1, Q8_0, Q4_K and Q6_K tensor whose row count is a
-// multiple of 16, unless INFERD_WEIGHTS_LAYOUT=rows (then none: the segment is the file, byte for byte).
+// Which matrices are interleaved: every 2-D Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K tensor whose row count
+// is a multiple of 16, unless INFERD_WEIGHTS_LAYOUT=rows (then none: the segment is the file, byte for byte).
 //
 // Every offset is from the segment's first byte; nothing in the segment is a pointer. A reader
 // validates the header, the table checksum and the GGUF (the same validating parser that opens

@@ -58,8 +58,8 @@ using GemmFn = void (*)(const GemmArgs&);
 GemmFn gemm_kernel(DType type, Isa isa);
 inline GemmFn gemm_kernel(DType type) { return gemm_kernel(type, best_isa()); }
 // The GEMM for weights of `type` stored as `layout`: gemm_kernel() for the row layout; for interleaved
-// weights the AVX-512 and AVX2 GEMMs of Q4_0, Q4_1, Q8_0, Q4_K and Q6_K (nullptr otherwise, e.g. on the
-// scalar ISA: the caller gathers rows).
+// weights the AVX-512 and AVX2 GEMMs of Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K (nullptr otherwise, e.g.
+// on the scalar ISA: the caller gathers rows).
 GemmFn gemm_kernel_for(DType type, WeightLayout layout, Isa isa);
 inline GemmFn gemm_kernel_for(DType type, WeightLayout layout) { return gemm_kernel_for(type, layout, best_isa()); }
 
