@@ -706,14 +706,18 @@ std::vector<Result<cl_program>> Runtime::build_programs(std::span<const std::str
                                                         int max_threads) {
   const std::string options(options_view);
   std::vector<Result<cl_program>> out(sources.size(), Result<cl_program>(Status(Code::kFailed, "not built")));
-  std::vector<size_t> todo;  // indexes of the sources this Runtime has not built yet (first occurrence)
-  std::map<std::string, size_t> first;
+  std::vector<std::string> keys(sources.size());
+  std::vector<size_t> todo;               // the sources this Runtime has not built yet, first occurrences
+  std::vector<size_t> same(sources.size());  // each source's first occurrence in the batch
+  std::map<std::string_view, size_t> first;
   for (size_t i = 0; i < sources.size(); ++i) {
-    std::string key = memory_key(sources[i], options);
-    if (auto it = programs_.find(key); it != programs_.end()) {
+    keys[i] = memory_key(sources[i], options);
+    same[i] = first.emplace(keys[i], i).first->second;
+    if (same[i] != i) continue;
+    if (auto it = programs_.find(keys[i]); it != programs_.end()) {
       ++stats_.memory_hits;
       out[i] = it->second.get();
-    } else if (first.emplace(std::move(key), i).second) {
+    } else {
       todo.push_back(i);
     }
   }
@@ -736,17 +740,13 @@ std::vector<Result<cl_program>> Runtime::build_programs(std::span<const std::str
       out[i] = built[j]->status();
       continue;
     }
-    cl_program handle = built[j]->value().get();
-    programs_.emplace(memory_key(sources[i], options), std::move(*built[j]).value());
-    out[i] = handle;
+    out[i] = built[j]->value().get();
+    programs_.emplace(std::move(keys[i]), std::move(*built[j]).value());
   }
-  for (size_t i = 0; i < sources.size(); ++i) {  // repeats of a source built above
-    if (out[i]) continue;
-    auto it = programs_.find(memory_key(sources[i], options));
-    if (it != programs_.end()) {
-      ++stats_.memory_hits;
-      out[i] = it->second.get();
-    }
+  for (size_t i = 0; i < sources.size(); ++i) {  // repeats within the batch: their first occurrence's result
+    if (same[i] == i) continue;
+    out[i] = out[same[i]];
+    if (out[i]) ++stats_.memory_hits;
   }
   return out;
 }

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
-#include <limits>
 
 #include "inferd/kernels/cpu.h"
 #include "inferd/kernels/gemm.h"
@@ -913,7 +912,6 @@ void Ops::begin_collect() {
   INFERD_ASSERT(!collecting_, "already collecting");
   collecting_ = true;
   pending_.clear();
-  placeholder_.max_group = std::numeric_limits<size_t>::max();
 }
 
 Status Ops::build_collected() {

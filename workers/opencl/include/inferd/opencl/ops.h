@@ -74,6 +74,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <map>
 #include <span>
 #include <string>
@@ -402,7 +403,7 @@ class Ops {
   };
   bool collecting_ = false;
   std::vector<Pending> pending_;
-  Kernel placeholder_;
+  Kernel placeholder_{ClKernel(), std::numeric_limits<size_t>::max()};
   size_t last_collected_ = 0;
 };
 
