@@ -896,7 +896,7 @@ Result<Ops::Kernel*> Ops::kernel(const std::string& key, MakeTemplate make) {
       if (!generated) return generated.status();
       pending_.push_back(Pending{key, generated->name, std::move(generated->source)});
     }
-    return &placeholder_;
+    return &collecting_kernel_;
   }
   if (auto it = kernels_.find(key); it != kernels_.end()) return &it->second;
   auto generated = generate_kernel(make());
@@ -938,7 +938,7 @@ size_t Ops::group_size(const Kernel& k) const {
 }
 
 Status Ops::launch(const Kernel& k, cl_uint dims, const size_t* global, const size_t* local) {
-  if (&k == &placeholder_) return Status::ok();  // collecting: nothing is computed
+  if (&k == &collecting_kernel_) return Status::ok();  // collecting: nothing is computed
   for (cl_uint d = 0; d < dims; ++d) {
     if (global[d] == 0) return Status::ok();  // nothing to do (cannot happen for valid shapes)
   }

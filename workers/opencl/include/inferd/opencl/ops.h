@@ -403,7 +403,7 @@ class Ops {
   };
   bool collecting_ = false;
   std::vector<Pending> pending_;
-  Kernel placeholder_{ClKernel(), std::numeric_limits<size_t>::max()};
+  Kernel collecting_kernel_{ClKernel(), std::numeric_limits<size_t>::max()};
   size_t last_collected_ = 0;
 };
 
