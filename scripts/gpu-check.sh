@@ -188,18 +188,20 @@ opencl_checks() {
   if [ -z "$lib" ]; then echo "no libnvidia-opencl.so.1" > "$out/opencl-summary.txt"; return; fi
   mkdir -p "$out/icd"
   echo "$lib" > "$out/icd/nvidia.icd"
-  local filter='BackendOps.ExactRowOps:BackendOps.MatmulExactKQuantsEqualTheCpuKernels:BackendOps.RopeKvAndAttentionExact:BackendOps.MatmulExactLowBitTypesEqualTheCpuKernels:BackendOps.MatmulLowBitTypes:ClEngineFiles.MixedSmallEqualsTheCpuEngine:ClEngineFiles.NewArchitecturesAndTypesEqualTheCpuEngine'
+  local filter='BackendOps.ExactRowOps:BackendOps.MatmulExactKQuantsEqualTheCpuKernels:BackendOps.RopeKvAndAttentionExact:BackendOps.MatmulExactLowBitTypesEqualTheCpuKernels:BackendOps.MatmulLowBitTypes:ClEngineFiles.MixedSmallEqualsTheCpuEngine:ClEngineFiles.NewArchitecturesAndTypesEqualTheCpuEngine:ClEngineSyntheticTest.MeasuredStorageIsTheFastestAndIsRecorded'
   OCL_ICD_VENDORS="$out/icd" timeout 170 "$bin/inferd_opencl_test" --gtest_filter="$filter" > "$out/opencl.txt" 2>&1
   local rc=$?
   echo "rc=$rc $(grep -E '^\[  (PASSED|FAILED) +\] [0-9]+ test' "$out/opencl.txt" | tr '\n' ' ')" > "$out/opencl-summary.txt"
-  # A cold load (empty program cache: every kernel compiled, a pass's kernels side by side) and a warm one
-  # (from the disk cache). The CUDA checks share the host CPU meanwhile.
+  # A cold load (empty program cache: every kernel compiled, a pass's kernels side by side, the activations'
+  # storage timed) and a warm one (kernels from the disk cache, the storage from its record). The CUDA
+  # checks share the host CPU meanwhile.
   local cache
   cache=$(mktemp -d)
   for run in cold warm; do
     XDG_CACHE_HOME="$cache" OCL_ICD_VENDORS="$out/icd" timeout 120 "$bin/inferd-opencl-bench" \
       tests/data/models/mixed-small.gguf -p 64 -n 16 -r 1 > "$out/opencl-load-$run.txt" 2>&1
     echo "  $run load: $(grep -E '^kernels:' "$out/opencl-load-$run.txt")" >> "$out/opencl-summary.txt"
+    echo "  $run $(grep -E '^storage:' "$out/opencl-load-$run.txt")" >> "$out/opencl-summary.txt"
   done
 }
 

@@ -1,6 +1,8 @@
 #include "inferd/opencl/cl_backend.h"
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -87,6 +89,16 @@ enum class Action : uint8_t {
 }  // namespace
 
 const char* numerics_name(Numerics numerics) { return numerics == Numerics::kExact ? "exact" : "float"; }
+const char* storage_policy_name(StoragePolicy policy) { return policy == StoragePolicy::kRule ? "rule" : "measure"; }
+const char* storage_source_name(StorageSource source) {
+  switch (source) {
+    case StorageSource::kForced: return "forced";
+    case StorageSource::kRule: return "rule";
+    case StorageSource::kMeasured: return "measured";
+    case StorageSource::kRecorded: return "recorded";
+  }
+  return "?";
+}
 
 struct OpenClBackend::Impl {
   // The pass shapes (tokens, logits wanted, every row gathered) whose kernels were collected (compute()).
@@ -100,7 +112,7 @@ struct OpenClBackend::Impl {
   DataType act_type = DataType::kFloat32;
   StorageType act_storage = StorageType::kBuffer;
   int32_t act_parts = 1;  // kTexture2DSplit: the parts of every activation (clamped per tensor)
-  std::string storage_notes;  // why a preferred storage was passed over, for describe()
+  std::string storage_notes;  // why a preferred storage was passed over, or what was measured, for describe()
   TensorFormat logits_format;
   AttentionGeometry geometry;
   BackendShape shape;
@@ -125,6 +137,8 @@ struct OpenClBackend::Impl {
     std::optional<Tensor> full, view;
   };
   std::vector<Phys> phys;
+  size_t graph_phys = 0;    // phys[0, graph_phys) hold graph tensors (plan_graph); allocate() adds the quants'
+  size_t vector_bytes = 0;  // of stats.weight_bytes, the norm vectors (allocate(): in the activations' storage)
   // A graph tensor's device home: a physical tensor and the first slice of its channels there.
   struct Bound {
     int phys = -1;
@@ -163,6 +177,7 @@ struct OpenClBackend::Impl {
     float base = 0.0f, freq_scale = 1.0f;
     const WeightView* factors = nullptr;
     ClMem table;
+    std::vector<float> host;  // the step's angles, read by an enqueued write (compute())
   };
   std::vector<Rope> ropes;
   ClMem q_half;                 // [max_tokens][n_embd] halves, rope_kv -> attention
@@ -170,10 +185,17 @@ struct OpenClBackend::Impl {
   ClMem q8k_blocks;             // exact, K-quants: [max_tokens][widest / 256][kQ8KBlockFloats]
   ClMem scores;                 // exact: Ops::attention_exact's scratch
   size_t buffer_bytes = 0;
-  std::vector<float> host_rope;
-  std::vector<int32_t> host_pos;
+  // The host side of a step's enqueued transfers (compute()): valid until the step's one host wait.
+  std::vector<int32_t> host_ids, host_pos, host_slots, host_rows;
+  std::vector<TransferStaging> input_staging, output_staging;
 
   Status plan_graph(const Graph& g);
+  // The activations every storage must hold: the widest (in act_type) and the residual stream (float).
+  std::array<TensorSpec, 2> activation_specs() const;
+  Bhwc logits_shape(const Graph& g) const { return Bhwc{1, 1, shape.max_tokens, static_cast<int32_t>(g.n_vocab)}; }
+  // Puts the activations in `choice`, and the logits there too where it holds them and `logits_follow`
+  // (a measured choice), else where the rule puts them; allocate() then creates the tensors.
+  Status use_storage(const Graph& g, const StorageChoice& choice, bool logits_follow);
   Status allocate(const Graph& g);
   Status ensure_logits(int32_t n_out);
   Status bind_views(int32_t tokens, int32_t outputs);
@@ -309,6 +331,7 @@ Status OpenClBackend::Impl::plan_graph(const Graph& g) {
   stacked.clear();
   vectors.clear();
   stats.weight_bytes = 0;
+  vector_bytes = 0;
   gathered_out = gathered_in = graph::kNone;
 
   auto matrix = [&](TensorId id) -> Result<const MatmulWeights*> {
@@ -469,7 +492,7 @@ Status OpenClBackend::Impl::plan_graph(const Graph& g) {
         };
         auto it = std::find_if(ropes.begin(), ropes.end(), same);
         np.rope = static_cast<int>(it - ropes.begin());
-        if (it == ropes.end()) ropes.push_back(Rope{base, n.rope_freq_scale, n.rope_factors, ClMem()});
+        if (it == ropes.end()) ropes.push_back(Rope{base, n.rope_freq_scale, n.rope_factors, ClMem(), {}});
         // An attention that scales Q itself (Node::scale > 0): Q is scaled here, before its rounding.
         for (const Node& m : g.nodes()) {
           if (m.op == Op::kAttention && m.in[0] == n.out[0] && m.scale > 0.0f) np.q_scale = m.scale;
@@ -528,45 +551,197 @@ Status OpenClBackend::Impl::plan_graph(const Graph& g) {
       if (id != graph::kNone && --readers[static_cast<size_t>(id)] == 0) release(id);
     }
   }
+  graph_phys = phys.size();
   return Status::ok();
 }
 
-Status OpenClBackend::Impl::allocate(const Graph& g) {
-  Runtime& r = *rt;
-  const DeviceInfo& info = r.info();
+std::array<TensorSpec, 2> OpenClBackend::Impl::activation_specs() const {
   const int32_t n = shape.max_tokens;
-  // Storages: every activation in one (the widest decides) and the float residual stream; the logits on
-  // their own.
   int32_t widest = 0, widest_residual = 0;
-  for (const Phys& p : phys) {
+  for (size_t i = 0; i < graph_phys; ++i) {
+    const Phys& p = phys[i];
     if (p.logits) continue;
     widest = std::max(widest, p.channels);
     if (p.type == DataType::kFloat32) widest_residual = std::max(widest_residual, p.channels);
   }
-  const Bhwc widest_shape{1, 1, n, std::max(widest, 1)};
-  const Bhwc residual_shape{1, 1, n, std::max(widest_residual, 1)};
-  storage_notes.clear();
-  act_parts = 1;
-  if (opt.activation_storage) {
-    act_storage = *opt.activation_storage;
-    if (act_storage == StorageType::kTexture2DSplit) act_parts = split_parts(info, widest_shape);
-    Status fits = TensorDescriptor(widest_shape, act_format(act_type)).fits(info);
-    if (fits) fits = TensorDescriptor(residual_shape, act_format(DataType::kFloat32)).fits(info);
-    if (!fits) return fits.with_context("forced activation storage");
-    storage_notes = " (forced)";
-  } else {
-    const TensorSpec tensors[] = {{widest_shape, act_type}, {residual_shape, DataType::kFloat32}};
-    auto choice = choose_storage(info, tensors);
-    if (!choice) return choice.status();
-    act_storage = choice->storage;
-    act_parts = choice->parts;
-    for (const std::string& why : choice->fallbacks) storage_notes += " (passed over " + why + ")";
-  }
+  return {TensorSpec{Bhwc{1, 1, n, std::max(widest, 1)}, act_type},
+          TensorSpec{Bhwc{1, 1, n, std::max(widest_residual, 1)}, DataType::kFloat32}};
+}
+
+Status OpenClBackend::Impl::use_storage(const Graph& g, const StorageChoice& choice, bool logits_follow) {
+  act_storage = choice.storage;
+  act_parts = choice.parts;
   if (g.n_vocab > 0) {
-    auto logits_choice = choose_storage(info, Bhwc{1, 1, n, g.n_vocab});
-    if (!logits_choice) return logits_choice.status().with_context("logits");
-    logits_format = TensorFormat(logits_choice->storage, DataType::kFloat32, logits_choice->parts);
+    auto logits = choose_storage(rt->info(), logits_shape(g), logits_follow ? storage_bit(choice.storage) : kAnyStorage);
+    if (!logits) logits = choose_storage(rt->info(), logits_shape(g));
+    if (!logits) return logits.status().with_context("logits");
+    logits_format = TensorFormat(logits->storage, DataType::kFloat32, logits->parts);
   }
+  return Status::ok();
+}
+
+Status OpenClBackend::choose_storages(const Graph& g) {
+  Impl& I = *impl_;
+  const DeviceInfo& info = I.rt->info();
+  const std::array<TensorSpec, 2> specs = I.activation_specs();
+  I.storage_notes.clear();
+  I.stats.storage_trials.clear();
+  I.stats.storage_measure_ms = 0.0;
+  if (I.opt.activation_storage) {  // the activations as forced, the logits by rule
+    StorageChoice forced{*I.opt.activation_storage, 1, {}};
+    if (forced.storage == StorageType::kTexture2DSplit) forced.parts = split_parts(info, specs[0].shape);
+    for (const TensorSpec& t : specs) {
+      INFERD_RETURN_IF_ERROR(TensorDescriptor(t.shape, TensorFormat(forced.storage, t.type, forced.parts))
+                                 .fits(info)
+                                 .with_context("forced activation storage"));
+    }
+    I.act_storage = forced.storage;
+    I.act_parts = forced.parts;
+    if (g.n_vocab > 0) {
+      auto logits = choose_storage(info, I.logits_shape(g));
+      if (!logits) return logits.status().with_context("logits");
+      I.logits_format = TensorFormat(logits->storage, DataType::kFloat32, logits->parts);
+    }
+    I.stats.storage_source = StorageSource::kForced;
+    I.storage_notes = " (forced)";
+    return Status::ok();
+  }
+  auto rule = choose_storage(info, specs);
+  if (!rule) return rule.status();
+  const StoragePolicy policy =
+      I.opt.storage_policy.value_or(info.type == DeviceType::kCpu ? StoragePolicy::kRule : StoragePolicy::kMeasure);
+  const std::vector<StorageChoice> candidates =
+      policy == StoragePolicy::kMeasure ? storage_candidates(info, specs) : std::vector<StorageChoice>{};
+  if (candidates.size() < 2) {
+    INFERD_RETURN_IF_ERROR(I.use_storage(g, rule.value(), /*logits_follow=*/false));
+    for (const std::string& why : rule->fallbacks) I.storage_notes += " (passed over " + why + ")";
+    I.stats.storage_source = StorageSource::kRule;
+    return Status::ok();
+  }
+  auto is_candidate = [&](StorageType s, int32_t parts) {
+    return std::any_of(candidates.begin(), candidates.end(),
+                       [&](const StorageChoice& c) { return c.storage == s && c.parts == parts; });
+  };
+  auto describe_trials = [](const std::vector<StorageTrial>& trials) {
+    std::string text;
+    char buf[64];
+    for (const StorageTrial& t : trials) {
+      std::snprintf(buf, sizeof(buf), "%s%s %.3g", text.empty() ? "" : ", ",
+                    TensorFormat(t.storage, DataType::kFloat32, t.parts).to_string().c_str(), t.step_ms);
+      text += buf;
+    }
+    return text + " ms per decode step";
+  };
+  const StorageKey key{info.name, info.vendor, info.driver_version,
+                       std::string(numerics_name(I.numerics)) + " " + data_type_name(I.act_type) + " " +
+                           int_dot_name(I.ops->int_dot()) + "-dot",
+                       graph_signature(g)};
+  const std::string& dir = I.rt->options().cache_dir;
+  if (!dir.empty()) {
+    // A record that does not hold (another driver wrote it, it is damaged, its storage no longer fits) is
+    // measured again and overwritten.
+    auto recorded = load_storage_record(dir, key);
+    if (recorded && is_candidate(recorded->storage, recorded->parts)) {
+      INFERD_RETURN_IF_ERROR(I.use_storage(g, StorageChoice{recorded->storage, recorded->parts, {}}, true));
+      I.stats.storage_source = StorageSource::kRecorded;
+      I.stats.storage_trials = recorded->trials;
+      I.storage_notes = " (measured earlier: " + describe_trials(recorded->trials) + ")";
+      return Status::ok();
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto trials = time_storages(g, candidates);
+  if (!trials) return trials.status().with_context("timing the activation storages");
+  const StorageRecord record = fastest(std::move(trials).value());
+  INFERD_RETURN_IF_ERROR(I.use_storage(g, StorageChoice{record.storage, record.parts, {}}, true));
+  I.stats.storage_source = StorageSource::kMeasured;
+  I.stats.storage_trials = record.trials;
+  I.stats.storage_measure_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  I.storage_notes = " (measured: " + describe_trials(record.trials) + ")";
+  if (!dir.empty()) {
+    Status stored = store_storage_record(dir, key, record);
+    if (!stored) I.storage_notes += " (not recorded: " + stored.message() + ")";
+  }
+  return Status::ok();
+}
+
+Result<std::vector<StorageTrial>> OpenClBackend::time_storages(const Graph& g,
+                                                               std::span<const StorageChoice> candidates) {
+  Impl& I = *impl_;
+  // One decode step: token 0 at position 0 of slot 0 (block 0), its logits wanted; a pipeline stage's
+  // hidden states are zeros.
+  std::vector<int32_t> zero(1, 0);
+  size_t float_cols = 0;
+  for (TensorId id : g.inputs()) {
+    if (g.tensor(id).elem == graph::Elem::kFloat) float_cols = std::max(float_cols, static_cast<size_t>(g.tensor(id).cols));
+  }
+  std::vector<float> hidden(float_cols, 0.0f);
+  graph::StepIO io;
+  io.shape = graph::StepShape{1, g.io.out_rows != graph::kNone ? 1 : 0, I.shape.pad_step};
+  for (TensorId id : g.inputs()) {
+    if (g.tensor(id).elem == graph::Elem::kFloat) {
+      io.inputs.push_back(graph::HostTensor{hidden.data(), static_cast<size_t>(g.tensor(id).cols)});
+    } else {
+      io.inputs.push_back(graph::HostTensor{zero.data(), 1});
+    }
+  }
+  std::vector<std::vector<float>> outputs(g.outputs().size());
+  for (std::vector<float>& o : outputs) io.outputs.push_back(&o);
+  std::vector<int32_t> table;
+  if (I.has_cache) {
+    table.assign(static_cast<size_t>(I.shape.n_slots) * static_cast<size_t>(I.geometry.blocks_per_slot()), -1);
+    table[0] = 0;
+  }
+  io.kv_table = table;
+
+  // Rounds alternate the candidates (the device's clocks and the host's load drift); each round
+  // re-creates the candidate's tensors and runs an untimed step first (kernel builds in the first round,
+  // the driver's lazy allocation of new memory in every round).
+  constexpr int kRounds = 3, kTimedSteps = 3;
+  std::vector<std::vector<double>> times(candidates.size());
+  std::vector<Status> outcome(candidates.size());  // not ok: the candidate failed
+  for (int round = 0; round < kRounds; ++round) {
+    for (size_t c = 0; c < candidates.size(); ++c) {
+      if (!outcome[c]) continue;
+      Status st = I.use_storage(g, candidates[c], true);
+      if (st) st = I.allocate(g);
+      I.collected_shapes.clear();
+      if (st) st = compute(g, io);
+      for (int k = 0; st && k < kTimedSteps; ++k) {
+        const auto t0 = std::chrono::steady_clock::now();
+        st = compute(g, io);
+        times[c].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      }
+      // A storage whose tensors cannot be created or whose kernels fail on this device is not a candidate.
+      if (!st) outcome[c] = st.with_context(storage_name(candidates[c].storage));
+    }
+  }
+  I.stats.decode_passes = I.stats.prefill_passes = 0;  // the trials are not the model's steps
+  std::vector<StorageTrial> trials;
+  std::string why;
+  for (size_t c = 0; c < candidates.size(); ++c) {
+    if (!outcome[c]) {
+      why += (why.empty() ? "" : "; ") + outcome[c].to_string();
+      continue;
+    }
+    std::vector<double>& t = times[c];
+    std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2), t.end());
+    trials.push_back(StorageTrial{candidates[c].storage, candidates[c].parts, t[t.size() / 2]});
+  }
+  if (trials.empty()) return Status(Code::kFailed, "no storage ran a decode step: " + why);
+  return trials;
+}
+
+Status OpenClBackend::Impl::allocate(const Graph& g) {
+  Runtime& r = *rt;
+  const int32_t n = shape.max_tokens;
+  // Again from the graph's tensors (a storage trial allocates several times): the quants' tensors and
+  // the norm vectors are made below.
+  phys.erase(phys.begin() + static_cast<std::ptrdiff_t>(graph_phys), phys.end());
+  vectors.clear();
+  stats.weight_bytes -= vector_bytes;
+  vector_bytes = 0;
   // Norm weights: float vectors in the activations' storage.
   for (size_t ni = 0; ni < g.nodes().size(); ++ni) {
     const Node& nd = g.nodes()[ni];
@@ -579,6 +754,7 @@ Status OpenClBackend::Impl::allocate(const Graph& g) {
       if (!v) return v.status().with_context(w.name);
       INFERD_RETURN_IF_ERROR(upload(r, v.value(), std::span<const float>(w.weight->f32(), static_cast<size_t>(w.cols))));
       stats.weight_bytes += v->desc().data_bytes();
+      vector_bytes += v->desc().data_bytes();
       it = vectors.emplace(w.weight, std::move(v).value()).first;
     }
     plan[ni].vec = &it->second;
@@ -728,8 +904,6 @@ Status OpenClBackend::prepare(const Graph& g, const BackendShape& shape) {
     }
   }
   INFERD_RETURN_IF_ERROR(I.plan_graph(g));
-  INFERD_RETURN_IF_ERROR(I.allocate(g));
-  I.collected_shapes.clear();
   I.caches.clear();
   I.stats.kv_bytes = 0;
   if (I.has_cache) {
@@ -740,6 +914,10 @@ Status OpenClBackend::prepare(const Graph& g, const BackendShape& shape) {
       I.stats.kv_bytes += geo.layer_cache_bytes();
     }
   }
+  INFERD_RETURN_IF_ERROR(choose_storages(g));  // may run trial steps (StoragePolicy::kMeasure)
+  INFERD_RETURN_IF_ERROR(I.allocate(g));
+  I.collected_shapes.clear();
+  I.host_kv_table.clear();
   return I.rt->finish();
 }
 
@@ -832,47 +1010,60 @@ Status OpenClBackend::compute(const Graph& g, graph::StepIO& io) {
   Impl& I = *impl_;
   Runtime& rt = *I.rt;
   const int32_t t_count = io.shape.tokens, n_out = io.shape.outputs;
-  const size_t ints = static_cast<size_t>(t_count) * sizeof(cl_int);
-  // Blocking writes: the caller's host data may change after compute() returns.
+  // One host wait per step: the inputs are copied into the backend's host memory and their writes
+  // enqueued, the kernels follow, the outputs' reads are enqueued, and the host waits once, at the end.
+  // Every way out of this function waits (`drain`): an enqueued write must not outlive the host memory
+  // it reads, which the next step overwrites.
+  struct Drain {
+    Runtime& rt;
+    bool armed = true;
+    ~Drain() {
+      if (armed) (void)rt.finish();
+    }
+  } drain{rt};
+  auto enqueue_ints = [&](const ClMem& mem, std::vector<int32_t>& host, const void* data, int32_t n) {
+    host.assign(static_cast<const int32_t*>(data), static_cast<const int32_t*>(data) + n);
+    return rt.write_buffer(mem.get(), 0, host.size() * sizeof(cl_int), host.data(), Transfer::kEnqueue);
+  };
   for (size_t i = 0; i < g.inputs().size(); ++i) {
     const TensorId id = g.inputs()[i];
     const graph::HostTensor& h = io.inputs[i];
     if (id == g.io.token_ids) {
-      INFERD_RETURN_IF_ERROR(rt.write_buffer(I.ids.get(), 0, ints, h.data));
+      INFERD_RETURN_IF_ERROR(enqueue_ints(I.ids, I.host_ids, h.data, t_count));
     } else if (id == g.io.positions) {
-      INFERD_RETURN_IF_ERROR(rt.write_buffer(I.pos.get(), 0, ints, h.data));
+      INFERD_RETURN_IF_ERROR(enqueue_ints(I.pos, I.host_pos, h.data, t_count));
       if (I.has_cache) {  // the rotary angles of the step's positions, as the CPU computes them
-        I.host_pos.assign(static_cast<const int32_t*>(h.data), static_cast<const int32_t*>(h.data) + t_count);
         for (Impl::Rope& rp : I.ropes) {
-          I.host_rope = rope_table(I.host_pos, I.geometry.head_dim, rp.base, rp.freq_scale,
-                                   rp.factors != nullptr ? rp.factors->f32() : nullptr);
+          rp.host = rope_table(I.host_pos, I.geometry.head_dim, rp.base, rp.freq_scale,
+                               rp.factors != nullptr ? rp.factors->f32() : nullptr);
           INFERD_RETURN_IF_ERROR(
-              rt.write_buffer(rp.table.get(), 0, I.host_rope.size() * sizeof(float), I.host_rope.data()));
+              rt.write_buffer(rp.table.get(), 0, rp.host.size() * sizeof(float), rp.host.data(), Transfer::kEnqueue));
         }
       }
     } else if (id == g.io.slots) {
-      INFERD_RETURN_IF_ERROR(rt.write_buffer(I.slots.get(), 0, ints, h.data));
+      INFERD_RETURN_IF_ERROR(enqueue_ints(I.slots, I.host_slots, h.data, t_count));
     } else if (id == g.io.out_rows) {
-      if (n_out > 0) {
-        INFERD_RETURN_IF_ERROR(rt.write_buffer(I.rows.get(), 0, static_cast<size_t>(n_out) * sizeof(cl_int), h.data));
-      }
+      if (n_out > 0) INFERD_RETURN_IF_ERROR(enqueue_ints(I.rows, I.host_rows, h.data, n_out));
     }
   }
   if (I.has_cache) {  // the block tables, when they changed (a decode step normally keeps them)
     const size_t entries = static_cast<size_t>(I.shape.n_slots) * static_cast<size_t>(I.geometry.blocks_per_slot());
     INFERD_ASSERT(io.kv_table.size() == entries, "a KV table of %zu entries, %zu expected", io.kv_table.size(), entries);
     if (!std::equal(io.kv_table.begin(), io.kv_table.end(), I.host_kv_table.begin(), I.host_kv_table.end())) {
-      INFERD_RETURN_IF_ERROR(rt.write_buffer(I.kv_table.get(), 0, entries * sizeof(cl_int), io.kv_table.data()));
       I.host_kv_table.assign(io.kv_table.begin(), io.kv_table.end());
+      INFERD_RETURN_IF_ERROR(rt.write_buffer(I.kv_table.get(), 0, entries * sizeof(cl_int), I.host_kv_table.data(),
+                                             Transfer::kEnqueue));
     }
   }
   if (n_out > 0) INFERD_RETURN_IF_ERROR(I.ensure_logits(n_out));
   INFERD_RETURN_IF_ERROR(I.bind_views(t_count, n_out));
+  I.input_staging.resize(g.inputs().size());
   for (size_t i = 0; i < g.inputs().size(); ++i) {
     const TensorId id = g.inputs()[i];
     if (g.tensor(id).elem != graph::Elem::kFloat) continue;
     const graph::HostTensor& h = io.inputs[i];
-    INFERD_RETURN_IF_ERROR(upload(rt, I.dev(id), std::span<const float>(static_cast<const float*>(h.data), h.count))
+    INFERD_RETURN_IF_ERROR(upload_enqueued(rt, I.dev(id), std::span<const float>(static_cast<const float*>(h.data), h.count),
+                                           I.input_staging[i])
                                .with_context(id == g.io.hidden_in ? "hidden states" : g.tensor(id).name.c_str()));
   }
   // Every row wanted, in order (what ModelRunner asks for a prefill with all logits): the rows "gathered"
@@ -910,21 +1101,28 @@ Status OpenClBackend::compute(const Graph& g, graph::StepIO& io) {
     if (st) I.stats.kernels_collected += I.ops->last_collected();
   }
   if (st) st = run_nodes();
-  bool downloaded = false;
-  for (size_t i = 0; i < g.outputs().size(); ++i) {
+  auto output_name = [&](TensorId id) { return id == g.io.hidden_out ? "hidden states" : g.tensor(id).name.c_str(); };
+  I.output_staging.resize(g.outputs().size());
+  for (size_t i = 0; st && i < g.outputs().size(); ++i) {
     const TensorId id = g.outputs()[i];
     const graph::Tensor& t = g.tensor(id);
     std::vector<float>& dst = *io.outputs[i];
     dst.resize(static_cast<size_t>(Graph::rows(t, io.shape)) * static_cast<size_t>(t.cols));
-    if (dst.empty()) continue;
-    if (st) st = download(rt, I.dev(id), dst).with_context(id == g.io.hidden_out ? "hidden states" : t.name.c_str());
-    downloaded = true;
+    if (!dst.empty()) st = download_enqueued(rt, I.dev(id), I.output_staging[i]).with_context(output_name(id));
+  }
+  drain.armed = false;
+  const Status waited = rt.finish();  // the step's one host wait
+  if (st) st = waited;
+  for (size_t i = 0; st && i < g.outputs().size(); ++i) {
+    const TensorId id = g.outputs()[i];
+    std::vector<float>& dst = *io.outputs[i];
+    if (!dst.empty()) st = download_finished(I.dev(id), I.output_staging[i], dst).with_context(output_name(id));
   }
   if (all_rows && I.gathered_out != graph::kNone) I.bound[static_cast<size_t>(I.gathered_out)] = saved;
   INFERD_RETURN_IF_ERROR(st);
   (choose_matmul_variant(t_count) == MatmulVariant::kDecode ? I.stats.decode_passes : I.stats.prefill_passes)++;
   I.stats.kernels = I.ops->kernel_count();
-  return downloaded ? Status::ok() : rt.finish();
+  return Status::ok();
 }
 
 }  // namespace inferd::opencl

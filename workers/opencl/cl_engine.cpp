@@ -7,6 +7,7 @@ Result<std::unique_ptr<ClEngine>> ClEngine::create(std::shared_ptr<const Model> 
   INFERD_ASSERT(model != nullptr && runtime != nullptr);
   OpenClOptions bo;
   bo.activation_storage = options.activation_storage;
+  bo.storage_policy = options.storage_policy;
   bo.activation_type = options.activation_type;
   bo.numerics = options.numerics;
   bo.int_dot = options.int_dot;

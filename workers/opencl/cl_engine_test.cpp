@@ -24,6 +24,8 @@
 #include <random>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "inferd/engine.h"
 #include "inferd/gguf.h"
 #include "inferd/kernels/cpu.h"
@@ -886,6 +888,193 @@ TEST_F(ClEngineSyntheticTest, EveryWeightTypeMatchesTheFloatReference) {
               "(logits up to %.2f)\n",
               static_cast<double>(d), static_cast<double>(scale));
   EXPECT_LT(d, 1e-3f * std::max(scale, 1.0f));
+}
+
+// A step waits for the device once: its inputs' writes and its outputs' reads are enqueued with the
+// kernels, and the host waits at the end (a discrete GPU pays a round trip for every wait). In every
+// storage (a texture's reads are image reads), for decode and prefill steps, with and without logits.
+TEST_F(ClEngineSyntheticTest, AStepWaitsForTheDeviceOnce) {
+  auto model = tiny_model("qwen2", DType::kQ8_0, DType::kF16, kMixedLayers);
+  ASSERT_NE(model, nullptr);
+  for (StorageType storage : {StorageType::kBuffer, StorageType::kTexture2D}) {
+    SCOPED_TRACE(storage_name(storage));
+    const char* selector = std::getenv("INFERD_OPENCL_DEVICE");
+    auto rt = Runtime::create_default(RuntimeOptions{}, selector != nullptr ? selector : "");
+    ASSERT_TRUE(rt.is_ok()) << rt.status().to_string();
+    ClEngineOptions o;
+    o.n_ctx = 64;
+    o.n_ubatch = 16;
+    o.activation_storage = storage;
+    auto made = ClEngine::create(model, std::move(rt).value(), o);
+    if (!made && made.status().code() == Code::kOutOfRange) continue;  // no images on this device
+    ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+    ClEngine& e = *made.value();
+    auto waits_of = [&](auto&& step) {
+      const int64_t before = e.runtime().host_waits();
+      step();
+      return e.runtime().host_waits() - before;
+    };
+    const std::vector<int32_t> prompt(kTinyTokens.begin(), kTinyTokens.begin() + 5);
+    auto prefill = [&](bool all_logits) {
+      auto r = e.eval(0, prompt, all_logits);
+      ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    };
+    auto decode = [&]() {
+      auto r = e.eval(0, std::span<const int32_t>(&kTinyTokens[6], 1));
+      ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    };
+    prefill(false);  // the first pass of each shape builds its kernels
+    decode();
+    e.clear_slot(0);
+    prefill(true);
+    e.clear_slot(0);
+    EXPECT_EQ(waits_of([&] { prefill(false); }), 1);
+    EXPECT_EQ(waits_of(decode), 1);
+    EXPECT_EQ(waits_of(decode), 1);
+    e.clear_slot(0);
+    EXPECT_EQ(waits_of([&] { prefill(true); }), 1);
+  }
+}
+
+// The activations' storage by measurement (StoragePolicy::kMeasure, cl_backend.h): the first load times a
+// decode step in every candidate storage and keeps the fastest, and records it in the cache directory;
+// the next load reads the record instead of timing; a damaged record, or one whose choice is no longer a
+// candidate, is timed again and rewritten. The trial steps change nothing the model computes: with the
+// exact numerics the logits still equal the CPU engine's bit for bit.
+TEST_F(ClEngineSyntheticTest, MeasuredStorageIsTheFastestAndIsRecorded) {
+  auto model = tiny_model("qwen2", DType::kQ8_0, DType::kF16, kMixedLayers);
+  ASSERT_NE(model, nullptr);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("inferd-storage-choice-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  auto measured = [&]() -> std::unique_ptr<ClEngine> {
+    const char* selector = std::getenv("INFERD_OPENCL_DEVICE");
+    RuntimeOptions ro;
+    ro.cache_dir = dir.string();
+    auto rt = Runtime::create_default(ro, selector != nullptr ? selector : "");
+    EXPECT_TRUE(rt.is_ok()) << rt.status().to_string();
+    if (!rt) return nullptr;
+    ClEngineOptions o;
+    o.n_ctx = 64;
+    o.n_ubatch = 16;
+    o.storage_policy = StoragePolicy::kMeasure;
+    auto e = ClEngine::create(model, std::move(rt).value(), o);
+    EXPECT_TRUE(e.is_ok()) << e.status().to_string();
+    if (!e) return nullptr;
+    std::printf("[cl-engine] %s\n", e.value()->describe().c_str());
+    return std::move(e).value();
+  };
+  auto records = [&]() {
+    std::vector<std::filesystem::path> found;
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+      if (entry.path().filename().string().rfind("storage-", 0) == 0) found.push_back(entry.path());
+    }
+    return found;
+  };
+  auto first = measured();
+  ASSERT_NE(first, nullptr);
+  if (first->device_info().image_support == false) GTEST_SKIP() << "one candidate storage only: the device has no images";
+  EXPECT_EQ(first->storage_source(), StorageSource::kMeasured);
+  const std::vector<StorageTrial> trials = first->storage_trials();
+  ASSERT_GE(trials.size(), 2u);
+  const StorageTrial* best = &trials[0];
+  for (const StorageTrial& t : trials) {
+    EXPECT_GT(t.step_ms, 0.0);
+    if (t.step_ms < best->step_ms) best = &t;
+    for (const StorageTrial& u : trials) EXPECT_TRUE(&t == &u || t.storage != u.storage);
+  }
+  EXPECT_EQ(first->activation_storage(), best->storage);
+  EXPECT_GT(first->storage_measure_ms(), 0.0);
+  EXPECT_NE(first->describe().find("(measured: "), std::string::npos) << first->describe();
+  EXPECT_EQ(first->stats().decode_passes + first->stats().prefill_passes, 0);  // the trials are not counted
+  ASSERT_EQ(records().size(), 1u);
+  const std::filesystem::path record = records()[0];
+
+  // The logits after the trials: the CPU engine's, bit for bit.
+  EngineOptions co;
+  co.n_ctx = 64;
+  co.n_threads = 2;
+  auto cpu = Engine::create(model, co);
+  ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
+  const std::vector<float> want = prefill_then_decode(*cpu.value(), kTinyTokens);
+  if (first->numerics() == Numerics::kExact) {
+    EXPECT_EQ(prefill_then_decode(*first, kTinyTokens), want);
+  }
+
+  // The next load reads the record.
+  auto second = measured();
+  ASSERT_NE(second, nullptr);
+  EXPECT_EQ(second->storage_source(), StorageSource::kRecorded);
+  EXPECT_EQ(second->activation_storage(), first->activation_storage());
+  ASSERT_EQ(second->storage_trials().size(), trials.size());
+  for (size_t i = 0; i < trials.size(); ++i) {  // as recorded: to 4 decimals
+    EXPECT_EQ(second->storage_trials()[i].storage, trials[i].storage);
+    EXPECT_EQ(second->storage_trials()[i].parts, trials[i].parts);
+    EXPECT_NEAR(second->storage_trials()[i].step_ms, trials[i].step_ms, 1e-4);
+  }
+  EXPECT_EQ(second->storage_measure_ms(), 0.0);
+  EXPECT_NE(second->describe().find("(measured earlier: "), std::string::npos) << second->describe();
+  if (second->numerics() == Numerics::kExact) {
+    EXPECT_EQ(prefill_then_decode(*second, kTinyTokens), want);
+  }
+
+  // A record cut short is timed again and rewritten whole.
+  std::stringstream text;
+  text << std::ifstream(record).rdbuf();
+  const std::string whole = text.str();
+  { std::ofstream(record, std::ios::trunc) << whole.substr(0, whole.size() / 2); }
+  auto third = measured();
+  ASSERT_NE(third, nullptr);
+  EXPECT_EQ(third->storage_source(), StorageSource::kMeasured);
+  std::stringstream rewritten;
+  rewritten << std::ifstream(record).rdbuf();
+  const size_t key_end = whole.find("trial ");
+  ASSERT_NE(key_end, std::string::npos);
+  EXPECT_EQ(rewritten.str().substr(0, key_end), whole.substr(0, key_end));  // the same key (the times differ)
+  EXPECT_EQ(rewritten.str().substr(rewritten.str().size() - 4), "end\n");
+
+  // A record whose choice is no storage this device would time for the model (texture3d: texture2d holds
+  // it) is timed again.
+  std::string stale = rewritten.str();
+  const size_t choice = stale.find("choice ");
+  ASSERT_NE(choice, std::string::npos);
+  stale = stale.substr(0, choice) + "trial texture3d 1 0.0001\nchoice texture3d 1\nend\n";
+  { std::ofstream(record, std::ios::trunc) << stale; }
+  auto fourth = measured();
+  ASSERT_NE(fourth, nullptr);
+  EXPECT_EQ(fourth->storage_source(), StorageSource::kMeasured);
+  EXPECT_NE(fourth->activation_storage(), StorageType::kTexture3D);
+  std::filesystem::remove_all(dir);
+}
+
+// Without a policy a CPU device keeps the rule (buffers first; images are emulated there) and a GPU
+// measures; a forced storage is used as given.
+TEST_F(ClEngineSyntheticTest, StoragePolicyDefaultsByDeviceType) {
+  auto model = tiny_model("qwen2", DType::kQ8_0, DType::kF16, kMixedLayers);
+  ASSERT_NE(model, nullptr);
+  auto plain = make(model);
+  ASSERT_TRUE(plain.is_ok()) << plain.status().to_string();
+  if (plain.value()->device_info().type == DeviceType::kCpu) {
+    EXPECT_EQ(plain.value()->storage_source(), StorageSource::kRule);
+    EXPECT_EQ(plain.value()->activation_storage(), StorageType::kBuffer);
+    EXPECT_TRUE(plain.value()->storage_trials().empty());
+  } else if (plain.value()->device_info().image_support) {
+    EXPECT_NE(plain.value()->storage_source(), StorageSource::kRule);
+  }
+  const char* selector = std::getenv("INFERD_OPENCL_DEVICE");
+  auto rt = Runtime::create_default(RuntimeOptions{}, selector != nullptr ? selector : "");
+  ASSERT_TRUE(rt.is_ok()) << rt.status().to_string();
+  ClEngineOptions o;
+  o.n_ctx = 64;
+  o.n_ubatch = 16;
+  o.activation_storage = StorageType::kImageBuffer;
+  o.storage_policy = StoragePolicy::kMeasure;  // a forced storage is not measured
+  auto forced = ClEngine::create(model, std::move(rt).value(), o);
+  if (!forced && forced.status().code() == Code::kUnimplemented) GTEST_SKIP() << forced.status().to_string();
+  ASSERT_TRUE(forced.is_ok()) << forced.status().to_string();
+  EXPECT_EQ(forced.value()->storage_source(), StorageSource::kForced);
+  EXPECT_EQ(forced.value()->activation_storage(), StorageType::kImageBuffer);
+  EXPECT_NE(forced.value()->describe().find("(forced)"), std::string::npos) << forced.value()->describe();
 }
 
 // KV blocks (graph.h): a sequence whose blocks lie scattered over the pool (out of order, not adjacent)

@@ -1,7 +1,9 @@
 // The OpenCL backend's registration (backend_factory.h). Device: a decimal index into every platform's
 // devices (Runtime::create_default). Settings, each also read from the worker's environment:
 //   storage      INFERD_OPENCL_STORAGE      buffer | image_buffer | texture2d | texture3d | texture2d_split
-//                                           (default: the device's first choice, choose_storage)
+//                                           (default: storage_choice decides)
+//   storage_choice  INFERD_OPENCL_STORAGE_CHOICE  measure | rule (default: measure on GPUs and accelerators,
+//                                           rule on CPU devices; cl_backend.h, StoragePolicy)
 //   activations  INFERD_OPENCL_ACTIVATIONS  f32 | f16 (default: f16 with float numerics on a device with
 //                                           cl_khr_fp16)
 //   numerics     INFERD_OPENCL_NUMERICS     exact | float (default: exact where the device has cl_khr_fp64)
@@ -22,11 +24,13 @@ namespace {
 using namespace opencl;
 
 const std::map<std::string, std::string> kEnvironment = {{"storage", "INFERD_OPENCL_STORAGE"},
+                                                         {"storage_choice", "INFERD_OPENCL_STORAGE_CHOICE"},
                                                          {"activations", "INFERD_OPENCL_ACTIVATIONS"},
                                                          {"numerics", "INFERD_OPENCL_NUMERICS"},
                                                          {"int_dot", "INFERD_OPENCL_INT_DOT"}};
 constexpr IntDot kIntDots[] = {IntDot::kFloat, IntDot::kInt8};
 constexpr Numerics kNumerics[] = {Numerics::kExact, Numerics::kFloat};
+constexpr StoragePolicy kStoragePolicies[] = {StoragePolicy::kMeasure, StoragePolicy::kRule};
 
 // Setting `key` among `choices` (named by `name_of`); unset when absent, kInvalidArgument naming the
 // setting, its variable and the choices otherwise.
@@ -51,6 +55,8 @@ Result<std::unique_ptr<Backend>> create(const BackendConfig& config) {
   OpenClOptions o;
   auto storage = choice(config, "storage", kAllStorageTypes, storage_name);
   if (!storage) return storage.status();
+  auto policy = choice(config, "storage_choice", kStoragePolicies, storage_policy_name);
+  if (!policy) return policy.status();
   auto data_type = choice(config, "activations", kAllDataTypes, data_type_name);
   if (!data_type) return data_type.status();
   auto numerics = choice(config, "numerics", kNumerics, numerics_name);
@@ -58,6 +64,7 @@ Result<std::unique_ptr<Backend>> create(const BackendConfig& config) {
   auto int_dot = choice(config, "int_dot", kIntDots, int_dot_name);
   if (!int_dot) return int_dot.status();
   o.activation_storage = storage.value();
+  o.storage_policy = policy.value();
   o.activation_type = data_type.value();
   if (numerics.value()) o.numerics = *numerics.value();
   o.int_dot = int_dot.value();

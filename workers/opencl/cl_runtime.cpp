@@ -470,18 +470,9 @@ std::string ProgramBinaryCache::path_for(const ProgramKey& key) const {
 
 Result<std::vector<unsigned char>> ProgramBinaryCache::load(const ProgramKey& key) const {
   const std::string path = path_for(key);
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) {
-    if (errno == ENOENT) return make_error(Code::kNotFound, "no cache entry %s", path.c_str());
-    return make_error(Code::kFailed, "cannot open %s: %s", path.c_str(), std::strerror(errno));
-  }
-  std::vector<unsigned char> data;
-  unsigned char chunk[1 << 16];
-  size_t n = 0;
-  while ((n = std::fread(chunk, 1, sizeof(chunk), f)) > 0) data.insert(data.end(), chunk, chunk + n);
-  const bool read_error = std::ferror(f) != 0;
-  std::fclose(f);
-  if (read_error) return make_error(Code::kFailed, "cannot read %s", path.c_str());
+  auto read = read_whole_file(path);
+  if (!read) return read.status();
+  const std::vector<unsigned char>& data = read.value();
 
   auto corrupt = [&](const char* why) { return make_error(Code::kCorrupt, "cache entry %s: %s", path.c_str(), why); };
   if (data.size() < kCacheHeaderBytes) return corrupt("shorter than its header");
@@ -499,10 +490,6 @@ Result<std::vector<unsigned char>> ProgramBinaryCache::load(const ProgramKey& ke
 }
 
 Status ProgramBinaryCache::store(const ProgramKey& key, const std::vector<unsigned char>& binary) const {
-  std::error_code ec;
-  std::filesystem::create_directories(directory_, ec);
-  if (ec) return make_error(Code::kFailed, "cannot create %s: %s", directory_.c_str(), ec.message().c_str());
-
   const std::string canonical = key.canonical();
   std::vector<unsigned char> out;
   out.reserve(kCacheHeaderBytes + canonical.size() + binary.size());
@@ -513,20 +500,26 @@ Status ProgramBinaryCache::store(const ProgramKey& key, const std::vector<unsign
   put<uint64_t>(out, entry_checksum(canonical, binary.data(), binary.size()));
   out.insert(out.end(), canonical.begin(), canonical.end());
   out.insert(out.end(), binary.begin(), binary.end());
+  return write_file_atomically(path_for(key), out);
+}
 
+Status write_file_atomically(const std::string& path, std::span<const unsigned char> data) {
+  std::error_code ec;
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (!dir.empty()) std::filesystem::create_directories(dir, ec);
+  if (ec) return make_error(Code::kFailed, "cannot create %s: %s", dir.c_str(), ec.message().c_str());
   static std::atomic<uint64_t> counter{0};
-  const std::string path = path_for(key);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return make_error(Code::kFailed, "cannot create %s: %s", tmp.c_str(), std::strerror(errno));
   size_t done = 0;
-  while (done < out.size()) {
-    const ssize_t w = ::write(fd, out.data() + done, out.size() - done);
+  while (done < data.size()) {
+    const ssize_t w = ::write(fd, data.data() + done, data.size() - done);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) break;
     done += static_cast<size_t>(w);
   }
-  const bool ok = done == out.size() && ::fsync(fd) == 0;
+  const bool ok = done == data.size() && ::fsync(fd) == 0;
   const int saved_errno = errno;
   ::close(fd);
   if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
@@ -535,6 +528,22 @@ Status ProgramBinaryCache::store(const ProgramKey& key, const std::vector<unsign
     return make_error(Code::kFailed, "cannot write %s: %s", path.c_str(), std::strerror(err));
   }
   return Status::ok();
+}
+
+Result<std::vector<unsigned char>> read_whole_file(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    if (errno == ENOENT) return make_error(Code::kNotFound, "no file %s", path.c_str());
+    return make_error(Code::kFailed, "cannot open %s: %s", path.c_str(), std::strerror(errno));
+  }
+  std::vector<unsigned char> data;
+  unsigned char chunk[1 << 16];
+  size_t n = 0;
+  while ((n = std::fread(chunk, 1, sizeof(chunk), f)) > 0) data.insert(data.end(), chunk, chunk + n);
+  const bool read_error = std::ferror(f) != 0;
+  std::fclose(f);
+  if (read_error) return make_error(Code::kFailed, "cannot read %s", path.c_str());
+  return data;
 }
 
 std::string default_cache_dir() {
@@ -760,17 +769,40 @@ Result<ClMem> Runtime::create_buffer(size_t bytes, cl_mem_flags flags, const voi
   return mem;
 }
 
-Status Runtime::write_buffer(cl_mem buffer, size_t offset, size_t bytes, const void* host) {
-  INFERD_CL_RETURN_IF_ERROR(clEnqueueWriteBuffer(queue(), buffer, CL_TRUE, offset, bytes, host, 0, nullptr, nullptr));
+Status Runtime::write_buffer(cl_mem buffer, size_t offset, size_t bytes, const void* host, Transfer how) {
+  const cl_bool wait = how == Transfer::kWait ? CL_TRUE : CL_FALSE;
+  host_waits_ += wait;
+  INFERD_CL_RETURN_IF_ERROR(clEnqueueWriteBuffer(queue(), buffer, wait, offset, bytes, host, 0, nullptr, nullptr));
   return Status::ok();
 }
 
-Status Runtime::read_buffer(cl_mem buffer, size_t offset, size_t bytes, void* host) {
-  INFERD_CL_RETURN_IF_ERROR(clEnqueueReadBuffer(queue(), buffer, CL_TRUE, offset, bytes, host, 0, nullptr, nullptr));
+Status Runtime::read_buffer(cl_mem buffer, size_t offset, size_t bytes, void* host, Transfer how) {
+  const cl_bool wait = how == Transfer::kWait ? CL_TRUE : CL_FALSE;
+  host_waits_ += wait;
+  INFERD_CL_RETURN_IF_ERROR(clEnqueueReadBuffer(queue(), buffer, wait, offset, bytes, host, 0, nullptr, nullptr));
+  return Status::ok();
+}
+
+Status Runtime::write_image(cl_mem image, const size_t (&origin)[3], const size_t (&region)[3], size_t row_pitch,
+                            size_t slice_pitch, const void* host, Transfer how) {
+  const cl_bool wait = how == Transfer::kWait ? CL_TRUE : CL_FALSE;
+  host_waits_ += wait;
+  INFERD_CL_RETURN_IF_ERROR(
+      clEnqueueWriteImage(queue(), image, wait, origin, region, row_pitch, slice_pitch, host, 0, nullptr, nullptr));
+  return Status::ok();
+}
+
+Status Runtime::read_image(cl_mem image, const size_t (&origin)[3], const size_t (&region)[3], size_t row_pitch,
+                           size_t slice_pitch, void* host, Transfer how) {
+  const cl_bool wait = how == Transfer::kWait ? CL_TRUE : CL_FALSE;
+  host_waits_ += wait;
+  INFERD_CL_RETURN_IF_ERROR(
+      clEnqueueReadImage(queue(), image, wait, origin, region, row_pitch, slice_pitch, host, 0, nullptr, nullptr));
   return Status::ok();
 }
 
 Status Runtime::finish() {
+  ++host_waits_;
   INFERD_CL_RETURN_IF_ERROR(clFinish(queue()));
   return Status::ok();
 }

@@ -184,6 +184,20 @@ Result<StorageChoice> choose_storage(const DeviceInfo& device, std::span<const T
   return Status(Code::kOutOfRange, "no storage holds a " + shapes + " tensor: " + reasons);
 }
 
+std::vector<StorageChoice> storage_candidates(const DeviceInfo& device, std::span<const TensorSpec> tensors) {
+  std::vector<StorageChoice> candidates;
+  bool texture = false;
+  for (StorageType storage : storage_preference(device)) {
+    if (is_texture(storage) && texture) continue;  // one texture: the first that holds the tensors
+    auto choice = choose_storage(device, tensors, storage_bit(storage));
+    if (!choice) continue;
+    choice->fallbacks.clear();
+    texture = texture || is_texture(storage);
+    candidates.push_back(std::move(choice).value());
+  }
+  return candidates;
+}
+
 // ---- Device tensors ----------------------------------------------------------------------------
 
 namespace {
@@ -223,32 +237,31 @@ Rect texture_region(const TensorDescriptor& desc) {
 }
 
 // Copies `box` of `image` to `bytes` (`to_host`) or back, packed row by row and slice by slice.
-Status copy_box(Runtime& rt, cl_mem image, const Rect& box, size_t texel_bytes, void* bytes, bool to_host) {
+Status copy_box(Runtime& rt, cl_mem image, const Rect& box, size_t texel_bytes, void* bytes, bool to_host,
+                Transfer how = Transfer::kWait) {
   const size_t origin[3] = {box.x, box.y, box.z};
   const size_t region[3] = {box.w, box.h, box.d};
   const size_t row_pitch = box.w * texel_bytes;
   const size_t slice_pitch = box.d > 1 ? row_pitch * box.h : 0;  // the spec wants 0 for 2D images
-  INFERD_CL_RETURN_IF_ERROR(
-      to_host ? clEnqueueReadImage(rt.queue(), image, CL_TRUE, origin, region, row_pitch, slice_pitch, bytes, 0,
-                                   nullptr, nullptr)
-              : clEnqueueWriteImage(rt.queue(), image, CL_TRUE, origin, region, row_pitch, slice_pitch, bytes, 0,
-                                    nullptr, nullptr));
-  return Status::ok();
+  return to_host ? rt.read_image(image, origin, region, row_pitch, slice_pitch, bytes, how)
+                 : rt.write_image(image, origin, region, row_pitch, slice_pitch, bytes, how);
 }
 
 // Copies the texels of `tensor` in its staging order as the device holds them (floats, or halves
 // for a kFloat16 tensor) from the device into `bytes` (`to_host`) or back; `bytes` holds data_bytes().
-Status transfer_raw(Runtime& rt, const Tensor& tensor, void* bytes, bool to_host) {
+// A split texture's parts but the last are always enqueued: the last transfer waits for them.
+Status transfer_raw(Runtime& rt, const Tensor& tensor, void* bytes, bool to_host, Transfer how = Transfer::kWait) {
   const TensorDescriptor& desc = tensor.desc();
   if (!is_texture(desc.storage())) {
-    return to_host ? rt.read_buffer(tensor.buffer(), 0, desc.data_bytes(), bytes)
-                   : rt.write_buffer(tensor.buffer(), 0, desc.data_bytes(), bytes);
+    return to_host ? rt.read_buffer(tensor.buffer(), 0, desc.data_bytes(), bytes, how)
+                   : rt.write_buffer(tensor.buffer(), 0, desc.data_bytes(), bytes, how);
   }
   const Rect box = texture_region(desc);
   const size_t part_bytes = box.texels() * desc.texel_bytes();
   for (int32_t p = 0; p < desc.parts(); ++p) {  // a kTexture2DSplit's parts one after the other
     INFERD_RETURN_IF_ERROR(copy_box(rt, tensor.memory(p), box, desc.texel_bytes(),
-                                    static_cast<char*>(bytes) + static_cast<size_t>(p) * part_bytes, to_host));
+                                    static_cast<char*>(bytes) + static_cast<size_t>(p) * part_bytes, to_host,
+                                    p + 1 == desc.parts() ? how : Transfer::kEnqueue));
   }
   return Status::ok();
 }
@@ -392,15 +405,11 @@ Status upload(Runtime& rt, Tensor& tensor, std::span<const float> data) {
   return write_staging(rt, tensor, to_staging(tensor.desc(), data));
 }
 
-Status download(Runtime& rt, const Tensor& tensor, std::span<float> data) {
-  const Bhwc& s = tensor.shape();
-  if (static_cast<int64_t>(data.size()) != s.elements()) {
-    return make_error(Code::kInvalidArgument, "download: %zu floats for a %s tensor", data.size(),
-                      s.to_string().c_str());
-  }
-  std::vector<float> staging;
-  INFERD_RETURN_IF_ERROR(read_staging(rt, tensor, staging));
-  const TensorDescriptor& desc = tensor.desc();
+namespace {
+
+// The logical floats of a tensor from its staging texels.
+void from_staging(const TensorDescriptor& desc, const std::vector<float>& staging, std::span<float> data) {
+  const Bhwc& s = desc.shape();
   for (int32_t b = 0; b < s.b; ++b) {
     for (int32_t y = 0; y < s.h; ++y) {
       for (int32_t x = 0; x < s.w; ++x) {
@@ -411,6 +420,60 @@ Status download(Runtime& rt, const Tensor& tensor, std::span<float> data) {
       }
     }
   }
+}
+
+}  // namespace
+
+Status download(Runtime& rt, const Tensor& tensor, std::span<float> data) {
+  const Bhwc& s = tensor.shape();
+  if (static_cast<int64_t>(data.size()) != s.elements()) {
+    return make_error(Code::kInvalidArgument, "download: %zu floats for a %s tensor", data.size(),
+                      s.to_string().c_str());
+  }
+  std::vector<float> staging;
+  INFERD_RETURN_IF_ERROR(read_staging(rt, tensor, staging));
+  from_staging(tensor.desc(), staging, data);
+  return Status::ok();
+}
+
+Status upload_enqueued(Runtime& rt, Tensor& tensor, std::span<const float> data, TransferStaging& staging) {
+  if (static_cast<int64_t>(data.size()) != tensor.shape().elements()) {
+    return make_error(Code::kInvalidArgument, "upload: %zu floats for a %s tensor", data.size(),
+                      tensor.shape().to_string().c_str());
+  }
+  staging.floats = to_staging(tensor.desc(), data);
+  if (tensor.desc().data_type() == DataType::kFloat32) {
+    return transfer_raw(rt, tensor, staging.floats.data(), false, Transfer::kEnqueue);
+  }
+  staging.halves.resize(staging.floats.size());
+  kernels::fp32_to_fp16_row(staging.floats.data(), staging.halves.data(), static_cast<int64_t>(staging.halves.size()));
+  return transfer_raw(rt, tensor, staging.halves.data(), false, Transfer::kEnqueue);
+}
+
+Status download_enqueued(Runtime& rt, const Tensor& tensor, TransferStaging& staging) {
+  const TensorDescriptor& desc = tensor.desc();
+  const size_t n = static_cast<size_t>(desc.stored_texels()) * 4;
+  if (desc.data_type() == DataType::kFloat32) {
+    staging.floats.resize(n);
+    return transfer_raw(rt, tensor, staging.floats.data(), true, Transfer::kEnqueue);
+  }
+  staging.halves.resize(n);
+  return transfer_raw(rt, tensor, staging.halves.data(), true, Transfer::kEnqueue);
+}
+
+Status download_finished(const Tensor& tensor, TransferStaging& staging, std::span<float> data) {
+  const TensorDescriptor& desc = tensor.desc();
+  if (static_cast<int64_t>(data.size()) != desc.shape().elements()) {
+    return make_error(Code::kInvalidArgument, "download: %zu floats for a %s tensor", data.size(),
+                      desc.shape().to_string().c_str());
+  }
+  if (desc.data_type() == DataType::kFloat16) {
+    staging.floats.resize(staging.halves.size());
+    kernels::fp16_to_fp32_row(staging.halves.data(), staging.floats.data(), static_cast<int64_t>(staging.halves.size()));
+  }
+  INFERD_ASSERT(staging.floats.size() == static_cast<size_t>(desc.stored_texels()) * 4,
+                "download_finished without its download_enqueued");
+  from_staging(desc, staging.floats, data);
   return Status::ok();
 }
 

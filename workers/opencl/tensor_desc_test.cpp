@@ -189,6 +189,37 @@ TEST(StorageChooser, NothingFitsIsAnError) {
   EXPECT_NE(c.status().message().find("CL_DEVICE_MAX_MEM_ALLOC_SIZE"), std::string::npos) << c.status().message();
 }
 
+// The storages a measurement times: one texture (the first that holds the tensors), the image buffer
+// and the buffer, in the device's order, each only where it fits.
+TEST(StorageCandidates, OneTextureThenImageBufferThenBuffer) {
+  auto names = [](const std::vector<StorageChoice>& cs) {
+    std::string text;
+    for (const StorageChoice& c : cs) {
+      if (!text.empty()) text += ' ';
+      text += TensorFormat(c.storage, DataType::kFloat32, c.parts).to_string();
+      EXPECT_TRUE(c.fallbacks.empty());
+    }
+    return text;
+  };
+  const TensorSpec hidden[] = {{Bhwc{1, 1, 512, 896}, DataType::kFloat32}};
+  EXPECT_EQ(names(storage_candidates(fake_gpu(), hidden)), "texture2d image_buffer buffer");
+  // Too tall for a 2D texture and too deep for a 3D one: the split stands for the textures.
+  const TensorSpec wide[] = {{Bhwc{1, 1, 1, 151936}, DataType::kFloat32}};
+  EXPECT_EQ(names(storage_candidates(fake_gpu(), wide)), "texture2d_split[3] image_buffer buffer");
+  // Longer than an image buffer.
+  DeviceInfo small_buffers = fake_gpu();
+  small_buffers.image_max_buffer_size = 1 << 10;
+  EXPECT_EQ(names(storage_candidates(small_buffers, hidden)), "texture2d buffer");
+  DeviceInfo no_images = fake_gpu();
+  no_images.image_support = false;
+  EXPECT_EQ(names(storage_candidates(no_images, hidden)), "buffer");
+  DeviceInfo cpu = fake_gpu();
+  cpu.type = DeviceType::kCpu;
+  EXPECT_EQ(names(storage_candidates(cpu, hidden)), "buffer image_buffer texture2d");
+  no_images.max_alloc_bytes = 1024;
+  EXPECT_TRUE(storage_candidates(no_images, hidden).empty());
+}
+
 // ---- On a device ----------------------------------------------------------------------------------
 
 std::vector<float> random_values(int64_t n, uint32_t seed) {

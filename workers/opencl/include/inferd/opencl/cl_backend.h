@@ -21,6 +21,15 @@
 // compute() is stage-aware: the decode matmul kernels for steps of fewer than 4 tokens, the prefill
 // kernels otherwise (choose_matmul_variant).
 //
+// The activations' storage (OpenClOptions::storage_policy): on a GPU the kernels' speed in each storage
+// depends on the device and driver (on an NVIDIA H200 the texture2d ML Drift prefers lost to buffers by
+// 10-25% on decode), so prepare() times a decode step of the graph itself in each storage that fits
+// (storage_candidates: a texture, an image buffer, a buffer; the logits in the same storage where it
+// fits them), three rounds each after an untimed warm step, and keeps the fastest. The result is cached
+// in the program cache's directory per device, driver, configuration and graph (storage_record.h), so
+// only a model's first load on a device pays for it (mostly kernel builds of the storages not chosen).
+// The trial steps write position 0 of KV block 0, which every sequence writes before it reads.
+//
 // Numerics (OpenClOptions::numerics, ops.h): kExact computes the CPU backend's float operations in its
 // order, so its logits equal the CPU backend's bit for bit (activations quantized to Q8_0 / Q8_1 /
 // Q8_K before matmuls with block weights, the dot kernels' lane order, RMSNorm's double sum, ggml's
@@ -37,11 +46,14 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "inferd/backend.h"
 #include "inferd/opencl/cl_runtime.h"
 #include "inferd/opencl/ops.h"
+#include "inferd/opencl/storage_record.h"
 #include "inferd/opencl/tensor_desc.h"
 
 namespace inferd::opencl {
@@ -50,9 +62,28 @@ namespace inferd::opencl {
 enum class Numerics { kExact, kFloat };
 const char* numerics_name(Numerics numerics);
 
+// How prepare() picks the activations' storage when OpenClOptions::activation_storage is unset.
+enum class StoragePolicy {
+  kRule,     // the device's first preference that fits (choose_storage)
+  kMeasure,  // the fastest decode step among storage_candidates, timed (or read from its record)
+};
+const char* storage_policy_name(StoragePolicy policy);  // "rule", "measure"
+
+// Where the activations' storage in effect came from.
+enum class StorageSource {
+  kForced,    // OpenClOptions::activation_storage
+  kRule,      // choose_storage (kRule, or kMeasure with a single candidate)
+  kMeasured,  // timed by this prepare()
+  kRecorded,  // timed by an earlier load: the record in the cache directory
+};
+const char* storage_source_name(StorageSource source);  // "forced", "rule", "measured", "recorded"
+
 struct OpenClOptions {
-  // The storage of the activations; unset: the device's first choice that fits (choose_storage).
+  // The storage of the activations; unset: chosen by storage_policy.
   std::optional<StorageType> activation_storage;
+  // Unset: kMeasure on GPUs and accelerators; kRule on CPU devices, where images are emulated in software
+  // and buffers win (BENCHMARKS.md, "OpenCL storage by measurement").
+  std::optional<StoragePolicy> storage_policy;
   // The data type of the activations other than the residual stream (which stays float, as in
   // llama.cpp: it accumulates every layer's output); unset: kFloat16 where the numerics are kFloat and
   // the device has cl_khr_fp16, kFloat32 otherwise. kFloat16 with kExact numerics is kInvalidArgument.
@@ -70,6 +101,9 @@ struct OpenClStats {
   size_t activation_bytes = 0;  // activation tensors and per-step buffers, logits included
   size_t kernels = 0;           // distinct kernels built
   size_t kernels_collected = 0;  // of them, built side by side before the first pass of a shape needed them
+  StorageSource storage_source = StorageSource::kRule;
+  std::vector<StorageTrial> storage_trials;  // kMeasured, kRecorded: each candidate's time per decode step
+  double storage_measure_ms = 0.0;           // kMeasured: what the timing cost prepare(), kernel builds included
 };
 
 class OpenClBackend final : public Backend {
@@ -82,7 +116,8 @@ class OpenClBackend final : public Backend {
 
   std::string_view family() const override { return "opencl"; }
   // "OpenCL: <device> (<vendor>, driver <version>), storage: weights=buffer activations=buffer
-  // logits=buffer kv=buffer(f16), numerics exact (x86, float dot), weights 106.4 MiB".
+  // (measured: buffer 2.91, texture2d 3.05, image_buffer 3.20 ms per decode step) logits=buffer
+  // kv=buffer(f16), numerics exact (x86, float dot), weights 106.4 MiB".
   std::string describe() const override;
   bool supports(const graph::Graph& g, const graph::Node& node) const override;
   Status prepare(const graph::Graph& g, const BackendShape& shape) override;
@@ -103,6 +138,10 @@ class OpenClBackend final : public Backend {
  private:
   struct Impl;
   explicit OpenClBackend(std::unique_ptr<Impl> impl);
+  // Sets the activations' and the logits' storage (the class comment); may run trial steps.
+  Status choose_storages(const graph::Graph& g);
+  // The timed trials of StoragePolicy::kMeasure: each candidate's median time per decode step.
+  Result<std::vector<StorageTrial>> time_storages(const graph::Graph& g, std::span<const StorageChoice> candidates);
   std::unique_ptr<Impl> impl_;
 };
 

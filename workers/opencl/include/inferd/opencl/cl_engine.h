@@ -41,8 +41,10 @@ struct ClEngineOptions {
   // KV blocks in the pool (RunnerOptions::n_blocks); 0: a run of blocks per slot. create() stores the
   // resolved count.
   int32_t n_blocks = 0;
-  // The storage of the activations; unset: the device's first choice that fits (choose_storage).
+  // The storage of the activations; unset: chosen by storage_policy (OpenClOptions).
   std::optional<StorageType> activation_storage;
+  // Unset: measured on GPUs and accelerators, the device's rule on CPU devices (cl_backend.h).
+  std::optional<StoragePolicy> storage_policy;
   // The data type of the activations other than the residual stream (which stays float, as in
   // llama.cpp: it accumulates every layer's output); unset: kFloat16 where the numerics are kFloat and
   // the device has cl_khr_fp16 (a GPU with native halves, where half the activation bytes is half
@@ -84,6 +86,10 @@ class ClEngine final : public ModelRunner {
   Runtime& runtime() { return cl_->runtime(); }
   const DeviceInfo& device_info() const { return cl_->device_info(); }
   StorageType activation_storage() const { return cl_->activation_storage(); }
+  // How the activations' storage was decided, and what was timed (OpenClStats).
+  StorageSource storage_source() const { return cl_->stats().storage_source; }
+  const std::vector<StorageTrial>& storage_trials() const { return cl_->stats().storage_trials; }
+  double storage_measure_ms() const { return cl_->stats().storage_measure_ms; }
   DataType activation_type() const { return cl_->activation_type(); }
   // The numerics in effect (options().numerics unless the device cannot run them) and, for kExact,
   // the CPU order they reproduce.

@@ -222,9 +222,19 @@ class ProgramBinaryCache {
 // $XDG_CACHE_HOME/inferd/opencl, else $HOME/.cache/inferd/opencl; "" when neither variable is set.
 std::string default_cache_dir();
 
+// The files of the caches in that directory (program binaries, storage records: storage_record.h).
+// Writes `data` to `path` so that readers see the old file or the whole new one: a temporary file in the
+// same directory, fsync, rename; creates the directory. kFailed on I/O errors.
+Status write_file_atomically(const std::string& path, std::span<const unsigned char> data);
+// A whole file; kNotFound when it does not exist, kFailed when it cannot be read.
+Result<std::vector<unsigned char>> read_whole_file(const std::string& path);
+
 // ---- Runtime -----------------------------------------------------------------------------------
 
 enum class QueuePriority { kDefault, kLow, kMedium, kHigh };
+
+// Whether a transfer returns when it is done (kWait) or as soon as it is queued (kEnqueue).
+enum class Transfer : uint8_t { kWait, kEnqueue };
 const char* queue_priority_name(QueuePriority priority);
 
 struct RuntimeOptions {
@@ -276,11 +286,21 @@ class Runtime {
 
   // A buffer of `bytes` bytes, initialised from `host` when it is non-null.
   Result<ClMem> create_buffer(size_t bytes, cl_mem_flags flags = CL_MEM_READ_WRITE, const void* host = nullptr);
-  // Blocking transfers between a buffer and host memory.
-  Status write_buffer(cl_mem buffer, size_t offset, size_t bytes, const void* host);
-  Status read_buffer(cl_mem buffer, size_t offset, size_t bytes, void* host);
+  // Transfers between device memory and host memory. kWait returns when the transfer is done (a host
+  // wait: the in-order queue runs everything before it first); kEnqueue returns at once, and `host` must
+  // stay valid and unchanged until the queue has run the transfer (the next host wait).
+  Status write_buffer(cl_mem buffer, size_t offset, size_t bytes, const void* host, Transfer how = Transfer::kWait);
+  Status read_buffer(cl_mem buffer, size_t offset, size_t bytes, void* host, Transfer how = Transfer::kWait);
+  // A box of an image: origin and region in pixels, row_pitch in bytes, slice_pitch 0 for a 2D image.
+  Status write_image(cl_mem image, const size_t (&origin)[3], const size_t (&region)[3], size_t row_pitch,
+                     size_t slice_pitch, const void* host, Transfer how = Transfer::kWait);
+  Status read_image(cl_mem image, const size_t (&origin)[3], const size_t (&region)[3], size_t row_pitch,
+                    size_t slice_pitch, void* host, Transfer how = Transfer::kWait);
   // Waits until every queued command has finished.
   Status finish();
+  // How many times the host has waited for the queue (kWait transfers and finish()): each is a round
+  // trip to the device, which a step of the backend makes once (OpenClBackend::compute).
+  int64_t host_waits() const { return host_waits_; }
 
  private:
   Runtime(DeviceHandle device, RuntimeOptions options) : device_(std::move(device)), options_(std::move(options)) {}
@@ -295,6 +315,7 @@ class Runtime {
   ClQueue queue_;
   std::map<std::string, ClProgram> programs_;  // by canonical ProgramKey
   ProgramCacheStats stats_;
+  int64_t host_waits_ = 0;
 };
 
 }  // namespace inferd::opencl

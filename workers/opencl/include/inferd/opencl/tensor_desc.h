@@ -184,6 +184,11 @@ struct TensorSpec {
 Result<StorageChoice> choose_storage(const DeviceInfo& device, std::span<const TensorSpec> tensors,
                                      StorageMask kernel_supports = kAnyStorage);
 
+// The storages worth timing for `tensors` (OpenClOptions::storage_policy kMeasure), in the device's
+// preference order: the first texture (2D, else 3D, else a split) that holds them, kImageBuffer and
+// kBuffer, each where it fits and the device has it. Empty when none fits.
+std::vector<StorageChoice> storage_candidates(const DeviceInfo& device, std::span<const TensorSpec> tensors);
+
 // ---- Device tensors ----------------------------------------------------------------------------
 
 struct AllocOptions {
@@ -255,6 +260,18 @@ class Tensor {
 Status upload(Runtime& rt, Tensor& tensor, std::span<const float> data);
 // Reads the logical tensor back (shape().elements() floats).
 Status download(Runtime& rt, const Tensor& tensor, std::span<float> data);
+
+// The same without waiting for the device (Transfer::kEnqueue): the host side lives in a TransferStaging
+// of the caller's, which must stay alive and untouched until the queue has run the transfer (the next
+// host wait: Runtime::finish() or a kWait transfer). A download is read out by download_finished after
+// that wait. A step enqueues its inputs and outputs this way and waits once.
+struct TransferStaging {
+  std::vector<float> floats;
+  std::vector<uint16_t> halves;  // a kFloat16 tensor's halves, as the device holds them
+};
+Status upload_enqueued(Runtime& rt, Tensor& tensor, std::span<const float> data, TransferStaging& staging);
+Status download_enqueued(Runtime& rt, const Tensor& tensor, TransferStaging& staging);
+Status download_finished(const Tensor& tensor, TransferStaging& staging, std::span<float> data);
 // The physical texels (4 * texel_count() floats, in linear_index order for every storage), padding
 // lanes included: tests check the padding-is-zero invariant with it.
 Result<std::vector<float>> download_texels(Runtime& rt, const Tensor& tensor);
