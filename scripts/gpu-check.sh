@@ -41,7 +41,7 @@ B=gpu-bundle
 bundle() {
   set -e
   local targets=(inferd_backend_ops_test inferd_cuda_test inferd_opencl_test inferd-bench inferd inferd-worker
-                 inferctl inferd-run inferd-cuda-bandwidth inferd-opencl-bench)
+                 inferctl inferd-run inferd-cuda-bandwidth inferd-opencl-bench inferd-opencl-info)
   if [ ! -f build/build.ninja ]; then scripts/build.sh; fi
   cmake --build build --target "${targets[@]}"
   rm -rf "$B"
@@ -203,6 +203,10 @@ opencl_checks() {
     echo "  $run load: $(grep -E '^kernels:' "$out/opencl-load-$run.txt")" >> "$out/opencl-summary.txt"
     echo "  $run $(grep -E '^storage:' "$out/opencl-load-$run.txt")" >> "$out/opencl-summary.txt"
   done
+  # The float decode matmul's work-group shapes on an 8B-shaped projection (larger than L2), GB/s each.
+  OCL_ICD_VENDORS="$out/icd" timeout 90 "$bin/inferd-opencl-info" --no-timing --decode-shapes --reps 5 \
+    > "$out/opencl-decode-shapes.txt" 2>&1
+  grep -E '^  decode ' "$out/opencl-decode-shapes.txt" | sed 's/^/ /' >> "$out/opencl-summary.txt"
 }
 
 # Daemon checks on `model` with the CUDA backend: 16 concurrent greedy streams equal their one-at-a-time

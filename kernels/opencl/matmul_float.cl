@@ -2,26 +2,47 @@
 // w_load.<type> (workers/opencl/ops.cpp).
 // Only the marked sections are embedded (format: inferd/kernels/opencl_sources.h); notes outside them are not.
 
-// Launched as (lanes * S_O, T) with work-groups (lanes, 1): a group per (output slice, token).
+// Launched as (lanes * ceil(S_O / R), T) with work-groups (lanes, 1), R = @slices@ output slices per group:
+// a group per (R output slices, token), its lanes striding over the input slices, each input slice read once
+// for the R slices' 4R rows; scratch holds lanes * R float4s. A lane loads U = @ahead@ of its input slices
+// (and their weights) before it accumulates them, so that U loads are in flight at once. Every (R, U) sums
+// each output in the same order (a lane's slices lid, lid + lanes, ... one after the other, then the same
+// tree), so gives the same bits (Ops::DecodeShape).
 //@ decode
   const int lid = get_local_id(0);
   const int lsz = get_local_size(0);
-  const int so = get_group_id(0);
+  const int so0 = get_group_id(0) * @slices@;
   const int t = get_global_id(1);
   const int n_si = $x.Slices();
-  float4 r[4];
-  float4 acc = (float4)(0.0f);
-  for (int si = lid; si < n_si; si += lsz) {
-    w_load(wq, ws, wm, wsub, wh, so, si, n_si, r);
-    acc += inferd_dot4(r, $x.Read(t, 0, si));
+  const int n_so = $y.Slices();
+  const int n_r = min(@slices@, n_so - so0);  // the last group's slices may run past S_O
+  float4 r[@ahead@][4];
+  float4 xv[@ahead@];
+  float4 acc[@slices@];
+  for (int j = 0; j < @slices@; ++j) acc[j] = (float4)(0.0f);
+  for (int si0 = lid; si0 < n_si; si0 += lsz * @ahead@) {
+    for (int j = 0; j < n_r; ++j) {
+      for (int u = 0; u < @ahead@; ++u) {
+        const int si = si0 + u * lsz;
+        if (si < n_si) {
+          if (j == 0) xv[u] = $x.Read(t, 0, si);
+          w_load(wq, ws, wm, wsub, wh, so0 + j, si, n_si, r[u]);
+        }
+      }
+      for (int u = 0; u < @ahead@; ++u) {
+        if (si0 + u * lsz < n_si) acc[j] += inferd_dot4(r[u], xv[u]);
+      }
+    }
   }
-  scratch[lid] = acc;
+  for (int j = 0; j < @slices@; ++j) scratch[j * lsz + lid] = acc[j];
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int off = lsz / 2; off > 0; off >>= 1) {
-    if (lid < off) scratch[lid] += scratch[lid + off];
+    if (lid < off) {
+      for (int j = 0; j < @slices@; ++j) scratch[j * lsz + lid] += scratch[j * lsz + lid + off];
+    }
     barrier(CLK_LOCAL_MEM_FENCE);
   }
-  if (lid == 0) $y.Write(scratch[0], t, 0, so);
+  if (lid < n_r) $y.Write(scratch[lid * lsz], t, 0, so0 + lid);
 //@ end
 
 // Launched as (S_O, ceil(T / 4)): a work-item per (output slice, 4 tokens). Tokens past T read the

@@ -1120,6 +1120,67 @@ Cases matmul_cases(DType type, uint32_t seed = 500) {
   return cases;
 }
 
+// The float decode matmul in every work-group shape (DecodeShape) gives the 1x1 shape's bits: the same
+// partial sums in the same order. Rows that leave the last group of R slices short (67 rows: 17 slices)
+// and inputs whose slices are no multiple of the lanes times U; guards and padding checked by the harness.
+TEST(BackendOps, MatmulDecodeShapesGiveTheSameBits) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  std::vector<DecodeShape> shapes = decode_shape_candidates();
+  shapes.push_back({3, 3});
+  shapes.push_back({kMaxDecodeSlices, kMaxDecodeAhead});
+  struct Dims {
+    DType type;
+    int64_t rows, k;
+    StorageType storage;
+  };
+  const Dims dims[] = {{DType::kF32, 67, 580, StorageType::kBuffer},    {DType::kQ4_0, 67, 576, StorageType::kBuffer},
+                       {DType::kQ4_0, 67, 576, StorageType::kTexture2D}, {DType::kQ4_K, 67, 768, StorageType::kBuffer},
+                       {DType::kQ6_K, 5, 2560, StorageType::kBuffer}};
+  int compared = 0;
+  uint32_t seed = 900;
+  for (const Dims& d : dims) {
+    for (int32_t tokens : {1, 3}) {
+      MatmulCase c(d.type, d.rows, d.k, tokens, MatmulVariant::kDecode, seed++);
+      for (StorageType storage : {d.storage}) {
+        std::vector<float> want;
+        for (const DecodeShape& shape : shapes) {
+          SCOPED_TRACE(std::string(dtype_name(d.type)) + " " + c.params() + " " + storage_name(storage) + " " +
+                       shape.to_string());
+          Ops ops(*rt);
+          ops.set_decode_shape(shape);
+          EXPECT_EQ(ops.decode_shape(), shape);
+          Harness h(*rt, TensorFormat(storage));
+          std::vector<float> got;
+          const Status st = c.run(ops, h, &got);
+          if (st.code() == Code::kUnimplemented) break;  // no images on this device
+          ASSERT_TRUE(st.is_ok()) << st.to_string();
+          if (want.empty()) {
+            want = got;
+            continue;
+          }
+          ASSERT_EQ(got.size(), want.size());
+          EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+          ++compared;
+        }
+      }
+    }
+  }
+  EXPECT_GT(compared, 0);
+}
+
+TEST(BackendOps, DecodeShapesParseAndPrint) {
+  EXPECT_EQ(DecodeShape{}.to_string(), "1x1");
+  for (const DecodeShape& shape : decode_shape_candidates()) {
+    auto back = parse_decode_shape(shape.to_string());
+    ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+    EXPECT_EQ(back.value(), shape);
+  }
+  EXPECT_EQ(parse_decode_shape("8x8")->to_string(), "8x8");
+  for (const char* bad : {"", "x", "4", "4x", "x4", "0x1", "1x0", "9x1", "1x9", "4X1", "4x1 ", "-1x2", "04x1x"}) {
+    EXPECT_EQ(parse_decode_shape(bad).status().code(), Code::kInvalidArgument) << bad;
+  }
+}
+
 TEST(BackendOps, MatmulF32) {
   INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
   run_cases(*rt, matmul_cases(DType::kF32));

@@ -113,6 +113,7 @@ struct OpenClBackend::Impl {
   StorageType act_storage = StorageType::kBuffer;
   int32_t act_parts = 1;  // kTexture2DSplit: the parts of every activation (clamped per tensor)
   std::string storage_notes;  // why a preferred storage was passed over, or what was measured, for describe()
+  std::string decode_notes;   // the decode matmul's shapes measured (a forced storage), for describe()
   TensorFormat logits_format;
   AttentionGeometry geometry;
   BackendShape shape;
@@ -216,6 +217,13 @@ Result<std::unique_ptr<OpenClBackend>> OpenClBackend::create(std::unique_ptr<Run
   impl->ops = std::make_unique<Ops>(*impl->rt);
   impl->opt = options;
   if (options.int_dot) impl->ops->set_int_dot(*options.int_dot);
+  if (options.decode_shape) {
+    const DecodeShape& d = *options.decode_shape;
+    if (d.slices < 1 || d.slices > kMaxDecodeSlices || d.ahead < 1 || d.ahead > kMaxDecodeAhead) {
+      return make_error(Code::kInvalidArgument, "decode shape %s: R in [1, %d], U in [1, %d]", d.to_string().c_str(),
+                        kMaxDecodeSlices, kMaxDecodeAhead);
+    }
+  }
   impl->numerics = options.numerics;
   impl->cpu_order = host_cpu_order();
   if (impl->numerics == Numerics::kExact && !impl->ops->exact_supported()) {
@@ -261,7 +269,7 @@ std::string OpenClBackend::describe() const {
          I.act_format(I.act_type).to_string() + I.storage_notes + " logits=" + I.logits_format.to_string() +
          " kv=buffer(f16), numerics " + numerics_name(I.numerics) +
          (I.exact() ? std::string(" (") + cpu_order_name(I.cpu_order) + ", " + int_dot_name(I.ops->int_dot()) + " dot)"
-                    : I.numerics_note) +
+                    : I.numerics_note + ", decode matmul " + I.ops->decode_shape().to_string() + I.decode_notes) +
          ", weights " + mib(I.stats.weight_bytes);
 }
 
@@ -585,8 +593,13 @@ Status OpenClBackend::choose_storages(const Graph& g) {
   const DeviceInfo& info = I.rt->info();
   const std::array<TensorSpec, 2> specs = I.activation_specs();
   I.storage_notes.clear();
+  I.decode_notes.clear();
   I.stats.storage_trials.clear();
   I.stats.storage_measure_ms = 0.0;
+  const StoragePolicy policy =
+      I.opt.storage_policy.value_or(info.type == DeviceType::kCpu ? StoragePolicy::kRule : StoragePolicy::kMeasure);
+  // The storage: forced, else the rule's, else timed among the candidates.
+  std::vector<StorageChoice> storages;
   if (I.opt.activation_storage) {  // the activations as forced, the logits by rule
     StorageChoice forced{*I.opt.activation_storage, 1, {}};
     if (forced.storage == StorageType::kTexture2DSplit) forced.parts = split_parts(info, specs[0].shape);
@@ -595,70 +608,103 @@ Status OpenClBackend::choose_storages(const Graph& g) {
                                  .fits(info)
                                  .with_context("forced activation storage"));
     }
-    I.act_storage = forced.storage;
-    I.act_parts = forced.parts;
-    if (g.n_vocab > 0) {
-      auto logits = choose_storage(info, I.logits_shape(g));
-      if (!logits) return logits.status().with_context("logits");
-      I.logits_format = TensorFormat(logits->storage, DataType::kFloat32, logits->parts);
-    }
+    INFERD_RETURN_IF_ERROR(I.use_storage(g, forced, /*logits_follow=*/false));
     I.stats.storage_source = StorageSource::kForced;
     I.storage_notes = " (forced)";
-    return Status::ok();
-  }
-  auto rule = choose_storage(info, specs);
-  if (!rule) return rule.status();
-  const StoragePolicy policy =
-      I.opt.storage_policy.value_or(info.type == DeviceType::kCpu ? StoragePolicy::kRule : StoragePolicy::kMeasure);
-  const std::vector<StorageChoice> candidates =
-      policy == StoragePolicy::kMeasure ? storage_candidates(info, specs) : std::vector<StorageChoice>{};
-  if (candidates.size() < 2) {
+  } else {
+    auto rule = choose_storage(info, specs);
+    if (!rule) return rule.status();
     INFERD_RETURN_IF_ERROR(I.use_storage(g, rule.value(), /*logits_follow=*/false));
     for (const std::string& why : rule->fallbacks) I.storage_notes += " (passed over " + why + ")";
     I.stats.storage_source = StorageSource::kRule;
-    return Status::ok();
+    if (policy == StoragePolicy::kMeasure) storages = storage_candidates(info, specs);
+    if (storages.size() < 2) storages.clear();
   }
-  auto is_candidate = [&](StorageType s, int32_t parts) {
-    return std::any_of(candidates.begin(), candidates.end(),
-                       [&](const StorageChoice& c) { return c.storage == s && c.parts == parts; });
+  // The float decode matmul's shape: forced, else timed (the exact numerics have their own matmuls).
+  std::vector<DecodeShape> shapes;
+  if (I.opt.decode_shape) {
+    I.ops->set_decode_shape(*I.opt.decode_shape);
+  } else if (policy == StoragePolicy::kMeasure && !I.exact()) {
+    shapes = decode_shape_candidates();
+  }
+  if (storages.empty() && shapes.empty()) return Status::ok();
+
+  // A configuration is usable when its storage is one this load would time (or the storage in effect,
+  // when the storage is not timed) and its shape likewise.
+  const StorageChoice current{I.act_storage, I.act_parts, {}};
+  auto usable = [&](StorageType st, int32_t parts, DecodeShape shape) {
+    const bool storage_ok =
+        storages.empty() ? st == current.storage && parts == current.parts
+                         : std::any_of(storages.begin(), storages.end(),
+                                       [&](const StorageChoice& c) { return c.storage == st && c.parts == parts; });
+    const bool shape_ok = shapes.empty() ? shape == I.ops->decode_shape()
+                                         : std::find(shapes.begin(), shapes.end(), shape) != shapes.end();
+    return storage_ok && shape_ok;
   };
-  auto describe_trials = [](const std::vector<StorageTrial>& trials) {
+  auto describe_trials = [](const std::vector<StorageTrial>& trials, bool with_shape) {
     std::string text;
-    char buf[64];
+    char buf[80];
     for (const StorageTrial& t : trials) {
-      std::snprintf(buf, sizeof(buf), "%s%s %.3g", text.empty() ? "" : ", ",
-                    TensorFormat(t.storage, DataType::kFloat32, t.parts).to_string().c_str(), t.step_ms);
+      std::snprintf(buf, sizeof(buf), "%s%s%s%s %.3g", text.empty() ? "" : ", ",
+                    TensorFormat(t.storage, DataType::kFloat32, t.parts).to_string().c_str(), with_shape ? " " : "",
+                    with_shape ? t.decode.to_string().c_str() : "", t.step_ms);
       text += buf;
     }
     return text + " ms per decode step";
   };
+  auto apply = [&](const StorageRecord& r, StorageSource source) -> Status {
+    INFERD_RETURN_IF_ERROR(I.use_storage(g, StorageChoice{r.storage, r.parts, {}}, /*logits_follow=*/!storages.empty()));
+    if (!storages.empty()) {
+      I.stats.storage_source = source;
+      I.storage_notes.clear();
+    }
+    I.ops->set_decode_shape(r.decode);
+    I.stats.storage_trials = r.trials;
+    const std::string what = std::string(source == StorageSource::kMeasured ? "measured: " : "measured earlier: ") +
+                             describe_trials(r.trials, !shapes.empty());
+    (storages.empty() ? I.decode_notes : I.storage_notes) = " (" + what + ")";
+    return Status::ok();
+  };
   const StorageKey key{info.name, info.vendor, info.driver_version,
                        std::string(numerics_name(I.numerics)) + " " + data_type_name(I.act_type) + " " +
-                           int_dot_name(I.ops->int_dot()) + "-dot",
+                           int_dot_name(I.ops->int_dot()) + "-dot storage=" +
+                           (storages.empty() ? current.to_string() : "timed") +
+                           " decode=" + (shapes.empty() ? I.ops->decode_shape().to_string() : "timed"),
                        graph_signature(g)};
   const std::string& dir = I.rt->options().cache_dir;
   if (!dir.empty()) {
-    // A record that does not hold (another driver wrote it, it is damaged, its storage no longer fits) is
-    // measured again and overwritten.
+    // A record that does not hold (another driver wrote it, it is damaged, its choice is no longer one this
+    // load would time) is timed again and overwritten.
     auto recorded = load_storage_record(dir, key);
-    if (recorded && is_candidate(recorded->storage, recorded->parts)) {
-      INFERD_RETURN_IF_ERROR(I.use_storage(g, StorageChoice{recorded->storage, recorded->parts, {}}, true));
-      I.stats.storage_source = StorageSource::kRecorded;
-      I.stats.storage_trials = recorded->trials;
-      I.storage_notes = " (measured earlier: " + describe_trials(recorded->trials) + ")";
-      return Status::ok();
+    if (recorded && usable(recorded->storage, recorded->parts, recorded->decode)) {
+      return apply(recorded.value(), StorageSource::kRecorded);
     }
   }
   const auto start = std::chrono::steady_clock::now();
-  auto trials = time_storages(g, candidates);
-  if (!trials) return trials.status().with_context("timing the activation storages");
-  const StorageRecord record = fastest(std::move(trials).value());
-  INFERD_RETURN_IF_ERROR(I.use_storage(g, StorageChoice{record.storage, record.parts, {}}, true));
-  I.stats.storage_source = StorageSource::kMeasured;
-  I.stats.storage_trials = record.trials;
+  // First the storages at the shape in effect, then the shapes in the fastest storage.
+  std::vector<StorageTrial> trials;
+  if (!storages.empty()) {
+    std::vector<StepConfig> configs;
+    for (const StorageChoice& c : storages) configs.push_back(StepConfig{c, I.ops->decode_shape(), true});
+    auto timed = time_steps(g, configs);
+    if (!timed) return timed.status().with_context("timing the activation storages");
+    trials = std::move(timed).value();
+  }
+  if (!shapes.empty()) {
+    const StorageChoice in = trials.empty() ? current : [&] {
+      const StorageRecord best = fastest(trials);
+      return StorageChoice{best.storage, best.parts, {}};
+    }();
+    std::vector<StepConfig> configs;
+    for (const DecodeShape& shape : shapes) configs.push_back(StepConfig{in, shape, !storages.empty()});
+    auto timed = time_steps(g, configs);
+    if (!timed) return timed.status().with_context("timing the decode matmul's shapes");
+    trials.insert(trials.end(), timed->begin(), timed->end());
+  }
+  const StorageRecord record = fastest(std::move(trials));
+  INFERD_RETURN_IF_ERROR(apply(record, StorageSource::kMeasured));
   I.stats.storage_measure_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  I.storage_notes = " (measured: " + describe_trials(record.trials) + ")";
   if (!dir.empty()) {
     Status stored = store_storage_record(dir, key, record);
     if (!stored) I.storage_notes += " (not recorded: " + stored.message() + ")";
@@ -666,8 +712,7 @@ Status OpenClBackend::choose_storages(const Graph& g) {
   return Status::ok();
 }
 
-Result<std::vector<StorageTrial>> OpenClBackend::time_storages(const Graph& g,
-                                                               std::span<const StorageChoice> candidates) {
+Result<std::vector<StorageTrial>> OpenClBackend::time_steps(const Graph& g, std::span<const StepConfig> configs) {
   Impl& I = *impl_;
   // One decode step: token 0 at position 0 of slot 0 (block 0), its logits wanted; a pipeline stage's
   // hidden states are zeros.
@@ -695,16 +740,17 @@ Result<std::vector<StorageTrial>> OpenClBackend::time_storages(const Graph& g,
   }
   io.kv_table = table;
 
-  // Rounds alternate the candidates (the device's clocks and the host's load drift); each round
-  // re-creates the candidate's tensors and runs an untimed step first (kernel builds in the first round,
-  // the driver's lazy allocation of new memory in every round).
+  // Rounds alternate the configurations (the device's clocks and the host's load drift); each round
+  // re-creates the configuration's tensors and runs an untimed step first (kernel builds in the first
+  // round, the driver's lazy allocation of new memory in every round).
   constexpr int kRounds = 3, kTimedSteps = 3;
-  std::vector<std::vector<double>> times(candidates.size());
-  std::vector<Status> outcome(candidates.size());  // not ok: the candidate failed
+  std::vector<std::vector<double>> times(configs.size());
+  std::vector<Status> outcome(configs.size());  // not ok: the configuration failed
   for (int round = 0; round < kRounds; ++round) {
-    for (size_t c = 0; c < candidates.size(); ++c) {
+    for (size_t c = 0; c < configs.size(); ++c) {
       if (!outcome[c]) continue;
-      Status st = I.use_storage(g, candidates[c], true);
+      Status st = I.use_storage(g, configs[c].storage, configs[c].logits_follow);
+      I.ops->set_decode_shape(configs[c].decode);
       if (st) st = I.allocate(g);
       I.collected_shapes.clear();
       if (st) st = compute(g, io);
@@ -713,23 +759,27 @@ Result<std::vector<StorageTrial>> OpenClBackend::time_storages(const Graph& g,
         st = compute(g, io);
         times[c].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
       }
-      // A storage whose tensors cannot be created or whose kernels fail on this device is not a candidate.
-      if (!st) outcome[c] = st.with_context(storage_name(candidates[c].storage));
+      // A storage whose tensors cannot be created, or a shape or storage whose kernels fail on this device,
+      // is not a candidate.
+      if (!st) {
+        outcome[c] = st.with_context(std::string(storage_name(configs[c].storage.storage)) + " " +
+                                     configs[c].decode.to_string());
+      }
     }
   }
   I.stats.decode_passes = I.stats.prefill_passes = 0;  // the trials are not the model's steps
   std::vector<StorageTrial> trials;
   std::string why;
-  for (size_t c = 0; c < candidates.size(); ++c) {
+  for (size_t c = 0; c < configs.size(); ++c) {
     if (!outcome[c]) {
       why += (why.empty() ? "" : "; ") + outcome[c].to_string();
       continue;
     }
     std::vector<double>& t = times[c];
     std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2), t.end());
-    trials.push_back(StorageTrial{candidates[c].storage, candidates[c].parts, t[t.size() / 2]});
+    trials.push_back(StorageTrial{configs[c].storage.storage, configs[c].storage.parts, configs[c].decode, t[t.size() / 2]});
   }
-  if (trials.empty()) return Status(Code::kFailed, "no storage ran a decode step: " + why);
+  if (trials.empty()) return Status(Code::kFailed, "no configuration ran a decode step: " + why);
   return trials;
 }
 

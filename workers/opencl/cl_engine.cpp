@@ -11,6 +11,7 @@ Result<std::unique_ptr<ClEngine>> ClEngine::create(std::shared_ptr<const Model> 
   bo.activation_type = options.activation_type;
   bo.numerics = options.numerics;
   bo.int_dot = options.int_dot;
+  bo.decode_shape = options.decode_shape;
   auto backend = OpenClBackend::create(std::move(runtime), bo);
   if (!backend) return backend.status();
   std::unique_ptr<ClEngine> e(new ClEngine());

@@ -1038,12 +1038,78 @@ TEST_F(ClEngineSyntheticTest, MeasuredStorageIsTheFastestAndIsRecorded) {
   std::string stale = rewritten.str();
   const size_t choice = stale.find("choice ");
   ASSERT_NE(choice, std::string::npos);
-  stale = stale.substr(0, choice) + "trial texture3d 1 0.0001\nchoice texture3d 1\nend\n";
+  stale = stale.substr(0, choice) + "trial texture3d 1 1x1 0.0001\nchoice texture3d 1 1x1\nend\n";
   { std::ofstream(record, std::ios::trunc) << stale; }
   auto fourth = measured();
   ASSERT_NE(fourth, nullptr);
   EXPECT_EQ(fourth->storage_source(), StorageSource::kMeasured);
   EXPECT_NE(fourth->activation_storage(), StorageType::kTexture3D);
+  std::filesystem::remove_all(dir);
+}
+
+// With the float numerics the measurement also times the decode matmul's shapes (DecodeShape) in the
+// fastest storage and keeps the fastest configuration; every shape gives the same bits, so the logits are
+// those of the untimed 1x1 engine. A forced storage keeps its storage and times the shapes alone.
+TEST_F(ClEngineSyntheticTest, FloatNumericsTimeTheDecodeShapes) {
+  auto model = tiny_model("qwen2", DType::kQ8_0, DType::kF16, kMixedLayers);
+  ASSERT_NE(model, nullptr);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("inferd-decode-shapes-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  auto engine = [&](StoragePolicy policy, std::optional<StorageType> storage) -> std::unique_ptr<ClEngine> {
+    const char* selector = std::getenv("INFERD_OPENCL_DEVICE");
+    RuntimeOptions ro;
+    ro.cache_dir = dir.string();
+    auto rt = Runtime::create_default(ro, selector != nullptr ? selector : "");
+    EXPECT_TRUE(rt.is_ok()) << rt.status().to_string();
+    if (!rt) return nullptr;
+    ClEngineOptions o;
+    o.n_ctx = 64;
+    o.n_ubatch = 16;
+    o.numerics = Numerics::kFloat;
+    o.activation_type = DataType::kFloat32;
+    o.storage_policy = policy;
+    o.activation_storage = storage;
+    auto e = ClEngine::create(model, std::move(rt).value(), o);
+    EXPECT_TRUE(e.is_ok()) << e.status().to_string();
+    if (!e) return nullptr;
+    std::printf("[cl-engine] %s\n", e.value()->describe().c_str());
+    return std::move(e).value();
+  };
+  auto plain = engine(StoragePolicy::kRule, StorageType::kBuffer);
+  ASSERT_NE(plain, nullptr);
+  EXPECT_TRUE(plain->storage_trials().empty());
+  const std::vector<float> want = prefill_then_decode(*plain, kTinyTokens);
+
+  auto timed = engine(StoragePolicy::kMeasure, std::nullopt);
+  ASSERT_NE(timed, nullptr);
+  const std::vector<StorageTrial>& trials = timed->storage_trials();
+  const size_t shapes = decode_shape_candidates().size();
+  ASSERT_GE(trials.size(), shapes);
+  // The last trials: every shape, in one storage.
+  for (size_t i = trials.size() - shapes; i < trials.size(); ++i) {
+    EXPECT_EQ(trials[i].storage, trials.back().storage);
+    EXPECT_EQ(trials[i].decode, decode_shape_candidates()[i - (trials.size() - shapes)]);
+  }
+  const StorageTrial* best = &trials[0];
+  for (const StorageTrial& t : trials) {
+    if (t.step_ms < best->step_ms) best = &t;
+  }
+  EXPECT_EQ(timed->activation_storage(), best->storage);
+  EXPECT_NE(timed->describe().find("decode matmul " + best->decode.to_string()), std::string::npos) << timed->describe();
+  EXPECT_EQ(prefill_then_decode(*timed, kTinyTokens), want);
+
+  auto forced = engine(StoragePolicy::kMeasure, StorageType::kBuffer);
+  ASSERT_NE(forced, nullptr);
+  EXPECT_EQ(forced->storage_source(), StorageSource::kForced);
+  ASSERT_EQ(forced->storage_trials().size(), shapes);
+  for (const StorageTrial& t : forced->storage_trials()) EXPECT_EQ(t.storage, StorageType::kBuffer);
+  EXPECT_NE(forced->describe().find("(measured: "), std::string::npos) << forced->describe();
+  EXPECT_EQ(prefill_then_decode(*forced, kTinyTokens), want);
+  // Its record is its own (another key: the storage is not timed): read back by the next such load.
+  auto again = engine(StoragePolicy::kMeasure, StorageType::kBuffer);
+  ASSERT_NE(again, nullptr);
+  EXPECT_NE(again->describe().find("(measured earlier: "), std::string::npos) << again->describe();
   std::filesystem::remove_all(dir);
 }
 

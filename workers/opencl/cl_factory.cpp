@@ -9,6 +9,8 @@
 //   numerics     INFERD_OPENCL_NUMERICS     exact | float (default: exact where the device has cl_khr_fp64)
 //   int_dot      INFERD_OPENCL_INT_DOT      float | int8 (default: int8 where the device has
 //                                           cl_khr_integer_dot_product)
+//   decode_shape INFERD_OPENCL_DECODE_SHAPE RxU, the float decode matmul's work-group shape (ops.h DecodeShape;
+//                                           default: timed where storage_choice is measure, else 1x1)
 // A value outside these lists is kInvalidArgument naming the setting and its variable. The program
 // binary cache is default_cache_dir() ($XDG_CACHE_HOME or $HOME).
 #include <optional>
@@ -27,7 +29,8 @@ const std::map<std::string, std::string> kEnvironment = {{"storage", "INFERD_OPE
                                                          {"storage_choice", "INFERD_OPENCL_STORAGE_CHOICE"},
                                                          {"activations", "INFERD_OPENCL_ACTIVATIONS"},
                                                          {"numerics", "INFERD_OPENCL_NUMERICS"},
-                                                         {"int_dot", "INFERD_OPENCL_INT_DOT"}};
+                                                         {"int_dot", "INFERD_OPENCL_INT_DOT"},
+                                                         {"decode_shape", "INFERD_OPENCL_DECODE_SHAPE"}};
 constexpr IntDot kIntDots[] = {IntDot::kFloat, IntDot::kInt8};
 constexpr Numerics kNumerics[] = {Numerics::kExact, Numerics::kFloat};
 constexpr StoragePolicy kStoragePolicies[] = {StoragePolicy::kMeasure, StoragePolicy::kRule};
@@ -68,6 +71,11 @@ Result<std::unique_ptr<Backend>> create(const BackendConfig& config) {
   o.activation_type = data_type.value();
   if (numerics.value()) o.numerics = *numerics.value();
   o.int_dot = int_dot.value();
+  if (auto it = config.settings.find("decode_shape"); it != config.settings.end()) {
+    auto shape = parse_decode_shape(it->second);
+    if (!shape) return shape.status().with_context(kEnvironment.at("decode_shape") + " (decode_shape)");
+    o.decode_shape = shape.value();
+  }
   RuntimeOptions ro;
   ro.cache_dir = default_cache_dir();
   auto runtime = Runtime::create_default(ro, config.device);

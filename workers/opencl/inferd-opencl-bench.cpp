@@ -6,12 +6,14 @@
 // round first builds every kernel (or loads it from the program cache), then the median of R rounds.
 //
 //   inferd-opencl-bench MODEL.gguf [-p 128] [-n 64] [-r 3] [--device SEL] [--storage S] [--float]
-//                      [--activations f32|f16] [--storage-choice measure|rule]
+//                      [--activations f32|f16] [--storage-choice measure|rule] [--decode-shape RxU]
 // --storage forces the activations' storage; --storage-choice sets how it is chosen otherwise (default:
 // measured on GPUs, cached in the program cache's directory; the rule on CPU devices). The "storage:"
 // line says where the storage came from and each candidate's time per decode step.
 // --float runs the fast float numerics instead of the default exact ones (ClEngineOptions::numerics);
-// --activations forces the activations' data type (f16 needs --float; default: the engine's choice).
+// --activations forces the activations' data type (f16 needs --float; default: the engine's choice);
+// --decode-shape the float decode matmul's work-group shape (ops.h DecodeShape; default: timed with
+// --storage-choice measure, 1x1 otherwise).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -61,7 +63,8 @@ int usage() {
                "usage: inferd-opencl-bench MODEL.gguf [-p PROMPT_TOKENS] [-n GEN_TOKENS] [-r REPETITIONS]\n"
                "                           [--device SELECTOR] [--float]\n"
                "                           [--storage buffer|image_buffer|texture2d|texture3d|texture2d_split]\n"
-               "                           [--activations f32|f16] [--storage-choice measure|rule]\n");
+               "                           [--activations f32|f16] [--storage-choice measure|rule]\n"
+               "                           [--decode-shape RxU]\n");
   return 2;
 }
 
@@ -88,6 +91,10 @@ int main(int argc, char** argv) {
     } else if (a == "--storage-choice" && (v = next())) {
       constexpr StoragePolicy kPolicies[] = {StoragePolicy::kMeasure, StoragePolicy::kRule};
       if (!parse_choice(v, kPolicies, storage_policy_name, eo.storage_policy)) return usage();
+    } else if (a == "--decode-shape" && (v = next())) {
+      auto shape = parse_decode_shape(v);
+      if (!shape) return usage();
+      eo.decode_shape = shape.value();
     } else if (a == "--activations" && (v = next())) {
       if (!parse_choice(v, kAllDataTypes, data_type_name, eo.activation_type)) return usage();
     } else if (a == "--float") {
@@ -125,7 +132,9 @@ int main(int argc, char** argv) {
               std::chrono::duration<double>(Clock::now() - t_load).count());
   std::printf("storage: %s (%s", storage_name(e.activation_storage()), storage_source_name(e.storage_source()));
   if (e.storage_source() == StorageSource::kMeasured) std::printf(" in %.2f s, kernel builds included", e.storage_measure_ms() / 1e3);
-  for (const StorageTrial& t : e.storage_trials()) std::printf("; %s %.3f ms/step", storage_name(t.storage), t.step_ms);
+  for (const StorageTrial& t : e.storage_trials()) {
+    std::printf("; %s %s %.3f ms/step", storage_name(t.storage), t.decode.to_string().c_str(), t.step_ms);
+  }
   std::printf(")\n");
 
   const std::vector<int32_t> prompt = random_tokens(n_prompt, e.n_vocab(), 42);

@@ -3,9 +3,11 @@
 // Prints the DeviceInfo of every device, the storage the chooser picks for each kind of tensor of a
 // reference model (Qwen2-0.5B's shapes) on the selected device, and the time of each op on a few
 // shapes (median wall time of --reps runs after one warm-up, each run waited for). No assertions:
-// correctness is inferd_opencl_test's job.
+// correctness is inferd_opencl_test's job. --decode-shapes times the float decode matmul of an 8B-shaped
+// gate|up projection (28672 x 4096, larger than a GPU's L2) in every work-group shape (ops.h DecodeShape),
+// with the weights' read rate: what the load-time measurement chooses among.
 //
-//   inferd-opencl-info [--device SELECTOR] [--reps N] [--no-timing] [--all-storages]
+//   inferd-opencl-info [--device SELECTOR] [--reps N] [--no-timing] [--all-storages] [--decode-shapes]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -31,6 +33,7 @@ struct Options {
   int reps = 5;
   bool timing = true;
   bool all_storages = false;
+  bool decode_shapes = false;
 };
 
 // Qwen2-0.5B.
@@ -199,6 +202,43 @@ void time_ops(Runtime& rt, const Options& options) {
   }
 }
 
+// The float decode matmul of one token through a 28672 x 4096 matrix in every DecodeShape.
+void time_decode_shapes(Runtime& rt, const Options& options) {
+  constexpr int64_t rows = 28672, k = 4096;
+  std::printf("\nDecode matmul by work-group shape (%lld x %lld, 1 token, median of %d runs):\n",
+              static_cast<long long>(rows), static_cast<long long>(k), options.reps);
+  std::vector<DecodeShape> shapes = decode_shape_candidates();
+  shapes.push_back({2, 2});
+  shapes.push_back({1, 8});
+  for (DType type : {DType::kQ4_0, DType::kQ8_0}) {
+    const size_t row_bytes = dtype_row_bytes(type, k);
+    std::vector<unsigned char> bytes(static_cast<size_t>(rows) * row_bytes);
+    for (int64_t r = 0; r < rows; ++r) {
+      const std::vector<float> w = random_values(k, 100 + static_cast<uint32_t>(r));
+      kernels::quantize_row_ref(type, w.data(), &bytes[static_cast<size_t>(r) * row_bytes], k);
+    }
+    auto weights = MatmulWeights::upload(rt, type, rows, k, bytes.data());
+    if (!weights) {
+      std::printf("  %s: %s\n", dtype_name(type), weights.status().to_string().c_str());
+      continue;
+    }
+    for (StorageType storage : {StorageType::kBuffer, StorageType::kTexture2D}) {
+      auto x = make_tensor(rt, Bhwc{1, 1, 1, static_cast<int32_t>(k)}, storage, 7);
+      auto y = Tensor::allocate(rt, TensorDescriptor(Bhwc{1, 1, 1, static_cast<int32_t>(rows)}, storage));
+      if (!x || !y) continue;
+      for (const DecodeShape& shape : shapes) {
+        Ops ops(rt);
+        ops.set_decode_shape(shape);
+        const std::string name = std::string("decode ") + dtype_name(type) + " " + shape.to_string();
+        report(name.c_str(), "28672x4096 x 1x1x1x4096", storage, time_op(rt, options.reps, [&] {
+                 return ops.matmul(weights.value(), x.value(), y.value(), MatmulVariant::kDecode);
+               }),
+               static_cast<double>(weights->device_bytes()));
+      }
+    }
+  }
+}
+
 int run(const Options& options) {
   auto devices = list_devices();
   if (!devices) {
@@ -222,6 +262,7 @@ int run(const Options& options) {
                                        : "float dot() (no cl_khr_integer_dot_product with 4x8-bit inputs)");
   print_storage_choices(rt.value()->info());
   if (options.timing) time_ops(*rt.value(), options);
+  if (options.decode_shapes) time_decode_shapes(*rt.value(), options);
   const ProgramCacheStats& stats = rt.value()->cache_stats();
   std::printf("\nPrograms: %d compiled, %d from the disk cache, %d rejected entries\n", stats.compiled,
               stats.disk_hits, stats.disk_rejected);
@@ -243,8 +284,11 @@ int main(int argc, char** argv) {
       options.timing = false;
     } else if (arg == "--all-storages") {
       options.all_storages = true;
+    } else if (arg == "--decode-shapes") {
+      options.decode_shapes = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--device SELECTOR] [--reps N] [--no-timing] [--all-storages]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--device SELECTOR] [--reps N] [--no-timing] [--all-storages] [--decode-shapes]\n",
+                   argv[0]);
       return arg == "--help" || arg == "-h" ? 0 : 2;
     }
   }

@@ -64,6 +64,12 @@ bool parse_int(std::string_view word, int32_t& out) {
   return true;
 }
 
+bool parse_shape(std::string_view word, DecodeShape& out) {
+  auto shape = parse_decode_shape(word);
+  if (shape) out = shape.value();
+  return shape.is_ok();
+}
+
 bool parse_ms(std::string_view word, double& out) {
   const std::string s(word);
   char* end = nullptr;
@@ -77,7 +83,7 @@ StorageRecord fastest(std::vector<StorageTrial> trials) {
   INFERD_ASSERT(!trials.empty(), "no storage was timed");
   const StorageTrial& best = *std::min_element(
       trials.begin(), trials.end(), [](const StorageTrial& a, const StorageTrial& b) { return a.step_ms < b.step_ms; });
-  StorageRecord r{best.storage, best.parts, {}};
+  StorageRecord r{best.storage, best.parts, best.decode, {}};
   r.trials = std::move(trials);
   return r;
 }
@@ -110,10 +116,12 @@ std::string format_storage_record(const StorageKey& key, const StorageRecord& re
   std::string text = std::string(kMagic) + "\n" + key.lines();
   char buf[96];
   for (const StorageTrial& t : record.trials) {
-    std::snprintf(buf, sizeof(buf), "trial %s %d %.4f\n", storage_name(t.storage), t.parts, t.step_ms);
+    std::snprintf(buf, sizeof(buf), "trial %s %d %s %.4f\n", storage_name(t.storage), t.parts,
+                  t.decode.to_string().c_str(), t.step_ms);
     text += buf;
   }
-  text += std::string("choice ") + storage_name(record.storage) + " " + std::to_string(record.parts) + "\nend\n";
+  text += std::string("choice ") + storage_name(record.storage) + " " + std::to_string(record.parts) + " " +
+          record.decode.to_string() + "\nend\n";
   return text;
 }
 
@@ -134,15 +142,17 @@ Result<StorageRecord> parse_storage_record(std::string_view text, const StorageK
     const std::vector<std::string_view> w = words(line);
     if (w.size() == 1 && w[0] == "end") {
       ended = true;
-    } else if (w.size() == 4 && w[0] == "trial" && !chosen) {
+    } else if (w.size() == 5 && w[0] == "trial" && !chosen) {
       StorageTrial t;
-      if (!parse_storage(w[1], t.storage) || !parse_int(w[2], t.parts) || !parse_ms(w[3], t.step_ms) || t.parts < 1 ||
-          t.parts > kMaxTextureParts) {
+      if (!parse_storage(w[1], t.storage) || !parse_int(w[2], t.parts) || !parse_shape(w[3], t.decode) ||
+          !parse_ms(w[4], t.step_ms) || t.parts < 1 || t.parts > kMaxTextureParts) {
         return corrupt("bad trial '" + std::string(line) + "'");
       }
       r.trials.push_back(t);
-    } else if (w.size() == 3 && w[0] == "choice" && !chosen) {
-      if (!parse_storage(w[1], r.storage) || !parse_int(w[2], r.parts)) return corrupt("bad choice '" + std::string(line) + "'");
+    } else if (w.size() == 4 && w[0] == "choice" && !chosen) {
+      if (!parse_storage(w[1], r.storage) || !parse_int(w[2], r.parts) || !parse_shape(w[3], r.decode)) {
+        return corrupt("bad choice '" + std::string(line) + "'");
+      }
       chosen = true;
     } else {
       return corrupt("unexpected line '" + std::string(line) + "'");
@@ -151,9 +161,12 @@ Result<StorageRecord> parse_storage_record(std::string_view text, const StorageK
   if (!ended) return corrupt("truncated");
   if (!chosen) return corrupt("no choice");
   const bool among_trials = std::any_of(r.trials.begin(), r.trials.end(), [&](const StorageTrial& t) {
-    return t.storage == r.storage && t.parts == r.parts;
+    return t.storage == r.storage && t.parts == r.parts && t.decode == r.decode;
   });
-  if (!among_trials) return corrupt(std::string("the choice ") + storage_name(r.storage) + " is not among its trials");
+  if (!among_trials) {
+    return corrupt(std::string("the choice ") + storage_name(r.storage) + " " + r.decode.to_string() +
+                   " is not among its trials");
+  }
   return r;
 }
 

@@ -14,22 +14,29 @@
 namespace inferd::opencl {
 namespace {
 
-StorageKey key() { return StorageKey{"NVIDIA H200", "NVIDIA Corporation", "580.95.05", "exact f32 float-dot", 0x5f0c3a9e81d2b4c7}; }
+StorageKey key() {
+  return StorageKey{"NVIDIA H200", "NVIDIA Corporation", "580.95.05", "float f32 float-dot storage=timed decode=timed",
+                    0x5f0c3a9e81d2b4c7};
+}
 
 StorageRecord record() {
-  return fastest({StorageTrial{StorageType::kTexture2D, 1, 3.0521}, StorageTrial{StorageType::kImageBuffer, 1, 3.2010},
-                  StorageTrial{StorageType::kBuffer, 1, 2.9100}});
+  return fastest({StorageTrial{StorageType::kTexture2D, 1, {1, 1}, 3.0521},
+                  StorageTrial{StorageType::kImageBuffer, 1, {1, 1}, 3.2010},
+                  StorageTrial{StorageType::kBuffer, 1, {1, 1}, 2.9100}, StorageTrial{StorageType::kBuffer, 1, {4, 1}, 2.7050}});
 }
 
 TEST(StorageRecord, FastestIsTheChoice) {
   const StorageRecord r = record();
   EXPECT_EQ(r.storage, StorageType::kBuffer);
   EXPECT_EQ(r.parts, 1);
-  ASSERT_EQ(r.trials.size(), 3u);
+  EXPECT_EQ(r.decode, (DecodeShape{4, 1}));
+  ASSERT_EQ(r.trials.size(), 4u);
   EXPECT_EQ(r.trials[0].storage, StorageType::kTexture2D);  // in the order timed
-  const StorageRecord split = fastest({StorageTrial{StorageType::kTexture2DSplit, 3, 1.0}, StorageTrial{StorageType::kBuffer, 1, 1.5}});
+  const StorageRecord split =
+      fastest({StorageTrial{StorageType::kTexture2DSplit, 3, {2, 2}, 1.0}, StorageTrial{StorageType::kBuffer, 1, {}, 1.5}});
   EXPECT_EQ(split.storage, StorageType::kTexture2DSplit);
   EXPECT_EQ(split.parts, 3);
+  EXPECT_EQ(split.decode, (DecodeShape{2, 2}));
 }
 
 TEST(StorageRecord, FormatsAsDocumentedAndParsesBack) {
@@ -39,12 +46,13 @@ TEST(StorageRecord, FormatsAsDocumentedAndParsesBack) {
             "device NVIDIA H200\n"
             "vendor NVIDIA Corporation\n"
             "driver 580.95.05\n"
-            "config exact f32 float-dot\n"
+            "config float f32 float-dot storage=timed decode=timed\n"
             "graph 5f0c3a9e81d2b4c7\n"
-            "trial texture2d 1 3.0521\n"
-            "trial image_buffer 1 3.2010\n"
-            "trial buffer 1 2.9100\n"
-            "choice buffer 1\n"
+            "trial texture2d 1 1x1 3.0521\n"
+            "trial image_buffer 1 1x1 3.2010\n"
+            "trial buffer 1 1x1 2.9100\n"
+            "trial buffer 1 4x1 2.7050\n"
+            "choice buffer 1 4x1\n"
             "end\n");
   auto back = parse_storage_record(text, key());
   ASSERT_TRUE(back.is_ok()) << back.status().to_string();
@@ -60,7 +68,7 @@ TEST(StorageRecord, RefusesAnotherKey) {
   other.graph ^= 1;
   EXPECT_EQ(parse_storage_record(text, other).status().code(), Code::kCorrupt);
   other = key();
-  other.config = "float f16 float-dot";
+  other.config = "float f16 float-dot storage=timed decode=timed";
   EXPECT_EQ(parse_storage_record(text, other).status().code(), Code::kCorrupt);
   EXPECT_NE(other.file_name(), key().file_name());
   EXPECT_EQ(key().file_name().substr(0, 8), "storage-");
@@ -86,17 +94,21 @@ TEST(StorageRecord, RefusesDamage) {
     return t.replace(at, from.size(), to);
   };
   refused(replaced("inferd-opencl-storage 1", "inferd-opencl-storage 2"), "version");
-  refused(replaced("choice buffer 1", "choice texture3d 1"), "a choice not timed");
-  refused(replaced("choice buffer 1", "choice buffer 2"), "a choice's parts not timed");
-  refused(replaced("choice buffer 1\n", ""), "no choice");
-  refused(replaced("trial buffer 1 2.9100", "trial bufer 1 2.9100"), "unknown storage");
-  refused(replaced("trial buffer 1 2.9100", "trial buffer 1 -2.9"), "negative time");
-  refused(replaced("trial buffer 1 2.9100", "trial buffer 1 2.91x"), "not a number");
-  refused(replaced("trial buffer 1 2.9100", "trial buffer 0 2.9100"), "no parts");
-  refused(replaced("trial buffer 1 2.9100", "trial buffer 1  2.9100"), "two spaces");
-  refused(replaced("trial texture2d 1 3.0521\n", "trial texture2d 1 3.0521\nwhatever\n"), "an unknown line");
-  refused(good + "trial buffer 1 1.0\n", "text after the end");
-  refused(replaced("choice buffer 1\n", "choice buffer 1\ntrial buffer 1 1.0\n"), "a trial after the choice");
+  refused(replaced("choice buffer 1 4x1", "choice texture3d 1 4x1"), "a choice not timed");
+  refused(replaced("choice buffer 1 4x1", "choice buffer 2 4x1"), "a choice's parts not timed");
+  refused(replaced("choice buffer 1 4x1", "choice buffer 1 2x2"), "a choice's shape not timed");
+  refused(replaced("choice buffer 1 4x1", "choice buffer 1"), "a choice without its shape");
+  refused(replaced("choice buffer 1 4x1\n", ""), "no choice");
+  refused(replaced("trial buffer 1 1x1 2.9100", "trial bufer 1 1x1 2.9100"), "unknown storage");
+  refused(replaced("trial buffer 1 1x1 2.9100", "trial buffer 1 1x1 -2.9"), "negative time");
+  refused(replaced("trial buffer 1 1x1 2.9100", "trial buffer 1 1x1 2.91x"), "not a number");
+  refused(replaced("trial buffer 1 1x1 2.9100", "trial buffer 0 1x1 2.9100"), "no parts");
+  refused(replaced("trial buffer 1 1x1 2.9100", "trial buffer 1 9x1 2.9100"), "a shape out of range");
+  refused(replaced("trial buffer 1 1x1 2.9100", "trial buffer 1 2.9100"), "a trial without its shape");
+  refused(replaced("trial buffer 1 1x1 2.9100", "trial buffer 1 1x1  2.9100"), "two spaces");
+  refused(replaced("trial texture2d 1 1x1 3.0521\n", "trial texture2d 1 1x1 3.0521\nwhatever\n"), "an unknown line");
+  refused(good + "trial buffer 1 1x1 1.0\n", "text after the end");
+  refused(replaced("choice buffer 1 4x1\n", "choice buffer 1 4x1\ntrial buffer 1 1x1 1.0\n"), "a trial after the choice");
 }
 
 TEST(StorageRecord, StoresAndLoadsInADirectory) {

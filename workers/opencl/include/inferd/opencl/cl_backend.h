@@ -91,6 +91,9 @@ struct OpenClOptions {
   Numerics numerics = Numerics::kExact;
   // How the exact matmuls form their int8 dot products (ops.h IntDot); unset: choose_int_dot(device).
   std::optional<IntDot> int_dot;
+  // The float decode matmul's work-group shape (ops.h DecodeShape); unset: timed with kMeasure and float
+  // numerics, default_decode_shape(device) otherwise. Out of range: kInvalidArgument.
+  std::optional<DecodeShape> decode_shape;
 };
 
 struct OpenClStats {
@@ -138,10 +141,17 @@ class OpenClBackend final : public Backend {
  private:
   struct Impl;
   explicit OpenClBackend(std::unique_ptr<Impl> impl);
-  // Sets the activations' and the logits' storage (the class comment); may run trial steps.
+  // Sets the activations' and the logits' storage and the decode matmul's shape (the class comment); may
+  // run trial steps.
   Status choose_storages(const graph::Graph& g);
-  // The timed trials of StoragePolicy::kMeasure: each candidate's median time per decode step.
-  Result<std::vector<StorageTrial>> time_storages(const graph::Graph& g, std::span<const StorageChoice> candidates);
+  // A configuration a trial times.
+  struct StepConfig {
+    StorageChoice storage;
+    DecodeShape decode;
+    bool logits_follow = true;  // the logits in the activations' storage where it holds them (use_storage)
+  };
+  // The timed trials of StoragePolicy::kMeasure: each configuration's median time per decode step.
+  Result<std::vector<StorageTrial>> time_steps(const graph::Graph& g, std::span<const StepConfig> configs);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -55,6 +55,8 @@ struct ClEngineOptions {
   // How the exact matmuls form their int8 dot products (ops.h IntDot); unset: choose_int_dot(device),
   // int8 where the device has cl_khr_integer_dot_product. Same bits either way.
   std::optional<IntDot> int_dot;
+  // The float decode matmul's work-group shape (OpenClOptions::decode_shape).
+  std::optional<DecodeShape> decode_shape;
   // The layers this engine runs, [first_layer, end_layer) (end_layer 0: through the last); see
   // EngineOptions. create() stores the resolved end_layer.
   int32_t first_layer = 0;

@@ -155,6 +155,25 @@ MatmulActivations matmul_activations(DType type);
 // Floats per Q8_K block in quantize_q8_k()'s `blocks`: d, then the 16 sums of 16 quants.
 inline constexpr int kQ8KBlockFloats = 17;
 
+// The float decode matmul's work-group shape: `slices` output slices (4 weight rows each) per work-group,
+// which read each input slice once for all of them, and `ahead` input slices that a lane loads before it
+// accumulates them (loads in flight at once). Every shape sums each output in the same order, so gives the
+// same bits; which is fastest depends on the device (a GPU's memory wants many loads in flight, a CPU
+// device few), so OpenClBackend measures it (cl_backend.h). Written "RxU" ("4x1").
+struct DecodeShape {
+  int slices = 1;
+  int ahead = 1;
+  bool operator==(const DecodeShape&) const = default;
+  std::string to_string() const;
+};
+inline constexpr int kMaxDecodeSlices = 8, kMaxDecodeAhead = 8;
+// "RxU" with R in [1, kMaxDecodeSlices] and U in [1, kMaxDecodeAhead]; kInvalidArgument otherwise.
+Result<DecodeShape> parse_decode_shape(std::string_view text);
+// The shapes a measurement times: 1x1, 4x1, 8x1, 1x4 (on PoCL 2x2 lost everywhere; BENCHMARKS.md).
+std::vector<DecodeShape> decode_shape_candidates();
+// The shape used where none is measured or set: 4x1 on CPU devices (measured on PoCL), 1x1 elsewhere.
+DecodeShape default_decode_shape(const DeviceInfo& device);
+
 enum class MatmulVariant { kAuto, kDecode, kPrefill };
 const char* matmul_variant_name(MatmulVariant variant);
 // kAuto's choice for T tokens: decode below 4 tokens (where the prefill kernel's tile of 4 tokens
@@ -337,6 +356,9 @@ class Ops {
   // choose_int_dot(device) unless set; set_int_dot(kInt8) forces the variant on any device.
   IntDot int_dot() const { return int_dot_; }
   void set_int_dot(IntDot mode) { int_dot_ = mode; }
+  // The float decode matmul's work-group shape (DecodeShape); default_decode_shape(device) unless set.
+  DecodeShape decode_shape() const { return decode_shape_; }
+  void set_decode_shape(DecodeShape shape);
   // attention() as ops::attention_head computes it: q.k as kernels::dot_f32_f16 in `order`, times
   // scale; softmax with ggml's expf, the exponentials summed in 16-position chunks in
   // _mm512_reduce_add_ps's order and the chunk sums in double (kernels::exp_sum); probabilities
@@ -393,6 +415,7 @@ class Ops {
   Runtime& rt_;
   ClMem gelu_table_;
   IntDot int_dot_ = IntDot::kFloat;
+  DecodeShape decode_shape_;
   std::string build_options_;  // kBuildOptions, and correctly rounded float divide/sqrt where the device has it
   size_t reduce_group_size_ = 1;
   std::map<std::string, Kernel> kernels_;

@@ -1,8 +1,10 @@
-// inferd/opencl/storage_record.h — the storage a model's activations were measured fastest in on a
-// device, cached on disk (issue 20: the storage is chosen by measurement, not by rule).
+// inferd/opencl/storage_record.h — the configuration of a model's decode step measured fastest on a
+// device — the activations' storage and the float decode matmul's shape — cached on disk (issue 20: chosen
+// by measurement, not by rule).
 //
 // OpenClBackend with StoragePolicy::kMeasure (cl_backend.h) times a decode step of the graph in each
-// candidate storage (storage_candidates) at its first load and writes what it found to
+// candidate storage (storage_candidates) and, with float numerics, each decode shape
+// (decode_shape_candidates) at its first load and writes what it found to
 // <cache dir>/storage-<16 hex digits>.txt, named by the hash of its key: the device, its driver, the
 // backend's configuration and the graph. Later loads read the choice instead of timing again. A record is
 // a short text file that people can read:
@@ -11,15 +13,17 @@
 //   device NVIDIA H200
 //   vendor NVIDIA Corporation
 //   driver 580.95.05
-//   config exact f32 float-dot
+//   config float f32 float-dot storage=timed decode=timed
 //   graph 5f0c3a9e81d2b4c7
-//   trial texture2d 1 3.0521
-//   trial image_buffer 1 3.2010
-//   trial buffer 1 2.9100
-//   choice buffer 1
+//   trial texture2d 1 1x1 3.0521
+//   trial image_buffer 1 1x1 3.2010
+//   trial buffer 1 1x1 2.9100
+//   trial buffer 1 4x1 2.7050
+//   choice buffer 1 4x1
 //   end
 //
-// (trial: storage, parts, milliseconds per decode step, the median of its timed steps). A record is used
+// (trial: storage, parts, decode shape, milliseconds per decode step, the median of its timed steps). A
+// record is used
 // only when its key lines equal the current key, its choice is one of its trials, and "end" closes it;
 // anything else (truncated, another driver, an unknown storage) is kCorrupt, and the backend measures
 // again and overwrites it. Records are written atomically (write_file_atomically).
@@ -32,23 +36,26 @@
 
 #include "inferd/graph.h"
 #include "inferd/opencl/cl_runtime.h"
+#include "inferd/opencl/ops.h"
 #include "inferd/opencl/tensor_desc.h"
 #include "inferd/status.h"
 
 namespace inferd::opencl {
 
-// One storage's time per decode step.
+// One configuration's time per decode step.
 struct StorageTrial {
   StorageType storage = StorageType::kBuffer;
   int32_t parts = 1;
+  DecodeShape decode;
   double step_ms = 0.0;
   bool operator==(const StorageTrial&) const = default;
 };
 
-// What was measured: the trials and the storage chosen (the fastest).
+// What was measured: the trials and the configuration chosen (the fastest).
 struct StorageRecord {
   StorageType storage = StorageType::kBuffer;
   int32_t parts = 1;
+  DecodeShape decode;
   std::vector<StorageTrial> trials;
   bool operator==(const StorageRecord&) const = default;
 };
@@ -63,7 +70,7 @@ uint64_t graph_signature(const graph::Graph& g);
 
 struct StorageKey {
   std::string device_name, vendor, driver_version;
-  std::string config;  // the backend's settings that change the kernels ("exact f32 float-dot")
+  std::string config;  // the backend's settings and what is timed ("float f32 float-dot storage=timed decode=timed")
   uint64_t graph = 0;  // graph_signature
 
   // The key lines of a record ("device ...\nvendor ...\n..."); line breaks in a name become spaces.
