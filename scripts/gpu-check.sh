@@ -30,7 +30,7 @@
 #   5. the OpenCL backend on NVIDIA's OpenCL driver: exact numerics against the CPU, float numerics;
 #   6. exact CUDA numerics through the daemon: greedy outputs of the whole model on CUDA, of a
 #      --stage-backends cuda,cpu pipeline and of the CPU alone, compared.
-# GPU_CHECK_SKIP="opencl daemon exact_daemon nograph nofuse exact tensor_cores" leaves those steps out (a rerun
+# GPU_CHECK_SKIP="opencl opencl_speed daemon exact_daemon nograph nofuse exact tensor_cores" leaves those steps out (a rerun
 # after a kernel change).
 # The GPU machine has no package registry: nothing is installed there. (GPU_CHECK_PRESETS and
 # GPU_CHECK_BACKEND=cpu try the script itself on a machine without a GPU.)
@@ -172,6 +172,20 @@ run() {
 
   # 6. Exact numerics through the daemon.
   skip exact_daemon || exact_daemon_checks "$models/smollm2-q4_1.gguf" "$out" "$bin"
+
+  # 7. OpenCL speed on the shapes, float numerics: the storage and decode shape measured at load (a
+  # fresh cache), then the residual fusion off (same storage and shape, from the record).
+  if ! skip opencl_speed && [ -f "$out/icd/nvidia.icd" ]; then
+    local clcache
+    clcache=$(mktemp -d)
+    for m in smollm2-q4_0 tinyllama-q4_0; do
+      for fuse in on off; do
+        XDG_CACHE_HOME="$clcache" OCL_ICD_VENDORS="$out/icd" timeout 90 "$bin/inferd-opencl-bench" "$models/$m.gguf" \
+          -p 512 -n 128 -r 3 --float $([ $fuse = off ] && echo --no-fuse-add) > "$out/opencl-bench-$m-$fuse.txt" 2>&1
+        say "7. OpenCL $m, fuse $fuse: rc=$? $(grep -E '^(storage|prefill|decode)' "$out/opencl-bench-$m-$fuse.txt" | tr -s ' ' | tr '\n' ';')"
+      done
+    done
+  fi
   say "total $((SECONDS - t0)) s"
   # Every log in one archive beside the summary.
   local logs

@@ -116,12 +116,12 @@ inline char4 inferd_nibbles_c(ushort v) {
 //@ end
 
 //@ q8_x86.write_with_min
-    $y.Write(o + acc_min[i], t0 + i, 0, so);
+    $y.Write(INFERD_OUT(o + acc_min[i], t0 + i, so), t0 + i, 0, so);
   }
 //@ end
 
 //@ q8_x86.write
-    $y.Write(o, t0 + i, 0, so);
+    $y.Write(INFERD_OUT(o, t0 + i, so), t0 + i, 0, so);
   }
 //@ end
 
@@ -177,7 +177,7 @@ inline char4 inferd_nibbles_c(ushort v) {
     o.z = inferd_hsum8(vload4(0, acc[i][2]) + vload4(0, acc2[i][2]), vload4(1, acc[i][2]) + vload4(1, acc2[i][2]));
     o.w = inferd_hsum8(vload4(0, acc[i][3]) + vload4(0, acc2[i][3]), vload4(1, acc[i][3]) + vload4(1, acc2[i][3]));
     if ((n_b & 1) != 0) o = o + tail[i] * tail_scale[i];  // FP_CONTRACT OFF: the product rounds first
-    $y.Write(o, t0 + i, 0, so);
+    $y.Write(INFERD_OUT(o, t0 + i, so), t0 + i, 0, so);
   }
 //@ end
 
@@ -213,7 +213,7 @@ inline char4 inferd_nibbles_c(ushort v) {
 //@ q8_scalar.write
     }
   }
-  for (int i = 0; i < TT && t0 + i < n_t; ++i) $y.Write(sum[i], t0 + i, 0, so);
+  for (int i = 0; i < TT && t0 + i < n_t; ++i) $y.Write(INFERD_OUT(sum[i], t0 + i, so), t0 + i, 0, so);
 //@ end
 
 // Float weights, kX86 (dot_float): acc0 = (a0, a1) and acc1 = (a2, a3), 8 lanes each, over steps of
@@ -267,7 +267,7 @@ inline char4 inferd_nibbles_c(ushort v) {
       const float xf = inferd_lane($x.Read(tt[i], 0, f / 4), f % 4);
       for (int r = 0; r < 4; ++r) o[r] = fma(inferd_lane(w[r], f % 4), xf, o[r]);
     }
-    $y.Write((float4)(o[0], o[1], o[2], o[3]), t0 + i, 0, so);
+    $y.Write(INFERD_OUT((float4)(o[0], o[1], o[2], o[3]), t0 + i, so), t0 + i, 0, so);
   }
 //@ end
 
@@ -290,7 +290,7 @@ inline char4 inferd_nibbles_c(ushort v) {
       }
     }
   }
-  for (int i = 0; i < TT && t0 + i < n_t; ++i) $y.Write(sum[i], t0 + i, 0, so);
+  for (int i = 0; i < TT && t0 + i < n_t; ++i) $y.Write(INFERD_OUT(sum[i], t0 + i, so), t0 + i, 0, so);
 //@ end
 
 // ---- K-quants ----
@@ -496,6 +496,6 @@ inline int inferd_ilane(int4 v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c 
 
 //@ k.write
     }
-    $y.Write((float4)(o[0], o[1], o[2], o[3]), t0 + i, 0, so);
+    $y.Write(INFERD_OUT((float4)(o[0], o[1], o[2], o[3]), t0 + i, so), t0 + i, 0, so);
   }
 //@ end

@@ -42,7 +42,7 @@
     }
     barrier(CLK_LOCAL_MEM_FENCE);
   }
-  if (lid < n_r) $y.Write(scratch[lid * lsz], t, 0, so0 + lid);
+  if (lid < n_r) $y.Write(INFERD_OUT(scratch[lid * lsz], t, so0 + lid), t, 0, so0 + lid);
 //@ end
 
 // Launched as (S_O, ceil(T / 4)): a work-item per (output slice, 4 tokens). Tokens past T read the
@@ -62,10 +62,10 @@
     a2 += inferd_dot4(r, $x.Read(t2, 0, si));
     a3 += inferd_dot4(r, $x.Read(t3, 0, si));
   }
-  $y.Write(a0, t0, 0, so);
-  if (t0 + 1 < n_t) $y.Write(a1, t0 + 1, 0, so);
-  if (t0 + 2 < n_t) $y.Write(a2, t0 + 2, 0, so);
-  if (t0 + 3 < n_t) $y.Write(a3, t0 + 3, 0, so);
+  $y.Write(INFERD_OUT(a0, t0, so), t0, 0, so);
+  if (t0 + 1 < n_t) $y.Write(INFERD_OUT(a1, t0 + 1, so), t0 + 1, 0, so);
+  if (t0 + 2 < n_t) $y.Write(INFERD_OUT(a2, t0 + 2, so), t0 + 2, 0, so);
+  if (t0 + 3 < n_t) $y.Write(INFERD_OUT(a3, t0 + 3, so), t0 + 3, 0, so);
 //@ end
 
 // The forward pass's embedding lookup. Launched as (T, S): w_load() dequantizes the 4 rows of the

@@ -338,9 +338,12 @@ class SoftmaxCase final : public OpCase {
 
 class MatmulCase final : public OpCase {
  public:
-  MatmulCase(DType type, int64_t rows, int64_t k, int32_t tokens, MatmulVariant variant, uint32_t seed)
+  // `residual`: y = r + W x in one kernel (matmul_add), r random.
+  MatmulCase(DType type, int64_t rows, int64_t k, int32_t tokens, MatmulVariant variant, uint32_t seed,
+             bool residual = false)
       : type_(type), rows_(rows), k_(k), tokens_(tokens), variant_(variant),
-        x_(random_values(int64_t{tokens} * k, seed + 1)) {
+        x_(random_values(int64_t{tokens} * k, seed + 1)),
+        r_(residual ? random_values(int64_t{tokens} * rows, seed + 2) : std::vector<float>()) {
     const std::vector<float> w = random_values(rows * k, seed);
     const size_t row_bytes = dtype_row_bytes(type, k);
     weights_.resize(static_cast<size_t>(rows) * row_bytes);
@@ -356,7 +359,9 @@ class MatmulCase final : public OpCase {
       tk->to_float(&weights_[static_cast<size_t>(r) * row_bytes], &dequantized_[static_cast<size_t>(r * k)], k);
     }
   }
-  std::string op() const override { return std::string("matmul_") + matmul_variant_name(variant_); }
+  std::string op() const override {
+    return std::string("matmul_") + matmul_variant_name(variant_) + (r_.empty() ? "" : "_add");
+  }
   std::string params() const override {
     return "rows=" + std::to_string(rows_) + ",k=" + std::to_string(k_) + ",tokens=" + std::to_string(tokens_);
   }
@@ -366,15 +371,22 @@ class MatmulCase final : public OpCase {
     auto w = MatmulWeights::upload(h.runtime(), type_, rows_, k_, weights_.data());
     if (!w) return w.status();
     ASSIGN_OR_RETURN(x, h.input(Bhwc{1, 1, tokens_, static_cast<int32_t>(k_)}, x_));
-    ASSIGN_OR_RETURN(y, h.output(Bhwc{1, 1, tokens_, static_cast<int32_t>(rows_)}));
-    INFERD_RETURN_IF_ERROR(ops.matmul(w.value(), *x, *y, variant_));
+    const Bhwc ys{1, 1, tokens_, static_cast<int32_t>(rows_)};
+    ASSIGN_OR_RETURN(y, h.output(ys));
+    Tensor* res = nullptr;
+    if (!r_.empty()) {
+      auto r = h.input(ys, r_);
+      if (!r) return r.status();
+      res = r.value();
+    }
+    INFERD_RETURN_IF_ERROR(ops.matmul(w.value(), *x, *y, variant_, res));
     return h.finish(*y, out);
   }
   std::vector<float> reference() const override {
     std::vector<float> y(static_cast<size_t>(tokens_ * rows_));
     for (int32_t t = 0; t < tokens_; ++t) {
       for (int64_t r = 0; r < rows_; ++r) {
-        double sum = 0.0;
+        double sum = r_.empty() ? 0.0 : r_[static_cast<size_t>(t * rows_ + r)];
         for (int64_t i = 0; i < k_; ++i) {
           sum += double{dequantized_[static_cast<size_t>(r * k_ + i)]} * x_[static_cast<size_t>(t * k_ + i)];
         }
@@ -389,7 +401,7 @@ class MatmulCase final : public OpCase {
   int64_t rows_, k_;
   int32_t tokens_;
   MatmulVariant variant_;
-  std::vector<float> x_, dequantized_;
+  std::vector<float> x_, r_, dequantized_;
   std::vector<unsigned char> weights_;
 };
 
@@ -642,12 +654,15 @@ class QuantizeQ8KCase final : public OpCase {
 // IntDot form of their integer dots (int8: cl_khr_integer_dot_product's dot, emulated where absent).
 class MatmulExactCase final : public OpCase {
  public:
+  // `residual`: y = r + W x in one kernel (matmul_add), against the CPU's dot then a float add.
   MatmulExactCase(DType type, int64_t rows, int64_t k, int32_t tokens, MatmulVariant variant, kernels::Isa isa,
-                  uint32_t seed, IntDot int_dot = IntDot::kFloat)
+                  uint32_t seed, IntDot int_dot = IntDot::kFloat, bool residual = false)
       : type_(type), rows_(rows), k_(k), tokens_(tokens), variant_(variant), isa_(isa), int_dot_(int_dot),
-        w_(random_weights(type, rows, k, seed)), x_(random_values(int64_t{tokens} * k, seed + 1, -3.0f, 3.0f)) {}
+        w_(random_weights(type, rows, k, seed)), x_(random_values(int64_t{tokens} * k, seed + 1, -3.0f, 3.0f)),
+        r_(residual ? random_values(int64_t{tokens} * rows, seed + 2, -3.0f, 3.0f) : std::vector<float>()) {}
   std::string op() const override {
-    return std::string("matmul_exact_") + matmul_variant_name(variant_) + (int_dot_ == IntDot::kInt8 ? "_int8" : "");
+    return std::string("matmul_exact_") + matmul_variant_name(variant_) + (int_dot_ == IntDot::kInt8 ? "_int8" : "") +
+           (r_.empty() ? "" : "_add");
   }
   std::string params() const override {
     return "rows=" + std::to_string(rows_) + ",k=" + std::to_string(k_) + ",tokens=" + std::to_string(tokens_) +
@@ -669,12 +684,19 @@ class MatmulExactCase final : public OpCase {
     if (!w) return w.status();
     const Bhwc xs{1, 1, tokens_, static_cast<int32_t>(k_)};
     ASSIGN_OR_RETURN(x, h.input(xs, x_));
-    ASSIGN_OR_RETURN(y, h.output(Bhwc{1, 1, tokens_, static_cast<int32_t>(rows_)}));
+    const Bhwc ys{1, 1, tokens_, static_cast<int32_t>(rows_)};
+    ASSIGN_OR_RETURN(y, h.output(ys));
+    Tensor* res = nullptr;
+    if (!r_.empty()) {
+      auto r = h.input(ys, r_);
+      if (!r) return r.status();
+      res = r.value();
+    }
     const CpuOrder order = isa_ == kernels::Isa::kScalar ? CpuOrder::kScalar : CpuOrder::kX86;
     const MatmulActivations kind = matmul_activations(type_);
     ops.set_int_dot(int_dot_);
     if (kind == MatmulActivations::kFloat) {
-      INFERD_RETURN_IF_ERROR(ops.matmul_exact(w.value(), *x, nullptr, *y, order, variant_));
+      INFERD_RETURN_IF_ERROR(ops.matmul_exact(w.value(), *x, nullptr, *y, order, variant_, res));
     } else {
       ASSIGN_OR_RETURN(q, h.output(xs));
       const size_t floats = kind == MatmulActivations::kQ8 ? static_cast<size_t>(tokens_ * k_ / 32) * 2
@@ -683,11 +705,17 @@ class MatmulExactCase final : public OpCase {
       if (!scales) return scales.status();
       INFERD_RETURN_IF_ERROR(kind == MatmulActivations::kQ8 ? ops.quantize_q8(*x, *q, scales->get())
                                                             : ops.quantize_q8_k(*x, *q, scales->get()));
-      INFERD_RETURN_IF_ERROR(ops.matmul_exact(w.value(), *q, scales->get(), *y, order, variant_));
+      INFERD_RETURN_IF_ERROR(ops.matmul_exact(w.value(), *q, scales->get(), *y, order, variant_, res));
     }
     return h.finish(*y, out);
   }
+  // The CPU's dots, then the residual added as one float add (the CPU engine's matmul_add).
   std::vector<float> reference() const override {
+    std::vector<float> y = dots();
+    for (size_t i = 0; i < r_.size(); ++i) y[i] = y[i] + r_[i];
+    return y;
+  }
+  std::vector<float> dots() const {
     const kernels::TypeKernels* tk = kernels::type_kernels(type_, isa_);
     const std::vector<unsigned char> act = cpu_activations(type_, x_, tokens_, k_);
     const size_t act_bytes = act.size() / static_cast<size_t>(tokens_);
@@ -719,7 +747,7 @@ class MatmulExactCase final : public OpCase {
   kernels::Isa isa_;
   IntDot int_dot_;
   RandomWeights w_;
-  std::vector<float> x_;
+  std::vector<float> x_, r_;
 };
 
 // rope_kv and attention together, against the CPU engine's rope_head and a double-precision
@@ -1179,6 +1207,53 @@ TEST(BackendOps, DecodeShapesParseAndPrint) {
   for (const char* bad : {"", "x", "4", "4x", "x4", "0x1", "1x0", "9x1", "1x9", "4X1", "4x1 ", "-1x2", "04x1x"}) {
     EXPECT_EQ(parse_decode_shape(bad).status().code(), Code::kInvalidArgument) << bad;
   }
+}
+
+// matmul with a residual (the graph's matmul_add): y = r + W x in one kernel, every variant and storage,
+// against a float reference; the exact kernels against the CPU's dot then one float add, bit for bit.
+TEST(BackendOps, MatmulAdd) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  Cases cases;
+  uint32_t seed = 1000;
+  for (DType type : {DType::kF16, DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
+    const int64_t k = dtype_info(type)->block_size == 256 ? 512 : 96;
+    for (const auto& [tokens, variant] : {std::pair{1, MatmulVariant::kDecode}, std::pair{5, MatmulVariant::kPrefill}}) {
+      cases.push_back(std::make_unique<MatmulCase>(type, 67, k, tokens, variant, seed++, /*residual=*/true));
+    }
+  }
+  run_cases(*rt, cases);
+}
+
+TEST(BackendOps, MatmulExactAddEqualsTheCpuKernels) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  Cases cases;
+  uint32_t seed = 1100;
+  for (DType type : {DType::kF32, DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    const int64_t k = dtype_info(type)->block_size == 256 ? 512 : 96;
+    for (const auto& [tokens, variant] : {std::pair{1, MatmulVariant::kDecode}, std::pair{5, MatmulVariant::kPrefill}}) {
+      cases.push_back(std::make_unique<MatmulExactCase>(type, 67, k, tokens, variant, kernels::Isa::kAvx2, seed++,
+                                                        IntDot::kFloat, /*residual=*/true));
+    }
+  }
+  run_cases(*rt, cases, std::array{StorageType::kBuffer, StorageType::kTexture2D});
+}
+
+// A residual of another shape, or the output's own memory, is refused before anything runs.
+TEST(BackendOps, MatmulAddRejectsBadResiduals) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  Ops ops(*rt);
+  const RandomWeights rw = random_weights(DType::kQ8_0, 8, 64, 7);
+  auto w = MatmulWeights::upload(*rt, DType::kQ8_0, 8, 64, rw.bytes.data());
+  ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+  auto x = Tensor::allocate(*rt, TensorDescriptor(Bhwc{1, 1, 1, 64}, StorageType::kBuffer));
+  auto y = Tensor::allocate(*rt, TensorDescriptor(Bhwc{1, 1, 1, 8}, StorageType::kBuffer));
+  auto other = Tensor::allocate(*rt, TensorDescriptor(Bhwc{1, 1, 2, 8}, StorageType::kBuffer));
+  ASSERT_TRUE(x.is_ok() && y.is_ok() && other.is_ok());
+  EXPECT_EQ(ops.matmul(w.value(), x.value(), y.value(), MatmulVariant::kDecode, &other.value()).code(),
+            Code::kInvalidArgument);
+  const Status same = ops.matmul(w.value(), x.value(), y.value(), MatmulVariant::kDecode, &y.value());
+  EXPECT_EQ(same.code(), Code::kInvalidArgument);
+  EXPECT_NE(same.message().find("own memory"), std::string::npos) << same.message();
 }
 
 TEST(BackendOps, MatmulF32) {

@@ -76,6 +76,7 @@ enum class Action : uint8_t {
   kEmbed,
   kRmsNorm,
   kMatmul,      // one matrix, or a stacked Q|K|V into one tensor
+  kMatmulAdd,   // one matrix, the residual added at the store (matmul_add)
   kGateUp,      // matmul_swiglu / matmul_geglu: stacked gate|up then swiglu_halves (geglu_halves), or two
                 // matmuls then swiglu (geglu)
   kRopeKv,
@@ -202,7 +203,7 @@ struct OpenClBackend::Impl {
   Status bind_views(int32_t tokens, int32_t outputs);
   Tensor& dev(TensorId id);
   TensorSlice slice(TensorId id) { return TensorSlice{&dev(id), bound[static_cast<size_t>(id)].slice}; }
-  Status matmul(const MatmulWeights& w, TensorId x, Tensor& y, int32_t step_tokens);
+  Status matmul(const MatmulWeights& w, TensorId x, Tensor& y, int32_t step_tokens, const Tensor* residual = nullptr);
   Status run_node(const Graph& g, size_t ni, const graph::StepIO& io, const TokenPlacement& tokens);
 };
 
@@ -319,9 +320,10 @@ bool OpenClBackend::supports(const Graph& g, const Node& n) const {
     case Op::kGeglu:
     case Op::kAdd:
     case Op::kGetRows: return true;
+    case Op::kMatmulAdd:  // a bias is rope_kv's to add
+      return impl_->opt.fuse_add && type_ok(n.in[1]) && n.in[2] == graph::kNone;
     case Op::kRope:
-    case Op::kKvWrite:
-    case Op::kMatmulAdd: return false;
+    case Op::kKvWrite: return false;
   }
   return false;
 }
@@ -461,6 +463,14 @@ Status OpenClBackend::Impl::plan_graph(const Graph& g) {
         place(n.out[0]);
         break;
       }
+      case Op::kMatmulAdd: {
+        np.action = Action::kMatmulAdd;
+        auto w = matrix(n.in[1]);
+        if (!w) return in_layer(w.status());
+        np.w = w.value();
+        place(n.out[0]);  // never the residual's memory: inputs are released after the node
+        break;
+      }
       case Op::kMatmulSwiglu:
       case Op::kMatmulGeglu: {
         np.action = Action::kGateUp;
@@ -552,7 +562,6 @@ Status OpenClBackend::Impl::plan_graph(const Graph& g) {
       }
       case Op::kRope:
       case Op::kKvWrite:
-      case Op::kMatmulAdd:
         return Status(Code::kUnimplemented, std::string("the OpenCL backend cannot run ") + graph::op_name(n.op));
     }
     for (TensorId id : n.in) {
@@ -767,7 +776,7 @@ Result<std::vector<StorageTrial>> OpenClBackend::time_steps(const Graph& g, std:
       }
     }
   }
-  I.stats.decode_passes = I.stats.prefill_passes = 0;  // the trials are not the model's steps
+  I.stats.decode_passes = I.stats.prefill_passes = I.stats.launches = 0;  // the trials are not the model's steps
   std::vector<StorageTrial> trials;
   std::string why;
   for (size_t c = 0; c < configs.size(); ++c) {
@@ -827,11 +836,12 @@ Status OpenClBackend::Impl::allocate(const Graph& g) {
   bool k_quants = false;
   if (exact()) {
     for (const Node& nd : g.nodes()) {
-      if (nd.op != Op::kMatmul && nd.op != Op::kMatmulSwiglu) continue;
+      const bool gate_up = nd.op == Op::kMatmulSwiglu || nd.op == Op::kMatmulGeglu;  // in[2]: the up weights
+      if (nd.op != Op::kMatmul && nd.op != Op::kMatmulAdd && !gate_up) continue;
       const int32_t c = static_cast<int32_t>(g.tensor(nd.in[0]).cols);
       widest_input = std::max(widest_input, c);
       for (int i : {1, 2}) {
-        if (nd.in[static_cast<size_t>(i)] == graph::kNone || (i == 2 && nd.op == Op::kMatmul)) continue;
+        if (nd.in[static_cast<size_t>(i)] == graph::kNone || (i == 2 && !gate_up)) continue;
         const MatmulActivations kind = matmul_activations(g.tensor(nd.in[static_cast<size_t>(i)]).weight_type());
         auto& table = kind == MatmulActivations::kQ8K ? q8k_of_width : q8_of_width;
         if (kind == MatmulActivations::kFloat || table.count(c)) continue;
@@ -971,13 +981,14 @@ Status OpenClBackend::prepare(const Graph& g, const BackendShape& shape) {
   return I.rt->finish();
 }
 
-// y = W x, with x quantized first as the CPU backend quantizes it (exact numerics), once per input.
-Status OpenClBackend::Impl::matmul(const MatmulWeights& w, TensorId x, Tensor& y, int32_t step_tokens) {
+// y = W x (+ residual), with x quantized first as the CPU backend quantizes it (exact numerics), once per input.
+Status OpenClBackend::Impl::matmul(const MatmulWeights& w, TensorId x, Tensor& y, int32_t step_tokens,
+                                   const Tensor* residual) {
   Tensor& in = dev(x);
-  if (!exact()) return ops->matmul(w, in, y);
+  if (!exact()) return ops->matmul(w, in, y, MatmulVariant::kAuto, residual);
   const CpuOrder order = matmul_order(cpu_order, w.type(), step_tokens);
   const MatmulActivations kind = matmul_activations(w.type());
-  if (kind == MatmulActivations::kFloat) return ops->matmul_exact(w, in, nullptr, y, order);
+  if (kind == MatmulActivations::kFloat) return ops->matmul_exact(w, in, nullptr, y, order, MatmulVariant::kAuto, residual);
   const bool k = kind == MatmulActivations::kQ8K;
   auto& table = k ? q8k_of_width : q8_of_width;
   auto it = table.find(in.shape().c);
@@ -996,7 +1007,7 @@ Status OpenClBackend::Impl::matmul(const MatmulWeights& w, TensorId x, Tensor& y
     INFERD_RETURN_IF_ERROR(k ? ops->quantize_q8_k(in, quants, scales) : ops->quantize_q8(in, quants, scales));
     holds = x;
   }
-  return ops->matmul_exact(w, quants, scales, y, order);
+  return ops->matmul_exact(w, quants, scales, y, order, MatmulVariant::kAuto, residual);
 }
 
 Status OpenClBackend::Impl::run_node(const Graph& g, size_t ni, const graph::StepIO& io, const TokenPlacement& tokens) {
@@ -1015,6 +1026,7 @@ Status OpenClBackend::Impl::run_node(const Graph& g, size_t ni, const graph::Ste
       INFERD_ASSERT(s.first_slice == 0);
       return matmul(*np.w, n.in[0], dev(n.out[0]), t_count);
     }
+    case Action::kMatmulAdd: return matmul(*np.w, n.in[0], dev(n.out[0]), t_count, &dev(n.in[3]));
     case Action::kGateUp: {
       Tensor& h = out();
       Tensor& a = *phys[static_cast<size_t>(np.tmp)].view;
@@ -1144,6 +1156,7 @@ Status OpenClBackend::compute(const Graph& g, graph::StepIO& io) {
   // collecting the kernels it needs, then builds the new ones side by side: a cold start compiles them in
   // parallel instead of one by one as the pass reaches them (Ops::begin_collect).
   Status st;
+  const int64_t launches_before = I.ops->launches();
   if (I.collected_shapes.emplace(t_count, n_out > 0, all_rows).second) {
     I.ops->begin_collect();
     (void)run_nodes();  // computes nothing; an error here recurs in the real pass below
@@ -1172,6 +1185,7 @@ Status OpenClBackend::compute(const Graph& g, graph::StepIO& io) {
   INFERD_RETURN_IF_ERROR(st);
   (choose_matmul_variant(t_count) == MatmulVariant::kDecode ? I.stats.decode_passes : I.stats.prefill_passes)++;
   I.stats.kernels = I.ops->kernel_count();
+  I.stats.launches += I.ops->launches() - launches_before;
   return Status::ok();
 }
 

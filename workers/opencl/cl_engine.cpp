@@ -12,6 +12,7 @@ Result<std::unique_ptr<ClEngine>> ClEngine::create(std::shared_ptr<const Model> 
   bo.numerics = options.numerics;
   bo.int_dot = options.int_dot;
   bo.decode_shape = options.decode_shape;
+  bo.fuse_add = options.fuse_add;
   auto backend = OpenClBackend::create(std::move(runtime), bo);
   if (!backend) return backend.status();
   std::unique_ptr<ClEngine> e(new ClEngine());
@@ -43,6 +44,7 @@ const ClEngineStats& ClEngine::stats() const {
   stats_.activation_bytes = c.activation_bytes;
   stats_.kernels = c.kernels;
   stats_.kernels_collected = c.kernels_collected;
+  stats_.launches = c.launches;
   return stats_;
 }
 

@@ -936,6 +936,40 @@ TEST_F(ClEngineSyntheticTest, AStepWaitsForTheDeviceOnce) {
   }
 }
 
+// matmul_add (the residual added in the matmul's store) saves a launch per attention output and per FFN
+// down projection: two per layer; with either numerics the logits are the unfused engine's bit for bit.
+TEST_F(ClEngineSyntheticTest, MatmulAddSavesTwoLaunchesPerLayer) {
+  auto model = tiny_model("qwen2", DType::kQ8_0, DType::kF16, kMixedLayers);
+  ASSERT_NE(model, nullptr);
+  for (Numerics numerics : {Numerics::kExact, Numerics::kFloat}) {
+    SCOPED_TRACE(numerics_name(numerics));
+    std::vector<float> logits[2];
+    int64_t launches[2] = {0, 0};
+    for (int fused = 0; fused < 2; ++fused) {
+      const char* selector = std::getenv("INFERD_OPENCL_DEVICE");
+      auto rt = Runtime::create_default(RuntimeOptions{}, selector != nullptr ? selector : "");
+      ASSERT_TRUE(rt.is_ok()) << rt.status().to_string();
+      ClEngineOptions o;
+      o.n_ctx = 64;
+      o.n_ubatch = 16;
+      o.numerics = numerics;
+      o.activation_type = DataType::kFloat32;
+      o.fuse_add = fused == 1;
+      auto e = ClEngine::create(model, std::move(rt).value(), o);
+      ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+      logits[fused] = prefill_then_decode(*e.value(), kTinyTokens);
+      const int64_t before = e.value()->stats().launches;
+      auto d = e.value()->eval(0, std::span<const int32_t>(&kTinyTokens[0], 1));
+      ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+      launches[fused] = e.value()->stats().launches - before;
+    }
+    std::printf("[cl-engine] %s numerics: %lld kernel launches per decode step unfused, %lld fused\n",
+                numerics_name(numerics), static_cast<long long>(launches[0]), static_cast<long long>(launches[1]));
+    EXPECT_EQ(launches[0] - launches[1], 2 * 2);  // two layers
+    EXPECT_EQ(logits[0], logits[1]);
+  }
+}
+
 // The activations' storage by measurement (StoragePolicy::kMeasure, cl_backend.h): the first load times a
 // decode step in every candidate storage and keeps the fastest, and records it in the cache directory;
 // the next load reads the record instead of timing; a damaged record, or one whose choice is no longer a

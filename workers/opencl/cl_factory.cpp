@@ -10,7 +10,8 @@
 //   int_dot      INFERD_OPENCL_INT_DOT      float | int8 (default: int8 where the device has
 //                                           cl_khr_integer_dot_product)
 //   decode_shape INFERD_OPENCL_DECODE_SHAPE RxU, the float decode matmul's work-group shape (ops.h DecodeShape;
-//                                           default: timed where storage_choice is measure, else 1x1)
+//                                           default: timed where storage_choice is measure, else per device)
+//   fuse         INFERD_OPENCL_FUSE         on | off (default on: the residual added in the matmul's store)
 // A value outside these lists is kInvalidArgument naming the setting and its variable. The program
 // binary cache is default_cache_dir() ($XDG_CACHE_HOME or $HOME).
 #include <optional>
@@ -30,7 +31,8 @@ const std::map<std::string, std::string> kEnvironment = {{"storage", "INFERD_OPE
                                                          {"activations", "INFERD_OPENCL_ACTIVATIONS"},
                                                          {"numerics", "INFERD_OPENCL_NUMERICS"},
                                                          {"int_dot", "INFERD_OPENCL_INT_DOT"},
-                                                         {"decode_shape", "INFERD_OPENCL_DECODE_SHAPE"}};
+                                                         {"decode_shape", "INFERD_OPENCL_DECODE_SHAPE"},
+                                                         {"fuse", "INFERD_OPENCL_FUSE"}};
 constexpr IntDot kIntDots[] = {IntDot::kFloat, IntDot::kInt8};
 constexpr Numerics kNumerics[] = {Numerics::kExact, Numerics::kFloat};
 constexpr StoragePolicy kStoragePolicies[] = {StoragePolicy::kMeasure, StoragePolicy::kRule};
@@ -71,6 +73,12 @@ Result<std::unique_ptr<Backend>> create(const BackendConfig& config) {
   o.activation_type = data_type.value();
   if (numerics.value()) o.numerics = *numerics.value();
   o.int_dot = int_dot.value();
+  if (auto it = config.settings.find("fuse"); it != config.settings.end()) {
+    if (it->second != "on" && it->second != "off") {
+      return Status(Code::kInvalidArgument, "INFERD_OPENCL_FUSE (fuse) = '" + it->second + "': expected one of on, off");
+    }
+    o.fuse_add = it->second == "on";
+  }
   if (auto it = config.settings.find("decode_shape"); it != config.settings.end()) {
     auto shape = parse_decode_shape(it->second);
     if (!shape) return shape.status().with_context(kEnvironment.at("decode_shape") + " (decode_shape)");

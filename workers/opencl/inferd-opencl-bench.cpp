@@ -7,13 +7,14 @@
 //
 //   inferd-opencl-bench MODEL.gguf [-p 128] [-n 64] [-r 3] [--device SEL] [--storage S] [--float]
 //                      [--activations f32|f16] [--storage-choice measure|rule] [--decode-shape RxU]
+//                      [--no-fuse-add]
 // --storage forces the activations' storage; --storage-choice sets how it is chosen otherwise (default:
 // measured on GPUs, cached in the program cache's directory; the rule on CPU devices). The "storage:"
 // line says where the storage came from and each candidate's time per decode step.
 // --float runs the fast float numerics instead of the default exact ones (ClEngineOptions::numerics);
 // --activations forces the activations' data type (f16 needs --float; default: the engine's choice);
 // --decode-shape the float decode matmul's work-group shape (ops.h DecodeShape; default: timed with
-// --storage-choice measure, 1x1 otherwise).
+// --storage-choice measure, 1x1 otherwise); --no-fuse-add runs matmul_add as a matmul and an add.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -64,7 +65,7 @@ int usage() {
                "                           [--device SELECTOR] [--float]\n"
                "                           [--storage buffer|image_buffer|texture2d|texture3d|texture2d_split]\n"
                "                           [--activations f32|f16] [--storage-choice measure|rule]\n"
-               "                           [--decode-shape RxU]\n");
+               "                           [--decode-shape RxU] [--no-fuse-add]\n");
   return 2;
 }
 
@@ -97,6 +98,8 @@ int main(int argc, char** argv) {
       eo.decode_shape = shape.value();
     } else if (a == "--activations" && (v = next())) {
       if (!parse_choice(v, kAllDataTypes, data_type_name, eo.activation_type)) return usage();
+    } else if (a == "--no-fuse-add") {
+      eo.fuse_add = false;
     } else if (a == "--float") {
       eo.numerics = Numerics::kFloat;
     } else if (a[0] != '-' && model_path.empty()) {
@@ -140,6 +143,7 @@ int main(int argc, char** argv) {
   const std::vector<int32_t> prompt = random_tokens(n_prompt, e.n_vocab(), 42);
   std::vector<double> prefill, decode;
   double first_round_s = 0;
+  int64_t decode_launches = 0;
   for (int r = 0; r <= reps; ++r) {  // round 0 warms up (kernel builds)
     e.clear_slot(0);
     const auto t0 = Clock::now();
@@ -149,6 +153,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     const auto t1 = Clock::now();
+    const int64_t launches_before = e.stats().launches;
     int32_t token = static_cast<int32_t>(std::max_element(p->begin(), p->end()) - p->begin());
     for (int32_t i = 0; i < n_gen; ++i) {
       auto d = e.eval(0, std::span<const int32_t>(&token, 1));
@@ -159,6 +164,7 @@ int main(int argc, char** argv) {
       token = static_cast<int32_t>(std::max_element(d->begin(), d->end()) - d->begin());
     }
     const auto t2 = Clock::now();
+    decode_launches = (e.stats().launches - launches_before) / n_gen;
     if (r == 0) {
       first_round_s = std::chrono::duration<double>(t2 - t0).count();
       continue;
@@ -174,6 +180,7 @@ int main(int argc, char** argv) {
               static_cast<double>(e.stats().weight_bytes) / 1048576.0, static_cast<double>(e.stats().kv_bytes) / 1048576.0,
               static_cast<double>(e.stats().activation_bytes) / 1048576.0);
   std::printf("prefill: %d tokens  %8.2f tok/s (median of %d)\n", n_prompt, median(prefill), reps);
-  std::printf("decode:  %d tokens  %8.2f tok/s (median of %d)\n", n_gen, median(decode), reps);
+  std::printf("decode:  %d tokens  %8.2f tok/s (median of %d), %lld kernel launches per step\n", n_gen,
+              median(decode), reps, static_cast<long long>(decode_launches));
   return 0;
 }

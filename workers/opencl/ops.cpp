@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <optional>
 
 #include "inferd/kernels/cpu.h"
 #include "inferd/kernels/gemm.h"
@@ -205,8 +206,23 @@ std::string_view weight_loader(const char* loader, DType type) {
   return kWeightsCl(std::string(loader) + "." + dtype_name(type));
 }
 
+// The matmul kernels write each output as $y.Write(INFERD_OUT(v, t, s), t, 0, s): v itself, or with a
+// residual tensor `res` (the graph's matmul_add) v + res[t, s] as a separate float add after v is rounded to
+// float, which is how the CPU engine adds it (the same bits as an add kernel on y).
+std::string define_out(bool residual) {
+  return residual ? "#define INFERD_OUT(inferd_v, inferd_t, inferd_s) ((inferd_v) + $res.Read(inferd_t, 0, inferd_s))\n"
+                  : "#define INFERD_OUT(inferd_v, inferd_t, inferd_s) (inferd_v)\n";
+}
+
+// Adds the residual tensor to a matmul template's tensors, and INFERD_OUT to its body.
+void with_residual(KernelTemplate& k, const std::optional<TensorFormat>& residual) {
+  if (residual) k.tensors.push_back({"res", *residual, Access::kRead});
+  k.body = define_out(residual.has_value()) + k.body;
+}
+
 // `shape`: the decode kernel's work-group shape.
-KernelTemplate matmul_template(DType type, MatmulVariant variant, TensorFormat x, TensorFormat y, DecodeShape shape) {
+KernelTemplate matmul_template(DType type, MatmulVariant variant, TensorFormat x, TensorFormat y, DecodeShape shape,
+                               const std::optional<TensorFormat>& residual) {
   KernelTemplate k;
   k.name = variant == MatmulVariant::kDecode ? "matmul_decode" : "matmul_prefill";
   k.tensors = {{"x", x, Access::kRead}, {"y", y, Access::kWrite}};
@@ -218,6 +234,7 @@ KernelTemplate matmul_template(DType type, MatmulVariant variant, TensorFormat x
   } else {
     k.body = kMatmulFloatCl("prefill");
   }
+  with_residual(k, residual);
   return k;
 }
 
@@ -334,7 +351,8 @@ std::string define_q8k_floats() {
   return kQuantizeCl("define_q8k_floats", {{"floats", std::to_string(kQ8KBlockFloats)}});
 }
 
-KernelTemplate matmul_exact_k_template(DType type, CpuOrder order, int tokens_per_item, TensorFormat x, TensorFormat y);
+KernelTemplate matmul_exact_k_template(DType type, CpuOrder order, int tokens_per_item, TensorFormat x, TensorFormat y,
+                                       const std::optional<TensorFormat>& residual);
 
 // Whether the exact matmul of `type` in `order` for a pass of `tokens` sums IQ4_NL's blocks in pairs
 // (ggml's vec_dot, which the CPU engine runs for one token; more go through its GEMM's single chain).
@@ -345,8 +363,9 @@ bool iq4nl_pairs(DType type, CpuOrder order, int32_t tokens) {
 // The exact matmul (matmul_exact.cl says what each variant sums in which order). `native_int_dot`:
 // IntDot::kInt8 through the device's dot(char4, char4); `pairs`: iq4nl_pairs().
 KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_item, TensorFormat x, TensorFormat y,
-                                     IntDot int_dot, bool native_int_dot, bool pairs) {
-  if (is_k_quant(type)) return matmul_exact_k_template(type, order, tokens_per_item, x, y);
+                                     IntDot int_dot, bool native_int_dot, bool pairs,
+                                     const std::optional<TensorFormat>& residual) {
+  if (is_k_quant(type)) return matmul_exact_k_template(type, order, tokens_per_item, x, y, residual);
   KernelTemplate k;
   k.name = "matmul_exact";
   k.tensors = {{"x", x, Access::kRead}, {"y", y, Access::kWrite}};
@@ -375,11 +394,13 @@ KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_
   } else {
     k.body = join({cl("head"), cl(order == CpuOrder::kX86 ? "float_x86" : "float_scalar")});
   }
+  with_residual(k, residual);
   return k;
 }
 
 // The exact matmul of K-quant weights against quantize_q8_k()'s blocks (matmul_exact.cl's k.*).
-KernelTemplate matmul_exact_k_template(DType type, CpuOrder order, int tokens_per_item, TensorFormat x, TensorFormat y) {
+KernelTemplate matmul_exact_k_template(DType type, CpuOrder order, int tokens_per_item, TensorFormat x, TensorFormat y,
+                                       const std::optional<TensorFormat>& residual) {
   KernelTemplate k;
   k.name = "matmul_exact_k";
   k.tensors = {{"x", x, Access::kRead}, {"y", y, Access::kWrite}};
@@ -412,6 +433,7 @@ KernelTemplate matmul_exact_k_template(DType type, CpuOrder order, int tokens_pe
                     : type == DType::kQ4_K          ? "k.out_q4_k"
                                                     : "k.out_q5_k";
   k.body = body + join({cl("k.out"), cl(out), cl("k.write")});
+  with_residual(k, residual);
   return k;
 }
 
@@ -485,6 +507,16 @@ Status require_same_shape(const char* op, const Tensor& a, const Tensor& b) {
   if (a.shape() == b.shape()) return Status::ok();
   return make_error(Code::kInvalidArgument, "%s: shapes %s and %s differ", op, a.shape().to_string().c_str(),
                     b.shape().to_string().c_str());
+}
+
+// A matmul's residual (none, or y's shape in another tensor: a kernel never reads what it writes).
+Status check_residual(const char* op, const Tensor& y, const Tensor* residual) {
+  if (residual == nullptr) return Status::ok();
+  INFERD_RETURN_IF_ERROR(require_same_shape(op, y, *residual));
+  if (residual->memory(0) == y.memory(0)) {
+    return make_error(Code::kInvalidArgument, "%s: the residual is the output's own memory", op);
+  }
+  return Status::ok();
 }
 
 // One weight block as the kernels read it (ops.h's layouts): the codes of its elements in order,
@@ -987,6 +1019,7 @@ Status Ops::launch(const Kernel& k, cl_uint dims, const size_t* global, const si
   }
   INFERD_CL_RETURN_IF_ERROR(
       clEnqueueNDRangeKernel(rt_.queue(), k.kernel.get(), dims, nullptr, global, local, 0, nullptr, nullptr));
+  ++launches_;
   return Status::ok();
 }
 
@@ -1098,7 +1131,7 @@ Status Ops::softmax(const Tensor& x, const Tensor& mask, float scale, Tensor& ds
   return launch(*k.value(), 2, global, local);
 }
 
-Status Ops::matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVariant variant) {
+Status Ops::matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVariant variant, const Tensor* residual) {
   const Bhwc& xs = x.shape();
   const Bhwc& ys = y.shape();
   if (xs.b != 1 || xs.h != 1 || xs.c != w.k() || !(ys == Bhwc{1, 1, xs.w, static_cast<int32_t>(w.rows())})) {
@@ -1107,14 +1140,19 @@ Status Ops::matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVar
                       ys.to_string().c_str());
   }
   if (variant == MatmulVariant::kAuto) variant = choose_matmul_variant(xs.w);
+  INFERD_RETURN_IF_ERROR(check_residual("matmul", y, residual));
   const DecodeShape shape = decode_shape_;
   const int slices = shape.slices;
+  const std::optional<TensorFormat> res = residual ? std::optional(residual->format()) : std::nullopt;
   auto k = kernel(std::string("matmul_") + matmul_variant_name(variant) + "_" + dtype_name(w.type()) +
-                      (variant == MatmulVariant::kDecode ? "_" + shape.to_string() : "") + storage_key({&x, &y}),
-                  [&] { return matmul_template(w.type(), variant, x.format(), y.format(), shape); });
+                      (variant == MatmulVariant::kDecode ? "_" + shape.to_string() : "") + storage_key({&x, &y}) +
+                      (residual ? "+res" + storage_key({residual}) : ""),
+                  [&] { return matmul_template(w.type(), variant, x.format(), y.format(), shape, res); });
   if (!k) return k.status();
   KernelArgs args(k.value()->kernel.get());
-  args.tensor(x).tensor(y).weights(w);
+  args.tensor(x).tensor(y);
+  if (residual) args.tensor(*residual);
+  args.weights(w);
   if (variant == MatmulVariant::kDecode) {
     // Lanes: at least `slices` (the first `slices` lanes write the results), their scratch within the
     // device's local memory.
@@ -1380,7 +1418,7 @@ Status Ops::quantize_q8_k(const Tensor& x, Tensor& quants, cl_mem blocks) {
 }
 
 Status Ops::matmul_exact(const MatmulWeights& w, const Tensor& x, cl_mem scales, Tensor& y, CpuOrder order,
-                         MatmulVariant variant) {
+                         MatmulVariant variant, const Tensor* residual) {
   INFERD_RETURN_IF_ERROR(require_exact("matmul_exact", {&x, &y}));
   const Bhwc& xs = x.shape();
   const Bhwc& ys = y.shape();
@@ -1405,16 +1443,21 @@ Status Ops::matmul_exact(const MatmulWeights& w, const Tensor& x, cl_mem scales,
   // The extension's dot(char4, char4) where the device has it; emulated where the variant is forced.
   const bool native = int_dot == IntDot::kInt8 && choose_int_dot(rt_.info()) == IntDot::kInt8;
   const bool pairs = iq4nl_pairs(w.type(), order, xs.w);
+  INFERD_RETURN_IF_ERROR(check_residual("matmul_exact", y, residual));
+  if (residual) INFERD_RETURN_IF_ERROR(require_exact("matmul_exact", {residual}));
+  const std::optional<TensorFormat> res = residual ? std::optional(residual->format()) : std::nullopt;
   auto k = kernel(std::string("matmul_exact_") + matmul_variant_name(variant) + "_" + dtype_name(w.type()) + "_" +
                       cpu_order_name(order) + "_" + int_dot_name(int_dot) + (native ? "_native" : "") +
-                      (pairs ? "_pairs" : "") + storage_key({&x, &y}),
+                      (pairs ? "_pairs" : "") + storage_key({&x, &y}) + (residual ? "+res" + storage_key({residual}) : ""),
                   [&] {
                     return matmul_exact_template(w.type(), order, tokens_per_item, x.format(), y.format(), int_dot,
-                                                 native, pairs);
+                                                 native, pairs, res);
                   });
   if (!k) return k.status();
   KernelArgs args(k.value()->kernel.get());
-  args.tensor(x).tensor(y).weights(w).buffer(blocks ? scales : nullptr);
+  args.tensor(x).tensor(y);
+  if (residual) args.tensor(*residual);
+  args.weights(w).buffer(blocks ? scales : nullptr);
   INFERD_RETURN_IF_ERROR(args.status());
   const size_t items = static_cast<size_t>((xs.w + tokens_per_item - 1) / tokens_per_item);
   const size_t global[2] = {static_cast<size_t>(w.out_slices()), items};

@@ -36,9 +36,10 @@
 // expf, RoPE by the host's cos and sin); it needs cl_khr_fp64, and a device without it runs kFloat
 // (describe() says why). kFloat keeps activations unquantized and sums in the fastest order.
 //
-// Operators: embed, rms_norm, matmul (a bias only where a rope_kv adds it), matmul_swiglu, rope_kv,
-// attention (of a rope_kv's Q), swiglu, add, get_rows. rope and kv_write alone and matmul_add are
-// unsupported (fuse() leaves a graph's adds separate on this backend).
+// Operators: embed, rms_norm, matmul (a bias only where a rope_kv adds it), matmul_add (the residual
+// added at the matmul's store: one launch fewer per layer's attention output and FFN down projection),
+// matmul_swiglu, rope_kv, attention (of a rope_kv's Q), swiglu, add, get_rows. rope and kv_write alone are
+// unsupported.
 //
 // Thread safety: one thread at a time (the Runtime's queue is in order).
 #pragma once
@@ -94,6 +95,9 @@ struct OpenClOptions {
   // The float decode matmul's work-group shape (ops.h DecodeShape); unset: timed with kMeasure and float
   // numerics, default_decode_shape(device) otherwise. Out of range: kInvalidArgument.
   std::optional<DecodeShape> decode_shape;
+  // Adds the residual in the matmul's store (the graph's matmul_add); false leaves matmul then add, two
+  // launches (to measure the fusion; the same bits either way).
+  bool fuse_add = true;
 };
 
 struct OpenClStats {
@@ -104,6 +108,7 @@ struct OpenClStats {
   size_t activation_bytes = 0;  // activation tensors and per-step buffers, logits included
   size_t kernels = 0;           // distinct kernels built
   size_t kernels_collected = 0;  // of them, built side by side before the first pass of a shape needed them
+  int64_t launches = 0;          // kernels enqueued by compute() (Ops::launches), the storage trials' excluded
   StorageSource storage_source = StorageSource::kRule;
   std::vector<StorageTrial> storage_trials;  // kMeasured, kRecorded: each candidate's time per decode step
   double storage_measure_ms = 0.0;           // kMeasured: what the timing cost prepare(), kernel builds included

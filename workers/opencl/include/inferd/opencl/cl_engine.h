@@ -57,6 +57,7 @@ struct ClEngineOptions {
   std::optional<IntDot> int_dot;
   // The float decode matmul's work-group shape (OpenClOptions::decode_shape).
   std::optional<DecodeShape> decode_shape;
+  bool fuse_add = true;  // OpenClOptions::fuse_add
   // The layers this engine runs, [first_layer, end_layer) (end_layer 0: through the last); see
   // EngineOptions. create() stores the resolved end_layer.
   int32_t first_layer = 0;
@@ -73,6 +74,7 @@ struct ClEngineStats {
   size_t activation_bytes = 0;  // activation tensors and per-pass buffers, logits included
   size_t kernels = 0;           // distinct kernels built
   size_t kernels_collected = 0;  // of them, built side by side before the first pass of a shape (OpenClStats)
+  int64_t launches = 0;          // kernels enqueued by the passes
 };
 
 class ClEngine final : public ModelRunner {

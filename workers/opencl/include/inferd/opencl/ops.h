@@ -283,8 +283,10 @@ class Ops {
   // dst = softmax over c of (x * scale + mask); mask is B' x H' x W x C with B' and H' either 1
   // (broadcast) or equal to x's. A row masked entirely (-inf) becomes zeros.
   Status softmax(const Tensor& x, const Tensor& mask, float scale, Tensor& dst);
-  // y = W x (see the header comment); x is 1x1xTxK, y 1x1xTxR.
-  Status matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVariant variant = MatmulVariant::kAuto);
+  // y = W x (see the header comment); x is 1x1xTxK, y 1x1xTxR. With a `residual` (y's shape, another
+  // tensor) y = residual + W x in one kernel (the graph's matmul_add: one launch fewer per use).
+  Status matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVariant variant = MatmulVariant::kAuto,
+                const Tensor* residual = nullptr);
 
   // ---- The forward pass's own ops (ClEngine) ----
   //
@@ -351,11 +353,15 @@ class Ops {
   // quantize_q8_k()'s blocks); float types read the float input (x, `scales` unused). The variant only
   // picks how many tokens a work-item computes: the result is the same for every variant and batch.
   // The block types' integer dots are formed as int_dot() says.
+  // With a `residual` (y's shape, another tensor) y = residual + W x, the sum rounded to float before the
+  // add as the CPU engine's matmul_add computes it: the bits of matmul_exact() then add().
   Status matmul_exact(const MatmulWeights& w, const Tensor& x, cl_mem scales, Tensor& y, CpuOrder order,
-                      MatmulVariant variant = MatmulVariant::kAuto);
+                      MatmulVariant variant = MatmulVariant::kAuto, const Tensor* residual = nullptr);
   // choose_int_dot(device) unless set; set_int_dot(kInt8) forces the variant on any device.
   IntDot int_dot() const { return int_dot_; }
   void set_int_dot(IntDot mode) { int_dot_ = mode; }
+  // Kernels enqueued so far (each one launch: what a step costs the host and, on a GPU, in launch gaps).
+  int64_t launches() const { return launches_; }
   // The float decode matmul's work-group shape (DecodeShape); default_decode_shape(device) unless set.
   DecodeShape decode_shape() const { return decode_shape_; }
   void set_decode_shape(DecodeShape shape);
@@ -416,6 +422,7 @@ class Ops {
   ClMem gelu_table_;
   IntDot int_dot_ = IntDot::kFloat;
   DecodeShape decode_shape_;
+  int64_t launches_ = 0;
   std::string build_options_;  // kBuildOptions, and correctly rounded float divide/sqrt where the device has it
   size_t reduce_group_size_ = 1;
   std::map<std::string, Kernel> kernels_;
