@@ -174,17 +174,25 @@ run() {
   skip exact_daemon || exact_daemon_checks "$models/smollm2-q4_1.gguf" "$out" "$bin"
 
   # 7. OpenCL speed on the shapes, float numerics: the storage and decode shape measured at load (a
-  # fresh cache), then the residual fusion off (same storage and shape, from the record).
+  # fresh cache), then the residual fusion off with that storage and shape forced (the unfused graph is
+  # another record key: it would be timed again and might choose otherwise).
   if ! skip opencl_speed && [ -f "$out/icd/nvidia.icd" ]; then
-    local clcache
+    local clcache pinned
     clcache=$(mktemp -d)
     for m in smollm2-q4_0 tinyllama-q4_0; do
-      for fuse in on off; do
-        XDG_CACHE_HOME="$clcache" OCL_ICD_VENDORS="$out/icd" timeout 90 "$bin/inferd-opencl-bench" "$models/$m.gguf" \
-          -p 512 -n 128 -r 3 --float $([ $fuse = off ] && echo --no-fuse-add) > "$out/opencl-bench-$m-$fuse.txt" 2>&1
-        say "7. OpenCL $m, fuse $fuse: rc=$? $(grep -E '^(storage|prefill|decode)' "$out/opencl-bench-$m-$fuse.txt" | tr -s ' ' | tr '\n' ';')"
-      done
+      XDG_CACHE_HOME="$clcache" OCL_ICD_VENDORS="$out/icd" timeout 90 "$bin/inferd-opencl-bench" "$models/$m.gguf" \
+        -p 512 -n 128 -r 3 --float > "$out/opencl-bench-$m-on.txt" 2>&1
+      say "7. OpenCL $m, fused: rc=$? $(grep -E '^(storage|prefill|decode)' "$out/opencl-bench-$m-on.txt" | tr -s ' ' | tr '\n' ';')"
+      pinned=$(sed -n 's/^storage: \([a-z0-9_]*\), decode matmul \([0-9]*x[0-9]*\).*/--storage \1 --decode-shape \2/p' \
+        "$out/opencl-bench-$m-on.txt")
+      [ -n "$pinned" ] || continue
+      # shellcheck disable=SC2086
+      XDG_CACHE_HOME="$clcache" OCL_ICD_VENDORS="$out/icd" timeout 90 "$bin/inferd-opencl-bench" "$models/$m.gguf" \
+        -p 512 -n 128 -r 3 --float --no-fuse-add $pinned > "$out/opencl-bench-$m-off.txt" 2>&1
+      say "7. OpenCL $m, unfused ($pinned): rc=$? $(grep -E '^(prefill|decode)' "$out/opencl-bench-$m-off.txt" | tr -s ' ' | tr '\n' ';')"
     done
+  elif ! skip opencl_speed; then
+    say "7. OpenCL speed: skipped (no NVIDIA OpenCL library, or the opencl step was skipped)"
   fi
   say "total $((SECONDS - t0)) s"
   # Every log in one archive beside the summary.

@@ -45,27 +45,22 @@
   if (lid < n_r) $y.Write(INFERD_OUT(scratch[lid * lsz], t, so0 + lid), t, 0, so0 + lid);
 //@ end
 
-// Launched as (S_O, ceil(T / 4)): a work-item per (output slice, 4 tokens). Tokens past T read the
-// last token (in bounds) and are not written.
+// Launched as (S_O, ceil(T / TT)), TT = @tt@ tokens per work-item (Ops::prefill_tokens): a work-item per
+// (output slice, TT tokens), each weight slice dequantized once for its TT tokens. Tokens past T read the
+// last token (in bounds) and are not written. Every TT sums each output in the same order.
 //@ prefill
   const int so = get_global_id(0);
-  const int t0 = get_global_id(1) * 4;
+  const int t0 = get_global_id(1) * @tt@;
   const int n_t = $x.Width();
   const int n_si = $x.Slices();
-  const int t1 = min(t0 + 1, n_t - 1), t2 = min(t0 + 2, n_t - 1), t3 = min(t0 + 3, n_t - 1);
   float4 r[4];
-  float4 a0 = (float4)(0.0f), a1 = (float4)(0.0f), a2 = (float4)(0.0f), a3 = (float4)(0.0f);
+  float4 acc[@tt@];
+  for (int i = 0; i < @tt@; ++i) acc[i] = (float4)(0.0f);
   for (int si = 0; si < n_si; ++si) {
     w_load(wq, ws, wm, wsub, wh, so, si, n_si, r);
-    a0 += inferd_dot4(r, $x.Read(t0, 0, si));
-    a1 += inferd_dot4(r, $x.Read(t1, 0, si));
-    a2 += inferd_dot4(r, $x.Read(t2, 0, si));
-    a3 += inferd_dot4(r, $x.Read(t3, 0, si));
+    for (int i = 0; i < @tt@; ++i) acc[i] += inferd_dot4(r, $x.Read(min(t0 + i, n_t - 1), 0, si));
   }
-  $y.Write(INFERD_OUT(a0, t0, so), t0, 0, so);
-  if (t0 + 1 < n_t) $y.Write(INFERD_OUT(a1, t0 + 1, so), t0 + 1, 0, so);
-  if (t0 + 2 < n_t) $y.Write(INFERD_OUT(a2, t0 + 2, so), t0 + 2, 0, so);
-  if (t0 + 3 < n_t) $y.Write(INFERD_OUT(a3, t0 + 3, so), t0 + 3, 0, so);
+  for (int i = 0; i < @tt@ && t0 + i < n_t; ++i) $y.Write(INFERD_OUT(acc[i], t0 + i, so), t0 + i, 0, so);
 //@ end
 
 // The forward pass's embedding lookup. Launched as (T, S): w_load() dequantizes the 4 rows of the

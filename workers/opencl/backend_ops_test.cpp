@@ -1196,6 +1196,55 @@ TEST(BackendOps, MatmulDecodeShapesGiveTheSameBits) {
   EXPECT_GT(compared, 0);
 }
 
+// The prefill matmuls' tokens per work-item change how often a weight slice is dequantized, not a sum:
+// every value gives the same bits, float and exact (the exact ones against the CPU kernels besides),
+// with token counts that leave the last work-item short.
+TEST(BackendOps, MatmulPrefillTokensGiveTheSameBits) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  int compared = 0;
+  uint32_t seed = 1200;
+  for (DType type : {DType::kQ4_0, DType::kQ6_K, DType::kF16}) {
+    const int64_t k = dtype_info(type)->block_size == 256 ? 512 : 96;
+    for (int32_t tokens : {5, 19}) {
+      MatmulCase c(type, 67, k, tokens, MatmulVariant::kPrefill, seed++);
+      std::vector<float> want;
+      for (int tt : {4, 1, 7, 16}) {
+        SCOPED_TRACE(std::string(dtype_name(type)) + " " + c.params() + " tokens per item " + std::to_string(tt));
+        Ops ops(*rt);
+        ops.set_prefill_tokens(tt);
+        Harness h(*rt, TensorFormat(StorageType::kBuffer));
+        std::vector<float> got;
+        const Status st = c.run(ops, h, &got);
+        ASSERT_TRUE(st.is_ok()) << st.to_string();
+        if (want.empty()) {
+          want = got;
+          continue;
+        }
+        ASSERT_EQ(got.size(), want.size());
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+        ++compared;
+      }
+      MatmulExactCase e(type, 67, k, tokens, MatmulVariant::kPrefill, kernels::Isa::kAvx2, seed++);
+      const std::vector<float> cpu = e.reference();
+      for (int tt : {4, 1, 3, 8}) {
+        SCOPED_TRACE(std::string("exact ") + dtype_name(type) + " " + e.params() + " tokens per item " + std::to_string(tt));
+        Ops ops(*rt);
+        if (!ops.exact_supported()) break;
+        ops.set_exact_prefill_tokens(tt);
+        Harness h(*rt, TensorFormat(StorageType::kBuffer));
+        std::vector<float> got;
+        const Status st = e.run(ops, h, &got);
+        if (st.code() == Code::kUnimplemented) break;  // this CPU cannot run the AVX2 kernels
+        ASSERT_TRUE(st.is_ok()) << st.to_string();
+        ASSERT_EQ(got.size(), cpu.size());
+        EXPECT_EQ(std::memcmp(got.data(), cpu.data(), got.size() * sizeof(float)), 0);
+        ++compared;
+      }
+    }
+  }
+  EXPECT_GT(compared, 0);
+}
+
 TEST(BackendOps, DecodeShapesParseAndPrint) {
   EXPECT_EQ(DecodeShape{}.to_string(), "1x1");
   for (const DecodeShape& shape : decode_shape_candidates()) {

@@ -218,6 +218,13 @@ Result<std::unique_ptr<OpenClBackend>> OpenClBackend::create(std::unique_ptr<Run
   impl->ops = std::make_unique<Ops>(*impl->rt);
   impl->opt = options;
   if (options.int_dot) impl->ops->set_int_dot(*options.int_dot);
+  if (options.prefill_tokens) {
+    if (*options.prefill_tokens < 1 || *options.prefill_tokens > kMaxPrefillTokens) {
+      return make_error(Code::kInvalidArgument, "prefill tokens must be in [1, %d], got %d", kMaxPrefillTokens,
+                        *options.prefill_tokens);
+    }
+    impl->ops->set_prefill_tokens(*options.prefill_tokens);
+  }
   if (options.decode_shape) {
     const DecodeShape& d = *options.decode_shape;
     if (d.slices < 1 || d.slices > kMaxDecodeSlices || d.ahead < 1 || d.ahead > kMaxDecodeAhead) {
@@ -255,6 +262,7 @@ Runtime& OpenClBackend::runtime() { return *impl_->rt; }
 const DeviceInfo& OpenClBackend::device_info() const { return impl_->rt->info(); }
 const OpenClStats& OpenClBackend::stats() const { return impl_->stats; }
 StorageType OpenClBackend::activation_storage() const { return impl_->act_storage; }
+DecodeShape OpenClBackend::decode_shape() const { return impl_->ops->decode_shape(); }
 DataType OpenClBackend::activation_type() const { return impl_->act_type; }
 Numerics OpenClBackend::numerics() const { return impl_->numerics; }
 CpuOrder OpenClBackend::cpu_order() const { return impl_->cpu_order; }
@@ -1076,13 +1084,17 @@ Status OpenClBackend::compute(const Graph& g, graph::StepIO& io) {
   // enqueued, the kernels follow, the outputs' reads are enqueued, and the host waits once, at the end.
   // Every way out of this function waits (`drain`): an enqueued write must not outlive the host memory
   // it reads, which the next step overwrites.
+  // An error also forgets which block table the device holds: the failed step may not have written it.
   struct Drain {
     Runtime& rt;
+    std::vector<int32_t>& uploaded_table;
     bool armed = true;
     ~Drain() {
-      if (armed) (void)rt.finish();
+      if (!armed) return;
+      (void)rt.finish();
+      uploaded_table.clear();
     }
-  } drain{rt};
+  } drain{rt, I.host_kv_table};
   auto enqueue_ints = [&](const ClMem& mem, std::vector<int32_t>& host, const void* data, int32_t n) {
     host.assign(static_cast<const int32_t*>(data), static_cast<const int32_t*>(data) + n);
     return rt.write_buffer(mem.get(), 0, host.size() * sizeof(cl_int), host.data(), Transfer::kEnqueue);
@@ -1176,6 +1188,7 @@ Status OpenClBackend::compute(const Graph& g, graph::StepIO& io) {
   drain.armed = false;
   const Status waited = rt.finish();  // the step's one host wait
   if (st) st = waited;
+  if (!st) I.host_kv_table.clear();
   for (size_t i = 0; st && i < g.outputs().size(); ++i) {
     const TensorId id = g.outputs()[i];
     std::vector<float>& dst = *io.outputs[i];

@@ -13,6 +13,7 @@ Result<std::unique_ptr<ClEngine>> ClEngine::create(std::shared_ptr<const Model> 
   bo.int_dot = options.int_dot;
   bo.decode_shape = options.decode_shape;
   bo.fuse_add = options.fuse_add;
+  bo.prefill_tokens = options.prefill_tokens;
   auto backend = OpenClBackend::create(std::move(runtime), bo);
   if (!backend) return backend.status();
   std::unique_ptr<ClEngine> e(new ClEngine());

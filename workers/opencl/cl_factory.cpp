@@ -12,8 +12,11 @@
 //   decode_shape INFERD_OPENCL_DECODE_SHAPE RxU, the float decode matmul's work-group shape (ops.h DecodeShape;
 //                                           default: timed where storage_choice is measure, else per device)
 //   fuse         INFERD_OPENCL_FUSE         on | off (default on: the residual added in the matmul's store)
+//   prefill_tokens INFERD_OPENCL_PREFILL_TOKENS  1..16, the float prefill matmul's tokens per work-item
+//                                           (default: 16 on CPU devices, 4 elsewhere)
 // A value outside these lists is kInvalidArgument naming the setting and its variable. The program
 // binary cache is default_cache_dir() ($XDG_CACHE_HOME or $HOME).
+#include <algorithm>
 #include <optional>
 #include <string_view>
 
@@ -32,7 +35,8 @@ const std::map<std::string, std::string> kEnvironment = {{"storage", "INFERD_OPE
                                                          {"numerics", "INFERD_OPENCL_NUMERICS"},
                                                          {"int_dot", "INFERD_OPENCL_INT_DOT"},
                                                          {"decode_shape", "INFERD_OPENCL_DECODE_SHAPE"},
-                                                         {"fuse", "INFERD_OPENCL_FUSE"}};
+                                                         {"fuse", "INFERD_OPENCL_FUSE"},
+                                                         {"prefill_tokens", "INFERD_OPENCL_PREFILL_TOKENS"}};
 constexpr IntDot kIntDots[] = {IntDot::kFloat, IntDot::kInt8};
 constexpr Numerics kNumerics[] = {Numerics::kExact, Numerics::kFloat};
 constexpr StoragePolicy kStoragePolicies[] = {StoragePolicy::kMeasure, StoragePolicy::kRule};
@@ -78,6 +82,16 @@ Result<std::unique_ptr<Backend>> create(const BackendConfig& config) {
       return Status(Code::kInvalidArgument, "INFERD_OPENCL_FUSE (fuse) = '" + it->second + "': expected one of on, off");
     }
     o.fuse_add = it->second == "on";
+  }
+  if (auto it = config.settings.find("prefill_tokens"); it != config.settings.end()) {
+    const std::string& v = it->second;
+    const bool digits = !v.empty() && v.size() <= 2 && std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
+    const int n = digits ? std::stoi(v) : 0;
+    if (n < 1 || n > kMaxPrefillTokens) {
+      return Status(Code::kInvalidArgument, "INFERD_OPENCL_PREFILL_TOKENS (prefill_tokens) = '" + v +
+                                                "': expected 1 to " + std::to_string(kMaxPrefillTokens));
+    }
+    o.prefill_tokens = n;
   }
   if (auto it = config.settings.find("decode_shape"); it != config.settings.end()) {
     auto shape = parse_decode_shape(it->second);

@@ -7,14 +7,15 @@
 //
 //   inferd-opencl-bench MODEL.gguf [-p 128] [-n 64] [-r 3] [--device SEL] [--storage S] [--float]
 //                      [--activations f32|f16] [--storage-choice measure|rule] [--decode-shape RxU]
-//                      [--no-fuse-add]
+//                      [--no-fuse-add] [--prefill-tokens N]
 // --storage forces the activations' storage; --storage-choice sets how it is chosen otherwise (default:
 // measured on GPUs, cached in the program cache's directory; the rule on CPU devices). The "storage:"
 // line says where the storage came from and each candidate's time per decode step.
 // --float runs the fast float numerics instead of the default exact ones (ClEngineOptions::numerics);
 // --activations forces the activations' data type (f16 needs --float; default: the engine's choice);
 // --decode-shape the float decode matmul's work-group shape (ops.h DecodeShape; default: timed with
-// --storage-choice measure, 1x1 otherwise); --no-fuse-add runs matmul_add as a matmul and an add.
+// --storage-choice measure, 1x1 otherwise); --no-fuse-add runs matmul_add as a matmul and an add;
+// --prefill-tokens the float prefill matmul's tokens per work-item (default: per device).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -65,7 +66,7 @@ int usage() {
                "                           [--device SELECTOR] [--float]\n"
                "                           [--storage buffer|image_buffer|texture2d|texture3d|texture2d_split]\n"
                "                           [--activations f32|f16] [--storage-choice measure|rule]\n"
-               "                           [--decode-shape RxU] [--no-fuse-add]\n");
+               "                           [--decode-shape RxU] [--no-fuse-add] [--prefill-tokens 1..16]\n");
   return 2;
 }
 
@@ -98,6 +99,8 @@ int main(int argc, char** argv) {
       eo.decode_shape = shape.value();
     } else if (a == "--activations" && (v = next())) {
       if (!parse_choice(v, kAllDataTypes, data_type_name, eo.activation_type)) return usage();
+    } else if (a == "--prefill-tokens" && (v = next())) {
+      eo.prefill_tokens = std::atoi(v);
     } else if (a == "--no-fuse-add") {
       eo.fuse_add = false;
     } else if (a == "--float") {
@@ -133,7 +136,8 @@ int main(int argc, char** argv) {
   ClEngine& e = *engine.value();
   std::printf("model:   %s\ndevice:  %s\nupload:  %.2f s\n", model.value()->describe().c_str(), e.describe().c_str(),
               std::chrono::duration<double>(Clock::now() - t_load).count());
-  std::printf("storage: %s (%s", storage_name(e.activation_storage()), storage_source_name(e.storage_source()));
+  std::printf("storage: %s, decode matmul %s (%s", storage_name(e.activation_storage()), e.decode_shape().to_string().c_str(),
+              storage_source_name(e.storage_source()));
   if (e.storage_source() == StorageSource::kMeasured) std::printf(" in %.2f s, kernel builds included", e.storage_measure_ms() / 1e3);
   for (const StorageTrial& t : e.storage_trials()) {
     std::printf("; %s %s %.3f ms/step", storage_name(t.storage), t.decode.to_string().c_str(), t.step_ms);

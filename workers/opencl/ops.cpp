@@ -210,7 +210,7 @@ std::string_view weight_loader(const char* loader, DType type) {
 // residual tensor `res` (the graph's matmul_add) v + res[t, s] as a separate float add after v is rounded to
 // float, which is how the CPU engine adds it (the same bits as an add kernel on y).
 std::string define_out(bool residual) {
-  return residual ? "#define INFERD_OUT(inferd_v, inferd_t, inferd_s) ((inferd_v) + $res.Read(inferd_t, 0, inferd_s))\n"
+  return residual ? "#define INFERD_OUT(inferd_v, inferd_t, inferd_s) ((inferd_v) + $res.Read((inferd_t), 0, (inferd_s)))\n"
                   : "#define INFERD_OUT(inferd_v, inferd_t, inferd_s) (inferd_v)\n";
 }
 
@@ -222,7 +222,7 @@ void with_residual(KernelTemplate& k, const std::optional<TensorFormat>& residua
 
 // `shape`: the decode kernel's work-group shape.
 KernelTemplate matmul_template(DType type, MatmulVariant variant, TensorFormat x, TensorFormat y, DecodeShape shape,
-                               const std::optional<TensorFormat>& residual) {
+                               int prefill_tokens, const std::optional<TensorFormat>& residual) {
   KernelTemplate k;
   k.name = variant == MatmulVariant::kDecode ? "matmul_decode" : "matmul_prefill";
   k.tensors = {{"x", x, Access::kRead}, {"y", y, Access::kWrite}};
@@ -232,7 +232,7 @@ KernelTemplate matmul_template(DType type, MatmulVariant variant, TensorFormat x
     k.params.push_back("__local float4* scratch");
     k.body = kMatmulFloatCl("decode", {{"slices", std::to_string(shape.slices)}, {"ahead", std::to_string(shape.ahead)}});
   } else {
-    k.body = kMatmulFloatCl("prefill");
+    k.body = kMatmulFloatCl("prefill", {{"tt", std::to_string(prefill_tokens)}});
   }
   with_residual(k, residual);
   return k;
@@ -947,6 +947,24 @@ Ops::Ops(Runtime& rt) : rt_(rt), int_dot_(choose_int_dot(rt.info())) {
   const size_t by_local = info.local_mem_bytes > 0 ? static_cast<size_t>(info.local_mem_bytes / 16) : wanted;
   reduce_group_size_ = floor_pow2(std::max<size_t>(1, std::min({wanted, limit, by_local})));
   decode_shape_ = default_decode_shape(info);
+  // Tokens per float prefill work-item: on a CPU device (PoCL) more tokens per dequantized weight slice
+  // pays (SmolLM2 prefill, 128 tokens: 59 -> 77 tok/s with 16; BENCHMARKS.md); a GPU keeps 4 until measured
+  // there. The exact prefill keeps 4 everywhere: 8 was 15% faster on PoCL but took twice as long to compile
+  // (32 accumulators per token), and on a GPU would spill registers.
+  prefill_tokens_ = info.type == DeviceType::kCpu ? 16 : 4;
+  exact_prefill_tokens_ = 4;
+}
+
+void Ops::set_prefill_tokens(int tokens) {
+  INFERD_ASSERT(tokens >= 1 && tokens <= kMaxPrefillTokens, "prefill tokens %d out of [1, %d]", tokens,
+                kMaxPrefillTokens);
+  prefill_tokens_ = tokens;
+}
+
+void Ops::set_exact_prefill_tokens(int tokens) {
+  INFERD_ASSERT(tokens >= 1 && tokens <= kMaxExactPrefillTokens, "exact prefill tokens %d out of [1, %d]", tokens,
+                kMaxExactPrefillTokens);
+  exact_prefill_tokens_ = tokens;
 }
 
 namespace {
@@ -1145,23 +1163,30 @@ Status Ops::matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVar
   const int slices = shape.slices;
   const std::optional<TensorFormat> res = residual ? std::optional(residual->format()) : std::nullopt;
   auto k = kernel(std::string("matmul_") + matmul_variant_name(variant) + "_" + dtype_name(w.type()) +
-                      (variant == MatmulVariant::kDecode ? "_" + shape.to_string() : "") + storage_key({&x, &y}) +
-                      (residual ? "+res" + storage_key({residual}) : ""),
-                  [&] { return matmul_template(w.type(), variant, x.format(), y.format(), shape, res); });
+                      (variant == MatmulVariant::kDecode ? "_" + shape.to_string() : "_t" + std::to_string(prefill_tokens_)) +
+                      storage_key({&x, &y}) + (residual ? "+res" + storage_key({residual}) : ""),
+                  [&] { return matmul_template(w.type(), variant, x.format(), y.format(), shape, prefill_tokens_, res); });
   if (!k) return k.status();
   KernelArgs args(k.value()->kernel.get());
   args.tensor(x).tensor(y);
   if (residual) args.tensor(*residual);
   args.weights(w);
   if (variant == MatmulVariant::kDecode) {
-    // Lanes: at least `slices` (the first `slices` lanes write the results), their scratch within the
-    // device's local memory.
-    size_t lanes = group_size(*k.value());
+    // Lanes: the same for every shape (the lanes split each sum, so another count gives other bits): the
+    // device's reduction group, which a shape's kernel or its scratch (lanes * R float4s of local memory)
+    // must admit; a shape that does not is kOutOfRange (a measurement drops it). The 1x1 shape alone
+    // falls back to fewer lanes, as before shapes existed.
+    size_t lanes = reduce_group_size_;
     const uint64_t local_bytes = rt_.info().local_mem_bytes;
-    while (lanes > static_cast<size_t>(slices) && local_bytes > 0 && lanes * 16 * slices > local_bytes) lanes /= 2;
-    if (lanes < static_cast<size_t>(slices)) {
-      return make_error(Code::kOutOfRange, "matmul: %d output slices per work-group need %d lanes, the kernel allows %zu",
-                        slices, slices, lanes);
+    const bool fits = lanes <= k.value()->max_group && (local_bytes == 0 || lanes * 16 * slices <= local_bytes);
+    if (!fits && shape == DecodeShape{}) {
+      lanes = group_size(*k.value());
+    } else if (!fits || lanes < static_cast<size_t>(slices)) {
+      return make_error(Code::kOutOfRange,
+                        "matmul: decode shape %s needs %zu lanes and %zu bytes of local memory; the kernel allows %zu "
+                        "lanes, the device has %llu bytes",
+                        shape.to_string().c_str(), lanes, lanes * 16 * static_cast<size_t>(slices),
+                        k.value()->max_group, static_cast<unsigned long long>(local_bytes));
     }
     args.local(lanes * 16 * static_cast<size_t>(slices));
     INFERD_RETURN_IF_ERROR(args.status());
@@ -1171,7 +1196,8 @@ Status Ops::matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVar
     return launch(*k.value(), 2, global, local);
   }
   INFERD_RETURN_IF_ERROR(args.status());
-  const size_t global[2] = {static_cast<size_t>(w.out_slices()), static_cast<size_t>((xs.w + 3) / 4)};
+  const size_t global[2] = {static_cast<size_t>(w.out_slices()),
+                            static_cast<size_t>((xs.w + prefill_tokens_ - 1) / prefill_tokens_)};
   return launch(*k.value(), 2, global, nullptr);
 }
 
@@ -1438,7 +1464,7 @@ Status Ops::matmul_exact(const MatmulWeights& w, const Tensor& x, cl_mem scales,
         "matmul_exact Q8_K blocks"));
   }
   if (variant == MatmulVariant::kAuto) variant = choose_matmul_variant(xs.w);
-  const int tokens_per_item = variant == MatmulVariant::kDecode ? 1 : 4;
+  const int tokens_per_item = variant == MatmulVariant::kDecode ? 1 : exact_prefill_tokens_;
   const IntDot int_dot = kind == MatmulActivations::kQ8 ? int_dot_ : IntDot::kFloat;  // block types only
   // The extension's dot(char4, char4) where the device has it; emulated where the variant is forced.
   const bool native = int_dot == IntDot::kInt8 && choose_int_dot(rt_.info()) == IntDot::kInt8;
@@ -1448,7 +1474,8 @@ Status Ops::matmul_exact(const MatmulWeights& w, const Tensor& x, cl_mem scales,
   const std::optional<TensorFormat> res = residual ? std::optional(residual->format()) : std::nullopt;
   auto k = kernel(std::string("matmul_exact_") + matmul_variant_name(variant) + "_" + dtype_name(w.type()) + "_" +
                       cpu_order_name(order) + "_" + int_dot_name(int_dot) + (native ? "_native" : "") +
-                      (pairs ? "_pairs" : "") + storage_key({&x, &y}) + (residual ? "+res" + storage_key({residual}) : ""),
+                      (pairs ? "_pairs" : "") + "_t" + std::to_string(tokens_per_item) + storage_key({&x, &y}) +
+                      (residual ? "+res" + storage_key({residual}) : ""),
                   [&] {
                     return matmul_exact_template(w.type(), order, tokens_per_item, x.format(), y.format(), int_dot,
                                                  native, pairs, res);

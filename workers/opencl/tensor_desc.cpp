@@ -259,9 +259,14 @@ Status transfer_raw(Runtime& rt, const Tensor& tensor, void* bytes, bool to_host
   const Rect box = texture_region(desc);
   const size_t part_bytes = box.texels() * desc.texel_bytes();
   for (int32_t p = 0; p < desc.parts(); ++p) {  // a kTexture2DSplit's parts one after the other
-    INFERD_RETURN_IF_ERROR(copy_box(rt, tensor.memory(p), box, desc.texel_bytes(),
-                                    static_cast<char*>(bytes) + static_cast<size_t>(p) * part_bytes, to_host,
-                                    p + 1 == desc.parts() ? how : Transfer::kEnqueue));
+    Status st = copy_box(rt, tensor.memory(p), box, desc.texel_bytes(),
+                         static_cast<char*>(bytes) + static_cast<size_t>(p) * part_bytes, to_host,
+                         p + 1 == desc.parts() ? how : Transfer::kEnqueue);
+    if (!st) {
+      // The parts enqueued before must not outlive a waiting caller's memory.
+      if (p > 0 && how == Transfer::kWait) (void)rt.finish();
+      return st;
+    }
   }
   return Status::ok();
 }

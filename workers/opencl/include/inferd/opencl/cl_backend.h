@@ -96,8 +96,11 @@ struct OpenClOptions {
   // numerics, default_decode_shape(device) otherwise. Out of range: kInvalidArgument.
   std::optional<DecodeShape> decode_shape;
   // Adds the residual in the matmul's store (the graph's matmul_add); false leaves matmul then add, two
-  // launches (to measure the fusion; the same bits either way).
+  // launches (to measure the fusion). The same bits either way with float activations; with half ones the
+  // unfused matmul's output is rounded to half before the add.
   bool fuse_add = true;
+  // Tokens per work-item of the float prefill matmul (Ops::prefill_tokens); unset: the device's default.
+  std::optional<int> prefill_tokens;
 };
 
 struct OpenClStats {
@@ -137,6 +140,8 @@ class OpenClBackend final : public Backend {
   const DeviceInfo& device_info() const;
   const OpenClStats& stats() const;
   StorageType activation_storage() const;
+  // The float decode matmul's work-group shape in effect (ops.h DecodeShape).
+  DecodeShape decode_shape() const;
   DataType activation_type() const;
   // The numerics in effect (options().numerics unless the device cannot run them) and, for kExact, the
   // CPU order they reproduce.

@@ -58,6 +58,7 @@ struct ClEngineOptions {
   // The float decode matmul's work-group shape (OpenClOptions::decode_shape).
   std::optional<DecodeShape> decode_shape;
   bool fuse_add = true;  // OpenClOptions::fuse_add
+  std::optional<int> prefill_tokens;  // OpenClOptions::prefill_tokens
   // The layers this engine runs, [first_layer, end_layer) (end_layer 0: through the last); see
   // EngineOptions. create() stores the resolved end_layer.
   int32_t first_layer = 0;
@@ -90,6 +91,7 @@ class ClEngine final : public ModelRunner {
   Runtime& runtime() { return cl_->runtime(); }
   const DeviceInfo& device_info() const { return cl_->device_info(); }
   StorageType activation_storage() const { return cl_->activation_storage(); }
+  DecodeShape decode_shape() const { return cl_->decode_shape(); }
   // How the activations' storage was decided, and what was timed (OpenClStats).
   StorageSource storage_source() const { return cl_->stats().storage_source; }
   const std::vector<StorageTrial>& storage_trials() const { return cl_->stats().storage_trials; }

@@ -167,6 +167,7 @@ struct DecodeShape {
   std::string to_string() const;
 };
 inline constexpr int kMaxDecodeSlices = 8, kMaxDecodeAhead = 8;
+inline constexpr int kMaxPrefillTokens = 16, kMaxExactPrefillTokens = 8;
 // "RxU" with R in [1, kMaxDecodeSlices] and U in [1, kMaxDecodeAhead]; kInvalidArgument otherwise.
 Result<DecodeShape> parse_decode_shape(std::string_view text);
 // The shapes a measurement times: 1x1, 4x1, 8x1, 1x4 (on PoCL 2x2 lost everywhere; BENCHMARKS.md).
@@ -360,6 +361,12 @@ class Ops {
   // choose_int_dot(device) unless set; set_int_dot(kInt8) forces the variant on any device.
   IntDot int_dot() const { return int_dot_; }
   void set_int_dot(IntDot mode) { int_dot_ = mode; }
+  // Tokens per work-item of the prefill matmuls, float and exact (each weight slice dequantized once for
+  // them); the same bits for every value. Defaults: float 16 on CPU devices, 4 elsewhere; exact 4.
+  int prefill_tokens() const { return prefill_tokens_; }
+  void set_prefill_tokens(int tokens);  // 1 to kMaxPrefillTokens
+  int exact_prefill_tokens() const { return exact_prefill_tokens_; }
+  void set_exact_prefill_tokens(int tokens);  // 1 to kMaxExactPrefillTokens
   // Kernels enqueued so far (each one launch: what a step costs the host and, on a GPU, in launch gaps).
   int64_t launches() const { return launches_; }
   // The float decode matmul's work-group shape (DecodeShape); default_decode_shape(device) unless set.
@@ -423,6 +430,7 @@ class Ops {
   IntDot int_dot_ = IntDot::kFloat;
   DecodeShape decode_shape_;
   int64_t launches_ = 0;
+  int prefill_tokens_ = 4, exact_prefill_tokens_ = 4;
   std::string build_options_;  // kBuildOptions, and correctly rounded float divide/sqrt where the device has it
   size_t reduce_group_size_ = 1;
   std::map<std::string, Kernel> kernels_;
