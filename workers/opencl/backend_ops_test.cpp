@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <vector>
@@ -115,6 +116,14 @@ class Harness {
   auto lhs##_result = (expr);             \
   if (!lhs##_result) return lhs##_result.status(); \
   auto lhs = lhs##_result.value()
+
+// The same into an existing variable (one statement: usable as an if's body).
+#define ASSIGN_OR_RETURN_TO(var, expr)                 \
+  do {                                                 \
+    auto assign_result_ = (expr);                      \
+    if (!assign_result_) return assign_result_.status(); \
+    var = assign_result_.value();                      \
+  } while (0)
 
 class OpCase {
  public:
@@ -374,11 +383,7 @@ class MatmulCase final : public OpCase {
     const Bhwc ys{1, 1, tokens_, static_cast<int32_t>(rows_)};
     ASSIGN_OR_RETURN(y, h.output(ys));
     Tensor* res = nullptr;
-    if (!r_.empty()) {
-      auto r = h.input(ys, r_);
-      if (!r) return r.status();
-      res = r.value();
-    }
+    if (!r_.empty()) ASSIGN_OR_RETURN_TO(res, h.input(ys, r_));
     INFERD_RETURN_IF_ERROR(ops.matmul(w.value(), *x, *y, variant_, res));
     return h.finish(*y, out);
   }
@@ -687,11 +692,7 @@ class MatmulExactCase final : public OpCase {
     const Bhwc ys{1, 1, tokens_, static_cast<int32_t>(rows_)};
     ASSIGN_OR_RETURN(y, h.output(ys));
     Tensor* res = nullptr;
-    if (!r_.empty()) {
-      auto r = h.input(ys, r_);
-      if (!r) return r.status();
-      res = r.value();
-    }
+    if (!r_.empty()) ASSIGN_OR_RETURN_TO(res, h.input(ys, r_));
     const CpuOrder order = isa_ == kernels::Isa::kScalar ? CpuOrder::kScalar : CpuOrder::kX86;
     const MatmulActivations kind = matmul_activations(type_);
     ops.set_int_dot(int_dot_);
@@ -1148,6 +1149,33 @@ Cases matmul_cases(DType type, uint32_t seed = 500) {
   return cases;
 }
 
+// Runs `c` in `storage` on a fresh Ops that `configure` sets up. The first run's output becomes `want`;
+// every later one must equal it bit for bit (counted in `compared`). False when this device lacks the
+// storage (nothing compared).
+bool expect_same_bits(Runtime& rt, OpCase& c, StorageType storage, const std::function<void(Ops&)>& configure,
+                      std::vector<float>& want, int& compared) {
+  Ops ops(rt);
+  configure(ops);
+  Harness h(rt, TensorFormat(storage));
+  std::vector<float> got;
+  const Status st = c.run(ops, h, &got);
+  if (st.code() == Code::kUnimplemented) return false;
+  if (!st) {
+    ADD_FAILURE() << st.to_string();
+    return true;
+  }
+  if (want.empty()) {
+    want = got;
+    return true;
+  }
+  EXPECT_EQ(got.size(), want.size());
+  if (got.size() == want.size()) {
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+  }
+  ++compared;
+  return true;
+}
+
 // The float decode matmul in every work-group shape (DecodeShape) gives the 1x1 shape's bits: the same
 // partial sums in the same order. Rows that leave the last group of R slices short (67 rows: 17 slices)
 // and inputs whose slices are no multiple of the lanes times U; guards and padding checked by the harness.
@@ -1169,27 +1197,15 @@ TEST(BackendOps, MatmulDecodeShapesGiveTheSameBits) {
   for (const Dims& d : dims) {
     for (int32_t tokens : {1, 3}) {
       MatmulCase c(d.type, d.rows, d.k, tokens, MatmulVariant::kDecode, seed++);
-      for (StorageType storage : {d.storage}) {
-        std::vector<float> want;
-        for (const DecodeShape& shape : shapes) {
-          SCOPED_TRACE(std::string(dtype_name(d.type)) + " " + c.params() + " " + storage_name(storage) + " " +
-                       shape.to_string());
-          Ops ops(*rt);
+      std::vector<float> want;
+      for (const DecodeShape& shape : shapes) {
+        SCOPED_TRACE(std::string(dtype_name(d.type)) + " " + c.params() + " " + storage_name(d.storage) + " " +
+                     shape.to_string());
+        auto configure = [&](Ops& ops) {
           ops.set_decode_shape(shape);
           EXPECT_EQ(ops.decode_shape(), shape);
-          Harness h(*rt, TensorFormat(storage));
-          std::vector<float> got;
-          const Status st = c.run(ops, h, &got);
-          if (st.code() == Code::kUnimplemented) break;  // no images on this device
-          ASSERT_TRUE(st.is_ok()) << st.to_string();
-          if (want.empty()) {
-            want = got;
-            continue;
-          }
-          ASSERT_EQ(got.size(), want.size());
-          EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
-          ++compared;
-        }
+        };
+        if (!expect_same_bits(*rt, c, d.storage, configure, want, compared)) break;  // no images on this device
       }
     }
   }
@@ -1210,19 +1226,7 @@ TEST(BackendOps, MatmulPrefillTokensGiveTheSameBits) {
       std::vector<float> want;
       for (int tt : {4, 1, 7, 16}) {
         SCOPED_TRACE(std::string(dtype_name(type)) + " " + c.params() + " tokens per item " + std::to_string(tt));
-        Ops ops(*rt);
-        ops.set_prefill_tokens(tt);
-        Harness h(*rt, TensorFormat(StorageType::kBuffer));
-        std::vector<float> got;
-        const Status st = c.run(ops, h, &got);
-        ASSERT_TRUE(st.is_ok()) << st.to_string();
-        if (want.empty()) {
-          want = got;
-          continue;
-        }
-        ASSERT_EQ(got.size(), want.size());
-        EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
-        ++compared;
+        expect_same_bits(*rt, c, StorageType::kBuffer, [&](Ops& ops) { ops.set_prefill_tokens(tt); }, want, compared);
       }
       MatmulExactCase e(type, 67, k, tokens, MatmulVariant::kPrefill, kernels::Isa::kAvx2, seed++);
       const std::vector<float> cpu = e.reference();

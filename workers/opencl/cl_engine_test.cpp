@@ -766,15 +766,38 @@ class ClEngineSyntheticTest : public ::testing::Test {
   Result<std::unique_ptr<ClEngine>> make(std::shared_ptr<const Model> model, int32_t n_ubatch = 16,
                                          Numerics numerics = Numerics::kExact,
                                          std::optional<IntDot> int_dot = std::nullopt) {
-    const char* selector = std::getenv("INFERD_OPENCL_DEVICE");
-    auto rt = Runtime::create_default(RuntimeOptions{}, selector != nullptr ? selector : "");
-    if (!rt) return rt.status();
-    ClEngineOptions o;
-    o.n_ctx = 64;
+    ClEngineOptions o = tiny_options();
     o.n_ubatch = n_ubatch;
     o.numerics = numerics;
     o.int_dot = int_dot;
-    return ClEngine::create(std::move(model), std::move(rt).value(), o);
+    return make_with(std::move(model), o);
+  }
+  // An empty directory of this process's under the temporary directory (for a cache), removed first.
+  static std::filesystem::path fresh_dir(const std::string& name) {
+    const std::filesystem::path dir =
+        std::filesystem::temp_directory_path() / ("inferd-" + name + "-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir);
+    return dir;
+  }
+  // 64 positions, passes of up to 16 tokens.
+  static ClEngineOptions tiny_options() {
+    ClEngineOptions o;
+    o.n_ctx = 64;
+    o.n_ubatch = 16;
+    return o;
+  }
+  // An engine with options `o` on its own Runtime of the test device, whose program cache (and storage
+  // records) live in `cache_dir` ("": none).
+  Result<std::unique_ptr<ClEngine>> make_with(std::shared_ptr<const Model> model, const ClEngineOptions& o,
+                                              const std::string& cache_dir = "") {
+    const char* selector = std::getenv("INFERD_OPENCL_DEVICE");
+    RuntimeOptions ro;
+    ro.cache_dir = cache_dir;
+    auto rt = Runtime::create_default(ro, selector != nullptr ? selector : "");
+    if (!rt) return rt.status();
+    auto e = ClEngine::create(std::move(model), std::move(rt).value(), o);
+    if (e) std::printf("[cl-engine] %s\n", e.value()->describe().c_str());
+    return e;
   }
   // With the exact numerics the engine's logits, prefill and decode over kTinyTokens, equal the CPU
   // engine's bit for bit, with each form of the integer dots (IntDot: float dot(), and
@@ -807,13 +830,19 @@ const TinyLayerTypes kMixedLayers[2] = {
     {DType::kQ4_1, DType::kQ4_1, DType::kQ4_1, DType::kQ4_1, DType::kQ4_1, DType::kQ4_1, DType::kQ4_1}};
 const std::vector<int32_t> kTinyTokens = {3, 17, 42, 0, 49, 8, 8, 23, 31, 5, 11, 2};
 
-void ClEngineSyntheticTest::expect_exact_equals_cpu_engine(std::shared_ptr<const Model> model, const char* label) {
+// The CPU engine's logits of prefill_then_decode(kTinyTokens) (empty on a failure, reported).
+std::vector<float> cpu_tiny_logits(const std::shared_ptr<const Model>& model) {
   EngineOptions co;
   co.n_ctx = 64;
   co.n_threads = 2;
   auto cpu = Engine::create(model, co);
-  ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
-  const std::vector<float> want = prefill_then_decode(*cpu.value(), kTinyTokens);
+  EXPECT_TRUE(cpu.is_ok()) << cpu.status().to_string();
+  return cpu ? prefill_then_decode(*cpu.value(), kTinyTokens) : std::vector<float>();
+}
+
+void ClEngineSyntheticTest::expect_exact_equals_cpu_engine(std::shared_ptr<const Model> model, const char* label) {
+  const std::vector<float> want = cpu_tiny_logits(model);
+  ASSERT_FALSE(want.empty());
   for (IntDot mode : {IntDot::kFloat, IntDot::kInt8}) {
     SCOPED_TRACE(int_dot_name(mode));
     auto cl = make(model, 16, Numerics::kExact, mode);
@@ -898,14 +927,9 @@ TEST_F(ClEngineSyntheticTest, AStepWaitsForTheDeviceOnce) {
   ASSERT_NE(model, nullptr);
   for (StorageType storage : {StorageType::kBuffer, StorageType::kTexture2D}) {
     SCOPED_TRACE(storage_name(storage));
-    const char* selector = std::getenv("INFERD_OPENCL_DEVICE");
-    auto rt = Runtime::create_default(RuntimeOptions{}, selector != nullptr ? selector : "");
-    ASSERT_TRUE(rt.is_ok()) << rt.status().to_string();
-    ClEngineOptions o;
-    o.n_ctx = 64;
-    o.n_ubatch = 16;
+    ClEngineOptions o = tiny_options();
     o.activation_storage = storage;
-    auto made = ClEngine::create(model, std::move(rt).value(), o);
+    auto made = make_with(model, o);
     if (!made && made.status().code() == Code::kOutOfRange) continue;  // no images on this device
     ASSERT_TRUE(made.is_ok()) << made.status().to_string();
     ClEngine& e = *made.value();
@@ -946,16 +970,11 @@ TEST_F(ClEngineSyntheticTest, MatmulAddSavesTwoLaunchesPerLayer) {
     std::vector<float> logits[2];
     int64_t launches[2] = {0, 0};
     for (int fused = 0; fused < 2; ++fused) {
-      const char* selector = std::getenv("INFERD_OPENCL_DEVICE");
-      auto rt = Runtime::create_default(RuntimeOptions{}, selector != nullptr ? selector : "");
-      ASSERT_TRUE(rt.is_ok()) << rt.status().to_string();
-      ClEngineOptions o;
-      o.n_ctx = 64;
-      o.n_ubatch = 16;
+      ClEngineOptions o = tiny_options();
       o.numerics = numerics;
       o.activation_type = DataType::kFloat32;
       o.fuse_add = fused == 1;
-      auto e = ClEngine::create(model, std::move(rt).value(), o);
+      auto e = make_with(model, o);
       ASSERT_TRUE(e.is_ok()) << e.status().to_string();
       logits[fused] = prefill_then_decode(*e.value(), kTinyTokens);
       const int64_t before = e.value()->stats().launches;
@@ -978,25 +997,13 @@ TEST_F(ClEngineSyntheticTest, MatmulAddSavesTwoLaunchesPerLayer) {
 TEST_F(ClEngineSyntheticTest, MeasuredStorageIsTheFastestAndIsRecorded) {
   auto model = tiny_model("qwen2", DType::kQ8_0, DType::kF16, kMixedLayers);
   ASSERT_NE(model, nullptr);
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("inferd-storage-choice-" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
+  const std::filesystem::path dir = fresh_dir("storage-choice");
   auto measured = [&]() -> std::unique_ptr<ClEngine> {
-    const char* selector = std::getenv("INFERD_OPENCL_DEVICE");
-    RuntimeOptions ro;
-    ro.cache_dir = dir.string();
-    auto rt = Runtime::create_default(ro, selector != nullptr ? selector : "");
-    EXPECT_TRUE(rt.is_ok()) << rt.status().to_string();
-    if (!rt) return nullptr;
-    ClEngineOptions o;
-    o.n_ctx = 64;
-    o.n_ubatch = 16;
+    ClEngineOptions o = tiny_options();
     o.storage_policy = StoragePolicy::kMeasure;
-    auto e = ClEngine::create(model, std::move(rt).value(), o);
+    auto e = make_with(model, o, dir.string());
     EXPECT_TRUE(e.is_ok()) << e.status().to_string();
-    if (!e) return nullptr;
-    std::printf("[cl-engine] %s\n", e.value()->describe().c_str());
-    return std::move(e).value();
+    return e ? std::move(e).value() : nullptr;
   };
   auto records = [&]() {
     std::vector<std::filesystem::path> found;
@@ -1025,12 +1032,8 @@ TEST_F(ClEngineSyntheticTest, MeasuredStorageIsTheFastestAndIsRecorded) {
   const std::filesystem::path record = records()[0];
 
   // The logits after the trials: the CPU engine's, bit for bit.
-  EngineOptions co;
-  co.n_ctx = 64;
-  co.n_threads = 2;
-  auto cpu = Engine::create(model, co);
-  ASSERT_TRUE(cpu.is_ok()) << cpu.status().to_string();
-  const std::vector<float> want = prefill_then_decode(*cpu.value(), kTinyTokens);
+  const std::vector<float> want = cpu_tiny_logits(model);
+  ASSERT_FALSE(want.empty());
   if (first->numerics() == Numerics::kExact) {
     EXPECT_EQ(prefill_then_decode(*first, kTinyTokens), want);
   }
@@ -1087,28 +1090,16 @@ TEST_F(ClEngineSyntheticTest, MeasuredStorageIsTheFastestAndIsRecorded) {
 TEST_F(ClEngineSyntheticTest, FloatNumericsTimeTheDecodeShapes) {
   auto model = tiny_model("qwen2", DType::kQ8_0, DType::kF16, kMixedLayers);
   ASSERT_NE(model, nullptr);
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("inferd-decode-shapes-" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
+  const std::filesystem::path dir = fresh_dir("decode-shapes");
   auto engine = [&](StoragePolicy policy, std::optional<StorageType> storage) -> std::unique_ptr<ClEngine> {
-    const char* selector = std::getenv("INFERD_OPENCL_DEVICE");
-    RuntimeOptions ro;
-    ro.cache_dir = dir.string();
-    auto rt = Runtime::create_default(ro, selector != nullptr ? selector : "");
-    EXPECT_TRUE(rt.is_ok()) << rt.status().to_string();
-    if (!rt) return nullptr;
-    ClEngineOptions o;
-    o.n_ctx = 64;
-    o.n_ubatch = 16;
+    ClEngineOptions o = tiny_options();
     o.numerics = Numerics::kFloat;
     o.activation_type = DataType::kFloat32;
     o.storage_policy = policy;
     o.activation_storage = storage;
-    auto e = ClEngine::create(model, std::move(rt).value(), o);
+    auto e = make_with(model, o, dir.string());
     EXPECT_TRUE(e.is_ok()) << e.status().to_string();
-    if (!e) return nullptr;
-    std::printf("[cl-engine] %s\n", e.value()->describe().c_str());
-    return std::move(e).value();
+    return e ? std::move(e).value() : nullptr;
   };
   auto plain = engine(StoragePolicy::kRule, StorageType::kBuffer);
   ASSERT_NE(plain, nullptr);
@@ -1161,15 +1152,10 @@ TEST_F(ClEngineSyntheticTest, StoragePolicyDefaultsByDeviceType) {
   } else if (plain.value()->device_info().image_support) {
     EXPECT_NE(plain.value()->storage_source(), StorageSource::kRule);
   }
-  const char* selector = std::getenv("INFERD_OPENCL_DEVICE");
-  auto rt = Runtime::create_default(RuntimeOptions{}, selector != nullptr ? selector : "");
-  ASSERT_TRUE(rt.is_ok()) << rt.status().to_string();
-  ClEngineOptions o;
-  o.n_ctx = 64;
-  o.n_ubatch = 16;
+  ClEngineOptions o = tiny_options();
   o.activation_storage = StorageType::kImageBuffer;
   o.storage_policy = StoragePolicy::kMeasure;  // a forced storage is not measured
-  auto forced = ClEngine::create(model, std::move(rt).value(), o);
+  auto forced = make_with(model, o);
   if (!forced && forced.status().code() == Code::kUnimplemented) GTEST_SKIP() << forced.status().to_string();
   ASSERT_TRUE(forced.is_ok()) << forced.status().to_string();
   EXPECT_EQ(forced.value()->storage_source(), StorageSource::kForced);
