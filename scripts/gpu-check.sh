@@ -174,8 +174,9 @@ run() {
   skip exact_daemon || exact_daemon_checks "$models/smollm2-q4_1.gguf" "$out" "$bin"
 
   # 7. OpenCL speed on the issue's shapes, float numerics: the storage and decode shape measured at load (a
-  # fresh cache), then the residual fusion off with that storage and shape forced (the unfused graph is
-  # another record key: it would be timed again and might choose otherwise).
+  # fresh cache), then with that storage and shape forced (the unfused graph is another record key: it would
+  # be timed again and might choose otherwise) the residual fusion off, and the simple prefill kernel
+  # instead of the tiled one.
   if ! skip opencl_speed && [ -f "$out/icd/nvidia.icd" ]; then
     local clcache pinned
     clcache=$(mktemp -d)
@@ -190,6 +191,10 @@ run() {
       XDG_CACHE_HOME="$clcache" OCL_ICD_VENDORS="$out/icd" timeout 90 "$bin/inferd-opencl-bench" "$models/$m.gguf" \
         -p 512 -n 128 -r 3 --float --no-fuse-add $pinned > "$out/opencl-bench-$m-off.txt" 2>&1
       say "7. OpenCL $m, unfused ($pinned): rc=$? $(grep -E '^(prefill|decode)' "$out/opencl-bench-$m-off.txt" | tr -s ' ' | tr '\n' ';')"
+      # shellcheck disable=SC2086
+      XDG_CACHE_HOME="$clcache" OCL_ICD_VENDORS="$out/icd" timeout 90 "$bin/inferd-opencl-bench" "$models/$m.gguf" \
+        -p 512 -n 16 -r 3 --float --prefill-kernel simple $pinned > "$out/opencl-bench-$m-simple.txt" 2>&1
+      say "7. OpenCL $m, simple prefill kernel: rc=$? $(grep -E '^prefill' "$out/opencl-bench-$m-simple.txt" | tr -s ' ')"
     done
   elif ! skip opencl_speed; then
     say "7. OpenCL speed: skipped (no NVIDIA OpenCL library, or the opencl step was skipped)"

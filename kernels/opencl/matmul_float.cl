@@ -63,6 +63,48 @@
   for (int i = 0; i < @tt@ && t0 + i < n_t; ++i) $y.Write(INFERD_OUT(acc[i], t0 + i, so), t0 + i, 0, so);
 //@ end
 
+// The prefill matmul tiled in local memory (Ops::PrefillKernel::kTiled), for GPUs: launched as
+// (16 * ceil(S_O / 16), 16 * ceil(T / 64)) with work-groups (16, 16), a group per tile of 16 output slices
+// (64 rows) x 64 tokens. Per chunk of 8 input slices the group stages the tile's weights, dequantized once
+// (wtile: [16 slices][8][4 rows] float4s), and its tokens' inputs (xtile: [64 tokens][8] float4s) in local
+// memory; work-item (ls, lt) then accumulates output slice ls for tokens 4 lt .. 4 lt + 3 from there. Each
+// output sums its input slices in order, one inferd_dot4 at a time, as the `prefill` kernel does.
+//@ prefill_tiled
+  const int ls = get_local_id(0), lt = get_local_id(1);
+  const int lid = lt * 16 + ls;
+  const int so0 = get_group_id(0) * 16, t_base = get_group_id(1) * 64;
+  const int n_t = $x.Width();
+  const int n_si = $x.Slices();
+  const int n_so = $y.Slices();
+  float4 acc[4];
+  for (int i = 0; i < 4; ++i) acc[i] = (float4)(0.0f);
+  for (int k0 = 0; k0 < n_si; k0 += 8) {
+    const int kc = min(8, n_si - k0);
+    if (lid < 128) {  // the weights: one (output slice, input slice) per work-item
+      const int wsl = lid / 8, wk = lid % 8;
+      float4 r[4] = {(float4)(0.0f), (float4)(0.0f), (float4)(0.0f), (float4)(0.0f)};
+      if (so0 + wsl < n_so && wk < kc) w_load(wq, ws, wm, wsub, wh, so0 + wsl, k0 + wk, n_si, r);
+      for (int j = 0; j < 4; ++j) wtile[(wsl * 8 + wk) * 4 + j] = r[j];
+    }
+    for (int e = lid; e < 512; e += 256) {  // the inputs: two (token, input slice) per work-item
+      const int xt = e / 8, xk = e % 8;
+      xtile[e] = xk < kc ? $x.Read(min(t_base + xt, n_t - 1), 0, k0 + xk) : (float4)(0.0f);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int k = 0; k < kc; ++k) {
+      float4 r[4];
+      for (int j = 0; j < 4; ++j) r[j] = wtile[(ls * 8 + k) * 4 + j];
+      for (int i = 0; i < 4; ++i) acc[i] += inferd_dot4(r, xtile[(lt * 4 + i) * 8 + k]);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  const int so = so0 + ls;
+  for (int i = 0; i < 4; ++i) {
+    const int t = t_base + lt * 4 + i;
+    if (so < n_so && t < n_t) $y.Write(INFERD_OUT(acc[i], t, so), t, 0, so);
+  }
+//@ end
+
 // The forward pass's embedding lookup. Launched as (T, S): w_load() dequantizes the 4 rows of the
 // row's output slice; one is kept.
 //@ get_rows

@@ -1212,6 +1212,40 @@ TEST(BackendOps, MatmulDecodeShapesGiveTheSameBits) {
   EXPECT_GT(compared, 0);
 }
 
+// The float prefill tiled in local memory sums each output in the simple kernel's order: the same bits, for
+// tiles cut short in rows (67 rows: 17 slices, two tiles of 16), tokens (70: two tiles of 64) and input
+// slices (k = 67: a last chunk of 1 of 8), in a buffer and a texture, with and without a residual.
+TEST(BackendOps, MatmulTiledPrefillGivesTheSimpleKernelsBits) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  int compared = 0;
+  uint32_t seed = 1300;
+  struct Dims {
+    DType type;
+    int64_t rows, k;
+  };
+  for (const Dims& d : {Dims{DType::kF32, 67, 67}, Dims{DType::kQ4_0, 67, 576}, Dims{DType::kQ6_K, 5, 512},
+                        Dims{DType::kF16, 130, 96}}) {
+    for (int32_t tokens : {5, 70}) {
+      for (bool residual : {false, true}) {
+        MatmulCase c(d.type, d.rows, d.k, tokens, MatmulVariant::kPrefill, seed++, residual);
+        for (StorageType storage : {StorageType::kBuffer, StorageType::kTexture2D}) {
+          std::vector<float> want;
+          for (PrefillKernel kernel : {PrefillKernel::kSimple, PrefillKernel::kTiled}) {
+            SCOPED_TRACE(std::string(dtype_name(d.type)) + " " + c.params() + (residual ? " +res " : " ") +
+                         storage_name(storage) + " " + prefill_kernel_name(kernel));
+            auto configure = [&](Ops& ops) {
+              ops.set_prefill_kernel(kernel);
+              ops.set_prefill_tokens(4);
+            };
+            if (!expect_same_bits(*rt, c, storage, configure, want, compared)) break;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(compared, 0);
+}
+
 // The prefill matmuls' tokens per work-item change how often a weight slice is dequantized, not a sum:
 // every value gives the same bits, float and exact (the exact ones against the CPU kernels besides),
 // with token counts that leave the last work-item short.

@@ -225,6 +225,8 @@ Result<std::unique_ptr<OpenClBackend>> OpenClBackend::create(std::unique_ptr<Run
     }
     impl->ops->set_prefill_tokens(*options.prefill_tokens);
   }
+  impl->ops->set_prefill_kernel(options.prefill_kernel.value_or(
+      impl->rt->info().type == DeviceType::kGpu ? PrefillKernel::kTiled : PrefillKernel::kSimple));
   if (options.decode_shape) {
     const DecodeShape& d = *options.decode_shape;
     if (d.slices < 1 || d.slices > kMaxDecodeSlices || d.ahead < 1 || d.ahead > kMaxDecodeAhead) {

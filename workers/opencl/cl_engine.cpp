@@ -14,6 +14,7 @@ Result<std::unique_ptr<ClEngine>> ClEngine::create(std::shared_ptr<const Model> 
   bo.decode_shape = options.decode_shape;
   bo.fuse_add = options.fuse_add;
   bo.prefill_tokens = options.prefill_tokens;
+  bo.prefill_kernel = options.prefill_kernel;
   auto backend = OpenClBackend::create(std::move(runtime), bo);
   if (!backend) return backend.status();
   std::unique_ptr<ClEngine> e(new ClEngine());

@@ -989,6 +989,25 @@ TEST_F(ClEngineSyntheticTest, MatmulAddSavesTwoLaunchesPerLayer) {
   }
 }
 
+// The tiled prefill kernel (GPUs' default) in a whole model: the simple kernel's logits, bit for bit.
+TEST_F(ClEngineSyntheticTest, TiledPrefillGivesTheSimpleKernelsLogits) {
+  auto model = tiny_model("qwen2", DType::kQ8_0, DType::kF16, kMixedLayers);
+  ASSERT_NE(model, nullptr);
+  std::vector<float> logits[2];
+  for (PrefillKernel kernel : {PrefillKernel::kSimple, PrefillKernel::kTiled}) {
+    ClEngineOptions o = tiny_options();
+    o.numerics = Numerics::kFloat;
+    o.activation_type = DataType::kFloat32;
+    o.prefill_kernel = kernel;
+    o.prefill_tokens = 4;
+    auto e = make_with(model, o);
+    ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+    logits[kernel == PrefillKernel::kTiled] = prefill_then_decode(*e.value(), kTinyTokens);
+  }
+  ASSERT_FALSE(logits[0].empty());
+  EXPECT_EQ(logits[0], logits[1]);
+}
+
 // The activations' storage by measurement (StoragePolicy::kMeasure, cl_backend.h): the first load times a
 // decode step in every candidate storage and keeps the fastest, and records it in the cache directory;
 // the next load reads the record instead of timing; a damaged record, or one whose choice is no longer a

@@ -14,6 +14,8 @@
 //   fuse         INFERD_OPENCL_FUSE         on | off (default on: the residual added in the matmul's store)
 //   prefill_tokens INFERD_OPENCL_PREFILL_TOKENS  1..16, the float prefill matmul's tokens per work-item
 //                                           (default: 16 on CPU devices, 4 elsewhere)
+//   prefill      INFERD_OPENCL_PREFILL      simple | tiled, the float prefill matmul's kernel (default: tiled
+//                                           on GPUs, simple elsewhere)
 // A value outside these lists is kInvalidArgument naming the setting and its variable. The program
 // binary cache is default_cache_dir() ($XDG_CACHE_HOME or $HOME).
 #include <algorithm>
@@ -36,10 +38,12 @@ const std::map<std::string, std::string> kEnvironment = {{"storage", "INFERD_OPE
                                                          {"int_dot", "INFERD_OPENCL_INT_DOT"},
                                                          {"decode_shape", "INFERD_OPENCL_DECODE_SHAPE"},
                                                          {"fuse", "INFERD_OPENCL_FUSE"},
-                                                         {"prefill_tokens", "INFERD_OPENCL_PREFILL_TOKENS"}};
+                                                         {"prefill_tokens", "INFERD_OPENCL_PREFILL_TOKENS"},
+                                                         {"prefill", "INFERD_OPENCL_PREFILL"}};
 constexpr IntDot kIntDots[] = {IntDot::kFloat, IntDot::kInt8};
 constexpr Numerics kNumerics[] = {Numerics::kExact, Numerics::kFloat};
 constexpr StoragePolicy kStoragePolicies[] = {StoragePolicy::kMeasure, StoragePolicy::kRule};
+constexpr PrefillKernel kPrefillKernels[] = {PrefillKernel::kSimple, PrefillKernel::kTiled};
 
 // Setting `key` among `choices` (named by `name_of`); unset when absent, kInvalidArgument naming the
 // setting, its variable and the choices otherwise.
@@ -72,6 +76,9 @@ Result<std::unique_ptr<Backend>> create(const BackendConfig& config) {
   if (!numerics) return numerics.status();
   auto int_dot = choice(config, "int_dot", kIntDots, int_dot_name);
   if (!int_dot) return int_dot.status();
+  auto prefill = choice(config, "prefill", kPrefillKernels, prefill_kernel_name);
+  if (!prefill) return prefill.status();
+  o.prefill_kernel = prefill.value();
   o.activation_storage = storage.value();
   o.storage_policy = policy.value();
   o.activation_type = data_type.value();

@@ -7,7 +7,7 @@
 //
 //   inferd-opencl-bench MODEL.gguf [-p 128] [-n 64] [-r 3] [--device SEL] [--storage S] [--float]
 //                      [--activations f32|f16] [--storage-choice measure|rule] [--decode-shape RxU]
-//                      [--no-fuse-add] [--prefill-tokens N]
+//                      [--no-fuse-add] [--prefill-tokens N] [--prefill-kernel simple|tiled]
 // --storage forces the activations' storage; --storage-choice sets how it is chosen otherwise (default:
 // measured on GPUs, cached in the program cache's directory; the rule on CPU devices). The "storage:"
 // line says where the storage came from and each candidate's time per decode step.
@@ -15,7 +15,8 @@
 // --activations forces the activations' data type (f16 needs --float; default: the engine's choice);
 // --decode-shape the float decode matmul's work-group shape (ops.h DecodeShape; default: timed with
 // --storage-choice measure, 1x1 otherwise); --no-fuse-add runs matmul_add as a matmul and an add;
-// --prefill-tokens the float prefill matmul's tokens per work-item (default: per device).
+// --prefill-tokens the float prefill matmul's tokens per work-item (default: per device); --prefill-kernel
+// its kernel (default: tiled on GPUs, simple elsewhere).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -66,7 +67,8 @@ int usage() {
                "                           [--device SELECTOR] [--float]\n"
                "                           [--storage buffer|image_buffer|texture2d|texture3d|texture2d_split]\n"
                "                           [--activations f32|f16] [--storage-choice measure|rule]\n"
-               "                           [--decode-shape RxU] [--no-fuse-add] [--prefill-tokens 1..16]\n");
+               "                           [--decode-shape RxU] [--no-fuse-add] [--prefill-tokens 1..16]\n"
+               "                           [--prefill-kernel simple|tiled]\n");
   return 2;
 }
 
@@ -99,6 +101,9 @@ int main(int argc, char** argv) {
       eo.decode_shape = shape.value();
     } else if (a == "--activations" && (v = next())) {
       if (!parse_choice(v, kAllDataTypes, data_type_name, eo.activation_type)) return usage();
+    } else if (a == "--prefill-kernel" && (v = next())) {
+      constexpr PrefillKernel kKernels[] = {PrefillKernel::kSimple, PrefillKernel::kTiled};
+      if (!parse_choice(v, kKernels, prefill_kernel_name, eo.prefill_kernel)) return usage();
     } else if (a == "--prefill-tokens" && (v = next())) {
       eo.prefill_tokens = std::atoi(v);
     } else if (a == "--no-fuse-add") {

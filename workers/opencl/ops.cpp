@@ -220,7 +220,13 @@ void with_residual(KernelTemplate& k, const std::optional<TensorFormat>& residua
   k.body = define_out(residual.has_value()) + k.body;
 }
 
-// `shape`: the decode kernel's work-group shape.
+// The prefill kernel tiled in local memory (matmul_float.cl's prefill_tiled): 16 output slices x 64 tokens
+// per work-group of 16 x 16, two tiles of 512 float4s.
+constexpr int kTiledPrefill = 0;  // matmul_template's prefill_tokens for the tiled kernel
+constexpr size_t kTileGroup = 16, kTileTokens = 64, kTileFloat4s = 512;
+
+// `shape`: the decode kernel's work-group shape; `prefill_tokens`: the prefill kernel's tokens per work-item,
+// or kTiledPrefill.
 KernelTemplate matmul_template(DType type, MatmulVariant variant, TensorFormat x, TensorFormat y, DecodeShape shape,
                                int prefill_tokens, const std::optional<TensorFormat>& residual) {
   KernelTemplate k;
@@ -231,6 +237,10 @@ KernelTemplate matmul_template(DType type, MatmulVariant variant, TensorFormat x
   if (variant == MatmulVariant::kDecode) {
     k.params.push_back("__local float4* scratch");
     k.body = kMatmulFloatCl("decode", {{"slices", std::to_string(shape.slices)}, {"ahead", std::to_string(shape.ahead)}});
+  } else if (prefill_tokens == kTiledPrefill) {
+    k.params.push_back("__local float4* wtile");
+    k.params.push_back("__local float4* xtile");
+    k.body = kMatmulFloatCl("prefill_tiled");
   } else {
     k.body = kMatmulFloatCl("prefill", {{"tt", std::to_string(prefill_tokens)}});
   }
@@ -854,6 +864,8 @@ const char* matmul_variant_name(MatmulVariant variant) {
   return "?";
 }
 
+const char* prefill_kernel_name(PrefillKernel kernel) { return kernel == PrefillKernel::kTiled ? "tiled" : "simple"; }
+
 std::string DecodeShape::to_string() const { return std::to_string(slices) + "x" + std::to_string(ahead); }
 
 Result<DecodeShape> parse_decode_shape(std::string_view text) {
@@ -953,6 +965,7 @@ Ops::Ops(Runtime& rt) : rt_(rt), int_dot_(choose_int_dot(rt.info())) {
   // (32 accumulators per token), and on a GPU would spill registers.
   prefill_tokens_ = info.type == DeviceType::kCpu ? 16 : 4;
   exact_prefill_tokens_ = 4;
+  prefill_kernel_ = PrefillKernel::kSimple;
 }
 
 void Ops::set_prefill_tokens(int tokens) {
@@ -1161,11 +1174,20 @@ Status Ops::matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVar
   INFERD_RETURN_IF_ERROR(check_residual("matmul", y, residual));
   const DecodeShape shape = decode_shape_;
   const int slices = shape.slices;
+  // The tiled prefill where chosen and the device admits its work-group and tiles.
+  const DeviceInfo& info = rt_.info();
+  const bool tiled = variant == MatmulVariant::kPrefill && prefill_kernel_ == PrefillKernel::kTiled &&
+                     info.max_work_group_size >= kTileGroup * kTileGroup &&
+                     info.max_work_item_sizes[0] >= kTileGroup && info.max_work_item_sizes[1] >= kTileGroup &&
+                     (info.local_mem_bytes == 0 || info.local_mem_bytes >= 2 * kTileFloat4s * 16);
+  const int prefill_tokens = tiled ? kTiledPrefill : prefill_tokens_;
   const std::optional<TensorFormat> res = residual ? std::optional(residual->format()) : std::nullopt;
   auto k = kernel(std::string("matmul_") + matmul_variant_name(variant) + "_" + dtype_name(w.type()) +
-                      (variant == MatmulVariant::kDecode ? "_" + shape.to_string() : "_t" + std::to_string(prefill_tokens_)) +
+                      (variant == MatmulVariant::kDecode ? "_" + shape.to_string()
+                       : tiled                           ? std::string("_tiled")
+                                                         : "_t" + std::to_string(prefill_tokens_)) +
                       storage_key({&x, &y}) + (residual ? "+res" + storage_key({residual}) : ""),
-                  [&] { return matmul_template(w.type(), variant, x.format(), y.format(), shape, prefill_tokens_, res); });
+                  [&] { return matmul_template(w.type(), variant, x.format(), y.format(), shape, prefill_tokens, res); });
   if (!k) return k.status();
   KernelArgs args(k.value()->kernel.get());
   args.tensor(x).tensor(y);
@@ -1194,6 +1216,19 @@ Status Ops::matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVar
     const size_t global[2] = {lanes * groups, static_cast<size_t>(xs.w)};
     const size_t local[2] = {lanes, 1};
     return launch(*k.value(), 2, global, local);
+  }
+  if (tiled && k.value()->max_group >= kTileGroup * kTileGroup) {
+    args.local(kTileFloat4s * 16).local(kTileFloat4s * 16);
+    INFERD_RETURN_IF_ERROR(args.status());
+    const size_t slice_tiles = (static_cast<size_t>(w.out_slices()) + kTileGroup - 1) / kTileGroup;
+    const size_t token_tiles = (static_cast<size_t>(xs.w) + kTileTokens - 1) / kTileTokens;
+    const size_t global[2] = {kTileGroup * slice_tiles, kTileGroup * token_tiles};
+    const size_t local[2] = {kTileGroup, kTileGroup};
+    return launch(*k.value(), 2, global, local);
+  }
+  if (tiled) {
+    return make_error(Code::kOutOfRange, "matmul: the tiled prefill kernel admits %zu work-items per group, %zu needed",
+                      k.value()->max_group, kTileGroup * kTileGroup);
   }
   INFERD_RETURN_IF_ERROR(args.status());
   const size_t global[2] = {static_cast<size_t>(w.out_slices()),

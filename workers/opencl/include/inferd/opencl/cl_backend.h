@@ -101,6 +101,8 @@ struct OpenClOptions {
   bool fuse_add = true;
   // Tokens per work-item of the float prefill matmul (Ops::prefill_tokens); unset: the device's default.
   std::optional<int> prefill_tokens;
+  // The float prefill matmul's kernel (Ops::prefill_kernel); unset: kTiled on GPUs, kSimple elsewhere.
+  std::optional<PrefillKernel> prefill_kernel;
 };
 
 struct OpenClStats {

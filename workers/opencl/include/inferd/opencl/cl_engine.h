@@ -59,6 +59,7 @@ struct ClEngineOptions {
   std::optional<DecodeShape> decode_shape;
   bool fuse_add = true;  // OpenClOptions::fuse_add
   std::optional<int> prefill_tokens;  // OpenClOptions::prefill_tokens
+  std::optional<PrefillKernel> prefill_kernel;  // OpenClOptions::prefill_kernel
   // The layers this engine runs, [first_layer, end_layer) (end_layer 0: through the last); see
   // EngineOptions. create() stores the resolved end_layer.
   int32_t first_layer = 0;

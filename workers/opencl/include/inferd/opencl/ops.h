@@ -168,6 +168,11 @@ struct DecodeShape {
 };
 inline constexpr int kMaxDecodeSlices = 8, kMaxDecodeAhead = 8;
 inline constexpr int kMaxPrefillTokens = 16, kMaxExactPrefillTokens = 8;
+
+// The float prefill matmul's kernel (Ops::prefill_kernel).
+enum class PrefillKernel { kSimple, kTiled };
+const char* prefill_kernel_name(PrefillKernel kernel);  // "simple", "tiled"
+
 // "RxU" with R in [1, kMaxDecodeSlices] and U in [1, kMaxDecodeAhead]; kInvalidArgument otherwise.
 Result<DecodeShape> parse_decode_shape(std::string_view text);
 // The shapes a measurement times: 1x1, 4x1, 8x1, 1x4 (on PoCL 2x2 lost everywhere; BENCHMARKS.md).
@@ -367,6 +372,10 @@ class Ops {
   void set_prefill_tokens(int tokens);  // 1 to kMaxPrefillTokens
   int exact_prefill_tokens() const { return exact_prefill_tokens_; }
   void set_exact_prefill_tokens(int tokens);  // 1 to kMaxExactPrefillTokens
+  // Which float prefill kernel runs: prefill_tokens() tokens per work-item, or tiles of 64 rows x 64 tokens
+  // staged in local memory (where the device admits 16 x 16 work-items and 16 KiB); the same order of sums.
+  PrefillKernel prefill_kernel() const { return prefill_kernel_; }
+  void set_prefill_kernel(PrefillKernel kernel) { prefill_kernel_ = kernel; }
   // Kernels enqueued so far (each one launch: what a step costs the host and, on a GPU, in launch gaps).
   int64_t launches() const { return launches_; }
   // The float decode matmul's work-group shape (DecodeShape); default_decode_shape(device) unless set.
@@ -431,6 +440,7 @@ class Ops {
   DecodeShape decode_shape_;
   int64_t launches_ = 0;
   int prefill_tokens_ = 4, exact_prefill_tokens_ = 4;
+  PrefillKernel prefill_kernel_ = PrefillKernel::kSimple;
   std::string build_options_;  // kBuildOptions, and correctly rounded float divide/sqrt where the device has it
   size_t reduce_group_size_ = 1;
   std::map<std::string, Kernel> kernels_;
