@@ -189,7 +189,7 @@ run() {
       [ -n "$pinned" ] || continue
       # shellcheck disable=SC2086
       XDG_CACHE_HOME="$clcache" OCL_ICD_VENDORS="$out/icd" timeout 90 "$bin/inferd-opencl-bench" "$models/$m.gguf" \
-        -p 512 -n 128 -r 3 --float --no-fuse-add $pinned > "$out/opencl-bench-$m-off.txt" 2>&1
+        -p 512 -n 128 -r 3 --float --no-fuse $pinned > "$out/opencl-bench-$m-off.txt" 2>&1
       say "7. OpenCL $m, unfused ($pinned): rc=$? $(grep -E '^(prefill|decode)' "$out/opencl-bench-$m-off.txt" | tr -s ' ' | tr '\n' ';')"
       # shellcheck disable=SC2086
       XDG_CACHE_HOME="$clcache" OCL_ICD_VENDORS="$out/icd" timeout 90 "$bin/inferd-opencl-bench" "$models/$m.gguf" \

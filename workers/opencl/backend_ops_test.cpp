@@ -1283,6 +1283,60 @@ TEST(BackendOps, MatmulPrefillTokensGiveTheSameBits) {
   EXPECT_GT(compared, 0);
 }
 
+// matmul_swiglu (a decode step's stacked gate|up matmul with SwiGLU in its store) gives the bits of the
+// decode matmul then swiglu_halves, in every decode shape, for short last groups (F = 68: 17 slices) and a
+// texture; shapes that are not a decode step's are refused.
+TEST(BackendOps, MatmulSwigluEqualsMatmulThenSwiglu) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  int compared = 0;
+  uint32_t seed = 1400;
+  for (DType type : {DType::kQ4_0, DType::kQ4_K, DType::kF16}) {
+    const int64_t k = dtype_info(type)->block_size == 256 ? 512 : 96, f = 68;
+    const RandomWeights rw = random_weights(type, 2 * f, k, seed++);
+    auto w = MatmulWeights::upload(*rt, type, 2 * f, k, rw.bytes.data());
+    ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+    for (int32_t tokens : {1, 3}) {
+      const std::vector<float> xv = random_values(int64_t{tokens} * k, seed++);
+      for (StorageType storage : {StorageType::kBuffer, StorageType::kTexture2D}) {
+        for (const DecodeShape& shape : decode_shape_candidates()) {
+          SCOPED_TRACE(std::string(dtype_name(type)) + " tokens " + std::to_string(tokens) + " " + storage_name(storage) +
+                       " " + shape.to_string());
+          Ops ops(*rt);
+          ops.set_decode_shape(shape);
+          Harness h(*rt, TensorFormat(storage));
+          auto x = h.input(Bhwc{1, 1, tokens, static_cast<int32_t>(k)}, xv);
+          if (x.status().code() == Code::kUnimplemented) break;  // no images on this device
+          ASSERT_TRUE(x.is_ok()) << x.status().to_string();
+          auto gate_up = h.output(Bhwc{1, 1, tokens, static_cast<int32_t>(2 * f)});
+          auto apart = h.output(Bhwc{1, 1, tokens, static_cast<int32_t>(f)});
+          auto fused = h.output(Bhwc{1, 1, tokens, static_cast<int32_t>(f)});
+          ASSERT_TRUE(gate_up.is_ok() && apart.is_ok() && fused.is_ok());
+          ASSERT_TRUE(ops.matmul(w.value(), *x.value(), *gate_up.value(), MatmulVariant::kDecode).is_ok());
+          ASSERT_TRUE(ops.swiglu_halves(*gate_up.value(), *apart.value()).is_ok());
+          const Status st = ops.matmul_swiglu(w.value(), *x.value(), *fused.value());
+          ASSERT_TRUE(st.is_ok()) << st.to_string();
+          std::vector<float> want, got;
+          ASSERT_TRUE(h.finish(*apart.value(), &want).is_ok());
+          ASSERT_TRUE(h.finish(*fused.value(), &got).is_ok());
+          ASSERT_EQ(got.size(), want.size());
+          EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+          ++compared;
+        }
+      }
+    }
+    // Not a decode step (4 tokens), or dst not half the matrix's rows.
+    Ops ops(*rt);
+    auto x4 = Tensor::allocate(*rt, TensorDescriptor(Bhwc{1, 1, 4, static_cast<int32_t>(k)}, StorageType::kBuffer));
+    auto d4 = Tensor::allocate(*rt, TensorDescriptor(Bhwc{1, 1, 4, static_cast<int32_t>(f)}, StorageType::kBuffer));
+    auto x1 = Tensor::allocate(*rt, TensorDescriptor(Bhwc{1, 1, 1, static_cast<int32_t>(k)}, StorageType::kBuffer));
+    auto d1 = Tensor::allocate(*rt, TensorDescriptor(Bhwc{1, 1, 1, static_cast<int32_t>(2 * f)}, StorageType::kBuffer));
+    ASSERT_TRUE(x4.is_ok() && d4.is_ok() && x1.is_ok() && d1.is_ok());
+    EXPECT_EQ(ops.matmul_swiglu(w.value(), x4.value(), d4.value()).code(), Code::kInvalidArgument);
+    EXPECT_EQ(ops.matmul_swiglu(w.value(), x1.value(), d1.value()).code(), Code::kInvalidArgument);
+  }
+  EXPECT_GT(compared, 0);
+}
+
 TEST(BackendOps, DecodeShapesParseAndPrint) {
   EXPECT_EQ(DecodeShape{}.to_string(), "1x1");
   for (const DecodeShape& shape : decode_shape_candidates()) {

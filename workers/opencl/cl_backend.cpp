@@ -331,7 +331,7 @@ bool OpenClBackend::supports(const Graph& g, const Node& n) const {
     case Op::kAdd:
     case Op::kGetRows: return true;
     case Op::kMatmulAdd:  // a bias is rope_kv's to add
-      return impl_->opt.fuse_add && type_ok(n.in[1]) && n.in[2] == graph::kNone;
+      return impl_->opt.fuse && type_ok(n.in[1]) && n.in[2] == graph::kNone;
     case Op::kRope:
     case Op::kKvWrite: return false;
   }
@@ -1039,6 +1039,12 @@ Status OpenClBackend::Impl::run_node(const Graph& g, size_t ni, const graph::Ste
     case Action::kMatmulAdd: return matmul(*np.w, n.in[0], dev(n.out[0]), t_count, &dev(n.in[3]));
     case Action::kGateUp: {
       Tensor& h = out();
+      if (np.w2 == nullptr && !np.geglu && !exact() && opt.fuse &&
+          choose_matmul_variant(t_count) == MatmulVariant::kDecode) {
+        // Float decode of a stacked gate|up: SwiGLU in the matmul's store, one launch.
+        const Status fused = ops->matmul_swiglu(*np.w, dev(n.in[0]), h);
+        if (fused.code() != Code::kUnimplemented) return fused;
+      }
       Tensor& a = *phys[static_cast<size_t>(np.tmp)].view;
       INFERD_RETURN_IF_ERROR(matmul(*np.w, n.in[0], a, t_count));
       if (np.w2 == nullptr) {

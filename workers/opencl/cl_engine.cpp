@@ -12,7 +12,7 @@ Result<std::unique_ptr<ClEngine>> ClEngine::create(std::shared_ptr<const Model> 
   bo.numerics = options.numerics;
   bo.int_dot = options.int_dot;
   bo.decode_shape = options.decode_shape;
-  bo.fuse_add = options.fuse_add;
+  bo.fuse = options.fuse;
   bo.prefill_tokens = options.prefill_tokens;
   bo.prefill_kernel = options.prefill_kernel;
   auto backend = OpenClBackend::create(std::move(runtime), bo);

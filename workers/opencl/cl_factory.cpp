@@ -11,7 +11,8 @@
 //                                           cl_khr_integer_dot_product)
 //   decode_shape INFERD_OPENCL_DECODE_SHAPE RxU, the float decode matmul's work-group shape (ops.h DecodeShape;
 //                                           default: timed where storage_choice is measure, else per device)
-//   fuse         INFERD_OPENCL_FUSE         on | off (default on: the residual added in the matmul's store)
+//   fuse         INFERD_OPENCL_FUSE         on | off (default on: the residual added in the matmul's store,
+//                                           SwiGLU in the float decode's gate|up matmul)
 //   prefill_tokens INFERD_OPENCL_PREFILL_TOKENS  1..16, the float prefill matmul's tokens per work-item
 //                                           (default: 16 on CPU devices, 4 elsewhere)
 //   prefill      INFERD_OPENCL_PREFILL      simple | tiled, the float prefill matmul's kernel (default: tiled
@@ -88,7 +89,7 @@ Result<std::unique_ptr<Backend>> create(const BackendConfig& config) {
     if (it->second != "on" && it->second != "off") {
       return Status(Code::kInvalidArgument, "INFERD_OPENCL_FUSE (fuse) = '" + it->second + "': expected one of on, off");
     }
-    o.fuse_add = it->second == "on";
+    o.fuse = it->second == "on";
   }
   if (auto it = config.settings.find("prefill_tokens"); it != config.settings.end()) {
     const std::string& v = it->second;

@@ -7,14 +7,15 @@
 //
 //   inferd-opencl-bench MODEL.gguf [-p 128] [-n 64] [-r 3] [--device SEL] [--storage S] [--float]
 //                      [--activations f32|f16] [--storage-choice measure|rule] [--decode-shape RxU]
-//                      [--no-fuse-add] [--prefill-tokens N] [--prefill-kernel simple|tiled]
+//                      [--no-fuse] [--prefill-tokens N] [--prefill-kernel simple|tiled]
 // --storage forces the activations' storage; --storage-choice sets how it is chosen otherwise (default:
 // measured on GPUs, cached in the program cache's directory; the rule on CPU devices). The "storage:"
 // line says where the storage came from and each candidate's time per decode step.
 // --float runs the fast float numerics instead of the default exact ones (ClEngineOptions::numerics);
 // --activations forces the activations' data type (f16 needs --float; default: the engine's choice);
 // --decode-shape the float decode matmul's work-group shape (ops.h DecodeShape; default: timed with
-// --storage-choice measure, 1x1 otherwise); --no-fuse-add runs matmul_add as a matmul and an add;
+// --storage-choice measure, 1x1 otherwise); --no-fuse runs matmul_add as a matmul and an add, and the float
+// decode's gate|up matmul and SwiGLU apart;
 // --prefill-tokens the float prefill matmul's tokens per work-item (default: per device); --prefill-kernel
 // its kernel (default: tiled on GPUs, simple elsewhere).
 #include <algorithm>
@@ -67,7 +68,7 @@ int usage() {
                "                           [--device SELECTOR] [--float]\n"
                "                           [--storage buffer|image_buffer|texture2d|texture3d|texture2d_split]\n"
                "                           [--activations f32|f16] [--storage-choice measure|rule]\n"
-               "                           [--decode-shape RxU] [--no-fuse-add] [--prefill-tokens 1..16]\n"
+               "                           [--decode-shape RxU] [--no-fuse] [--prefill-tokens 1..16]\n"
                "                           [--prefill-kernel simple|tiled]\n");
   return 2;
 }
@@ -106,8 +107,8 @@ int main(int argc, char** argv) {
       if (!parse_choice(v, kKernels, prefill_kernel_name, eo.prefill_kernel)) return usage();
     } else if (a == "--prefill-tokens" && (v = next())) {
       eo.prefill_tokens = std::atoi(v);
-    } else if (a == "--no-fuse-add") {
-      eo.fuse_add = false;
+    } else if (a == "--no-fuse") {
+      eo.fuse = false;
     } else if (a == "--float") {
       eo.numerics = Numerics::kFloat;
     } else if (a[0] != '-' && model_path.empty()) {

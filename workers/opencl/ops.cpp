@@ -1237,6 +1237,47 @@ Status Ops::matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVar
 }
 
 
+Status Ops::matmul_swiglu(const MatmulWeights& w, const Tensor& x, Tensor& dst) {
+  const Bhwc& xs = x.shape();
+  const Bhwc& ds = dst.shape();
+  if (xs.b != 1 || xs.h != 1 || xs.c != w.k() || !is_token_rows(ds) || ds.w != xs.w || ds.c % 4 != 0 ||
+      int64_t{2} * ds.c != w.rows() || choose_matmul_variant(xs.w) != MatmulVariant::kDecode) {
+    return make_error(Code::kInvalidArgument, "matmul_swiglu: weights %lld x %lld, x %s, dst %s (a decode step)",
+                      static_cast<long long>(w.rows()), static_cast<long long>(w.k()), xs.to_string().c_str(),
+                      ds.to_string().c_str());
+  }
+  const DecodeShape shape = decode_shape_;
+  auto k = kernel(std::string("matmul_swiglu_") + dtype_name(w.type()) + "_" + shape.to_string() + storage_key({&x, &dst}),
+                  [&] {
+                    KernelTemplate t;
+                    t.name = "matmul_decode_swiglu";
+                    t.tensors = {{"x", x.format(), Access::kRead}, {"dst", dst.format(), Access::kWrite}};
+                    t.params = weight_params(w.type());
+                    t.params.push_back("__local float4* scratch");
+                    t.helpers = join({kWeightsCl("codes"), weight_loader("w_load", w.type()), kHelpersCl("float_silu")});
+                    t.body = kMatmulFloatCl("decode_swiglu", {{"slices", std::to_string(shape.slices)},
+                                                              {"ahead", std::to_string(shape.ahead)}});
+                    return t;
+                  });
+  if (!k) return k.status();
+  // The decode kernel's lanes (its sums' order); kUnimplemented where the kernel or its 2R scratch does not
+  // admit them: the caller runs the matmul and swiglu_halves instead.
+  const size_t lanes = reduce_group_size_;
+  const uint64_t local_bytes = rt_.info().local_mem_bytes;
+  if (lanes > k.value()->max_group || lanes < static_cast<size_t>(shape.slices) ||
+      (local_bytes > 0 && lanes * 32 * static_cast<size_t>(shape.slices) > local_bytes)) {
+    return make_error(Code::kUnimplemented, "matmul_swiglu: %zu lanes of shape %s do not fit the kernel or local memory",
+                      lanes, shape.to_string().c_str());
+  }
+  KernelArgs args(k.value()->kernel.get());
+  args.tensor(x).tensor(dst).weights(w).local(lanes * 32 * static_cast<size_t>(shape.slices));
+  INFERD_RETURN_IF_ERROR(args.status());
+  const size_t groups = (static_cast<size_t>(ds.slices()) + shape.slices - 1) / shape.slices;
+  const size_t global[2] = {lanes * groups, static_cast<size_t>(xs.w)};
+  const size_t local[2] = {lanes, 1};
+  return launch(*k.value(), 2, global, local);
+}
+
 Status Ops::get_rows(const MatmulWeights& w, cl_mem rows, Tensor& dst, float scale) {
   const Bhwc& d = dst.shape();
   if (!is_token_rows(d) || d.c != w.k()) {

@@ -95,10 +95,11 @@ struct OpenClOptions {
   // The float decode matmul's work-group shape (ops.h DecodeShape); unset: timed with kMeasure and float
   // numerics, default_decode_shape(device) otherwise. Out of range: kInvalidArgument.
   std::optional<DecodeShape> decode_shape;
-  // Adds the residual in the matmul's store (the graph's matmul_add); false leaves matmul then add, two
-  // launches (to measure the fusion). The same bits either way with float activations; with half ones the
-  // unfused matmul's output is rounded to half before the add.
-  bool fuse_add = true;
+  // Fused kernels: the residual added in the matmul's store (the graph's matmul_add), and with float
+  // numerics SwiGLU in a decode step's stacked gate|up matmul (Ops::matmul_swiglu). false runs the matmul
+  // and the add (the swiglu) apart, to measure the fusion. The same bits either way with float activations;
+  // with half ones the unfused matmul's output is rounded to half first.
+  bool fuse = true;
   // Tokens per work-item of the float prefill matmul (Ops::prefill_tokens); unset: the device's default.
   std::optional<int> prefill_tokens;
   // The float prefill matmul's kernel (Ops::prefill_kernel); unset: kTiled on GPUs, kSimple elsewhere.

@@ -57,7 +57,7 @@ struct ClEngineOptions {
   std::optional<IntDot> int_dot;
   // The float decode matmul's work-group shape (OpenClOptions::decode_shape).
   std::optional<DecodeShape> decode_shape;
-  bool fuse_add = true;  // OpenClOptions::fuse_add
+  bool fuse = true;  // OpenClOptions::fuse: matmul_add and the float decode's gate|up + SwiGLU in one kernel
   std::optional<int> prefill_tokens;  // OpenClOptions::prefill_tokens
   std::optional<PrefillKernel> prefill_kernel;  // OpenClOptions::prefill_kernel
   // The layers this engine runs, [first_layer, end_layer) (end_layer 0: through the last); see

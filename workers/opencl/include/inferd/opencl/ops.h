@@ -294,6 +294,12 @@ class Ops {
   Status matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVariant variant = MatmulVariant::kAuto,
                 const Tensor* residual = nullptr);
 
+  // dst = silu(W_gate x) * (W_up x) for a decode step (fewer than 4 tokens), W the stacked gate|up matrix
+  // (2F rows) and dst 1x1xTxF, in one launch: the bits of matmul() (kDecode) then swiglu_halves(), without
+  // the gate|up tensor. kUnimplemented where the device cannot give the decode kernel's lanes to this one
+  // (the caller runs the two instead).
+  Status matmul_swiglu(const MatmulWeights& w, const Tensor& x, Tensor& dst);
+
   // ---- The forward pass's own ops (ClEngine) ----
   //
   // dst[t] = row rows[t] of the weights, dequantized as the CPU engine's to_float does (q * d, then
