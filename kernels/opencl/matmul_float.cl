@@ -4,10 +4,14 @@
 
 // Launched as (lanes * ceil(S_O / R), T) with work-groups (lanes, 1), R = @slices@ output slices per group:
 // a group per (R output slices, token), its lanes striding over the input slices, each input slice read once
-// for the R slices' 4R rows; scratch holds lanes * R float4s. A lane loads U = @ahead@ of its input slices
+// for the R slices' 4R rows; scratch holds lanes * R * H float4s. A lane loads U = @ahead@ of its input slices
 // (and their weights) before it accumulates them, so that U loads are in flight at once. Every (R, U) sums
 // each output in the same order (a lane's slices lid, lid + lanes, ... one after the other, then the same
 // tree), so gives the same bits (Ops::DecodeShape).
+// H = @halves@ matrix slices per output slice: 1 (y = W x), or 2 for a stacked gate|up matrix (2F rows)
+// whose output y has F: output slice j sums matrix slices j (gate) and S_O + j (up), each as for H = 1, and
+// a store section writes y: decode.store (the sum, with INFERD_OUT's residual) or decode.store_swiglu
+// (silu(gate) * up as swiglu_halves computes it: Ops::matmul_swiglu).
 //@ decode
   const int lid = get_local_id(0);
   const int lsz = get_local_size(0);
@@ -18,31 +22,43 @@
   const int n_r = min(@slices@, n_so - so0);  // the last group's slices may run past S_O
   float4 r[@ahead@][4];
   float4 xv[@ahead@];
-  float4 acc[@slices@];
-  for (int j = 0; j < @slices@; ++j) acc[j] = (float4)(0.0f);
+  float4 acc[@halves@ * @slices@];
+  for (int j = 0; j < @halves@ * @slices@; ++j) acc[j] = (float4)(0.0f);
   for (int si0 = lid; si0 < n_si; si0 += lsz * @ahead@) {
-    for (int j = 0; j < n_r; ++j) {
-      for (int u = 0; u < @ahead@; ++u) {
-        const int si = si0 + u * lsz;
-        if (si < n_si) {
-          if (j == 0) xv[u] = $x.Read(t, 0, si);
-          w_load(wq, ws, wm, wsub, wh, so0 + j, si, n_si, r[u]);
+    for (int h = 0; h < @halves@; ++h) {
+      for (int j = 0; j < n_r; ++j) {
+        for (int u = 0; u < @ahead@; ++u) {
+          const int si = si0 + u * lsz;
+          if (si < n_si) {
+            if (h == 0 && j == 0) xv[u] = $x.Read(t, 0, si);
+            w_load(wq, ws, wm, wsub, wh, h * n_so + so0 + j, si, n_si, r[u]);
+          }
         }
-      }
-      for (int u = 0; u < @ahead@; ++u) {
-        if (si0 + u * lsz < n_si) acc[j] += inferd_dot4(r[u], xv[u]);
+        for (int u = 0; u < @ahead@; ++u) {
+          if (si0 + u * lsz < n_si) acc[h * @slices@ + j] += inferd_dot4(r[u], xv[u]);
+        }
       }
     }
   }
-  for (int j = 0; j < @slices@; ++j) scratch[j * lsz + lid] = acc[j];
+  for (int j = 0; j < @halves@ * @slices@; ++j) scratch[j * lsz + lid] = acc[j];
   barrier(CLK_LOCAL_MEM_FENCE);
   for (int off = lsz / 2; off > 0; off >>= 1) {
     if (lid < off) {
-      for (int j = 0; j < @slices@; ++j) scratch[j * lsz + lid] += scratch[j * lsz + lid + off];
+      for (int j = 0; j < @halves@ * @slices@; ++j) scratch[j * lsz + lid] += scratch[j * lsz + lid + off];
     }
     barrier(CLK_LOCAL_MEM_FENCE);
   }
+//@ end
+
+//@ decode.store
   if (lid < n_r) $y.Write(INFERD_OUT(scratch[lid * lsz], t, so0 + lid), t, 0, so0 + lid);
+//@ end
+
+//@ decode.store_swiglu
+  if (lid < n_r) {
+    const float4 g = scratch[lid * lsz], u = scratch[(@slices@ + lid) * lsz];
+    $y.Write(inferd_silu(g) * u, t, 0, so0 + lid);
+  }
 //@ end
 
 // Launched as (S_O, ceil(T / TT)), TT = @tt@ tokens per work-item (Ops::prefill_tokens): a work-item per
@@ -61,53 +77,6 @@
     for (int i = 0; i < @tt@; ++i) acc[i] += inferd_dot4(r, $x.Read(min(t0 + i, n_t - 1), 0, si));
   }
   for (int i = 0; i < @tt@ && t0 + i < n_t; ++i) $y.Write(INFERD_OUT(acc[i], t0 + i, so), t0 + i, 0, so);
-//@ end
-
-// The decode matmul of a stacked gate|up matrix (2F rows: the gate's, then the up projection's) with SwiGLU
-// in its store (Ops::matmul_swiglu): launched as `decode` over dst's F/4 slices; a group's R output slices j
-// sum gate slice j and up slice F/4 + j exactly as `decode` sums them (2R accumulators, the same lanes and
-// tree), and dst slice j = silu(gate) * up as swiglu_halves computes it: both kernels' bits in one launch,
-// without the gate|up tensor.
-//@ decode_swiglu
-  const int lid = get_local_id(0);
-  const int lsz = get_local_size(0);
-  const int so0 = get_group_id(0) * @slices@;
-  const int t = get_global_id(1);
-  const int n_si = $x.Slices();
-  const int n_half = $dst.Slices();
-  const int n_r = min(@slices@, n_half - so0);
-  float4 r[@ahead@][4];
-  float4 xv[@ahead@];
-  float4 acc[2 * @slices@];
-  for (int j = 0; j < 2 * @slices@; ++j) acc[j] = (float4)(0.0f);
-  for (int si0 = lid; si0 < n_si; si0 += lsz * @ahead@) {
-    for (int h = 0; h < 2; ++h) {
-      for (int j = 0; j < n_r; ++j) {
-        for (int u = 0; u < @ahead@; ++u) {
-          const int si = si0 + u * lsz;
-          if (si < n_si) {
-            if (h == 0 && j == 0) xv[u] = $x.Read(t, 0, si);
-            w_load(wq, ws, wm, wsub, wh, h * n_half + so0 + j, si, n_si, r[u]);
-          }
-        }
-        for (int u = 0; u < @ahead@; ++u) {
-          if (si0 + u * lsz < n_si) acc[h * @slices@ + j] += inferd_dot4(r[u], xv[u]);
-        }
-      }
-    }
-  }
-  for (int j = 0; j < 2 * @slices@; ++j) scratch[j * lsz + lid] = acc[j];
-  barrier(CLK_LOCAL_MEM_FENCE);
-  for (int off = lsz / 2; off > 0; off >>= 1) {
-    if (lid < off) {
-      for (int j = 0; j < 2 * @slices@; ++j) scratch[j * lsz + lid] += scratch[j * lsz + lid + off];
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-  }
-  if (lid < n_r) {
-    const float4 g = scratch[lid * lsz], u = scratch[(@slices@ + lid) * lsz];
-    $dst.Write(inferd_silu(g) * u, t, 0, so0 + lid);
-  }
 //@ end
 
 // The prefill matmul tiled in local memory (Ops::PrefillKernel::kTiled), for GPUs: launched as

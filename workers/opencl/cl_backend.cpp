@@ -225,8 +225,7 @@ Result<std::unique_ptr<OpenClBackend>> OpenClBackend::create(std::unique_ptr<Run
     }
     impl->ops->set_prefill_tokens(*options.prefill_tokens);
   }
-  impl->ops->set_prefill_kernel(options.prefill_kernel.value_or(
-      impl->rt->info().type == DeviceType::kGpu ? PrefillKernel::kTiled : PrefillKernel::kSimple));
+  if (options.prefill_kernel) impl->ops->set_prefill_kernel(*options.prefill_kernel);
   if (options.decode_shape) {
     const DecodeShape& d = *options.decode_shape;
     if (d.slices < 1 || d.slices > kMaxDecodeSlices || d.ahead < 1 || d.ahead > kMaxDecodeAhead) {
@@ -1043,7 +1042,7 @@ Status OpenClBackend::Impl::run_node(const Graph& g, size_t ni, const graph::Ste
           choose_matmul_variant(t_count) == MatmulVariant::kDecode) {
         // Float decode of a stacked gate|up: SwiGLU in the matmul's store, one launch.
         const Status fused = ops->matmul_swiglu(*np.w, dev(n.in[0]), h);
-        if (fused.code() != Code::kUnimplemented) return fused;
+        if (fused.code() != Code::kOutOfRange) return fused;
       }
       Tensor& a = *phys[static_cast<size_t>(np.tmp)].view;
       INFERD_RETURN_IF_ERROR(matmul(*np.w, n.in[0], a, t_count));
@@ -1193,10 +1192,8 @@ Status OpenClBackend::compute(const Graph& g, graph::StepIO& io) {
     dst.resize(static_cast<size_t>(Graph::rows(t, io.shape)) * static_cast<size_t>(t.cols));
     if (!dst.empty()) st = download_enqueued(rt, I.dev(id), I.output_staging[i]).with_context(output_name(id));
   }
-  drain.armed = false;
-  const Status waited = rt.finish();  // the step's one host wait
-  if (st) st = waited;
-  if (!st) I.host_kv_table.clear();
+  if (st) st = rt.finish();     // the step's one host wait
+  if (st) drain.armed = false;  // else the drain waits again and forgets the block table
   for (size_t i = 0; st && i < g.outputs().size(); ++i) {
     const TensorId id = g.outputs()[i];
     std::vector<float>& dst = *io.outputs[i];

@@ -770,23 +770,20 @@ Result<ClMem> Runtime::create_buffer(size_t bytes, cl_mem_flags flags, const voi
 }
 
 Status Runtime::write_buffer(cl_mem buffer, size_t offset, size_t bytes, const void* host, Transfer how) {
-  const cl_bool wait = how == Transfer::kWait ? CL_TRUE : CL_FALSE;
-  host_waits_ += wait;
+  const cl_bool wait = blocking(how);
   INFERD_CL_RETURN_IF_ERROR(clEnqueueWriteBuffer(queue(), buffer, wait, offset, bytes, host, 0, nullptr, nullptr));
   return Status::ok();
 }
 
 Status Runtime::read_buffer(cl_mem buffer, size_t offset, size_t bytes, void* host, Transfer how) {
-  const cl_bool wait = how == Transfer::kWait ? CL_TRUE : CL_FALSE;
-  host_waits_ += wait;
+  const cl_bool wait = blocking(how);
   INFERD_CL_RETURN_IF_ERROR(clEnqueueReadBuffer(queue(), buffer, wait, offset, bytes, host, 0, nullptr, nullptr));
   return Status::ok();
 }
 
 Status Runtime::write_image(cl_mem image, const size_t (&origin)[3], const size_t (&region)[3], size_t row_pitch,
                             size_t slice_pitch, const void* host, Transfer how) {
-  const cl_bool wait = how == Transfer::kWait ? CL_TRUE : CL_FALSE;
-  host_waits_ += wait;
+  const cl_bool wait = blocking(how);
   INFERD_CL_RETURN_IF_ERROR(
       clEnqueueWriteImage(queue(), image, wait, origin, region, row_pitch, slice_pitch, host, 0, nullptr, nullptr));
   return Status::ok();
@@ -794,8 +791,7 @@ Status Runtime::write_image(cl_mem image, const size_t (&origin)[3], const size_
 
 Status Runtime::read_image(cl_mem image, const size_t (&origin)[3], const size_t (&region)[3], size_t row_pitch,
                            size_t slice_pitch, void* host, Transfer how) {
-  const cl_bool wait = how == Transfer::kWait ? CL_TRUE : CL_FALSE;
-  host_waits_ += wait;
+  const cl_bool wait = blocking(how);
   INFERD_CL_RETURN_IF_ERROR(
       clEnqueueReadImage(queue(), image, wait, origin, region, row_pitch, slice_pitch, host, 0, nullptr, nullptr));
   return Status::ok();

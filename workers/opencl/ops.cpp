@@ -225,19 +225,34 @@ void with_residual(KernelTemplate& k, const std::optional<TensorFormat>& residua
 constexpr int kTiledPrefill = 0;  // matmul_template's prefill_tokens for the tiled kernel
 constexpr size_t kTileGroup = 16, kTileTokens = 64, kTileFloat4s = 512;
 
+// The float decode matmul (matmul_float.cl's decode) in `shape`: y = W x (+ residual), or with `swiglu`
+// y = silu(gate) * up of a stacked gate|up W (Ops::matmul_swiglu).
+KernelTemplate decode_template(DType type, TensorFormat x, TensorFormat y, DecodeShape shape, bool swiglu,
+                               const std::optional<TensorFormat>& residual) {
+  KernelTemplate k;
+  k.name = swiglu ? "matmul_decode_swiglu" : "matmul_decode";
+  k.tensors = {{"x", x, Access::kRead}, {"y", y, Access::kWrite}};
+  k.params = weight_params(type);
+  k.params.push_back("__local float4* scratch");
+  k.helpers = join({kWeightsCl("codes"), weight_loader("w_load", type), swiglu ? kHelpersCl("float_silu") : ""});
+  const std::string slices = std::to_string(shape.slices);
+  k.body = kMatmulFloatCl("decode", {{"slices", slices}, {"ahead", std::to_string(shape.ahead)}, {"halves", swiglu ? "2" : "1"}}) +
+           (swiglu ? kMatmulFloatCl("decode.store_swiglu", {{"slices", slices}}) : std::string(kMatmulFloatCl("decode.store")));
+  if (!swiglu) with_residual(k, residual);
+  return k;
+}
+
 // `shape`: the decode kernel's work-group shape; `prefill_tokens`: the prefill kernel's tokens per work-item,
 // or kTiledPrefill.
 KernelTemplate matmul_template(DType type, MatmulVariant variant, TensorFormat x, TensorFormat y, DecodeShape shape,
                                int prefill_tokens, const std::optional<TensorFormat>& residual) {
+  if (variant == MatmulVariant::kDecode) return decode_template(type, x, y, shape, false, residual);
   KernelTemplate k;
-  k.name = variant == MatmulVariant::kDecode ? "matmul_decode" : "matmul_prefill";
+  k.name = "matmul_prefill";
   k.tensors = {{"x", x, Access::kRead}, {"y", y, Access::kWrite}};
   k.params = weight_params(type);
   k.helpers = join({kWeightsCl("codes"), weight_loader("w_load", type)});
-  if (variant == MatmulVariant::kDecode) {
-    k.params.push_back("__local float4* scratch");
-    k.body = kMatmulFloatCl("decode", {{"slices", std::to_string(shape.slices)}, {"ahead", std::to_string(shape.ahead)}});
-  } else if (prefill_tokens == kTiledPrefill) {
+  if (prefill_tokens == kTiledPrefill) {
     k.params.push_back("__local float4* wtile");
     k.params.push_back("__local float4* xtile");
     k.body = kMatmulFloatCl("prefill_tiled");
@@ -961,11 +976,11 @@ Ops::Ops(Runtime& rt) : rt_(rt), int_dot_(choose_int_dot(rt.info())) {
   decode_shape_ = default_decode_shape(info);
   // Tokens per float prefill work-item: on a CPU device (PoCL) more tokens per dequantized weight slice
   // pays (SmolLM2 prefill, 128 tokens: 59 -> 77 tok/s with 16; BENCHMARKS.md); a GPU keeps 4 until measured
-  // there. The exact prefill keeps 4 everywhere: 8 was 15% faster on PoCL but took twice as long to compile
-  // (32 accumulators per token), and on a GPU would spill registers.
+  // there, and tiles in local memory instead (PoCL: the simple kernel with 16 was faster). The exact
+  // prefill keeps its 4 everywhere: 8 was 15% faster on PoCL but took twice as long to compile (32
+  // accumulators per token), and on a GPU would spill registers.
   prefill_tokens_ = info.type == DeviceType::kCpu ? 16 : 4;
-  exact_prefill_tokens_ = 4;
-  prefill_kernel_ = PrefillKernel::kSimple;
+  prefill_kernel_ = info.type == DeviceType::kGpu ? PrefillKernel::kTiled : PrefillKernel::kSimple;
 }
 
 void Ops::set_prefill_tokens(int tokens) {
@@ -1173,7 +1188,6 @@ Status Ops::matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVar
   if (variant == MatmulVariant::kAuto) variant = choose_matmul_variant(xs.w);
   INFERD_RETURN_IF_ERROR(check_residual("matmul", y, residual));
   const DecodeShape shape = decode_shape_;
-  const int slices = shape.slices;
   // The tiled prefill where chosen and the device admits its work-group and tiles.
   const DeviceInfo& info = rt_.info();
   const bool tiled = variant == MatmulVariant::kPrefill && prefill_kernel_ == PrefillKernel::kTiled &&
@@ -1194,28 +1208,8 @@ Status Ops::matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVar
   if (residual) args.tensor(*residual);
   args.weights(w);
   if (variant == MatmulVariant::kDecode) {
-    // Lanes: the same for every shape (the lanes split each sum, so another count gives other bits): the
-    // device's reduction group, which a shape's kernel or its scratch (lanes * R float4s of local memory)
-    // must admit; a shape that does not is kOutOfRange (a measurement drops it). The 1x1 shape alone
-    // falls back to fewer lanes, as before shapes existed.
-    size_t lanes = reduce_group_size_;
-    const uint64_t local_bytes = rt_.info().local_mem_bytes;
-    const bool fits = lanes <= k.value()->max_group && (local_bytes == 0 || lanes * 16 * slices <= local_bytes);
-    if (!fits && shape == DecodeShape{}) {
-      lanes = group_size(*k.value());
-    } else if (!fits || lanes < static_cast<size_t>(slices)) {
-      return make_error(Code::kOutOfRange,
-                        "matmul: decode shape %s needs %zu lanes and %zu bytes of local memory; the kernel allows %zu "
-                        "lanes, the device has %llu bytes",
-                        shape.to_string().c_str(), lanes, lanes * 16 * static_cast<size_t>(slices),
-                        k.value()->max_group, static_cast<unsigned long long>(local_bytes));
-    }
-    args.local(lanes * 16 * static_cast<size_t>(slices));
-    INFERD_RETURN_IF_ERROR(args.status());
-    const size_t groups = (static_cast<size_t>(w.out_slices()) + slices - 1) / slices;
-    const size_t global[2] = {lanes * groups, static_cast<size_t>(xs.w)};
-    const size_t local[2] = {lanes, 1};
-    return launch(*k.value(), 2, global, local);
+    // The 1x1 shape alone may fall back to fewer lanes, as before shapes existed.
+    return launch_decode(*k.value(), args, 1, w.out_slices(), xs.w, shape == DecodeShape{});
   }
   if (tiled && k.value()->max_group >= kTileGroup * kTileGroup) {
     args.local(kTileFloat4s * 16).local(kTileFloat4s * 16);
@@ -1248,34 +1242,38 @@ Status Ops::matmul_swiglu(const MatmulWeights& w, const Tensor& x, Tensor& dst) 
   }
   const DecodeShape shape = decode_shape_;
   auto k = kernel(std::string("matmul_swiglu_") + dtype_name(w.type()) + "_" + shape.to_string() + storage_key({&x, &dst}),
-                  [&] {
-                    KernelTemplate t;
-                    t.name = "matmul_decode_swiglu";
-                    t.tensors = {{"x", x.format(), Access::kRead}, {"dst", dst.format(), Access::kWrite}};
-                    t.params = weight_params(w.type());
-                    t.params.push_back("__local float4* scratch");
-                    t.helpers = join({kWeightsCl("codes"), weight_loader("w_load", w.type()), kHelpersCl("float_silu")});
-                    t.body = kMatmulFloatCl("decode_swiglu", {{"slices", std::to_string(shape.slices)},
-                                                              {"ahead", std::to_string(shape.ahead)}});
-                    return t;
-                  });
+                  [&] { return decode_template(w.type(), x.format(), dst.format(), shape, true, std::nullopt); });
   if (!k) return k.status();
-  // The decode kernel's lanes (its sums' order); kUnimplemented where the kernel or its 2R scratch does not
-  // admit them: the caller runs the matmul and swiglu_halves instead.
-  const size_t lanes = reduce_group_size_;
-  const uint64_t local_bytes = rt_.info().local_mem_bytes;
-  if (lanes > k.value()->max_group || lanes < static_cast<size_t>(shape.slices) ||
-      (local_bytes > 0 && lanes * 32 * static_cast<size_t>(shape.slices) > local_bytes)) {
-    return make_error(Code::kUnimplemented, "matmul_swiglu: %zu lanes of shape %s do not fit the kernel or local memory",
-                      lanes, shape.to_string().c_str());
-  }
   KernelArgs args(k.value()->kernel.get());
-  args.tensor(x).tensor(dst).weights(w).local(lanes * 32 * static_cast<size_t>(shape.slices));
+  args.tensor(x).tensor(dst).weights(w);
+  return launch_decode(*k.value(), args, 2, ds.slices(), xs.w, false);
+}
+
+Status Ops::launch_decode(const Kernel& k, KernelArgs& args, int halves, int32_t out_slices, int32_t tokens,
+                          bool may_shrink) {
+  // Lanes: the same for every shape and kernel (the lanes split each sum, so another count gives other
+  // bits): the device's reduction group, which the kernel and its scratch (lanes * R * H float4s of local
+  // memory) must admit.
+  const DecodeShape shape = decode_shape_;
+  const size_t per_lane = 16 * static_cast<size_t>(shape.slices * halves);
+  size_t lanes = reduce_group_size_;
+  const uint64_t local_bytes = rt_.info().local_mem_bytes;
+  const bool fits = lanes <= k.max_group && (local_bytes == 0 || lanes * per_lane <= local_bytes);
+  if (!fits && may_shrink) {
+    lanes = group_size(k);
+  } else if (!fits || lanes < static_cast<size_t>(shape.slices)) {
+    return make_error(Code::kOutOfRange,
+                      "decode matmul of shape %s needs %zu lanes and %zu bytes of local memory; the kernel allows %zu "
+                      "lanes, the device has %llu bytes",
+                      shape.to_string().c_str(), lanes, lanes * per_lane, k.max_group,
+                      static_cast<unsigned long long>(local_bytes));
+  }
+  args.local(lanes * per_lane);
   INFERD_RETURN_IF_ERROR(args.status());
-  const size_t groups = (static_cast<size_t>(ds.slices()) + shape.slices - 1) / shape.slices;
-  const size_t global[2] = {lanes * groups, static_cast<size_t>(xs.w)};
+  const size_t groups = (static_cast<size_t>(out_slices) + shape.slices - 1) / shape.slices;
+  const size_t global[2] = {lanes * groups, static_cast<size_t>(tokens)};
   const size_t local[2] = {lanes, 1};
-  return launch(*k.value(), 2, global, local);
+  return launch(k, 2, global, local);
 }
 
 Status Ops::get_rows(const MatmulWeights& w, cl_mem rows, Tensor& dst, float scale) {

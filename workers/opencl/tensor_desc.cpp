@@ -270,28 +270,33 @@ Status transfer_raw(Runtime& rt, const Tensor& tensor, void* bytes, bool to_host
   }
   return Status::ok();
 }
-Status read_raw(Runtime& rt, const Tensor& tensor, void* bytes) { return transfer_raw(rt, tensor, bytes, true); }
-Status write_raw(Runtime& rt, Tensor& tensor, const void* bytes) {
-  return transfer_raw(rt, tensor, const_cast<void*>(bytes), false);  // only read from when writing the device
+// After a download_enqueued() of `desc`'s tensor has run: its staging texels as floats in staging.floats
+// (converted from the halves of a kFloat16 tensor).
+void staged_floats(const TensorDescriptor& desc, TransferStaging& staging) {
+  if (desc.data_type() == DataType::kFloat16) {
+    staging.floats.resize(staging.halves.size());
+    kernels::fp16_to_fp32_row(staging.halves.data(), staging.floats.data(), static_cast<int64_t>(staging.halves.size()));
+  }
+  INFERD_ASSERT(staging.floats.size() == static_cast<size_t>(desc.stored_texels()) * 4,
+                "the staging of a download that did not run");
 }
 
-// The staging texels as floats, converted from halves for a kFloat16 tensor.
-Status read_staging(Runtime& rt, const Tensor& tensor, std::vector<float>& staging) {
-  const TensorDescriptor& desc = tensor.desc();
-  staging.resize(static_cast<size_t>(desc.stored_texels()) * 4);
-  if (desc.data_type() == DataType::kFloat32) return read_raw(rt, tensor, staging.data());
-  std::vector<fp16_t> halves(staging.size());
-  INFERD_RETURN_IF_ERROR(read_raw(rt, tensor, halves.data()));
-  kernels::fp16_to_fp32_row(halves.data(), staging.data(), static_cast<int64_t>(halves.size()));
+// The staging texels as floats: download_enqueued(), one wait, staged_floats().
+Status read_staging(Runtime& rt, const Tensor& tensor, std::vector<float>& floats) {
+  TransferStaging staging;
+  const Status st = download_enqueued(rt, tensor, staging);
+  const Status waited = rt.finish();
+  INFERD_RETURN_IF_ERROR(st);
+  INFERD_RETURN_IF_ERROR(waited);
+  staged_floats(tensor.desc(), staging);
+  floats = std::move(staging.floats);
   return Status::ok();
 }
 
-// Writes float staging texels, rounded to halves (to nearest even) for a kFloat16 tensor.
-Status write_staging(Runtime& rt, Tensor& tensor, const std::vector<float>& staging) {
-  if (tensor.desc().data_type() == DataType::kFloat32) return write_raw(rt, tensor, staging.data());
-  std::vector<fp16_t> halves(staging.size());
-  kernels::fp32_to_fp16_row(staging.data(), halves.data(), static_cast<int64_t>(halves.size()));
-  return write_raw(rt, tensor, halves.data());
+// kInvalidArgument unless `n` floats are the logical tensor's.
+Status check_elements(const char* op, const Tensor& tensor, size_t n) {
+  if (static_cast<int64_t>(n) == tensor.shape().elements()) return Status::ok();
+  return make_error(Code::kInvalidArgument, "%s: %zu floats for a %s tensor", op, n, tensor.shape().to_string().c_str());
 }
 
 // The bits of one element of `type` holding `value` (a half rounded to nearest even), for the fill
@@ -402,12 +407,13 @@ Result<Tensor> Tensor::view(const Bhwc& shape) const {
   return view;
 }
 
+// upload() and download() are the enqueued transfers below and one wait (which also covers a failed
+// transfer's parts already enqueued: the staging must outlive them).
 Status upload(Runtime& rt, Tensor& tensor, std::span<const float> data) {
-  if (static_cast<int64_t>(data.size()) != tensor.shape().elements()) {
-    return make_error(Code::kInvalidArgument, "upload: %zu floats for a %s tensor", data.size(),
-                      tensor.shape().to_string().c_str());
-  }
-  return write_staging(rt, tensor, to_staging(tensor.desc(), data));
+  TransferStaging staging;
+  const Status st = upload_enqueued(rt, tensor, data, staging);
+  const Status waited = rt.finish();
+  return st ? waited : st;
 }
 
 namespace {
@@ -430,11 +436,7 @@ void from_staging(const TensorDescriptor& desc, const std::vector<float>& stagin
 }  // namespace
 
 Status download(Runtime& rt, const Tensor& tensor, std::span<float> data) {
-  const Bhwc& s = tensor.shape();
-  if (static_cast<int64_t>(data.size()) != s.elements()) {
-    return make_error(Code::kInvalidArgument, "download: %zu floats for a %s tensor", data.size(),
-                      s.to_string().c_str());
-  }
+  INFERD_RETURN_IF_ERROR(check_elements("download", tensor, data.size()));
   std::vector<float> staging;
   INFERD_RETURN_IF_ERROR(read_staging(rt, tensor, staging));
   from_staging(tensor.desc(), staging, data);
@@ -442,10 +444,7 @@ Status download(Runtime& rt, const Tensor& tensor, std::span<float> data) {
 }
 
 Status upload_enqueued(Runtime& rt, Tensor& tensor, std::span<const float> data, TransferStaging& staging) {
-  if (static_cast<int64_t>(data.size()) != tensor.shape().elements()) {
-    return make_error(Code::kInvalidArgument, "upload: %zu floats for a %s tensor", data.size(),
-                      tensor.shape().to_string().c_str());
-  }
+  INFERD_RETURN_IF_ERROR(check_elements("upload", tensor, data.size()));
   staging.floats = to_staging(tensor.desc(), data);
   if (tensor.desc().data_type() == DataType::kFloat32) {
     return transfer_raw(rt, tensor, staging.floats.data(), false, Transfer::kEnqueue);
@@ -468,16 +467,8 @@ Status download_enqueued(Runtime& rt, const Tensor& tensor, TransferStaging& sta
 
 Status download_finished(const Tensor& tensor, TransferStaging& staging, std::span<float> data) {
   const TensorDescriptor& desc = tensor.desc();
-  if (static_cast<int64_t>(data.size()) != desc.shape().elements()) {
-    return make_error(Code::kInvalidArgument, "download: %zu floats for a %s tensor", data.size(),
-                      desc.shape().to_string().c_str());
-  }
-  if (desc.data_type() == DataType::kFloat16) {
-    staging.floats.resize(staging.halves.size());
-    kernels::fp16_to_fp32_row(staging.halves.data(), staging.floats.data(), static_cast<int64_t>(staging.halves.size()));
-  }
-  INFERD_ASSERT(staging.floats.size() == static_cast<size_t>(desc.stored_texels()) * 4,
-                "download_finished without its download_enqueued");
+  INFERD_RETURN_IF_ERROR(check_elements("download", tensor, data.size()));
+  staged_floats(desc, staging);
   from_staging(desc, staging.floats, data);
   return Status::ok();
 }

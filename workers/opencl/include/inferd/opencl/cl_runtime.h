@@ -304,6 +304,11 @@ class Runtime {
 
  private:
   Runtime(DeviceHandle device, RuntimeOptions options) : device_(std::move(device)), options_(std::move(options)) {}
+  // CL_TRUE for kWait, counted as a host wait.
+  cl_bool blocking(Transfer how) {
+    host_waits_ += how == Transfer::kWait;
+    return how == Transfer::kWait ? CL_TRUE : CL_FALSE;
+  }
   Result<ClProgram> load_or_compile(std::string_view source, const std::string& options, ProgramCacheStats& stats) const;
   Result<ClProgram> build_from_source(std::string_view source, const std::string& options) const;
   Result<ClProgram> build_from_binary(const std::vector<unsigned char>& binary, const std::string& options) const;

@@ -296,7 +296,7 @@ class Ops {
 
   // dst = silu(W_gate x) * (W_up x) for a decode step (fewer than 4 tokens), W the stacked gate|up matrix
   // (2F rows) and dst 1x1xTxF, in one launch: the bits of matmul() (kDecode) then swiglu_halves(), without
-  // the gate|up tensor. kUnimplemented where the device cannot give the decode kernel's lanes to this one
+  // the gate|up tensor. kOutOfRange where the device cannot give the decode kernel's lanes to this one
   // (the caller runs the two instead).
   Status matmul_swiglu(const MatmulWeights& w, const Tensor& x, Tensor& dst);
 
@@ -380,6 +380,7 @@ class Ops {
   void set_exact_prefill_tokens(int tokens);  // 1 to kMaxExactPrefillTokens
   // Which float prefill kernel runs: prefill_tokens() tokens per work-item, or tiles of 64 rows x 64 tokens
   // staged in local memory (where the device admits 16 x 16 work-items and 16 KiB); the same order of sums.
+  // Default: kTiled on GPUs, kSimple elsewhere.
   PrefillKernel prefill_kernel() const { return prefill_kernel_; }
   void set_prefill_kernel(PrefillKernel kernel) { prefill_kernel_ = kernel; }
   // Kernels enqueued so far (each one launch: what a step costs the host and, on a GPU, in launch gaps).
@@ -428,6 +429,11 @@ class Ops {
   // The reduction work-group size for `k`: reduce_group_size() within the kernel's own limit.
   size_t group_size(const Kernel& k) const;
   Status launch(const Kernel& k, cl_uint dims, const size_t* global, const size_t* local);
+  // Launches a float decode kernel (decode_shape_, `halves` matrix slices per output slice) over
+  // `out_slices` output slices and `tokens` tokens with its scratch as the next argument. kOutOfRange where
+  // the kernel or local memory does not admit the device's reduction lanes, unless `may_shrink`.
+  Status launch_decode(const Kernel& k, KernelArgs& args, int halves, int32_t out_slices, int32_t tokens,
+                       bool may_shrink);
   Status binary(const char* op, const char* expr, const char* helpers, const Tensor& a, const Tensor& b, Tensor& dst);
   // kUnimplemented naming `op` and the device when it cannot run the exact kernels; kInvalidArgument
   // when one of `tensors` is not float32 (the exact ops reproduce the CPU engine's float activations).
