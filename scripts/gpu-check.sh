@@ -27,11 +27,15 @@
 #      decode without CUDA graphs;
 #   4. the daemon: load --backend cuda, 16 concurrent greedy streams against their one-at-a-time outputs,
 #      kill -9 of the CUDA worker mid-stream (the stream completes), status;
-#   5. the OpenCL backend on NVIDIA's OpenCL driver: exact numerics against the CPU, float numerics;
+#   5. the OpenCL backend on NVIDIA's OpenCL driver: exact numerics against the CPU bit for bit (replayed
+#      decode steps included), the split attention, cold and warm load, the decode matmul's shapes;
 #   6. exact CUDA numerics through the daemon: greedy outputs of the whole model on CUDA, of a
-#      --stage-backends cuda,cpu pipeline and of the CPU alone, compared.
-# GPU_CHECK_SKIP="opencl opencl_speed daemon exact_daemon nograph nofuse exact tensor_cores" leaves those steps out (a rerun
-# after a kernel change).
+#      --stage-backends cuda,cpu pipeline and of the CPU alone, compared;
+#   7. OpenCL speed (float numerics) on the three Q4_0 shapes with a per-kernel profile, and with replay,
+#      the split attention and the prefill's tokens per work-item varied.
+# GPU_CHECK_SKIP="backend_ops decode_shapes cuda_speed opencl opencl_speed daemon exact_daemon nograph nofuse
+# exact tensor_cores" leaves those steps out (a rerun after a kernel change); GPU_CHECK_CUDA_FILTER and
+# GPU_CHECK_OPENCL_FILTER narrow steps 2 and 5 to a gtest filter.
 # The GPU machine has no package registry: nothing is installed there. (GPU_CHECK_PRESETS and
 # GPU_CHECK_BACKEND=cpu try the script itself on a machine without a GPU.)
 set -uo pipefail
@@ -116,20 +120,77 @@ run() {
   fi
 
   # 1. Backend ops.
-  timeout 240 "$bin/inferd_backend_ops_test" --gtest_filter='*cuda*' > "$out/backend_ops.txt" 2>&1
-  say "1. backend-ops (cuda): rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$out/backend_ops.txt" | tr '\n' ' ')"
-  grep -E '^\[  FAILED  \].*cuda' "$out/backend_ops.txt" | head -20 >> "$summary"
+  if ! skip backend_ops; then
+    timeout 240 "$bin/inferd_backend_ops_test" --gtest_filter='*cuda*' > "$out/backend_ops.txt" 2>&1
+    say "1. backend-ops (cuda): rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$out/backend_ops.txt" | tr '\n' ' ')"
+    grep -E '^\[  FAILED  \].*cuda' "$out/backend_ops.txt" | head -20 >> "$summary"
+  fi
   wait "${model_pids[@]}"
   for f in "$out"/model-*.log; do tail -1 "$f" | grep -qi error && say "model: $(tail -1 "$f")"; done
   ls -la "$models" >> "$summary"
 
-  # 2. Engine tests.
+  # 2. Engine tests (GPU_CHECK_CUDA_FILTER: a gtest filter, e.g. CudaKernels.* for a rerun).
   INFERD_CUDA_TEST_MODELS="$models/smollm2-q4_0.gguf:$models/smollm2-q4_1.gguf:$models/tinyllama-q4_k_m.gguf" \
-    timeout 300 "$bin/inferd_cuda_test" > "$out/cuda_test.txt" 2>&1
-  say "2. inferd_cuda_test: rc=$? $(grep -E '^\[  (PASSED|FAILED) +\] [0-9]+ test' "$out/cuda_test.txt" | tr '\n' ' ')"
-  grep -E '^\[cuda\]|^\[  FAILED  \]' "$out/cuda_test.txt" | sort -u | head -40 >> "$summary"
+    timeout 300 "$bin/inferd_cuda_test" --gtest_filter="${GPU_CHECK_CUDA_FILTER:-*}" > "$out/cuda_test.txt" 2>&1
+  say "2. inferd_cuda_test ${GPU_CHECK_CUDA_FILTER:-}: rc=$? $(grep -E '^\[  (PASSED|FAILED) +\] [0-9]+ test' "$out/cuda_test.txt" | tr '\n' ' ')"
+  grep -E '^\[cuda\]|^\[  FAILED  \]' "$out/cuda_test.txt" | grep -v '^\[cuda\] CUDA:' | sort -u | head -40 >> "$summary"
 
   # 3. Speed: the device's read bandwidth and the decode GEMV against it, then the models.
+  skip cuda_speed || cuda_speed_checks "$out" "$bin" "$models"
+
+  # 4. The daemon.
+  skip daemon || daemon_checks "$models/smollm2-q4_0.gguf" "$out" "$bin"
+
+  # 5. OpenCL, started at the beginning (its kernels compile on the host CPU meanwhile).
+  if [ -n "$opencl_pid" ]; then
+    wait "$opencl_pid"
+    say "5. OpenCL on NVIDIA's driver (exact numerics against the CPU): $(cat "$out/opencl-summary.txt")"
+    grep -E '^\[  FAILED  \]|differ' "$out/opencl.txt" "$out/opencl_ops.txt" 2>/dev/null | head -20 >> "$summary"
+  fi
+
+  # 6. Exact numerics through the daemon.
+  skip exact_daemon || exact_daemon_checks "$models/smollm2-q4_1.gguf" "$out" "$bin"
+
+  # 7. OpenCL speed on the issue's shapes, float numerics. First the defaults (the storage and decode shape
+  # measured at load in a fresh cache, decode steps replayed, the attention split over positions) with a
+  # profile (device time per kernel, the device's idle time, the host's time per launch); then, with the
+  # measured storage and shape forced (another configuration would be timed again and might choose
+  # otherwise), each default turned off in turn, and the prefill with 8 and 16 tokens per work-item.
+  if ! skip opencl_speed && [ -f "$out/icd/nvidia.icd" ]; then
+    local clcache pinned
+    clcache=$(mktemp -d)
+    for m in smollm2-q4_0 tinyllama-q4_0 8b-q4_0; do
+      XDG_CACHE_HOME="$clcache" OCL_ICD_VENDORS="$out/icd" timeout 120 "$bin/inferd-opencl-bench" "$models/$m.gguf" \
+        -p 512 -n 128 -r 3 --float --profile > "$out/opencl-bench-$m.txt" 2>&1
+      say "7. OpenCL $m: rc=$? $(grep -E '^(storage|prefill|decode)' "$out/opencl-bench-$m.txt" | tr -s ' ' | tr '\n' ';')"
+      grep -A6 -E '^profile' "$out/opencl-bench-$m.txt" | sed 's/^/   /' >> "$summary"
+      pinned=$(sed -n 's/^storage: \([a-z0-9_]*\), decode matmul \([0-9]*x[0-9]*\).*/--storage \1 --decode-shape \2/p' \
+        "$out/opencl-bench-$m.txt")
+      [ -n "$pinned" ] || continue
+      local variant
+      for variant in "--no-replay" "--attention-chunk 0" "--prefill-tokens 8" "--prefill-tokens 16"; do
+        local n=128 tag=${variant// /}
+        [[ $variant == --prefill-tokens* ]] && n=4
+        # shellcheck disable=SC2086
+        XDG_CACHE_HOME="$clcache" OCL_ICD_VENDORS="$out/icd" timeout 90 "$bin/inferd-opencl-bench" "$models/$m.gguf" \
+          -p 512 -n $n -r 2 --float $pinned $variant > "$out/opencl-bench-$m$tag.txt" 2>&1
+        say "7. OpenCL $m, $variant: rc=$? $(grep -E '^(prefill|decode)' "$out/opencl-bench-$m$tag.txt" | tr -s ' ' | tr '\n' ';')"
+      done
+    done
+  elif ! skip opencl_speed; then
+    say "7. OpenCL speed: skipped (no NVIDIA OpenCL library, or the opencl step was skipped)"
+  fi
+  say "total $((SECONDS - t0)) s"
+  # Every log in one archive beside the summary.
+  local logs
+  logs=$(mktemp)
+  (cd "$out" && tar -czf "$logs" --exclude=summary.txt . && find . -mindepth 1 ! -name summary.txt -delete &&
+     mv "$logs" logs.tar.gz)
+}
+
+# Step 3: the CUDA backend's speed (the device's read bandwidth, the decode GEMV against it, the models).
+cuda_speed_checks() {
+  local out=$1 bin=$2 models=$3
   timeout 60 "$bin/inferd-cuda-bandwidth" --reps 20 > "$out/bandwidth.txt" 2>&1
   say "3. inferd-cuda-bandwidth: rc=$?"
   sed 's/^/   /' "$out/bandwidth.txt" >> "$summary"
@@ -159,52 +220,6 @@ run() {
       > "$out/bench-tc-$m.txt" 2>&1
     say "  $m, tensor cores: rc=$? $(grep -E '^(prefill|decode)' "$out/bench-tc-$m.txt" | tr -s ' ' | tr '\n' ';')"
   done
-
-  # 4. The daemon.
-  skip daemon || daemon_checks "$models/smollm2-q4_0.gguf" "$out" "$bin"
-
-  # 5. OpenCL, started at the beginning (its kernels compile on the host CPU meanwhile).
-  if [ -n "$opencl_pid" ]; then
-    wait "$opencl_pid"
-    say "5. OpenCL on NVIDIA's driver (exact numerics against the CPU): $(cat "$out/opencl-summary.txt")"
-    grep -E '^\[  FAILED  \]|differ' "$out/opencl.txt" "$out/opencl_ops.txt" 2>/dev/null | head -20 >> "$summary"
-  fi
-
-  # 6. Exact numerics through the daemon.
-  skip exact_daemon || exact_daemon_checks "$models/smollm2-q4_1.gguf" "$out" "$bin"
-
-  # 7. OpenCL speed on the issue's shapes, float numerics: the storage and decode shape measured at load (a
-  # fresh cache), then with that storage and shape forced (the unfused graph is another record key: it would
-  # be timed again and might choose otherwise) the residual fusion off, and the simple prefill kernel
-  # instead of the tiled one.
-  if ! skip opencl_speed && [ -f "$out/icd/nvidia.icd" ]; then
-    local clcache pinned
-    clcache=$(mktemp -d)
-    for m in smollm2-q4_0 tinyllama-q4_0; do
-      XDG_CACHE_HOME="$clcache" OCL_ICD_VENDORS="$out/icd" timeout 90 "$bin/inferd-opencl-bench" "$models/$m.gguf" \
-        -p 512 -n 128 -r 3 --float > "$out/opencl-bench-$m-on.txt" 2>&1
-      say "7. OpenCL $m, fused: rc=$? $(grep -E '^(storage|prefill|decode)' "$out/opencl-bench-$m-on.txt" | tr -s ' ' | tr '\n' ';')"
-      pinned=$(sed -n 's/^storage: \([a-z0-9_]*\), decode matmul \([0-9]*x[0-9]*\).*/--storage \1 --decode-shape \2/p' \
-        "$out/opencl-bench-$m-on.txt")
-      [ -n "$pinned" ] || continue
-      # shellcheck disable=SC2086
-      XDG_CACHE_HOME="$clcache" OCL_ICD_VENDORS="$out/icd" timeout 90 "$bin/inferd-opencl-bench" "$models/$m.gguf" \
-        -p 512 -n 128 -r 3 --float --no-fuse $pinned > "$out/opencl-bench-$m-off.txt" 2>&1
-      say "7. OpenCL $m, unfused ($pinned): rc=$? $(grep -E '^(prefill|decode)' "$out/opencl-bench-$m-off.txt" | tr -s ' ' | tr '\n' ';')"
-      # shellcheck disable=SC2086
-      XDG_CACHE_HOME="$clcache" OCL_ICD_VENDORS="$out/icd" timeout 90 "$bin/inferd-opencl-bench" "$models/$m.gguf" \
-        -p 512 -n 16 -r 3 --float --prefill-kernel simple $pinned > "$out/opencl-bench-$m-simple.txt" 2>&1
-      say "7. OpenCL $m, simple prefill kernel: rc=$? $(grep -E '^prefill' "$out/opencl-bench-$m-simple.txt" | tr -s ' ')"
-    done
-  elif ! skip opencl_speed; then
-    say "7. OpenCL speed: skipped (no NVIDIA OpenCL library, or the opencl step was skipped)"
-  fi
-  say "total $((SECONDS - t0)) s"
-  # Every log in one archive beside the summary.
-  local logs
-  logs=$(mktemp)
-  (cd "$out" && tar -czf "$logs" --exclude=summary.txt . && find . -mindepth 1 ! -name summary.txt -delete &&
-     mv "$logs" logs.tar.gz)
 }
 
 # The OpenCL backend on NVIDIA's OpenCL library (no ICD file there: one is written for the loader): the
@@ -215,7 +230,8 @@ opencl_checks() {
   if [ -z "$lib" ]; then echo "no libnvidia-opencl.so.1" > "$out/opencl-summary.txt"; return; fi
   mkdir -p "$out/icd"
   echo "$lib" > "$out/icd/nvidia.icd"
-  local filter='BackendOps.ExactRowOps:BackendOps.MatmulExactKQuantsEqualTheCpuKernels:BackendOps.RopeKvAndAttentionExact:BackendOps.MatmulExactLowBitTypesEqualTheCpuKernels:BackendOps.MatmulLowBitTypes:ClEngineFiles.MixedSmallEqualsTheCpuEngine:ClEngineFiles.NewArchitecturesAndTypesEqualTheCpuEngine:ClEngineSyntheticTest.MeasuredStorageIsTheFastestAndIsRecorded'
+  local filter='BackendOps.ExactRowOps:BackendOps.MatmulExactKQuantsEqualTheCpuKernels:BackendOps.RopeKvAndAttentionExact:BackendOps.MatmulExactLowBitTypesEqualTheCpuKernels:BackendOps.MatmulLowBitTypes:BackendOps.RopeKvAndSplitAttention:ClEngineFiles.MixedSmallEqualsTheCpuEngine:ClEngineFiles.NewArchitecturesAndTypesEqualTheCpuEngine:ClEngineFiles.SplitAttentionAgreesWithOneGroupPerHead:ClEngineSyntheticTest.MeasuredStorageIsTheFastestAndIsRecorded:ClEngineSyntheticTest.ReplayedStepsGiveTheNodesBits'
+  filter=${GPU_CHECK_OPENCL_FILTER:-$filter}
   OCL_ICD_VENDORS="$out/icd" timeout 170 "$bin/inferd_opencl_test" --gtest_filter="$filter" > "$out/opencl.txt" 2>&1
   local rc=$?
   echo "rc=$rc $(grep -E '^\[  (PASSED|FAILED) +\] [0-9]+ test' "$out/opencl.txt" | tr '\n' ' ')" > "$out/opencl-summary.txt"
@@ -231,6 +247,7 @@ opencl_checks() {
     echo "  $run $(grep -E '^storage:' "$out/opencl-load-$run.txt")" >> "$out/opencl-summary.txt"
   done
   # The float decode matmul's work-group shapes on an 8B-shaped projection (larger than L2), GB/s each.
+  skip decode_shapes && return
   OCL_ICD_VENDORS="$out/icd" timeout 90 "$bin/inferd-opencl-info" --no-timing --decode-shapes --reps 5 \
     > "$out/opencl-decode-shapes.txt" 2>&1
   grep -E '^  decode ' "$out/opencl-decode-shapes.txt" | sed 's/^/ /' >> "$out/opencl-summary.txt"

@@ -67,6 +67,97 @@
   }
 //@ end
 
+// attention_part: the float attention split over the positions for GPUs (Ops::attention with partials),
+// launched as (lanes * n_head, T, C) in work-groups of (lanes, 1, 1): group (h, t, c) takes chunk c of
+// `chunk` positions from the token's first (window) position, exactly as `attention` takes all of them,
+// and writes its unnormalized state to part[(t * n_head + h) * C + c]: HD4 float4s of weighted V sums
+// scaled to the chunk's maximum, then (maximum, sum of exponentials, 0, 0); a chunk past the token's
+// positions writes (-inf, 0). attention_merge then rescales the C states to their common maximum.
+//@ attention_part
+  const int lid = get_local_id(0);
+  const int lsz = get_local_size(0);
+  const int h = get_group_id(0);
+  const int t = get_global_id(1);
+  const int c = get_global_id(2);
+  const int end = min(kv_pad, pos[t] + 1);
+  const int g = h / (n_head / n_head_kv);
+  const size_t hd = HD4 * 4;
+  __global const int* blocks = kv_table + slot[t] * bps;
+  __global const half* kc = cache + (size_t)g * 64 * hd;
+  __global const half* vc = kc + (size_t)n_head_kv * 64 * hd;
+  const size_t block_halves = (size_t)2 * n_head_kv * 64 * hd;
+  __global const half* qp = q + ((size_t)t * n_head + h) * hd;
+  float4 qv[HD4], acc[HD4];
+  for (int i = 0; i < HD4; ++i) {
+    qv[i] = vload_half4(i, qp);
+    acc[i] = (float4)(0.0f);
+  }
+  float m = -INFINITY, l = 0.0f;
+  const int first = (window > 0 ? max(0, pos[t] + 1 - window) : 0) + c * chunk;
+  const int last = min(end, first + chunk);
+  for (int p = first + lid; p < last; p += lsz) {
+    const size_t row = (size_t)blocks[p >> 6] * block_halves + (size_t)(p & 63) * hd;
+    __global const half* kr = kc + row;
+    float sc = 0.0f;
+    for (int i = 0; i < HD4; ++i) sc += dot(qv[i], vload_half4(i, kr));
+    sc *= scale;
+    const float m_new = fmax(m, sc);
+    const float corr = exp(m - m_new);
+    const float e = exp(sc - m_new);
+    l = l * corr + e;
+    __global const half* vr = vc + row;
+    for (int i = 0; i < HD4; ++i) acc[i] = acc[i] * corr + e * vload_half4(i, vr);
+    m = m_new;
+  }
+  lane_sum[lid] = m;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  float mx = -INFINITY;
+  for (int j = 0; j < lsz; ++j) mx = fmax(mx, lane_sum[j]);
+  const float f = m == -INFINITY ? 0.0f : exp(m - mx);
+  barrier(CLK_LOCAL_MEM_FENCE);
+  lane_sum[lid] = l * f;
+  for (int i = 0; i < HD4; ++i) lane_acc[lid * HD4 + i] = acc[i] * f;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  __global float4* dst = part + (((size_t)t * n_head + h) * get_global_size(2) + c) * (HD4 + 1);
+  for (int i = lid; i < HD4; i += lsz) {
+    float4 o = (float4)(0.0f);
+    for (int j = 0; j < lsz; ++j) o += lane_acc[j * HD4 + i];
+    dst[i] = o;
+  }
+  if (lid == 0) {
+    float total = 0.0f;
+    for (int j = 0; j < lsz; ++j) total += lane_sum[j];
+    dst[HD4] = (float4)(mx, total, 0.0f, 0.0f);
+  }
+//@ end
+
+// attention_merge: launched as (lanes * n_head, T) in work-groups of (lanes, 1): the C chunk states of
+// (token t, head h) that attention_part wrote, rescaled to their common maximum, summed in chunk order
+// and normalized; lanes take the head's slices.
+//@ attention_merge
+  const int lid = get_local_id(0);
+  const int lsz = get_local_size(0);
+  const int h = get_group_id(0);
+  const int t = get_global_id(1);
+  __global const float4* src = part + ((size_t)t * n_head + h) * n_chunks * (HD4 + 1);
+  float mx = -INFINITY;
+  for (int c = 0; c < n_chunks; ++c) mx = fmax(mx, src[c * (HD4 + 1) + HD4].x);
+  float total = 0.0f;
+  for (int c = 0; c < n_chunks; ++c) {
+    const float4 ml = src[c * (HD4 + 1) + HD4];
+    if (ml.x != -INFINITY) total += ml.y * exp(ml.x - mx);
+  }
+  const float inv = 1.0f / total;  // > 0: the token's own position is in a chunk
+  for (int i = lid; i < HD4; i += lsz) {
+    float4 o = (float4)(0.0f);
+    for (int c = 0; c < n_chunks; ++c) {
+      const float cm = src[c * (HD4 + 1) + HD4].x;
+      if (cm != -INFINITY) o += src[c * (HD4 + 1) + i] * exp(cm - mx);
+    }
+    $out.Write(o * inv, t, 0, h * HD4 + i);
+  }
+//@ end
+
 // attention_exact's q.k of one position as kernels::dot_f32_f16 computes it, per CpuOrder. The
 // products of halves are exact in float, so fma and a * b + c agree; only the order of the sums matters.
 //@ qk.scalar

@@ -764,9 +764,10 @@ class MatmulExactCase final : public OpCase {
 // The scores scratch holds 2 tokens, so the passes of more run in several launches.
 class AttentionCase final : public OpCase {
  public:
+  // chunk > 0: the float attention split over chunks of `chunk` positions (Ops::attention_chunk).
   AttentionCase(RopeMode mode, int32_t head_dim, int32_t history, int32_t tokens, bool fused, bool bias, uint32_t seed,
-                bool exact = false)
-      : fused_(fused), history_(history), tokens_(tokens), bias_(bias), exact_(exact) {
+                bool exact = false, int32_t chunk = 0)
+      : fused_(fused), history_(history), tokens_(tokens), bias_(bias), exact_(exact), chunk_(chunk) {
     g_.n_head = 4;
     g_.n_head_kv = 2;
     g_.head_dim = head_dim;
@@ -793,7 +794,7 @@ class AttentionCase final : public OpCase {
   std::string params() const override {
     return std::string(g_.rope_mode == RopeMode::kNeox ? "neox" : "normal") + ",d=" + std::to_string(g_.head_dim) +
            ",kv=" + std::to_string(history_) + "+" + std::to_string(tokens_) + (fused_ ? ",fused" : "") +
-           (bias_ ? ",bias" : "");
+           (bias_ ? ",bias" : "") + (chunk_ > 0 ? ",chunk=" + std::to_string(chunk_) : "");
   }
   double max_nmse() const override { return 1e-6; }
 
@@ -864,6 +865,15 @@ class AttentionCase final : public OpCase {
         INFERD_RETURN_IF_ERROR(ops.attention_exact(g_, q_half->get(), placement, kv_pad, scale, cache->get(),
                                                    scores->get(), host_cpu_order(), *o));
         INFERD_RETURN_IF_ERROR(rt.finish());  // the scratch dies at the end of this block
+      } else if (chunk_ > 0) {
+        auto partials = rt.create_buffer(Ops::attention_partials_bytes(g_));
+        if (!partials) return partials.status();
+        const int32_t before = ops.attention_chunk();
+        ops.set_attention_chunk(chunk_);
+        const Status s = ops.attention(g_, q_half->get(), placement, kv_pad, scale, cache->get(), *o, 0, partials->get());
+        ops.set_attention_chunk(before);
+        INFERD_RETURN_IF_ERROR(s);
+        INFERD_RETURN_IF_ERROR(rt.finish());  // the partials die at the end of this block
       } else {
         INFERD_RETURN_IF_ERROR(ops.attention(g_, q_half->get(), placement, kv_pad, scale, cache->get(), *o));
       }
@@ -985,6 +995,7 @@ class AttentionCase final : public OpCase {
   bool fused_;
   int32_t history_, tokens_;
   bool bias_, exact_;
+  int32_t chunk_;
   std::vector<Token> hist_, pass_;
   std::vector<float> hist_x_, pass_x_, bias_values_;
   std::vector<int32_t> table_;  // [slot][blocks_per_slot] block ids
@@ -1603,6 +1614,18 @@ TEST(BackendOps, RopeKvAndAttention) {
   cases.push_back(std::make_unique<AttentionCase>(RopeMode::kNormal, 64, 70, 5, /*fused=*/false, /*bias=*/false, 901));
   cases.push_back(std::make_unique<AttentionCase>(RopeMode::kNeox, 8, 1, 4, /*fused=*/false, /*bias=*/true, 902));
   cases.push_back(std::make_unique<AttentionCase>(RopeMode::kNeox, 64, 61, 6, /*fused=*/true, /*bias=*/true, 903));
+  run_cases(*rt, cases);
+}
+
+// The float attention split over chunks of positions (GPUs' decode; Ops::attention_chunk): 8 chunks of
+// 16 positions, chunks past some tokens' positions (the pass's token at position 0 has one), and a KV
+// long enough for kMaxAttentionChunks chunks of 4 to be too few (the chunks grow to 6 positions).
+TEST(BackendOps, RopeKvAndSplitAttention) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  Cases cases;
+  cases.push_back(std::make_unique<AttentionCase>(RopeMode::kNormal, 64, 70, 5, false, false, 904, false, 16));
+  cases.push_back(std::make_unique<AttentionCase>(RopeMode::kNeox, 8, 130, 1, true, true, 905, false, 4));
+  cases.push_back(std::make_unique<AttentionCase>(RopeMode::kNeox, 128, 100, 2, true, false, 906, false, 64));
   run_cases(*rt, cases);
 }
 

@@ -186,6 +186,11 @@ struct OpenClBackend::Impl {
   ClMem q8_scales;              // exact: [max_tokens][widest / 32] (d, s) of the Q8 quants
   ClMem q8k_blocks;             // exact, K-quants: [max_tokens][widest / 256][kQ8KBlockFloats]
   ClMem scores;                 // exact: Ops::attention_exact's scratch
+  ClMem attention_partials;     // float, split attention: Ops::attention's chunk states
+  // Recorded decode steps by (tokens, outputs, all rows gathered, KV length padded) (OpenClOptions::replay);
+  // forgotten whenever a buffer the launches bind is made again (allocate(), ensure_logits()).
+  std::map<std::tuple<int32_t, int32_t, bool, int32_t>, Ops::Recording> recordings;
+  static constexpr size_t kMaxRecordings = 16;
   size_t buffer_bytes = 0;
   // The host side of a step's enqueued transfers (compute()): valid until the step's one host wait.
   std::vector<int32_t> host_ids, host_pos, host_slots, host_rows;
@@ -226,6 +231,13 @@ Result<std::unique_ptr<OpenClBackend>> OpenClBackend::create(std::unique_ptr<Run
     impl->ops->set_prefill_tokens(*options.prefill_tokens);
   }
   if (options.prefill_kernel) impl->ops->set_prefill_kernel(*options.prefill_kernel);
+  if (options.attention_chunk) {
+    if (*options.attention_chunk < 0 || *options.attention_chunk > kMaxAttentionChunkOption) {
+      return make_error(Code::kInvalidArgument, "attention chunk must be in [0, %d] positions, got %d",
+                        kMaxAttentionChunkOption, *options.attention_chunk);
+    }
+    impl->ops->set_attention_chunk(*options.attention_chunk);
+  }
   if (options.decode_shape) {
     const DecodeShape& d = *options.decode_shape;
     if (d.slices < 1 || d.slices > kMaxDecodeSlices || d.ahead < 1 || d.ahead > kMaxDecodeAhead) {
@@ -264,6 +276,8 @@ const DeviceInfo& OpenClBackend::device_info() const { return impl_->rt->info();
 const OpenClStats& OpenClBackend::stats() const { return impl_->stats; }
 StorageType OpenClBackend::activation_storage() const { return impl_->act_storage; }
 DecodeShape OpenClBackend::decode_shape() const { return impl_->ops->decode_shape(); }
+void OpenClBackend::set_profiling(bool on) { impl_->ops->set_profiling(on); }
+Result<Profile> OpenClBackend::take_profile() { return impl_->ops->take_profile(); }
 DataType OpenClBackend::activation_type() const { return impl_->act_type; }
 Numerics OpenClBackend::numerics() const { return impl_->numerics; }
 CpuOrder OpenClBackend::cpu_order() const { return impl_->cpu_order; }
@@ -785,7 +799,8 @@ Result<std::vector<StorageTrial>> OpenClBackend::time_steps(const Graph& g, std:
       }
     }
   }
-  I.stats.decode_passes = I.stats.prefill_passes = I.stats.launches = 0;  // the trials are not the model's steps
+  // The trials are not the model's steps.
+  I.stats.decode_passes = I.stats.prefill_passes = I.stats.launches = I.stats.recorded_steps = I.stats.replayed_steps = 0;
   std::vector<StorageTrial> trials;
   std::string why;
   for (size_t c = 0; c < configs.size(); ++c) {
@@ -806,6 +821,7 @@ Status OpenClBackend::Impl::allocate(const Graph& g) {
   const int32_t n = shape.max_tokens;
   // Again from the graph's tensors (a storage trial allocates several times): the quants' tensors and
   // the norm vectors are made below.
+  recordings.clear();  // they bind the tensors made again here
   phys.erase(phys.begin() + static_cast<std::ptrdiff_t>(graph_phys), phys.end());
   vectors.clear();
   stats.weight_bytes -= vector_bytes;
@@ -884,6 +900,9 @@ Status OpenClBackend::Impl::allocate(const Graph& g) {
           buffer(rp.table, tokens * static_cast<size_t>(geometry.head_dim) * sizeof(float), CL_MEM_READ_ONLY));
     }
     INFERD_RETURN_IF_ERROR(buffer(q_half, tokens * static_cast<size_t>(geometry.n_embd()) * 2, CL_MEM_READ_WRITE));
+    if (!exact() && ops->attention_chunk() > 0) {
+      INFERD_RETURN_IF_ERROR(buffer(attention_partials, Ops::attention_partials_bytes(geometry), CL_MEM_READ_WRITE));
+    }
   }
   if (exact()) {
     if (widest_input > 0) {
@@ -911,6 +930,7 @@ Status OpenClBackend::Impl::allocate(const Graph& g) {
 
 Status OpenClBackend::Impl::ensure_logits(int32_t n_out) {
   if (n_out <= logits_capacity) return Status::ok();
+  recordings.clear();  // they bind the logits made again here
   int32_t capacity = 1;
   while (capacity < n_out) capacity *= 2;
   capacity = std::min(capacity, shape.max_tokens);
@@ -1068,7 +1088,7 @@ Status OpenClBackend::Impl::run_node(const Graph& g, size_t ni, const graph::Ste
       return exact() ? ops->attention_exact(geometry, q_half.get(), tokens, io.shape.kv_pad, kq_scale, cache,
                                             scores.get(), cpu_order, out(), n.window)
                      : ops->attention(geometry, q_half.get(), tokens, io.shape.kv_pad, kq_scale, cache, out(),
-                                      n.window);
+                                      n.window, attention_partials.get());
     }
     case Action::kSwiglu:
       return exact() ? ops->swiglu_exact(dev(n.in[0]), dev(n.in[1]), out()) : ops->swiglu(dev(n.in[0]), dev(n.in[1]), out());
@@ -1182,7 +1202,26 @@ Status OpenClBackend::compute(const Graph& g, graph::StepIO& io) {
     st = I.ops->build_collected();
     if (st) I.stats.kernels_collected += I.ops->last_collected();
   }
-  if (st) st = run_nodes();
+  if (st) {
+    if (I.opt.replay && choose_matmul_variant(t_count) == MatmulVariant::kDecode) {
+      const auto key = std::make_tuple(t_count, n_out, all_rows, io.shape.kv_pad);
+      if (auto it = I.recordings.find(key); it != I.recordings.end()) {
+        st = I.ops->replay(it->second);
+        if (st) ++I.stats.replayed_steps;
+      } else {
+        I.ops->begin_record();
+        st = run_nodes();
+        auto recording = I.ops->end_record();
+        if (st && recording) {  // a launch that could not be recorded ran all the same: nothing to keep
+          if (I.recordings.size() >= Impl::kMaxRecordings) I.recordings.clear();
+          I.recordings.emplace(key, std::move(recording).value());
+          ++I.stats.recorded_steps;
+        }
+      }
+    } else {
+      st = run_nodes();
+    }
+  }
   auto output_name = [&](TensorId id) { return id == g.io.hidden_out ? "hidden states" : g.tensor(id).name.c_str(); };
   I.output_staging.resize(g.outputs().size());
   for (size_t i = 0; st && i < g.outputs().size(); ++i) {

@@ -15,6 +15,8 @@ Result<std::unique_ptr<ClEngine>> ClEngine::create(std::shared_ptr<const Model> 
   bo.fuse = options.fuse;
   bo.prefill_tokens = options.prefill_tokens;
   bo.prefill_kernel = options.prefill_kernel;
+  bo.attention_chunk = options.attention_chunk;
+  bo.replay = options.replay;
   auto backend = OpenClBackend::create(std::move(runtime), bo);
   if (!backend) return backend.status();
   std::unique_ptr<ClEngine> e(new ClEngine());

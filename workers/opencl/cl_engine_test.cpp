@@ -991,6 +991,54 @@ TEST_F(ClEngineSyntheticTest, FusedKernelsSaveLaunches) {
   }
 }
 
+// Replayed decode steps (OpenClOptions::replay): two slots decoding in turn across two KV buckets of 64 (the
+// first step of each (tokens, outputs, KV length) shape records its launches, the next ones replay them)
+// give the logits of steps run through the graph's nodes, bit for bit, with both numerics; a prefill in
+// between (not replayed) changes nothing.
+TEST_F(ClEngineSyntheticTest, ReplayedStepsGiveTheNodesBits) {
+  auto model = tiny_model("qwen2", DType::kQ8_0, DType::kF16, kMixedLayers);
+  ASSERT_NE(model, nullptr);
+  for (Numerics numerics : {Numerics::kExact, Numerics::kFloat}) {
+    SCOPED_TRACE(numerics_name(numerics));
+    std::vector<float> logits[2];
+    for (bool replay : {false, true}) {
+      ClEngineOptions o = tiny_options();
+      o.n_ctx = 160;
+      o.n_slots = 2;
+      o.numerics = numerics;
+      o.replay = replay;
+      auto e = make_with(model, o);
+      ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+      ClEngine& engine = *e.value();
+      if (engine.numerics() != numerics) GTEST_SKIP() << engine.describe();
+      std::vector<float>& out = logits[replay];
+      auto add = [&](const Result<std::span<const float>>& r) {
+        ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+        out.insert(out.end(), r->begin(), r->end());
+      };
+      add(engine.eval(0, std::span<const int32_t>(kTinyTokens.data(), 9)));
+      add(engine.eval(1, std::span<const int32_t>(kTinyTokens.data() + 3, 5)));
+      for (int32_t i = 0; i < 150; ++i) {  // slot 0 reaches position 84, slot 1 position 86
+        const int32_t token = (i * 7 + 3) % engine.n_vocab();
+        add(engine.eval(i % 2, std::span<const int32_t>(&token, 1)));
+        if (i == 41) add(engine.eval(1, std::span<const int32_t>(kTinyTokens.data(), 6)));  // a prefill between
+      }
+      const OpenClStats& s = engine.backend_stats();
+      std::printf("[cl-engine] %s numerics, replay %s: %lld decode steps recorded, %lld replayed\n",
+                  numerics_name(numerics), replay ? "on" : "off", static_cast<long long>(s.recorded_steps),
+                  static_cast<long long>(s.replayed_steps));
+      if (replay) {
+        EXPECT_GE(s.recorded_steps, 2);  // a shape per KV bucket
+        EXPECT_GE(s.replayed_steps, 140);
+      } else {
+        EXPECT_EQ(s.recorded_steps + s.replayed_steps, 0);
+      }
+    }
+    ASSERT_FALSE(logits[0].empty());
+    EXPECT_EQ(logits[0], logits[1]);
+  }
+}
+
 // The tiled prefill kernel (GPUs' default) in a whole model: the simple kernel's logits, bit for bit.
 TEST_F(ClEngineSyntheticTest, TiledPrefillGivesTheSimpleKernelsLogits) {
   auto model = tiny_model("qwen2", DType::kQ8_0, DType::kF16, kMixedLayers);
@@ -1334,6 +1382,54 @@ TEST(ClEngineFiles, NewArchitecturesAndTypesEqualTheCpuEngine) {
   for (const char* name : {"gemma3-small", "qwen3-small", "phi3-small", "llama3-small", "lowbit-small"}) {
     SCOPED_TRACE(name);
     expect_file_equals_the_cpu_engine(std::string(INFERD_TEST_DATA_DIR "/models/") + name + ".gguf", 128, 8);
+  }
+}
+
+// The float attention split over chunks of positions (GPUs' default; Ops::attention_chunk) in a whole
+// model with sliding-window layers (gemma3-small, window 128): 136 tokens prefilled, then 8 decode steps
+// past the window, their attention split in chunks of 16 positions from the window's first. Other float
+// sums than one work-group per head: the logits agree with the unsplit attention's to float rounding, and
+// every step picks the same token.
+TEST(ClEngineFiles, SplitAttentionAgreesWithOneGroupPerHead) {
+  std::string why;
+  if (inferd::opencl::testing::test_runtime(&why) == nullptr) GTEST_SKIP() << "no OpenCL device: " << why;
+  auto model = Model::open(INFERD_TEST_DATA_DIR "/models/gemma3-small.gguf");
+  ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+  const int32_t n_vocab = model.value()->config().n_vocab;
+  std::vector<int32_t> tokens(144);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7919 + 11) % static_cast<size_t>(n_vocab));
+  std::vector<float> logits[2];
+  for (int32_t chunk : {0, 16}) {
+    const char* selector = std::getenv("INFERD_OPENCL_DEVICE");
+    auto rt = Runtime::create_default(RuntimeOptions{}, selector != nullptr ? selector : "");
+    ASSERT_TRUE(rt.is_ok()) << rt.status().to_string();
+    ClEngineOptions o;
+    o.n_ctx = 256;
+    o.n_ubatch = 136;
+    o.numerics = Numerics::kFloat;
+    o.activation_type = DataType::kFloat32;
+    o.attention_chunk = chunk;
+    auto e = ClEngine::create(model.value(), std::move(rt).value(), o);
+    ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+    auto p = e.value()->eval(0, std::span<const int32_t>(tokens.data(), 136));
+    ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+    for (size_t i = 136; i < tokens.size(); ++i) {
+      auto d = e.value()->eval(0, std::span<const int32_t>(&tokens[i], 1));
+      ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+      logits[chunk > 0].insert(logits[chunk > 0].end(), d->begin(), d->end());
+    }
+  }
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  const auto [lo, hi] = std::minmax_element(logits[0].begin(), logits[0].end());
+  const float diff = max_abs_diff(logits[0], logits[1]);
+  std::printf("[cl-engine] gemma3-small, 8 decode steps past the window: split attention's logits within %.2e of "
+              "the unsplit ones (range %.2f)\n", diff, *hi - *lo);
+  EXPECT_LT(diff, 1e-4f * (*hi - *lo));
+  EXPECT_NE(logits[0], logits[1]) << "the split ran (other float sums)";
+  const size_t v = static_cast<size_t>(n_vocab);
+  for (size_t s = 0; s < logits[0].size() / v; ++s) {
+    const auto a = logits[0].begin() + static_cast<std::ptrdiff_t>(s * v), b = logits[1].begin() + static_cast<std::ptrdiff_t>(s * v);
+    EXPECT_EQ(std::max_element(a, a + n_vocab) - a, std::max_element(b, b + n_vocab) - b) << "step " << s;
   }
 }
 

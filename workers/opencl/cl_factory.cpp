@@ -15,8 +15,11 @@
 //                                           SwiGLU in the float decode's gate|up matmul)
 //   prefill_tokens INFERD_OPENCL_PREFILL_TOKENS  1..16, the float prefill matmul's tokens per work-item
 //                                           (default: 16 on CPU devices, 4 elsewhere)
-//   prefill      INFERD_OPENCL_PREFILL      simple | tiled, the float prefill matmul's kernel (default: tiled
-//                                           on GPUs, simple elsewhere)
+//   prefill      INFERD_OPENCL_PREFILL      simple | tiled, the float prefill matmul's kernel (default: simple)
+//   replay       INFERD_OPENCL_REPLAY       on | off (default on: a decode step's launches recorded once per
+//                                           shape and enqueued again as recorded)
+//   attention_chunk INFERD_OPENCL_ATTENTION_CHUNK  0..65536, positions per chunk of the float attention split
+//                                           over the positions (0: never split; default: 64 on GPUs, 0 on CPUs)
 // A value outside these lists is kInvalidArgument naming the setting and its variable. The program
 // binary cache is default_cache_dir() ($XDG_CACHE_HOME or $HOME).
 #include <algorithm>
@@ -40,7 +43,9 @@ const std::map<std::string, std::string> kEnvironment = {{"storage", "INFERD_OPE
                                                          {"decode_shape", "INFERD_OPENCL_DECODE_SHAPE"},
                                                          {"fuse", "INFERD_OPENCL_FUSE"},
                                                          {"prefill_tokens", "INFERD_OPENCL_PREFILL_TOKENS"},
-                                                         {"prefill", "INFERD_OPENCL_PREFILL"}};
+                                                         {"prefill", "INFERD_OPENCL_PREFILL"},
+                                                         {"attention_chunk", "INFERD_OPENCL_ATTENTION_CHUNK"},
+                                                         {"replay", "INFERD_OPENCL_REPLAY"}};
 constexpr IntDot kIntDots[] = {IntDot::kFloat, IntDot::kInt8};
 constexpr Numerics kNumerics[] = {Numerics::kExact, Numerics::kFloat};
 constexpr StoragePolicy kStoragePolicies[] = {StoragePolicy::kMeasure, StoragePolicy::kRule};
@@ -100,6 +105,22 @@ Result<std::unique_ptr<Backend>> create(const BackendConfig& config) {
                                                 "': expected 1 to " + std::to_string(kMaxPrefillTokens));
     }
     o.prefill_tokens = n;
+  }
+  if (auto it = config.settings.find("replay"); it != config.settings.end()) {
+    if (it->second != "on" && it->second != "off") {
+      return Status(Code::kInvalidArgument, "INFERD_OPENCL_REPLAY (replay) = '" + it->second + "': expected one of on, off");
+    }
+    o.replay = it->second == "on";
+  }
+  if (auto it = config.settings.find("attention_chunk"); it != config.settings.end()) {
+    const std::string& v = it->second;
+    const bool digits = !v.empty() && v.size() <= 5 && std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
+    const int n = digits ? std::stoi(v) : -1;
+    if (n < 0 || n > kMaxAttentionChunkOption) {
+      return Status(Code::kInvalidArgument, "INFERD_OPENCL_ATTENTION_CHUNK (attention_chunk) = '" + v +
+                                                "': expected 0 to " + std::to_string(kMaxAttentionChunkOption));
+    }
+    o.attention_chunk = n;
   }
   if (auto it = config.settings.find("decode_shape"); it != config.settings.end()) {
     auto shape = parse_decode_shape(it->second);

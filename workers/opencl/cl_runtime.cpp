@@ -245,7 +245,9 @@ std::string DeviceInfo::to_string() const {
   out << "  matrix exts:     ";
   if (matrix_extensions.empty()) out << "none";
   for (size_t i = 0; i < matrix_extensions.size(); ++i) out << (i ? ", " : "") << matrix_extensions[i];
-  out << "\n  extensions:      " << extensions.size() << "\n";
+  out << "\n  extensions:      " << extensions.size() << ":";
+  for (const std::string& e : extensions) out << " " << e;
+  out << "\n";
   return out.str();
 }
 

@@ -7,7 +7,8 @@
 //
 //   inferd-opencl-bench MODEL.gguf [-p 128] [-n 64] [-r 3] [--device SEL] [--storage S] [--float]
 //                      [--activations f32|f16] [--storage-choice measure|rule] [--decode-shape RxU]
-//                      [--no-fuse] [--prefill-tokens N] [--prefill-kernel simple|tiled]
+//                      [--no-fuse] [--prefill-tokens N] [--prefill-kernel simple|tiled] [--profile]
+//                      [--attention-chunk N] [--no-replay]
 // --storage forces the activations' storage; --storage-choice sets how it is chosen otherwise (default:
 // measured on GPUs, cached in the program cache's directory; the rule on CPU devices). The "storage:"
 // line says where the storage came from and each candidate's time per decode step.
@@ -17,7 +18,10 @@
 // --storage-choice measure, 1x1 otherwise); --no-fuse runs matmul_add as a matmul and an add, and the float
 // decode's gate|up matmul and SwiGLU apart;
 // --prefill-tokens the float prefill matmul's tokens per work-item (default: per device); --prefill-kernel
-// its kernel (default: tiled on GPUs, simple elsewhere).
+// its kernel (default: simple); --attention-chunk the float attention's positions per chunk (0: one
+// work-group per head and token; default: 64 on GPUs, 0 elsewhere); --no-replay runs every decode step
+// through the graph's nodes instead of replaying its recorded launches (OpenClOptions::replay); --profile then runs one more prefill and decode
+// with the queue's profiling on and prints wall and device time per pass and the kernels by device time.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -62,6 +66,45 @@ bool parse_choice(const char* value, const T (&choices)[N], NameOf name_of, std:
   return false;
 }
 
+// One profiled prefill of `prompt` and `n_gen` profiled decode steps after it: each stage's wall time
+// and device time (the kernels' CL_PROFILING_COMMAND_START to _END, summed) per pass, and its kernels by
+// device time. Device time well below wall time means the step waits on the host (launches, transfers).
+Status print_profile(ClEngine& e, const std::vector<int32_t>& prompt, int32_t n_gen) {
+  const auto report = [](const char* stage, int32_t passes, double wall_ms, const Profile& p) {
+    std::printf("profile %s: %.3f ms wall, %.3f ms on the device (%.0f%%), device idle between kernels %.3f ms, "
+                "%lld launches per pass, the host enqueues one per %.1f us (median)\n",
+                stage, wall_ms / passes, p.device_ms / passes, wall_ms > 0 ? 100.0 * p.device_ms / wall_ms : 0.0,
+                p.gap_ms / passes, static_cast<long long>(p.launches / passes), p.enqueue_median_us);
+    for (size_t i = 0; i < p.kernels.size() && i < 12; ++i) {
+      const KernelTime& k = p.kernels[i];
+      std::printf("  %-58s %6.1f launches %9.4f ms %5.1f%%\n", k.kernel.c_str(),
+                  static_cast<double>(k.launches) / passes, k.ms / passes, p.device_ms > 0 ? 100.0 * k.ms / p.device_ms : 0.0);
+    }
+  };
+  e.clear_slot(0);
+  e.set_profiling(true);
+  const auto t0 = Clock::now();
+  auto p = e.eval(0, prompt);
+  if (!p) return p.status();
+  const double prefill_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  auto prefill = e.take_profile();
+  if (!prefill) return prefill.status();
+  int32_t token = static_cast<int32_t>(std::max_element(p->begin(), p->end()) - p->begin());
+  const auto t1 = Clock::now();
+  for (int32_t i = 0; i < n_gen; ++i) {
+    auto d = e.eval(0, std::span<const int32_t>(&token, 1));
+    if (!d) return d.status();
+    token = static_cast<int32_t>(std::max_element(d->begin(), d->end()) - d->begin());
+  }
+  const double decode_ms = std::chrono::duration<double, std::milli>(Clock::now() - t1).count();
+  e.set_profiling(false);
+  auto decode = e.take_profile();
+  if (!decode) return decode.status();
+  report("prefill", 1, prefill_ms, prefill.value());
+  report("decode", n_gen, decode_ms, decode.value());
+  return Status::ok();
+}
+
 int usage() {
   std::fprintf(stderr,
                "usage: inferd-opencl-bench MODEL.gguf [-p PROMPT_TOKENS] [-n GEN_TOKENS] [-r REPETITIONS]\n"
@@ -69,7 +112,8 @@ int usage() {
                "                           [--storage buffer|image_buffer|texture2d|texture3d|texture2d_split]\n"
                "                           [--activations f32|f16] [--storage-choice measure|rule]\n"
                "                           [--decode-shape RxU] [--no-fuse] [--prefill-tokens 1..16]\n"
-               "                           [--prefill-kernel simple|tiled]\n");
+               "                           [--prefill-kernel simple|tiled] [--attention-chunk N] [--no-replay]\n"
+               "                           [--profile]\n");
   return 2;
 }
 
@@ -78,6 +122,7 @@ int usage() {
 int main(int argc, char** argv) {
   std::string model_path, device;
   int32_t n_prompt = 128, n_gen = 64, reps = 3;
+  bool profile = false;
   ClEngineOptions eo;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -109,6 +154,12 @@ int main(int argc, char** argv) {
       eo.prefill_tokens = std::atoi(v);
     } else if (a == "--no-fuse") {
       eo.fuse = false;
+    } else if (a == "--attention-chunk" && (v = next())) {
+      eo.attention_chunk = std::atoi(v);
+    } else if (a == "--no-replay") {
+      eo.replay = false;
+    } else if (a == "--profile") {
+      profile = true;
     } else if (a == "--float") {
       eo.numerics = Numerics::kFloat;
     } else if (a[0] != '-' && model_path.empty()) {
@@ -126,6 +177,7 @@ int main(int argc, char** argv) {
   }
   RuntimeOptions ro;
   ro.cache_dir = default_cache_dir();
+  ro.profiling = profile;
   auto rt = Runtime::create_default(ro, device);
   if (!rt) {
     std::fprintf(stderr, "%s\n", rt.status().to_string().c_str());
@@ -190,7 +242,15 @@ int main(int argc, char** argv) {
               static_cast<double>(e.stats().weight_bytes) / 1048576.0, static_cast<double>(e.stats().kv_bytes) / 1048576.0,
               static_cast<double>(e.stats().activation_bytes) / 1048576.0);
   std::printf("prefill: %d tokens  %8.2f tok/s (median of %d)\n", n_prompt, median(prefill), reps);
-  std::printf("decode:  %d tokens  %8.2f tok/s (median of %d), %lld kernel launches per step\n", n_gen,
-              median(decode), reps, static_cast<long long>(decode_launches));
+  std::printf("decode:  %d tokens  %8.2f tok/s (median of %d), %lld kernel launches per step; %lld steps replayed, "
+              "%lld recorded\n",
+              n_gen, median(decode), reps, static_cast<long long>(decode_launches),
+              static_cast<long long>(e.backend_stats().replayed_steps), static_cast<long long>(e.backend_stats().recorded_steps));
+  if (profile) {
+    if (Status s = print_profile(e, prompt, n_gen); !s) {
+      std::fprintf(stderr, "profile: %s\n", s.to_string().c_str());
+      return 1;
+    }
+  }
   return 0;
 }

@@ -202,14 +202,34 @@ void time_ops(Runtime& rt, const Options& options) {
   }
 }
 
-// The float decode matmul of one token through a 28672 x 4096 matrix in every DecodeShape.
+// Median milliseconds per launch of `reps` runs of `batch` launches of `op` each, enqueued back to back
+// before one wait (a GPU's kernel of tens of microseconds is not hidden behind the host's launch and wait).
+Result<double> time_batched(Runtime& rt, int reps, int batch, const std::function<Status()>& op) {
+  INFERD_RETURN_IF_ERROR(op());
+  INFERD_RETURN_IF_ERROR(rt.finish());
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int b = 0; b < batch; ++b) INFERD_RETURN_IF_ERROR(op());
+    INFERD_RETURN_IF_ERROR(rt.finish());
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / batch);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// The float decode matmul of one token through a 28672 x 4096 matrix (larger than a GPU's L2) in every
+// DecodeShape and, in buffers, by lane count.
 void time_decode_shapes(Runtime& rt, const Options& options) {
   constexpr int64_t rows = 28672, k = 4096;
-  std::printf("\nDecode matmul by work-group shape (%lld x %lld, 1 token, median of %d runs):\n",
-              static_cast<long long>(rows), static_cast<long long>(k), options.reps);
+  constexpr int kBatch = 10;
+  std::printf("\nDecode matmul by work-group shape (%lld x %lld, 1 token, median of %d runs of %d launches):\n",
+              static_cast<long long>(rows), static_cast<long long>(k), options.reps, kBatch);
   std::vector<DecodeShape> shapes = decode_shape_candidates();
   shapes.push_back({2, 2});
   shapes.push_back({1, 8});
+  shapes.push_back({4, 4});
+  shapes.push_back({8, 2});
   for (DType type : {DType::kQ4_0, DType::kQ8_0}) {
     const size_t row_bytes = dtype_row_bytes(type, k);
     std::vector<unsigned char> bytes(static_cast<size_t>(rows) * row_bytes);
@@ -226,14 +246,20 @@ void time_decode_shapes(Runtime& rt, const Options& options) {
       auto x = make_tensor(rt, Bhwc{1, 1, 1, static_cast<int32_t>(k)}, storage, 7);
       auto y = Tensor::allocate(rt, TensorDescriptor(Bhwc{1, 1, 1, static_cast<int32_t>(rows)}, storage));
       if (!x || !y) continue;
-      for (const DecodeShape& shape : shapes) {
-        Ops ops(rt);
-        ops.set_decode_shape(shape);
-        const std::string name = std::string("decode ") + dtype_name(type) + " " + shape.to_string();
-        report(name.c_str(), "28672x4096 x 1x1x1x4096", storage, time_op(rt, options.reps, [&] {
-                 return ops.matmul(weights.value(), x.value(), y.value(), MatmulVariant::kDecode);
-               }),
-               static_cast<double>(weights->device_bytes()));
+      const std::vector<size_t> lane_counts =
+          storage == StorageType::kBuffer ? std::vector<size_t>{32, 64, 128, 256} : std::vector<size_t>{0};
+      for (const size_t lanes : lane_counts) {
+        for (const DecodeShape& shape : shapes) {
+          Ops ops(rt);
+          if (lanes != 0) ops.set_reduce_group_size(lanes);
+          ops.set_decode_shape(shape);
+          const std::string name = std::string("decode ") + dtype_name(type) + " " + shape.to_string() + " l" +
+                                   std::to_string(ops.reduce_group_size());
+          report(name.c_str(), "28672x4096 x 1x1x1x4096", storage, time_batched(rt, options.reps, kBatch, [&] {
+                   return ops.matmul(weights.value(), x.value(), y.value(), MatmulVariant::kDecode);
+                 }),
+                 static_cast<double>(weights->device_bytes()));
+        }
       }
     }
   }

@@ -21,6 +21,17 @@ void KernelArgs::set(size_t size, const void* value) {
   if (!status_ || kernel_ == nullptr) return;  // no kernel: Ops is collecting
   const cl_int err = clSetKernelArg(kernel_, index, size, value);
   if (err != CL_SUCCESS) status_ = cl_error(err, "clSetKernelArg(" + std::to_string(index) + ")");
+  if (log_ != nullptr) {
+    RecordedArg a;
+    a.index = index;
+    a.size = size;
+    a.local = value == nullptr;
+    if (!a.local) {
+      INFERD_ASSERT(size <= RecordedArg::kMaxBytes, "a kernel argument of %zu bytes", size);
+      std::memcpy(a.bytes.data(), value, size);
+    }
+    log_->push_back(a);
+  }
 }
 
 KernelArgs& KernelArgs::tensor(const Tensor& t) {
@@ -343,6 +354,28 @@ KernelTemplate attention_template(int32_t head_dim, TensorFormat out) {
               "int kv_pad", "float scale", "int window", "__local float* lane_sum", "__local float4* lane_acc"};
   k.helpers = define_hd4(head_dim);
   k.body = kAttentionCl("attention");
+  return k;
+}
+
+KernelTemplate attention_part_template(int32_t head_dim) {
+  KernelTemplate k;
+  k.name = "attention_part";
+  k.params = {"__global float4* part", "__global const half* q", "__global const half* cache",
+              "__global const int* pos", "__global const int* slot", "__global const int* kv_table", "int bps",
+              "int n_head", "int n_head_kv", "int kv_pad", "float scale", "int window", "int chunk",
+              "__local float* lane_sum", "__local float4* lane_acc"};
+  k.helpers = define_hd4(head_dim);
+  k.body = kAttentionCl("attention_part");
+  return k;
+}
+
+KernelTemplate attention_merge_template(int32_t head_dim, TensorFormat out) {
+  KernelTemplate k;
+  k.name = "attention_merge";
+  k.tensors = {{"out", out, Access::kWrite}};
+  k.params = {"__global const float4* part", "int n_head", "int n_chunks"};
+  k.helpers = define_hd4(head_dim);
+  k.body = kAttentionCl("attention_merge");
   return k;
 }
 
@@ -911,6 +944,12 @@ DecodeShape default_decode_shape(const DeviceInfo& device) {
   return device.type == DeviceType::kCpu ? DecodeShape{4, 1} : DecodeShape{1, 1};
 }
 
+void Ops::set_reduce_group_size(size_t lanes) {
+  const DeviceInfo& info = rt_.info();
+  const size_t limit = std::min(info.max_work_group_size, info.max_work_item_sizes[0]);
+  reduce_group_size_ = floor_pow2(std::max<size_t>(1, std::min(lanes, limit)));
+}
+
 void Ops::set_decode_shape(DecodeShape shape) {
   INFERD_ASSERT(shape.slices >= 1 && shape.slices <= kMaxDecodeSlices && shape.ahead >= 1 &&
                     shape.ahead <= kMaxDecodeAhead,
@@ -980,7 +1019,12 @@ Ops::Ops(Runtime& rt) : rt_(rt), int_dot_(choose_int_dot(rt.info())) {
   // prefill keeps its 4 everywhere: 8 was 15% faster on PoCL but took twice as long to compile (32
   // accumulators per token), and on a GPU would spill registers.
   prefill_tokens_ = info.type == DeviceType::kCpu ? 16 : 4;
-  prefill_kernel_ = info.type == DeviceType::kGpu ? PrefillKernel::kTiled : PrefillKernel::kSimple;
+  // A GPU's decode attention is split over the positions (a step's few (token, head) pairs would leave it
+  // idle); a CPU device has work-groups enough without.
+  attention_chunk_ = info.type == DeviceType::kCpu ? 0 : 64;
+  // The tiled prefill kernel lost to the simple one on an NVIDIA H200 (pp512: 10.8k vs 13.3k tok/s on a
+  // SmolLM2-shaped model, 421 vs 638 on an 8B-shaped one; BENCHMARKS.md): simple everywhere by default.
+  prefill_kernel_ = PrefillKernel::kSimple;
 }
 
 void Ops::set_prefill_tokens(int tokens) {
@@ -1026,7 +1070,9 @@ Result<Ops::Kernel*> Ops::kernel(const std::string& key, MakeTemplate make) {
   if (!program) return program.status().with_context(key);
   Kernel k;
   INFERD_RETURN_IF_ERROR(make_kernel(program.value(), generated->name, rt_.device(), k.kernel, k.max_group));
-  return &kernels_.emplace(key, std::move(k)).first->second;
+  auto it = kernels_.emplace(key, std::move(k)).first;
+  it->second.key = &it->first;
+  return &it->second;
 }
 
 void Ops::begin_collect() {
@@ -1049,7 +1095,8 @@ Status Ops::build_collected() {
     if (!programs[i]) return programs[i].status().with_context(pending[i].key);
     Kernel k;
     INFERD_RETURN_IF_ERROR(make_kernel(programs[i].value(), pending[i].name, rt_.device(), k.kernel, k.max_group));
-    kernels_.emplace(pending[i].key, std::move(k));
+    auto it = kernels_.emplace(pending[i].key, std::move(k)).first;
+    it->second.key = &it->first;
   }
   return Status::ok();
 }
@@ -1063,10 +1110,137 @@ Status Ops::launch(const Kernel& k, cl_uint dims, const size_t* global, const si
   for (cl_uint d = 0; d < dims; ++d) {
     if (global[d] == 0) return Status::ok();  // nothing to do (cannot happen for valid shapes)
   }
-  INFERD_CL_RETURN_IF_ERROR(
-      clEnqueueNDRangeKernel(rt_.queue(), k.kernel.get(), dims, nullptr, global, local, 0, nullptr, nullptr));
+  cl_event event = nullptr;
+  if (recording_) {
+    INFERD_RETURN_IF_ERROR(record_launch(k, dims, global, local, profiling_ ? &event : nullptr));
+  } else {
+    INFERD_CL_RETURN_IF_ERROR(clEnqueueNDRangeKernel(rt_.queue(), k.kernel.get(), dims, nullptr, global, local, 0,
+                                                     nullptr, profiling_ ? &event : nullptr));
+  }
+  if (event != nullptr) profiled_.push_back(Profiled{k.key, ClEvent(event)});
   ++launches_;
   return Status::ok();
+}
+
+KernelArgs Ops::new_args(const Kernel& k) {
+  arg_log_.clear();
+  arg_log_kernel_ = k.kernel.get();
+  return KernelArgs(k.kernel.get(), recording_ ? &arg_log_ : nullptr);
+}
+
+// The launch runs from its own kernel object, as a replay will run it: an argument the log lacks shows
+// now (CL_INVALID_KERNEL_ARGS), not in a later step.
+Status Ops::record_launch(const Kernel& k, cl_uint dims, const size_t* global, const size_t* local, cl_event* event) {
+  Status st;
+  if (arg_log_kernel_ != k.kernel.get()) st = Status(Code::kFailed, "a launch whose arguments were not logged");
+  cl_program program = nullptr;
+  char name[256] = {};
+  if (st) {
+    cl_int err = clGetKernelInfo(k.kernel.get(), CL_KERNEL_PROGRAM, sizeof(program), &program, nullptr);
+    if (err == CL_SUCCESS) err = clGetKernelInfo(k.kernel.get(), CL_KERNEL_FUNCTION_NAME, sizeof(name), name, nullptr);
+    if (err != CL_SUCCESS) st = cl_error(err, "clGetKernelInfo");
+  }
+  Recording::Launch l;
+  if (st) {
+    cl_int err = CL_SUCCESS;
+    l.kernel.reset(clCreateKernel(program, name, &err));
+    if (err != CL_SUCCESS) st = cl_error(err, "clCreateKernel");
+  }
+  for (size_t i = 0; st && i < arg_log_.size(); ++i) {
+    const RecordedArg& a = arg_log_[i];
+    const cl_int err = clSetKernelArg(l.kernel.get(), a.index, a.size, a.local ? nullptr : a.bytes.data());
+    if (err != CL_SUCCESS) st = cl_error(err, "clSetKernelArg (recording)");
+  }
+  if (!st) {  // the step still runs, from the shared kernel; the recording is void
+    if (record_status_) record_status_ = st;
+    INFERD_CL_RETURN_IF_ERROR(
+        clEnqueueNDRangeKernel(rt_.queue(), k.kernel.get(), dims, nullptr, global, local, 0, nullptr, event));
+    return Status::ok();
+  }
+  l.dims = dims;
+  l.has_local = local != nullptr;
+  for (cl_uint d = 0; d < dims; ++d) {
+    l.global[d] = global[d];
+    if (local != nullptr) l.local[d] = local[d];
+  }
+  l.key = k.key;
+  INFERD_CL_RETURN_IF_ERROR(clEnqueueNDRangeKernel(rt_.queue(), l.kernel.get(), dims, nullptr, l.global.data(),
+                                                   l.has_local ? l.local.data() : nullptr, 0, nullptr, event));
+  recording_launches_.launches_.push_back(std::move(l));
+  return Status::ok();
+}
+
+void Ops::begin_record() {
+  INFERD_ASSERT(!recording_ && !collecting_, "begin_record() while recording or collecting");
+  recording_ = true;
+  record_status_ = Status::ok();
+  recording_launches_ = Recording();
+}
+
+Result<Ops::Recording> Ops::end_record() {
+  INFERD_ASSERT(recording_, "end_record() without begin_record()");
+  recording_ = false;
+  arg_log_.clear();
+  Recording r = std::move(recording_launches_);
+  recording_launches_ = Recording();
+  if (!record_status_) return record_status_;
+  return r;
+}
+
+Status Ops::replay(const Recording& recording) {
+  for (const Recording::Launch& l : recording.launches_) {
+    cl_event event = nullptr;
+    INFERD_CL_RETURN_IF_ERROR(clEnqueueNDRangeKernel(rt_.queue(), l.kernel.get(), l.dims, nullptr, l.global.data(),
+                                                     l.has_local ? l.local.data() : nullptr, 0, nullptr,
+                                                     profiling_ ? &event : nullptr));
+    if (event != nullptr) profiled_.push_back(Profiled{l.key, ClEvent(event)});
+    ++launches_;
+  }
+  return Status::ok();
+}
+
+void Ops::set_profiling(bool on) { profiling_ = on; }
+
+Result<Profile> Ops::take_profile() {
+  std::vector<Profiled> profiled = std::move(profiled_);
+  profiled_.clear();
+  std::map<std::string, KernelTime> by_kernel;
+  Profile out;
+  std::vector<double> enqueue_us;
+  cl_ulong last_queued = 0, last_end = 0;
+  for (const Profiled& p : profiled) {
+    const cl_event e = p.event.get();
+    INFERD_CL_RETURN_IF_ERROR(clWaitForEvents(1, &e));
+    cl_ulong queued = 0, start = 0, end = 0;
+    const cl_int err = clGetEventProfilingInfo(e, CL_PROFILING_COMMAND_QUEUED, sizeof(queued), &queued, nullptr);
+    if (err == CL_PROFILING_INFO_NOT_AVAILABLE) {
+      return Status(Code::kUnimplemented, "take_profile: the queue was made without profiling");
+    }
+    INFERD_CL_RETURN_IF_ERROR(err);
+    INFERD_CL_RETURN_IF_ERROR(clGetEventProfilingInfo(e, CL_PROFILING_COMMAND_START, sizeof(start), &start, nullptr));
+    INFERD_CL_RETURN_IF_ERROR(clGetEventProfilingInfo(e, CL_PROFILING_COMMAND_END, sizeof(end), &end, nullptr));
+    const std::string name = p.key != nullptr ? *p.key : "?";
+    KernelTime& t = by_kernel[name];
+    t.kernel = name;
+    ++t.launches;
+    t.ms += static_cast<double>(end - start) / 1e6;
+    if (out.launches > 0) {
+      if (queued > last_queued) enqueue_us.push_back(static_cast<double>(queued - last_queued) / 1e3);
+      if (start > last_end) out.gap_ms += static_cast<double>(start - last_end) / 1e6;
+    }
+    last_queued = queued;
+    last_end = std::max(last_end, end);
+    ++out.launches;
+    out.device_ms += static_cast<double>(end - start) / 1e6;
+  }
+  if (!enqueue_us.empty()) {
+    std::nth_element(enqueue_us.begin(), enqueue_us.begin() + static_cast<std::ptrdiff_t>(enqueue_us.size() / 2), enqueue_us.end());
+    out.enqueue_median_us = enqueue_us[enqueue_us.size() / 2];
+  }
+  out.kernels.reserve(by_kernel.size());
+  for (auto& [name, t] : by_kernel) out.kernels.push_back(std::move(t));
+  std::sort(out.kernels.begin(), out.kernels.end(), [](const KernelTime& a, const KernelTime& b) { return a.ms > b.ms; });
+  return out;
 }
 
 Status Ops::binary(const char* op, const char* expr, const char* helpers, const Tensor& a, const Tensor& b,
@@ -1076,7 +1250,7 @@ Status Ops::binary(const char* op, const char* expr, const char* helpers, const 
   auto k = kernel(std::string(op) + storage_key({&a, &b, &dst}),
                   [&] { return elementwise_template(op, expr, helpers, a.format(), b.format(), dst.format()); });
   if (!k) return k.status();
-  KernelArgs args(k.value()->kernel.get());
+  KernelArgs args = new_args(*k.value());
   args.tensor(a).tensor(b).tensor(dst);
   INFERD_RETURN_IF_ERROR(args.status());
   const Bhwc& s = dst.shape();
@@ -1117,7 +1291,7 @@ Status Ops::rms_norm_as(const Tensor& x, const Tensor& weight, float eps, Tensor
   });
   if (!k) return k.status();
   const size_t lanes = group_size(*k.value());
-  KernelArgs args(k.value()->kernel.get());
+  KernelArgs args = new_args(*k.value());
   const cl_int group_slices = (ws.c + 3) / 4;
   args.tensor(x).tensor(weight).tensor(dst).value(group_slices).value(eps).local(lanes * sizeof(float));
   INFERD_RETURN_IF_ERROR(args.status());
@@ -1149,7 +1323,7 @@ Status Ops::rope(const Tensor& x, cl_mem positions, float base, RopeMode mode, T
   if (!k) return k.status();
   // As the CPU reference (ops.cpp rope_head): the float overload of pow.
   const float theta_scale = std::pow(base, -2.0f / static_cast<float>(s.c));
-  KernelArgs args(k.value()->kernel.get());
+  KernelArgs args = new_args(*k.value());
   args.tensor(x).tensor(dst).buffer(positions).value(theta_scale);
   INFERD_RETURN_IF_ERROR(args.status());
   const size_t slices = mode == RopeMode::kNormal ? static_cast<size_t>(s.slices()) : static_cast<size_t>(s.c / 8);
@@ -1169,7 +1343,7 @@ Status Ops::softmax(const Tensor& x, const Tensor& mask, float scale, Tensor& ds
                   [&] { return softmax_template(x.format(), mask.format(), dst.format()); });
   if (!k) return k.status();
   const size_t lanes = group_size(*k.value());
-  KernelArgs args(k.value()->kernel.get());
+  KernelArgs args = new_args(*k.value());
   args.tensor(x).tensor(mask).tensor(dst).value(scale).local(lanes * sizeof(float));
   INFERD_RETURN_IF_ERROR(args.status());
   const size_t global[2] = {lanes, static_cast<size_t>(s.b) * static_cast<size_t>(s.w) * static_cast<size_t>(s.h)};
@@ -1203,7 +1377,7 @@ Status Ops::matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVar
                       storage_key({&x, &y}) + (residual ? "+res" + storage_key({residual}) : ""),
                   [&] { return matmul_template(w.type(), variant, x.format(), y.format(), shape, prefill_tokens, res); });
   if (!k) return k.status();
-  KernelArgs args(k.value()->kernel.get());
+  KernelArgs args = new_args(*k.value());
   args.tensor(x).tensor(y);
   if (residual) args.tensor(*residual);
   args.weights(w);
@@ -1244,7 +1418,7 @@ Status Ops::matmul_swiglu(const MatmulWeights& w, const Tensor& x, Tensor& dst) 
   auto k = kernel(std::string("matmul_swiglu_") + dtype_name(w.type()) + "_" + shape.to_string() + storage_key({&x, &dst}),
                   [&] { return decode_template(w.type(), x.format(), dst.format(), shape, true, std::nullopt); });
   if (!k) return k.status();
-  KernelArgs args(k.value()->kernel.get());
+  KernelArgs args = new_args(*k.value());
   args.tensor(x).tensor(dst).weights(w);
   return launch_decode(*k.value(), args, 2, ds.slices(), xs.w, false);
 }
@@ -1286,7 +1460,7 @@ Status Ops::get_rows(const MatmulWeights& w, cl_mem rows, Tensor& dst, float sca
   auto k = kernel(std::string("get_rows_") + dtype_name(w.type()) + storage_key({&dst}),
                   [&] { return get_rows_template(w.type(), dst.format()); });
   if (!k) return k.status();
-  KernelArgs args(k.value()->kernel.get());
+  KernelArgs args = new_args(*k.value());
   args.tensor(dst).buffer(rows).weights(w).value(scale);
   INFERD_RETURN_IF_ERROR(args.status());
   const size_t global[2] = {static_cast<size_t>(d.w), static_cast<size_t>(d.slices())};
@@ -1302,7 +1476,7 @@ Status Ops::gather(const Tensor& src, cl_mem rows, Tensor& dst) {
   INFERD_RETURN_IF_ERROR(require_bytes(rows, static_cast<size_t>(d.w) * sizeof(cl_int), "gather rows"));
   auto k = kernel("gather" + storage_key({&src, &dst}), [&] { return gather_template(src.format(), dst.format()); });
   if (!k) return k.status();
-  KernelArgs args(k.value()->kernel.get());
+  KernelArgs args = new_args(*k.value());
   args.tensor(src).tensor(dst).buffer(rows);
   INFERD_RETURN_IF_ERROR(args.status());
   const size_t global[2] = {static_cast<size_t>(d.w), static_cast<size_t>(d.slices())};
@@ -1330,7 +1504,7 @@ Status Ops::geglu(const Tensor& gate, const Tensor& up, Tensor& dst) {
   auto k = kernel("geglu" + storage_key({&gate, &up, &dst}),
                   [&] { return geglu_template(gate.format(), up.format(), dst.format()); });
   if (!k) return k.status();
-  KernelArgs args(k.value()->kernel.get());
+  KernelArgs args = new_args(*k.value());
   args.tensor(gate).tensor(up).tensor(dst).buffer(table.value());
   INFERD_RETURN_IF_ERROR(args.status());
   const size_t global[2] = {static_cast<size_t>(d.w), static_cast<size_t>(d.slices())};
@@ -1345,7 +1519,7 @@ Status Ops::geglu_halves(const Tensor& gate_up, Tensor& dst) {
   auto k = kernel("geglu_halves" + storage_key({&gate_up, &dst}),
                   [&] { return geglu_halves_template(gate_up.format(), dst.format()); });
   if (!k) return k.status();
-  KernelArgs args(k.value()->kernel.get());
+  KernelArgs args = new_args(*k.value());
   args.tensor(gate_up).tensor(dst).buffer(table.value());
   INFERD_RETURN_IF_ERROR(args.status());
   const size_t global[2] = {static_cast<size_t>(d.w), static_cast<size_t>(d.slices())};
@@ -1359,7 +1533,7 @@ Status Ops::swiglu_halves_as(const Tensor& gate_up, Tensor& dst, bool exact) {
   auto k = kernel(op + storage_key({&gate_up, &dst}),
                   [&] { return swiglu_halves_template(gate_up.format(), dst.format(), exact); });
   if (!k) return k.status();
-  KernelArgs args(k.value()->kernel.get());
+  KernelArgs args = new_args(*k.value());
   args.tensor(gate_up).tensor(dst);
   INFERD_RETURN_IF_ERROR(args.status());
   const size_t global[2] = {static_cast<size_t>(d.w), static_cast<size_t>(d.slices())};
@@ -1402,7 +1576,7 @@ Status Ops::rope_kv(const AttentionGeometry& g, TensorSlice q, TensorSlice k, Te
   auto kn = kernel(std::string(normal ? "rope_kv_normal" : "rope_kv_neox") + storage_key({q.tensor, k.tensor, v.tensor}),
                    [&] { return rope_kv_template(g.rope_mode, q.tensor->format(), k.tensor->format(), v.tensor->format()); });
   if (!kn) return kn.status();
-  KernelArgs args(kn.value()->kernel.get());
+  KernelArgs args = new_args(*kn.value());
   args.tensor(*q.tensor).tensor(*k.tensor).tensor(*v.tensor);
   args.value(cl_int{q.first_slice}).value(cl_int{k.first_slice}).value(cl_int{v.first_slice}).buffer(bias);
   args.buffer(tokens.positions).buffer(tokens.slots).buffer(tokens.rope);
@@ -1415,7 +1589,7 @@ Status Ops::rope_kv(const AttentionGeometry& g, TensorSlice q, TensorSlice k, Te
 }
 
 Status Ops::attention(const AttentionGeometry& g, cl_mem q, const TokenPlacement& tokens, int32_t kv_pad, float scale,
-                      cl_mem cache, Tensor& out, int32_t window) {
+                      cl_mem cache, Tensor& out, int32_t window, cl_mem partials) {
   INFERD_RETURN_IF_ERROR(g.check());
   const Bhwc& o = out.shape();
   if (!is_token_rows(o) || o.c != g.n_embd()) {
@@ -1429,6 +1603,11 @@ Status Ops::attention(const AttentionGeometry& g, cl_mem q, const TokenPlacement
   INFERD_RETURN_IF_ERROR(require_bytes(tokens.kv_table, table_bytes(g), "attention KV table"));
   INFERD_RETURN_IF_ERROR(require_bytes(q, t * static_cast<size_t>(g.n_embd()) * 2, "attention q"));
   INFERD_RETURN_IF_ERROR(require_bytes(cache, g.layer_cache_bytes(), "attention cache"));
+  const AttentionSplit split = attention_split(kv_pad, static_cast<int32_t>(t));
+  if (partials != nullptr && split.chunks > 1) {
+    INFERD_RETURN_IF_ERROR(require_bytes(partials, attention_partials_bytes(g), "attention partials"));
+    return attention_split_launch(g, q, tokens, kv_pad, scale, cache, out, window, partials, split);
+  }
   auto k = kernel("attention_hd" + std::to_string(g.head_dim) + storage_key({&out}),
                   [&] { return attention_template(g.head_dim, out.format()); });
   if (!k) return k.status();
@@ -1437,7 +1616,7 @@ Status Ops::attention(const AttentionGeometry& g, cl_mem q, const TokenPlacement
   const uint64_t local = rt_.info().local_mem_bytes;
   size_t lanes = group_size(*k.value());
   while (lanes > 1 && local > 0 && lanes * per_lane > local / 2) lanes /= 2;
-  KernelArgs args(k.value()->kernel.get());
+  KernelArgs args = new_args(*k.value());
   args.tensor(out).buffer(q).buffer(cache).buffer(tokens.positions).buffer(tokens.slots);
   args.buffer(tokens.kv_table).value(cl_int{g.blocks_per_slot()});
   args.value(cl_int{g.n_head}).value(cl_int{g.n_head_kv}).value(cl_int{kv_pad}).value(scale).value(cl_int{window});
@@ -1446,6 +1625,57 @@ Status Ops::attention(const AttentionGeometry& g, cl_mem q, const TokenPlacement
   const size_t global[2] = {lanes * static_cast<size_t>(g.n_head), t};
   const size_t local_size[2] = {lanes, 1};
   return launch(*k.value(), 2, global, local_size);
+}
+
+void Ops::set_attention_chunk(int32_t positions) {
+  INFERD_ASSERT(positions >= 0, "attention chunk %d", positions);
+  attention_chunk_ = positions;
+}
+
+size_t Ops::attention_partials_bytes(const AttentionGeometry& g) {
+  return static_cast<size_t>(kMaxSplitAttentionTokens) * static_cast<size_t>(g.n_head) * kMaxAttentionChunks *
+         (static_cast<size_t>(g.head_dim / 4) + 1) * 4 * sizeof(float);
+}
+
+Ops::AttentionSplit Ops::attention_split(int32_t kv_pad, int32_t tokens) const {
+  if (attention_chunk_ <= 0 || tokens > kMaxSplitAttentionTokens || kv_pad <= attention_chunk_) return {};
+  int32_t chunk = attention_chunk_;
+  if ((kv_pad + chunk - 1) / chunk > kMaxAttentionChunks) chunk = (kv_pad + kMaxAttentionChunks - 1) / kMaxAttentionChunks;
+  return AttentionSplit{chunk, (kv_pad + chunk - 1) / chunk};
+}
+
+Status Ops::attention_split_launch(const AttentionGeometry& g, cl_mem q, const TokenPlacement& tokens, int32_t kv_pad,
+                                   float scale, cl_mem cache, Tensor& out, int32_t window, cl_mem partials,
+                                   AttentionSplit split) {
+  const size_t t = static_cast<size_t>(out.shape().w);
+  auto part = kernel("attention_part_hd" + std::to_string(g.head_dim), [&] { return attention_part_template(g.head_dim); });
+  if (!part) return part.status();
+  auto merge = kernel("attention_merge_hd" + std::to_string(g.head_dim) + storage_key({&out}),
+                      [&] { return attention_merge_template(g.head_dim, out.format()); });
+  if (!merge) return merge.status();
+  const size_t per_lane = sizeof(float) + static_cast<size_t>(g.head_dim) * sizeof(float);
+  const uint64_t local = rt_.info().local_mem_bytes;
+  size_t lanes = group_size(*part.value());
+  while (lanes > 1 && local > 0 && lanes * per_lane > local / 2) lanes /= 2;
+  {
+    KernelArgs args = new_args(*part.value());
+    args.buffer(partials).buffer(q).buffer(cache).buffer(tokens.positions).buffer(tokens.slots);
+    args.buffer(tokens.kv_table).value(cl_int{g.blocks_per_slot()});
+    args.value(cl_int{g.n_head}).value(cl_int{g.n_head_kv}).value(cl_int{kv_pad}).value(scale).value(cl_int{window});
+    args.value(cl_int{split.chunk});
+    args.local(lanes * sizeof(float)).local(lanes * static_cast<size_t>(g.head_dim) * sizeof(float));
+    INFERD_RETURN_IF_ERROR(args.status());
+    const size_t global[3] = {lanes * static_cast<size_t>(g.n_head), t, static_cast<size_t>(split.chunks)};
+    const size_t local_size[3] = {lanes, 1, 1};
+    INFERD_RETURN_IF_ERROR(launch(*part.value(), 3, global, local_size));
+  }
+  KernelArgs args = new_args(*merge.value());
+  args.tensor(out).buffer(partials).value(cl_int{g.n_head}).value(cl_int{split.chunks});
+  INFERD_RETURN_IF_ERROR(args.status());
+  const size_t merge_lanes = std::min(floor_pow2(static_cast<size_t>(std::max(1, g.head_dim / 4))), group_size(*merge.value()));
+  const size_t global[2] = {merge_lanes * static_cast<size_t>(g.n_head), t};
+  const size_t local_size[2] = {merge_lanes, 1};
+  return launch(*merge.value(), 2, global, local_size);
 }
 
 // ---- Exact ops ----
@@ -1489,7 +1719,7 @@ Status Ops::quantize_q8(const Tensor& x, Tensor& quants, cl_mem scales) {
   auto k = kernel("quantize_q8" + storage_key({&x, &quants}),
                   [&] { return quantize_q8_template(x.format(), quants.format()); });
   if (!k) return k.status();
-  KernelArgs args(k.value()->kernel.get());
+  KernelArgs args = new_args(*k.value());
   args.tensor(x).tensor(quants).buffer(scales);
   INFERD_RETURN_IF_ERROR(args.status());
   const size_t global[2] = {static_cast<size_t>(s.w), static_cast<size_t>(s.c / 32)};
@@ -1510,7 +1740,7 @@ Status Ops::quantize_q8_k(const Tensor& x, Tensor& quants, cl_mem blocks) {
   auto k = kernel("quantize_q8_k" + storage_key({&x, &quants}),
                   [&] { return quantize_q8_k_template(x.format(), quants.format()); });
   if (!k) return k.status();
-  KernelArgs args(k.value()->kernel.get());
+  KernelArgs args = new_args(*k.value());
   args.tensor(x).tensor(quants).buffer(blocks);
   INFERD_RETURN_IF_ERROR(args.status());
   const size_t global[2] = {static_cast<size_t>(s.w), static_cast<size_t>(s.c / 256)};
@@ -1555,7 +1785,7 @@ Status Ops::matmul_exact(const MatmulWeights& w, const Tensor& x, cl_mem scales,
                                                  native, pairs, res);
                   });
   if (!k) return k.status();
-  KernelArgs args(k.value()->kernel.get());
+  KernelArgs args = new_args(*k.value());
   args.tensor(x).tensor(y);
   if (residual) args.tensor(*residual);
   args.weights(w).buffer(blocks ? scales : nullptr);
@@ -1596,7 +1826,7 @@ Status Ops::attention_exact(const AttentionGeometry& g, cl_mem q, const TokenPla
   const size_t per_launch = std::min(t, scratch_bytes.value() / per_token);
   for (size_t first = 0; first < t; first += per_launch) {
     const size_t n = std::min(per_launch, t - first);
-    KernelArgs args(k.value()->kernel.get());
+    KernelArgs args = new_args(*k.value());
     args.tensor(out).buffer(q).buffer(cache).buffer(tokens.positions).buffer(tokens.slots);
     args.buffer(tokens.kv_table).value(cl_int{g.blocks_per_slot()});
     args.value(static_cast<cl_int>(first)).value(cl_int{g.n_head}).value(cl_int{g.n_head_kv});

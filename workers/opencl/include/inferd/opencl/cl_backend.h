@@ -102,9 +102,18 @@ struct OpenClOptions {
   bool fuse = true;
   // Tokens per work-item of the float prefill matmul (Ops::prefill_tokens); unset: the device's default.
   std::optional<int> prefill_tokens;
-  // The float prefill matmul's kernel (Ops::prefill_kernel); unset: kTiled on GPUs, kSimple elsewhere.
+  // The float prefill matmul's kernel (Ops::prefill_kernel); unset: kSimple.
   std::optional<PrefillKernel> prefill_kernel;
+  // Positions per chunk of the float attention split over the positions (Ops::attention_chunk; 0: never
+  // split); unset: the device's default. Out of [0, kMaxAttentionChunkOption]: kInvalidArgument.
+  std::optional<int32_t> attention_chunk;
+  // Decode steps replayed: the first step of a shape (tokens, outputs, KV bucket) records its launches,
+  // each from a kernel object with its arguments bound (Ops::begin_record); the next steps of that shape
+  // enqueue them again without generating keys or binding arguments (Ops::replay). The same kernels and
+  // arguments: the same bits. false runs every step through the graph's nodes.
+  bool replay = true;
 };
+inline constexpr int32_t kMaxAttentionChunkOption = 1 << 16;
 
 struct OpenClStats {
   int64_t decode_passes = 0;    // steps that ran the decode (GEMV) matmul kernels
@@ -115,6 +124,8 @@ struct OpenClStats {
   size_t kernels = 0;           // distinct kernels built
   size_t kernels_collected = 0;  // of them, built side by side before the first pass of a shape needed them
   int64_t launches = 0;          // kernels enqueued by compute() (Ops::launches), the storage trials' excluded
+  int64_t recorded_steps = 0;    // decode steps whose launches were recorded (OpenClOptions::replay)
+  int64_t replayed_steps = 0;    // decode steps that replayed a recording
   StorageSource storage_source = StorageSource::kRule;
   std::vector<StorageTrial> storage_trials;  // kMeasured, kRecorded: each candidate's time per decode step
   double storage_measure_ms = 0.0;           // kMeasured: what the timing cost prepare(), kernel builds included
@@ -145,6 +156,10 @@ class OpenClBackend final : public Backend {
   StorageType activation_storage() const;
   // The float decode matmul's work-group shape in effect (ops.h DecodeShape).
   DecodeShape decode_shape() const;
+  // Device time per kernel of the steps run while profiling is on (Ops::set_profiling, take_profile; the
+  // Runtime made with RuntimeOptions::profiling).
+  void set_profiling(bool on);
+  Result<Profile> take_profile();
   DataType activation_type() const;
   // The numerics in effect (options().numerics unless the device cannot run them) and, for kExact, the
   // CPU order they reproduce.

@@ -60,6 +60,8 @@ struct ClEngineOptions {
   bool fuse = true;  // OpenClOptions::fuse: matmul_add and the float decode's gate|up + SwiGLU in one kernel
   std::optional<int> prefill_tokens;  // OpenClOptions::prefill_tokens
   std::optional<PrefillKernel> prefill_kernel;  // OpenClOptions::prefill_kernel
+  std::optional<int32_t> attention_chunk;       // OpenClOptions::attention_chunk
+  bool replay = true;                           // OpenClOptions::replay
   // The layers this engine runs, [first_layer, end_layer) (end_layer 0: through the last); see
   // EngineOptions. create() stores the resolved end_layer.
   int32_t first_layer = 0;
@@ -93,10 +95,14 @@ class ClEngine final : public ModelRunner {
   const DeviceInfo& device_info() const { return cl_->device_info(); }
   StorageType activation_storage() const { return cl_->activation_storage(); }
   DecodeShape decode_shape() const { return cl_->decode_shape(); }
+  // Device time per kernel (OpenClBackend::set_profiling, take_profile).
+  void set_profiling(bool on) { cl_->set_profiling(on); }
+  Result<Profile> take_profile() { return cl_->take_profile(); }
   // How the activations' storage was decided, and what was timed (OpenClStats).
   StorageSource storage_source() const { return cl_->stats().storage_source; }
   const std::vector<StorageTrial>& storage_trials() const { return cl_->stats().storage_trials; }
   double storage_measure_ms() const { return cl_->stats().storage_measure_ms; }
+  const OpenClStats& backend_stats() const { return cl_->stats(); }
   DataType activation_type() const { return cl_->activation_type(); }
   // The numerics in effect (options().numerics unless the device cannot run them) and, for kExact,
   // the CPU order they reproduce.

@@ -77,6 +77,7 @@
 #include <limits>
 #include <map>
 #include <span>
+#include <array>
 #include <string>
 #include <vector>
 
@@ -92,10 +93,20 @@ namespace inferd::opencl {
 
 class MatmulWeights;
 
+// One argument as KernelArgs set it, kept for a recorded launch (Ops::begin_record).
+struct RecordedArg {
+  static constexpr size_t kMaxBytes = 16;
+  cl_uint index = 0;
+  size_t size = 0;
+  bool local = false;  // a __local pointer of `size` bytes (no value)
+  std::array<unsigned char, kMaxBytes> bytes{};
+};
+
 // Binds a generated kernel's arguments in order; the first error is kept and reported by status().
+// With a `log`, each argument is also appended there (Ops keeps it for a recorded launch).
 class KernelArgs {
  public:
-  explicit KernelArgs(cl_kernel kernel) : kernel_(kernel) {}
+  explicit KernelArgs(cl_kernel kernel, std::vector<RecordedArg>* log = nullptr) : kernel_(kernel), log_(log) {}
 
   KernelArgs& tensor(const Tensor& t);  // args_per_tensor(t.format()) arguments: its objects and extents
   KernelArgs& buffer(cl_mem mem);        // may be nullptr (an unused __global pointer)
@@ -112,6 +123,7 @@ class KernelArgs {
   void set(size_t size, const void* value);
 
   cl_kernel kernel_;
+  std::vector<RecordedArg>* log_;
   cl_uint next_ = 0;
   Status status_;
 };
@@ -179,6 +191,23 @@ Result<DecodeShape> parse_decode_shape(std::string_view text);
 std::vector<DecodeShape> decode_shape_candidates();
 // The shape used where none is measured or set: 4x1 on CPU devices (measured on PoCL), 1x1 elsewhere.
 DecodeShape default_decode_shape(const DeviceInfo& device);
+
+// A kernel's device time over the launches a profile saw (Ops::take_profile).
+struct KernelTime {
+  std::string kernel;  // the kernel's key: its op, variant and storages
+  int64_t launches = 0;
+  double ms = 0.0;  // CL_PROFILING_COMMAND_START to _END, summed
+};
+// What a profile saw (Ops::take_profile): the kernels, the longest first, and how the launches reached the
+// device. All times from the device's profiling clock.
+struct Profile {
+  std::vector<KernelTime> kernels;
+  int64_t launches = 0;
+  double device_ms = 0.0;         // the kernels' times summed
+  double gap_ms = 0.0;            // the device idle between one kernel's end and the next one's start, summed
+  double enqueue_median_us = 0.0;  // median time between two launches' CL_PROFILING_COMMAND_QUEUED: the host's
+                                   // cost of a launch where the host enqueues back to back
+};
 
 enum class MatmulVariant { kAuto, kDecode, kPrefill };
 const char* matmul_variant_name(MatmulVariant variant);
@@ -334,8 +363,18 @@ class Ops {
   // positions in an online softmax; launch shapes do not depend on the KV length. Probabilities stay
   // float (llama.cpp rounds them to half; see the kernel).
   // window > 0: a sliding window, only the last `window` positions (the token's own included) attended to.
+  // partials (attention_partials_bytes): with attention_chunk() > 0, a pass of at most
+  // kMaxSplitAttentionTokens tokens whose kv_pad exceeds a chunk runs split over the positions: a
+  // work-group per (head, token, chunk of positions), then one per (head, token) merges the chunks'
+  // states (two launches, other float sums than one group's; the shapes depend on kv_pad's bucket).
   Status attention(const AttentionGeometry& g, cl_mem q, const TokenPlacement& tokens, int32_t kv_pad, float scale,
-                   cl_mem cache, Tensor& out, int32_t window = 0);
+                   cl_mem cache, Tensor& out, int32_t window = 0, cl_mem partials = nullptr);
+  // Positions per chunk of the split attention; 0 never splits. Default: 64 on GPUs and accelerators, 0
+  // on CPU devices. At most kMaxAttentionChunks chunks: a longer KV takes longer chunks.
+  int32_t attention_chunk() const { return attention_chunk_; }
+  void set_attention_chunk(int32_t positions);
+  static constexpr int32_t kMaxAttentionChunks = 32, kMaxSplitAttentionTokens = 8;
+  static size_t attention_partials_bytes(const AttentionGeometry& g);
 
   // ---- Exact ops: the CPU engine's arithmetic (see the header comment) ----
   //
@@ -380,11 +419,43 @@ class Ops {
   void set_exact_prefill_tokens(int tokens);  // 1 to kMaxExactPrefillTokens
   // Which float prefill kernel runs: prefill_tokens() tokens per work-item, or tiles of 64 rows x 64 tokens
   // staged in local memory (where the device admits 16 x 16 work-items and 16 KiB); the same order of sums.
-  // Default: kTiled on GPUs, kSimple elsewhere.
+  // Default: kSimple (on an NVIDIA H200 the tiled kernel was the slower one).
   PrefillKernel prefill_kernel() const { return prefill_kernel_; }
   void set_prefill_kernel(PrefillKernel kernel) { prefill_kernel_ = kernel; }
   // Kernels enqueued so far (each one launch: what a step costs the host and, on a GPU, in launch gaps).
   int64_t launches() const { return launches_; }
+  // Profiling (a Runtime made with RuntimeOptions::profiling): while on, each launch keeps its event;
+  // take_profile() waits for them and returns the device time per kernel, the longest first, and forgets
+  // them. kUnimplemented where the queue does not profile.
+  void set_profiling(bool on);
+  Result<Profile> take_profile();
+
+  // A step's launches as recorded (begin_record): each a kernel object of its own with the launch's
+  // arguments bound, its work sizes and its key. Move-only; owns its kernel objects.
+  class Recording {
+   public:
+    size_t launches() const { return launches_.size(); }
+
+   private:
+    friend class Ops;
+    struct Launch {
+      ClKernel kernel;
+      cl_uint dims = 0;
+      std::array<size_t, 3> global{}, local{};
+      bool has_local = false;
+      const std::string* key = nullptr;
+    };
+    std::vector<Launch> launches_;
+  };
+  // Recording (OpenClBackend replays its decode steps; a launch's host cost is then one enqueue): between
+  // begin_record() and end_record() each launch runs from a kernel object of its own, made from the same
+  // program with the launch's arguments bound, and is kept. replay() enqueues those launches again as
+  // they were: the caller guarantees that every argument is the same (the same buffers, shapes and
+  // values; what changes from step to step lives in the buffers). end_record() fails where a launch could
+  // not be recorded (its recording is then incomplete and must not be replayed).
+  void begin_record();
+  Result<Recording> end_record();
+  Status replay(const Recording& recording);
   // The float decode matmul's work-group shape (DecodeShape); default_decode_shape(device) unless set.
   DecodeShape decode_shape() const { return decode_shape_; }
   void set_decode_shape(DecodeShape shape);
@@ -404,6 +475,10 @@ class Ops {
   // Lanes of a row-reduction work-group (rms_norm, softmax, decode matmul): a power of two picked
   // from the device (64 on GPUs, 16 elsewhere, within its limits).
   size_t reduce_group_size() const { return reduce_group_size_; }
+  // Sets the lanes (a power of two, clamped to the device's work-group limit) for tools that time the
+  // decode matmul by lane count (inferd-opencl-info --decode-shapes). Another count splits the sums
+  // otherwise, so float results change in their last bits; the exact kernels do not use it.
+  void set_reduce_group_size(size_t lanes);
   // Kernels generated and built so far.
   size_t kernel_count() const { return kernels_.size(); }
 
@@ -421,7 +496,12 @@ class Ops {
  private:
   struct Kernel {
     ClKernel kernel;
-    size_t max_group = 0;  // CL_KERNEL_WORK_GROUP_SIZE
+    size_t max_group = 0;             // CL_KERNEL_WORK_GROUP_SIZE
+    const std::string* key = nullptr;  // its key in kernels_ (profiles name kernels by it)
+  };
+  struct Profiled {
+    const std::string* key;
+    ClEvent event;
   };
   // The kernel for `key`, generated from `make()` and built on first use.
   template <typename MakeTemplate>
@@ -429,12 +509,23 @@ class Ops {
   // The reduction work-group size for `k`: reduce_group_size() within the kernel's own limit.
   size_t group_size(const Kernel& k) const;
   Status launch(const Kernel& k, cl_uint dims, const size_t* global, const size_t* local);
+  // The arguments of a launch of `k`, logged while recording.
+  KernelArgs new_args(const Kernel& k);
+  Status record_launch(const Kernel& k, cl_uint dims, const size_t* global, const size_t* local, cl_event* event);
   // Launches a float decode kernel (decode_shape_, `halves` matrix slices per output slice) over
   // `out_slices` output slices and `tokens` tokens with its scratch as the next argument. kOutOfRange where
   // the kernel or local memory does not admit the device's reduction lanes, unless `may_shrink`.
   Status launch_decode(const Kernel& k, KernelArgs& args, int halves, int32_t out_slices, int32_t tokens,
                        bool may_shrink);
   Status binary(const char* op, const char* expr, const char* helpers, const Tensor& a, const Tensor& b, Tensor& dst);
+  struct AttentionSplit {
+    int32_t chunk = 0;   // positions per chunk
+    int32_t chunks = 0;  // chunks per (token, head); < 2: not split
+  };
+  AttentionSplit attention_split(int32_t kv_pad, int32_t tokens) const;
+  Status attention_split_launch(const AttentionGeometry& g, cl_mem q, const TokenPlacement& tokens, int32_t kv_pad,
+                                float scale, cl_mem cache, Tensor& out, int32_t window, cl_mem partials,
+                                AttentionSplit split);
   // kUnimplemented naming `op` and the device when it cannot run the exact kernels; kInvalidArgument
   // when one of `tensors` is not float32 (the exact ops reproduce the CPU engine's float activations).
   Status require_exact(const char* op, std::initializer_list<const Tensor*> tensors) const;
@@ -451,7 +542,15 @@ class Ops {
   IntDot int_dot_ = IntDot::kFloat;
   DecodeShape decode_shape_;
   int64_t launches_ = 0;
+  bool profiling_ = false;
+  std::vector<Profiled> profiled_;
+  bool recording_ = false;
+  Status record_status_;
+  Recording recording_launches_;
+  std::vector<RecordedArg> arg_log_;  // the arguments of the launch being prepared, while recording
+  cl_kernel arg_log_kernel_ = nullptr;
   int prefill_tokens_ = 4, exact_prefill_tokens_ = 4;
+  int32_t attention_chunk_ = 0;
   PrefillKernel prefill_kernel_ = PrefillKernel::kSimple;
   std::string build_options_;  // kBuildOptions, and correctly rounded float divide/sqrt where the device has it
   size_t reduce_group_size_ = 1;
