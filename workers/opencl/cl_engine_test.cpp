@@ -991,6 +991,29 @@ TEST_F(ClEngineSyntheticTest, FusedKernelsSaveLaunches) {
   }
 }
 
+// Options out of range are refused with kInvalidArgument naming them, before anything is uploaded.
+TEST_F(ClEngineSyntheticTest, OptionsOutOfRangeAreRefused) {
+  auto model = tiny_model("qwen2", DType::kQ8_0, DType::kF16, kMixedLayers);
+  ASSERT_NE(model, nullptr);
+  auto refused = [&](const ClEngineOptions& o, const char* what) {
+    auto e = make_with(model, o);
+    ASSERT_FALSE(e.is_ok()) << what;
+    EXPECT_EQ(e.status().code(), Code::kInvalidArgument) << e.status().to_string();
+    EXPECT_NE(e.status().to_string().find(what), std::string::npos) << e.status().to_string();
+  };
+  ClEngineOptions o = tiny_options();
+  o.prefill_tokens = kMaxPrefillTokens + 1;
+  refused(o, "prefill tokens");
+  o = tiny_options();
+  o.decode_shape = DecodeShape{kMaxDecodeSlices + 1, 1};
+  refused(o, "decode shape");
+  o = tiny_options();
+  o.attention_chunk = -1;
+  refused(o, "attention chunk");
+  o.attention_chunk = kMaxAttentionChunkOption + 1;
+  refused(o, "attention chunk");
+}
+
 // Replayed decode steps (OpenClOptions::replay): two slots decoding in turn across two KV buckets of 64 (the
 // first step of each (tokens, outputs, KV length) shape records its launches, the next ones replay them)
 // give the logits of steps run through the graph's nodes, bit for bit, with both numerics; a prefill in
