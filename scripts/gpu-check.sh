@@ -155,7 +155,7 @@ run() {
   # measured at load in a fresh cache, decode steps replayed, the attention split over positions) with a
   # profile (device time per kernel, the device's idle time, the host's time per launch); then, with the
   # measured storage and shape forced (another configuration would be timed again and might choose
-  # otherwise), each default turned off in turn, and the prefill with 8 and 16 tokens per work-item.
+  # otherwise), each default turned off in turn, other attention chunks, and 8 prefill tokens per work-item.
   if ! skip opencl_speed && [ -f "$out/icd/nvidia.icd" ]; then
     local clcache pinned
     clcache=$(mktemp -d)
@@ -168,7 +168,8 @@ run() {
         "$out/opencl-bench-$m.txt")
       [ -n "$pinned" ] || continue
       local variant
-      for variant in "--no-replay" "--attention-chunk 0" "--prefill-tokens 8" "--prefill-tokens 16"; do
+      for variant in "--no-replay" "--attention-chunk 0" "--attention-chunk 32" "--attention-chunk 128" \
+                     "--prefill-tokens 8"; do
         local n=128 tag=${variant// /}
         [[ $variant == --prefill-tokens* ]] && n=4
         # shellcheck disable=SC2086

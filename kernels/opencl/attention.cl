@@ -27,18 +27,19 @@
   __global const half* vc = kc + (size_t)n_head_kv * 64 * hd;      // and its V rows
   const size_t block_halves = (size_t)2 * n_head_kv * 64 * hd;
   __global const half* qp = q + ((size_t)t * n_head + h) * hd;
-  float4 qv[HD4], acc[HD4];
-  for (int i = 0; i < HD4; ++i) {
-    qv[i] = vload_half4(i, qp);
-    acc[i] = (float4)(0.0f);
-  }
+  // The head's query is the same for every lane: it waits in local memory, not in each lane's registers
+  // (with acc[], a head of 128 would need 256 floats per lane).
+  for (int i = lid; i < HD4; i += lsz) q_local[i] = vload_half4(i, qp);
+  barrier(CLK_LOCAL_MEM_FENCE);
+  float4 acc[HD4];
+  for (int i = 0; i < HD4; ++i) acc[i] = (float4)(0.0f);
   float m = -INFINITY, l = 0.0f;
   const int start = window > 0 ? max(0, pos[t] + 1 - window) : 0;  // a sliding window's first position
   for (int p = start + lid; p < end; p += lsz) {
     const size_t row = (size_t)blocks[p >> 6] * block_halves + (size_t)(p & 63) * hd;
     __global const half* kr = kc + row;
     float sc = 0.0f;
-    for (int i = 0; i < HD4; ++i) sc += dot(qv[i], vload_half4(i, kr));
+    for (int i = 0; i < HD4; ++i) sc += dot(q_local[i], vload_half4(i, kr));
     sc *= scale;
     const float m_new = fmax(m, sc);
     const float corr = exp(m - m_new);  // 0 on the lane's first position (m = -inf)
@@ -87,11 +88,12 @@
   __global const half* vc = kc + (size_t)n_head_kv * 64 * hd;
   const size_t block_halves = (size_t)2 * n_head_kv * 64 * hd;
   __global const half* qp = q + ((size_t)t * n_head + h) * hd;
-  float4 qv[HD4], acc[HD4];
-  for (int i = 0; i < HD4; ++i) {
-    qv[i] = vload_half4(i, qp);
-    acc[i] = (float4)(0.0f);
-  }
+  // The head's query is the same for every lane: it waits in local memory, not in each lane's registers
+  // (with acc[], a head of 128 would need 256 floats per lane).
+  for (int i = lid; i < HD4; i += lsz) q_local[i] = vload_half4(i, qp);
+  barrier(CLK_LOCAL_MEM_FENCE);
+  float4 acc[HD4];
+  for (int i = 0; i < HD4; ++i) acc[i] = (float4)(0.0f);
   float m = -INFINITY, l = 0.0f;
   const int first = (window > 0 ? max(0, pos[t] + 1 - window) : 0) + c * chunk;
   const int last = min(end, first + chunk);
@@ -99,7 +101,7 @@
     const size_t row = (size_t)blocks[p >> 6] * block_halves + (size_t)(p & 63) * hd;
     __global const half* kr = kc + row;
     float sc = 0.0f;
-    for (int i = 0; i < HD4; ++i) sc += dot(qv[i], vload_half4(i, kr));
+    for (int i = 0; i < HD4; ++i) sc += dot(q_local[i], vload_half4(i, kr));
     sc *= scale;
     const float m_new = fmax(m, sc);
     const float corr = exp(m - m_new);

@@ -24,18 +24,22 @@
   float4 xv[@ahead@];
   float4 acc[@halves@ * @slices@];
   for (int j = 0; j < @halves@ * @slices@; ++j) acc[j] = (float4)(0.0f);
+  // Every loop below has a bound known when the kernel is generated, so it unrolls and acc[] stays in
+  // registers (an index bounded by n_r at run time would put it in memory): slices past n_r are skipped.
   for (int si0 = lid; si0 < n_si; si0 += lsz * @ahead@) {
     for (int h = 0; h < @halves@; ++h) {
-      for (int j = 0; j < n_r; ++j) {
-        for (int u = 0; u < @ahead@; ++u) {
-          const int si = si0 + u * lsz;
-          if (si < n_si) {
-            if (h == 0 && j == 0) xv[u] = $x.Read(t, 0, si);
-            w_load(wq, ws, wm, wsub, wh, h * n_so + so0 + j, si, n_si, r[u]);
+      for (int j = 0; j < @slices@; ++j) {
+        if (j < n_r) {
+          for (int u = 0; u < @ahead@; ++u) {
+            const int si = si0 + u * lsz;
+            if (si < n_si) {
+              if (h == 0 && j == 0) xv[u] = $x.Read(t, 0, si);
+              w_load(wq, ws, wm, wsub, wh, h * n_so + so0 + j, si, n_si, r[u]);
+            }
           }
-        }
-        for (int u = 0; u < @ahead@; ++u) {
-          if (si0 + u * lsz < n_si) acc[h * @slices@ + j] += inferd_dot4(r[u], xv[u]);
+          for (int u = 0; u < @ahead@; ++u) {
+            if (si0 + u * lsz < n_si) acc[h * @slices@ + j] += inferd_dot4(r[u], xv[u]);
+          }
         }
       }
     }

@@ -351,7 +351,8 @@ KernelTemplate attention_template(int32_t head_dim, TensorFormat out) {
   k.tensors = {{"out", out, Access::kWrite}};
   k.params = {"__global const half* q", "__global const half* cache", "__global const int* pos",
               "__global const int* slot", "__global const int* kv_table", "int bps", "int n_head", "int n_head_kv",
-              "int kv_pad", "float scale", "int window", "__local float* lane_sum", "__local float4* lane_acc"};
+              "int kv_pad", "float scale", "int window", "__local float* lane_sum", "__local float4* lane_acc",
+              "__local float4* q_local"};
   k.helpers = define_hd4(head_dim);
   k.body = kAttentionCl("attention");
   return k;
@@ -363,7 +364,7 @@ KernelTemplate attention_part_template(int32_t head_dim) {
   k.params = {"__global float4* part", "__global const half* q", "__global const half* cache",
               "__global const int* pos", "__global const int* slot", "__global const int* kv_table", "int bps",
               "int n_head", "int n_head_kv", "int kv_pad", "float scale", "int window", "int chunk",
-              "__local float* lane_sum", "__local float4* lane_acc"};
+              "__local float* lane_sum", "__local float4* lane_acc", "__local float4* q_local"};
   k.helpers = define_hd4(head_dim);
   k.body = kAttentionCl("attention_part");
   return k;
@@ -944,6 +945,8 @@ DecodeShape default_decode_shape(const DeviceInfo& device) {
   return device.type == DeviceType::kCpu ? DecodeShape{4, 1} : DecodeShape{1, 1};
 }
 
+constexpr size_t kGpuNormLanes = 256;
+
 void Ops::set_reduce_group_size(size_t lanes) {
   const DeviceInfo& info = rt_.info();
   const size_t limit = std::min(info.max_work_group_size, info.max_work_item_sizes[0]);
@@ -1290,7 +1293,11 @@ Status Ops::rms_norm_as(const Tensor& x, const Tensor& weight, float eps, Tensor
                  : rms_norm_template(x.format(), weight.format(), dst.format());
   });
   if (!k) return k.status();
-  const size_t lanes = group_size(*k.value());
+  // A decode step normalizes one row per launch: on a GPU the float kernel takes 256 lanes (a 64-lane
+  // group of an H200 took 7-13 us for a row of 576-4096; BENCHMARKS.md). The exact kernel keeps its lanes.
+  const size_t lanes = !exact && rt_.info().type != DeviceType::kCpu
+                           ? floor_pow2(std::max<size_t>(1, std::min<size_t>(kGpuNormLanes, k.value()->max_group)))
+                           : group_size(*k.value());
   KernelArgs args = new_args(*k.value());
   const cl_int group_slices = (ws.c + 3) / 4;
   args.tensor(x).tensor(weight).tensor(dst).value(group_slices).value(eps).local(lanes * sizeof(float));
@@ -1621,6 +1628,7 @@ Status Ops::attention(const AttentionGeometry& g, cl_mem q, const TokenPlacement
   args.buffer(tokens.kv_table).value(cl_int{g.blocks_per_slot()});
   args.value(cl_int{g.n_head}).value(cl_int{g.n_head_kv}).value(cl_int{kv_pad}).value(scale).value(cl_int{window});
   args.local(lanes * sizeof(float)).local(lanes * static_cast<size_t>(g.head_dim) * sizeof(float));
+  args.local(static_cast<size_t>(g.head_dim) * sizeof(float));  // the query
   INFERD_RETURN_IF_ERROR(args.status());
   const size_t global[2] = {lanes * static_cast<size_t>(g.n_head), t};
   const size_t local_size[2] = {lanes, 1};
@@ -1664,6 +1672,7 @@ Status Ops::attention_split_launch(const AttentionGeometry& g, cl_mem q, const T
     args.value(cl_int{g.n_head}).value(cl_int{g.n_head_kv}).value(cl_int{kv_pad}).value(scale).value(cl_int{window});
     args.value(cl_int{split.chunk});
     args.local(lanes * sizeof(float)).local(lanes * static_cast<size_t>(g.head_dim) * sizeof(float));
+    args.local(static_cast<size_t>(g.head_dim) * sizeof(float));  // the query
     INFERD_RETURN_IF_ERROR(args.status());
     const size_t global[3] = {lanes * static_cast<size_t>(g.n_head), t, static_cast<size_t>(split.chunks)};
     const size_t local_size[3] = {lanes, 1, 1};
