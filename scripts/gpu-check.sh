@@ -168,7 +168,7 @@ run() {
         "$out/opencl-bench-$m.txt")
       [ -n "$pinned" ] || continue
       local variant
-      for variant in "--no-replay" "--attention-chunk 0" "--attention-chunk 32" "--attention-chunk 128" \
+      for variant in "--no-replay" "--no-fuse" "--attention-chunk 0" "--attention-chunk 32" "--attention-chunk 128" \
                      "--prefill-tokens 8"; do
         local n=128 tag=${variant// /}
         [[ $variant == --prefill-tokens* ]] && n=4

@@ -8,6 +8,7 @@
 // (and their weights) before it accumulates them, so that U loads are in flight at once. Every (R, U) sums
 // each output in the same order (a lane's slices lid, lid + lanes, ... one after the other, then the same
 // tree), so gives the same bits (Ops::DecodeShape).
+// INFERD_X(si) reads input slice si of token t (Ops::DecodeNorm: normalized on the way, decode.norm).
 // H = @halves@ matrix slices per output slice: 1 (y = W x), or 2 for a stacked gate|up matrix (2F rows)
 // whose output y has F: output slice j sums matrix slices j (gate) and S_O + j (up), each as for H = 1, and
 // a store section writes y: decode.store (the sum, with INFERD_OUT's residual) or decode.store_swiglu
@@ -20,7 +21,7 @@
   const int n_si = $x.Slices();
   const int n_so = $y.Slices();
   const int n_r = min(@slices@, n_so - so0);  // the last group's slices may run past S_O
-  float4 r[@ahead@][4];
+@norm@  float4 r[@ahead@][4];
   float4 xv[@ahead@];
   float4 acc[@halves@ * @slices@];
   for (int j = 0; j < @halves@ * @slices@; ++j) acc[j] = (float4)(0.0f);
@@ -33,7 +34,7 @@
           for (int u = 0; u < @ahead@; ++u) {
             const int si = si0 + u * lsz;
             if (si < n_si) {
-              if (h == 0 && j == 0) xv[u] = $x.Read(t, 0, si);
+              if (h == 0 && j == 0) xv[u] = INFERD_X(si);
               w_load(wq, ws, wm, wsub, wh, h * n_so + so0 + j, si, n_si, r[u]);
             }
           }
@@ -52,6 +53,26 @@
     }
     barrier(CLK_LOCAL_MEM_FENCE);
   }
+//@ end
+
+// decode.norm: an RMSNorm of x's row t folded into the decode matmul that reads it (Ops::DecodeNorm). The
+// group first sums the row's squares (scratch as lsz floats; freed again before the loop), then each
+// input slice is read as INFERD_X defines it: x * scale * nw, as the rms_norm kernel writes it.
+//@ decode.norm
+  float inferd_ss = 0.0f;
+  for (int si = lid; si < n_si; si += lsz) {
+    const float4 v = $x.Read(t, 0, si);
+    inferd_ss += dot(v, v);  // padding lanes are zero
+  }
+  __local float* inferd_red = (__local float*)scratch;
+  inferd_red[lid] = inferd_ss;
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int off = lsz / 2; off > 0; off >>= 1) {
+    if (lid < off) inferd_red[lid] += inferd_red[lid + off];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  const float inferd_scale = rsqrt(inferd_red[0] / (float)$nw.Channels() + eps);
+  barrier(CLK_LOCAL_MEM_FENCE);  // every lane has read the sum before scratch is written again
 //@ end
 
 //@ decode.store

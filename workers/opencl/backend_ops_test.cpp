@@ -1340,6 +1340,89 @@ TEST(BackendOps, MatmulSwigluEqualsMatmulThenSwiglu) {
   EXPECT_GT(compared, 0);
 }
 
+// An RMSNorm folded into the decode matmuls that read it (Ops::DecodeNorm): the plain, residual and SwiGLU
+// decode kernels against rms_norm() then the same kernel without the norm, one and several slices per group,
+// both storages,
+// a row whose channels are not a multiple of 4 (F16). Other float sums (each group sums the squares): close,
+// not equal. A norm on a prefill matmul, or of another width, is refused.
+TEST(BackendOps, MatmulWithNormEqualsRmsNormThenMatmul) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  int compared = 0;
+  uint32_t seed = 1500;
+  for (DType type : {DType::kQ4_0, DType::kQ8_0, DType::kF16}) {
+    const int64_t k = type == DType::kF16 ? 98 : 96, f = 68;
+    const RandomWeights rw = random_weights(type, 2 * f, k, seed++);
+    auto w = MatmulWeights::upload(*rt, type, 2 * f, k, rw.bytes.data());
+    ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+    const std::vector<float> nv = random_values(k, seed++, 0.5f, 1.5f);
+    for (int32_t tokens : {1, 3}) {
+      const std::vector<float> xv = random_values(int64_t{tokens} * k, seed++, -3.0f, 3.0f);
+      const std::vector<float> rv = random_values(int64_t{tokens} * 2 * f, seed++);
+      for (StorageType storage : {StorageType::kBuffer, StorageType::kTexture2D}) {
+        for (const DecodeShape& shape : {DecodeShape{1, 1}, DecodeShape{4, 1}}) {
+          SCOPED_TRACE(std::string(dtype_name(type)) + " tokens " + std::to_string(tokens) + " " + storage_name(storage) +
+                       " " + shape.to_string());
+          Ops ops(*rt);
+          ops.set_decode_shape(shape);
+          Harness h(*rt, TensorFormat(storage));
+          auto x = h.input(Bhwc{1, 1, tokens, static_cast<int32_t>(k)}, xv);
+          if (x.status().code() == Code::kUnimplemented) break;  // no images on this device
+          ASSERT_TRUE(x.is_ok()) << x.status().to_string();
+          auto nw = h.input(Bhwc{1, 1, 1, static_cast<int32_t>(k)}, nv);
+          auto res = h.input(Bhwc{1, 1, tokens, static_cast<int32_t>(2 * f)}, rv);
+          auto xn = h.output(Bhwc{1, 1, tokens, static_cast<int32_t>(k)});
+          ASSERT_TRUE(nw.is_ok() && res.is_ok() && xn.is_ok());
+          ASSERT_TRUE(ops.rms_norm(*x.value(), *nw.value(), 1e-5f, *xn.value()).is_ok());
+          const DecodeNorm norm{nw.value(), 1e-5f};
+          for (int variant = 0; variant < 3; ++variant) {  // plain, residual, SwiGLU
+            const int32_t out = variant == 2 ? static_cast<int32_t>(f) : static_cast<int32_t>(2 * f);
+            auto apart = h.output(Bhwc{1, 1, tokens, out});
+            auto folded = h.output(Bhwc{1, 1, tokens, out});
+            ASSERT_TRUE(apart.is_ok() && folded.is_ok());
+            Status a, b;
+            if (variant == 2) {
+              a = ops.matmul_swiglu(w.value(), *xn.value(), *apart.value());
+              b = ops.matmul_swiglu(w.value(), *x.value(), *folded.value(), &norm);
+            } else {
+              const Tensor* r = variant == 1 ? res.value() : nullptr;
+              a = ops.matmul(w.value(), *xn.value(), *apart.value(), MatmulVariant::kDecode, r);
+              b = ops.matmul(w.value(), *x.value(), *folded.value(), MatmulVariant::kDecode, r, &norm);
+            }
+            ASSERT_TRUE(a.is_ok()) << a.to_string();
+            ASSERT_TRUE(b.is_ok()) << b.to_string();
+            std::vector<float> want, got;
+            ASSERT_TRUE(h.finish(*apart.value(), &want).is_ok());
+            ASSERT_TRUE(h.finish(*folded.value(), &got).is_ok());
+            ASSERT_EQ(got.size(), want.size());
+            float scale = 0.0f, diff = 0.0f;
+            for (size_t i = 0; i < want.size(); ++i) {
+              scale = std::max(scale, std::fabs(want[i]));
+              diff = std::max(diff, std::fabs(got[i] - want[i]));
+            }
+            EXPECT_LE(diff, 1e-5f * scale + 1e-6f) << "variant " << variant;
+            ++compared;
+          }
+        }
+      }
+    }
+    // Not a decode step (4 tokens), or a norm of another width.
+    Ops ops(*rt);
+    auto x4 = Tensor::allocate(*rt, TensorDescriptor(Bhwc{1, 1, 4, static_cast<int32_t>(k)}, StorageType::kBuffer));
+    auto y4 = Tensor::allocate(*rt, TensorDescriptor(Bhwc{1, 1, 4, static_cast<int32_t>(2 * f)}, StorageType::kBuffer));
+    auto x1 = Tensor::allocate(*rt, TensorDescriptor(Bhwc{1, 1, 1, static_cast<int32_t>(k)}, StorageType::kBuffer));
+    auto y1 = Tensor::allocate(*rt, TensorDescriptor(Bhwc{1, 1, 1, static_cast<int32_t>(2 * f)}, StorageType::kBuffer));
+    auto n4 = Tensor::allocate(*rt, TensorDescriptor(Bhwc{1, 1, 1, static_cast<int32_t>(k)}, StorageType::kBuffer));
+    auto nbad = Tensor::allocate(*rt, TensorDescriptor(Bhwc{1, 1, 1, 4}, StorageType::kBuffer));
+    ASSERT_TRUE(x4.is_ok() && y4.is_ok() && x1.is_ok() && y1.is_ok() && n4.is_ok() && nbad.is_ok());
+    const DecodeNorm good{&n4.value(), 1e-5f}, bad{&nbad.value(), 1e-5f};
+    EXPECT_EQ(ops.matmul(w.value(), x4.value(), y4.value(), MatmulVariant::kAuto, nullptr, &good).code(),
+              Code::kInvalidArgument);
+    EXPECT_EQ(ops.matmul(w.value(), x1.value(), y1.value(), MatmulVariant::kDecode, nullptr, &bad).code(),
+              Code::kInvalidArgument);
+  }
+  EXPECT_GT(compared, 0);
+}
+
 TEST(BackendOps, DecodeShapesParseAndPrint) {
   EXPECT_EQ(DecodeShape{}.to_string(), "1x1");
   for (const DecodeShape& shape : decode_shape_candidates()) {

@@ -159,6 +159,11 @@ struct OpenClBackend::Impl {
     int rope = -1;                      // kRopeKv: its angles (ropes)
     float q_scale = 0.0f;               // kRopeKv: the attention's scale of Q (0: none)
     bool geglu = false;                 // kGateUp: GeGLU, else SwiGLU
+    // Float decode steps fold an RMSNorm into the matmuls that read it (Ops::DecodeNorm): the norm node is
+    // `folded` (it runs in prefill steps only) and each reader names it in `norm` (kMatmul, kGateUp and
+    // the Q|K|V matmuls stacked with them).
+    bool folded = false;
+    int norm = -1;
   };
   std::vector<NodePlan> plan;
   std::vector<ClMem> caches;  // per layer of the graph
@@ -208,7 +213,8 @@ struct OpenClBackend::Impl {
   Status bind_views(int32_t tokens, int32_t outputs);
   Tensor& dev(TensorId id);
   TensorSlice slice(TensorId id) { return TensorSlice{&dev(id), bound[static_cast<size_t>(id)].slice}; }
-  Status matmul(const MatmulWeights& w, TensorId x, Tensor& y, int32_t step_tokens, const Tensor* residual = nullptr);
+  Status matmul(const MatmulWeights& w, TensorId x, Tensor& y, int32_t step_tokens, const Tensor* residual = nullptr,
+                const DecodeNorm* norm = nullptr);
   Status run_node(const Graph& g, size_t ni, const graph::StepIO& io, const TokenPlacement& tokens);
 };
 
@@ -429,6 +435,33 @@ Status OpenClBackend::Impl::plan_graph(const Graph& g) {
   for (TensorId id : g.inputs()) {
     if (g.tensor(id).elem == graph::Elem::kFloat) place(id);  // uploaded each step (hidden states, ...)
   }
+  // The norms a float decode step folds into their readers: a whole-row RMSNorm (not the per-head Q/K
+  // norms) whose output is read only as the input of matmuls, and is not a graph output. The norm's input
+  // stays live until its last such reader (one more reader each).
+  if (!exact() && opt.fuse) {
+    for (size_t ni = 0; ni < n_nodes; ++ni) {
+      const Node& n = g.nodes()[ni];
+      if (n.op != Op::kRmsNorm || g.tensor(n.in[1]).cols != g.tensor(n.in[0]).cols) continue;
+      const TensorId xn = n.out[0];
+      if (std::find(g.outputs().begin(), g.outputs().end(), xn) != g.outputs().end()) continue;
+      std::vector<size_t> readers_of;
+      bool foldable = true;
+      for (size_t j = ni + 1; j < n_nodes && foldable; ++j) {
+        const Node& m = g.nodes()[j];
+        const auto reads = std::count(m.in.begin(), m.in.end(), xn);
+        if (reads == 0) continue;
+        foldable = (m.op == Op::kMatmul || m.op == Op::kMatmulSwiglu || m.op == Op::kMatmulGeglu) && m.in[0] == xn &&
+                   reads == 1;
+        readers_of.push_back(j);
+      }
+      if (!foldable || readers_of.empty()) continue;
+      plan[ni].folded = true;
+      for (size_t j : readers_of) {
+        plan[j].norm = static_cast<int>(ni);
+        ++readers[static_cast<size_t>(n.in[0])];
+      }
+    }
+  }
 
   const int32_t e4 = geometry.n_embd() / 4, ekv4 = geometry.n_embd_kv() / 4;
   for (size_t ni = 0; ni < n_nodes; ++ni) {
@@ -589,6 +622,10 @@ Status OpenClBackend::Impl::plan_graph(const Graph& g) {
     }
     for (TensorId id : n.in) {
       if (id != graph::kNone && --readers[static_cast<size_t>(id)] == 0) release(id);
+    }
+    if (np.norm >= 0) {  // a folded norm's input, read here in decode steps
+      const TensorId x = g.nodes()[static_cast<size_t>(np.norm)].in[0];
+      if (--readers[static_cast<size_t>(x)] == 0) release(x);
     }
   }
   graph_phys = phys.size();
@@ -1012,9 +1049,10 @@ Status OpenClBackend::prepare(const Graph& g, const BackendShape& shape) {
 
 // y = W x (+ residual), with x quantized first as the CPU backend quantizes it (exact numerics), once per input.
 Status OpenClBackend::Impl::matmul(const MatmulWeights& w, TensorId x, Tensor& y, int32_t step_tokens,
-                                   const Tensor* residual) {
+                                   const Tensor* residual, const DecodeNorm* norm) {
   Tensor& in = dev(x);
-  if (!exact()) return ops->matmul(w, in, y, MatmulVariant::kAuto, residual);
+  if (!exact()) return ops->matmul(w, in, y, MatmulVariant::kAuto, residual, norm);
+  INFERD_ASSERT(norm == nullptr, "a norm folded into an exact matmul");
   const CpuOrder order = matmul_order(cpu_order, w.type(), step_tokens);
   const MatmulActivations kind = matmul_activations(w.type());
   if (kind == MatmulActivations::kFloat) return ops->matmul_exact(w, in, nullptr, y, order, MatmulVariant::kAuto, residual);
@@ -1044,16 +1082,27 @@ Status OpenClBackend::Impl::run_node(const Graph& g, size_t ni, const graph::Ste
   const NodePlan& np = plan[ni];
   const int32_t t_count = io.shape.tokens;
   auto out = [&]() -> Tensor& { return dev(n.out[0]); };
+  // A decode step reads a folded norm's input through the norm instead of its output (NodePlan::norm).
+  const bool decode = choose_matmul_variant(t_count) == MatmulVariant::kDecode;
+  std::optional<DecodeNorm> fold;
+  TensorId in0 = n.in[0];
+  if (np.norm >= 0 && decode) {
+    const Node& nn = g.nodes()[static_cast<size_t>(np.norm)];
+    fold = DecodeNorm{plan[static_cast<size_t>(np.norm)].vec, nn.eps};
+    in0 = nn.in[0];
+  }
+  const DecodeNorm* norm = fold ? &*fold : nullptr;
   switch (np.action) {
     case Action::kSkip: return Status::ok();
     case Action::kEmbed: return ops->get_rows(*np.w, ids.get(), out(), n.scale);
     case Action::kRmsNorm:
+      if (np.folded && decode) return Status::ok();  // its readers normalize as they read
       return exact() ? ops->rms_norm_exact(dev(n.in[0]), *np.vec, n.eps, out())
                      : ops->rms_norm(dev(n.in[0]), *np.vec, n.eps, out());
     case Action::kMatmul: {
       const TensorSlice s = slice(n.out[0]);
       INFERD_ASSERT(s.first_slice == 0);
-      return matmul(*np.w, n.in[0], dev(n.out[0]), t_count);
+      return matmul(*np.w, in0, dev(n.out[0]), t_count, nullptr, norm);
     }
     case Action::kMatmulAdd: return matmul(*np.w, n.in[0], dev(n.out[0]), t_count, &dev(n.in[3]));
     case Action::kGateUp: {
@@ -1061,17 +1110,17 @@ Status OpenClBackend::Impl::run_node(const Graph& g, size_t ni, const graph::Ste
       if (np.w2 == nullptr && !np.geglu && !exact() && opt.fuse &&
           choose_matmul_variant(t_count) == MatmulVariant::kDecode) {
         // Float decode of a stacked gate|up: SwiGLU in the matmul's store, one launch.
-        const Status fused = ops->matmul_swiglu(*np.w, dev(n.in[0]), h);
+        const Status fused = ops->matmul_swiglu(*np.w, dev(in0), h, norm);
         if (fused.code() != Code::kOutOfRange) return fused;
       }
       Tensor& a = *phys[static_cast<size_t>(np.tmp)].view;
-      INFERD_RETURN_IF_ERROR(matmul(*np.w, n.in[0], a, t_count));
+      INFERD_RETURN_IF_ERROR(matmul(*np.w, in0, a, t_count, nullptr, norm));
       if (np.w2 == nullptr) {
         if (np.geglu) return ops->geglu_halves(a, h);
         return exact() ? ops->swiglu_halves_exact(a, h) : ops->swiglu_halves(a, h);
       }
       Tensor& b = *phys[static_cast<size_t>(np.tmp2)].view;
-      INFERD_RETURN_IF_ERROR(matmul(*np.w2, n.in[0], b, t_count));
+      INFERD_RETURN_IF_ERROR(matmul(*np.w2, in0, b, t_count, nullptr, norm));
       if (np.geglu) return ops->geglu(a, b, h);
       return exact() ? ops->swiglu_exact(a, b, h) : ops->swiglu(a, b, h);
     }

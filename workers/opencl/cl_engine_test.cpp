@@ -963,7 +963,9 @@ TEST_F(ClEngineSyntheticTest, AStepWaitsForTheDeviceOnce) {
 // The fused kernels save launches: matmul_add (the residual added in the matmul's store) one per attention
 // output and per FFN down projection, two per layer; with float numerics a decode step's stacked gate|up
 // matmul computes SwiGLU in its store, one more where a layer's gate and up share a type (the second layer
-// here). With either numerics the logits are the unfused engine's bit for bit.
+// here), and the matmuls that read a layer's two RMSNorms normalize as they read (Ops::DecodeNorm), two
+// more. The exact logits are the unfused engine's bit for bit; the float ones agree to float rounding (the
+// folded norm sums the squares in each matmul's work-group: on PoCL in the norm kernel's order, so equal).
 TEST_F(ClEngineSyntheticTest, FusedKernelsSaveLaunches) {
   auto model = tiny_model("qwen2", DType::kQ8_0, DType::kF16, kMixedLayers);
   ASSERT_NE(model, nullptr);
@@ -986,8 +988,14 @@ TEST_F(ClEngineSyntheticTest, FusedKernelsSaveLaunches) {
     }
     std::printf("[cl-engine] %s numerics: %lld kernel launches per decode step unfused, %lld fused\n",
                 numerics_name(numerics), static_cast<long long>(launches[0]), static_cast<long long>(launches[1]));
-    EXPECT_EQ(launches[0] - launches[1], 2 * 2 + (numerics == Numerics::kFloat ? 1 : 0));  // two layers
-    EXPECT_EQ(logits[0], logits[1]);
+    EXPECT_EQ(launches[0] - launches[1], 2 * 2 + (numerics == Numerics::kFloat ? 1 + 2 * 2 : 0));  // two layers
+    if (numerics == Numerics::kExact) {
+      EXPECT_EQ(logits[0], logits[1]);
+    } else {
+      ASSERT_EQ(logits[0].size(), logits[1].size());
+      const auto [lo, hi] = std::minmax_element(logits[0].begin(), logits[0].end());
+      EXPECT_LE(max_abs_diff(logits[0], logits[1]), 1e-5f * (*hi - *lo));
+    }
   }
 }
 

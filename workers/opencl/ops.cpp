@@ -238,17 +238,27 @@ constexpr size_t kTileGroup = 16, kTileTokens = 64, kTileFloat4s = 512;
 
 // The float decode matmul (matmul_float.cl's decode) in `shape`: y = W x (+ residual), or with `swiglu`
 // y = silu(gate) * up of a stacked gate|up W (Ops::matmul_swiglu).
+// `norm`: the format of an RMSNorm's weight folded into the loads of x (Ops::DecodeNorm).
 KernelTemplate decode_template(DType type, TensorFormat x, TensorFormat y, DecodeShape shape, bool swiglu,
-                               const std::optional<TensorFormat>& residual) {
+                               const std::optional<TensorFormat>& residual,
+                               const std::optional<TensorFormat>& norm = std::nullopt) {
   KernelTemplate k;
   k.name = swiglu ? "matmul_decode_swiglu" : "matmul_decode";
   k.tensors = {{"x", x, Access::kRead}, {"y", y, Access::kWrite}};
+  if (norm) k.tensors.push_back({"nw", *norm, Access::kRead});
   k.params = weight_params(type);
+  if (norm) k.params.push_back("float eps");
   k.params.push_back("__local float4* scratch");
   k.helpers = join({kWeightsCl("codes"), weight_loader("w_load", type), swiglu ? kHelpersCl("float_silu") : ""});
   const std::string slices = std::to_string(shape.slices);
-  k.body = kMatmulFloatCl("decode", {{"slices", slices}, {"ahead", std::to_string(shape.ahead)}, {"halves", swiglu ? "2" : "1"}}) +
+  k.body = kMatmulFloatCl("decode", {{"slices", slices},
+                                     {"ahead", std::to_string(shape.ahead)},
+                                     {"halves", swiglu ? "2" : "1"},
+                                     {"norm", norm ? std::string(kMatmulFloatCl("decode.norm")) : std::string()}}) +
            (swiglu ? kMatmulFloatCl("decode.store_swiglu", {{"slices", slices}}) : std::string(kMatmulFloatCl("decode.store")));
+  k.body = std::string(norm ? "#define INFERD_X(inferd_si) ($x.Read(t, 0, (inferd_si)) * inferd_scale * $nw.Read(0, 0, (inferd_si)))\n"
+                            : "#define INFERD_X(inferd_si) $x.Read(t, 0, (inferd_si))\n") +
+           k.body;
   if (!swiglu) with_residual(k, residual);
   return k;
 }
@@ -1358,7 +1368,8 @@ Status Ops::softmax(const Tensor& x, const Tensor& mask, float scale, Tensor& ds
   return launch(*k.value(), 2, global, local);
 }
 
-Status Ops::matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVariant variant, const Tensor* residual) {
+Status Ops::matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVariant variant, const Tensor* residual,
+                   const DecodeNorm* norm) {
   const Bhwc& xs = x.shape();
   const Bhwc& ys = y.shape();
   if (xs.b != 1 || xs.h != 1 || xs.c != w.k() || !(ys == Bhwc{1, 1, xs.w, static_cast<int32_t>(w.rows())})) {
@@ -1368,6 +1379,7 @@ Status Ops::matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVar
   }
   if (variant == MatmulVariant::kAuto) variant = choose_matmul_variant(xs.w);
   INFERD_RETURN_IF_ERROR(check_residual("matmul", y, residual));
+  if (norm != nullptr) INFERD_RETURN_IF_ERROR(check_norm("matmul", x, variant, *norm));
   const DecodeShape shape = decode_shape_;
   // The tiled prefill where chosen and the device admits its work-group and tiles.
   const DeviceInfo& info = rt_.info();
@@ -1381,13 +1393,21 @@ Status Ops::matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVar
                       (variant == MatmulVariant::kDecode ? "_" + shape.to_string()
                        : tiled                           ? std::string("_tiled")
                                                          : "_t" + std::to_string(prefill_tokens_)) +
-                      storage_key({&x, &y}) + (residual ? "+res" + storage_key({residual}) : ""),
-                  [&] { return matmul_template(w.type(), variant, x.format(), y.format(), shape, prefill_tokens, res); });
+                      storage_key({&x, &y}) + (norm ? "+norm" + storage_key({norm->weight}) : "") +
+                      (residual ? "+res" + storage_key({residual}) : ""),
+                  [&] {
+                    if (norm) {
+                      return decode_template(w.type(), x.format(), y.format(), shape, false, res, norm->weight->format());
+                    }
+                    return matmul_template(w.type(), variant, x.format(), y.format(), shape, prefill_tokens, res);
+                  });
   if (!k) return k.status();
   KernelArgs args = new_args(*k.value());
   args.tensor(x).tensor(y);
+  if (norm) args.tensor(*norm->weight);
   if (residual) args.tensor(*residual);
   args.weights(w);
+  if (norm) args.value(norm->eps);
   if (variant == MatmulVariant::kDecode) {
     // The 1x1 shape alone may fall back to fewer lanes, as before shapes existed.
     return launch_decode(*k.value(), args, 1, w.out_slices(), xs.w, shape == DecodeShape{});
@@ -1412,7 +1432,16 @@ Status Ops::matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVar
 }
 
 
-Status Ops::matmul_swiglu(const MatmulWeights& w, const Tensor& x, Tensor& dst) {
+Status Ops::check_norm(const char* op, const Tensor& x, MatmulVariant variant, const DecodeNorm& norm) const {
+  const Bhwc& ns = norm.weight != nullptr ? norm.weight->shape() : Bhwc{};
+  if (variant != MatmulVariant::kDecode || norm.weight == nullptr || !(ns == Bhwc{1, 1, 1, x.shape().c})) {
+    return make_error(Code::kInvalidArgument, "%s: a norm folded into a %s matmul, weight %s for x %s", op,
+                      matmul_variant_name(variant), ns.to_string().c_str(), x.shape().to_string().c_str());
+  }
+  return Status::ok();
+}
+
+Status Ops::matmul_swiglu(const MatmulWeights& w, const Tensor& x, Tensor& dst, const DecodeNorm* norm) {
   const Bhwc& xs = x.shape();
   const Bhwc& ds = dst.shape();
   if (xs.b != 1 || xs.h != 1 || xs.c != w.k() || !is_token_rows(ds) || ds.w != xs.w || ds.c % 4 != 0 ||
@@ -1421,12 +1450,20 @@ Status Ops::matmul_swiglu(const MatmulWeights& w, const Tensor& x, Tensor& dst) 
                       static_cast<long long>(w.rows()), static_cast<long long>(w.k()), xs.to_string().c_str(),
                       ds.to_string().c_str());
   }
+  if (norm != nullptr) INFERD_RETURN_IF_ERROR(check_norm("matmul_swiglu", x, MatmulVariant::kDecode, *norm));
   const DecodeShape shape = decode_shape_;
-  auto k = kernel(std::string("matmul_swiglu_") + dtype_name(w.type()) + "_" + shape.to_string() + storage_key({&x, &dst}),
-                  [&] { return decode_template(w.type(), x.format(), dst.format(), shape, true, std::nullopt); });
+  auto k = kernel(std::string("matmul_swiglu_") + dtype_name(w.type()) + "_" + shape.to_string() + storage_key({&x, &dst}) +
+                      (norm ? "+norm" + storage_key({norm->weight}) : ""),
+                  [&] {
+                    return decode_template(w.type(), x.format(), dst.format(), shape, true, std::nullopt,
+                                           norm ? std::optional(norm->weight->format()) : std::nullopt);
+                  });
   if (!k) return k.status();
   KernelArgs args = new_args(*k.value());
-  args.tensor(x).tensor(dst).weights(w);
+  args.tensor(x).tensor(dst);
+  if (norm) args.tensor(*norm->weight);
+  args.weights(w);
+  if (norm) args.value(norm->eps);
   return launch_decode(*k.value(), args, 2, ds.slices(), xs.w, false);
 }
 

@@ -192,6 +192,12 @@ std::vector<DecodeShape> decode_shape_candidates();
 // The shape used where none is measured or set: 4x1 on CPU devices (measured on PoCL), 1x1 elsewhere.
 DecodeShape default_decode_shape(const DeviceInfo& device);
 
+// An RMSNorm folded into the decode matmul that reads its output (Ops::matmul, matmul_swiglu).
+struct DecodeNorm {
+  const Tensor* weight = nullptr;  // 1x1x1xC
+  float eps = 0.0f;
+};
+
 // A kernel's device time over the launches a profile saw (Ops::take_profile).
 struct KernelTime {
   std::string kernel;  // the kernel's key: its op, variant and storages
@@ -320,14 +326,17 @@ class Ops {
   Status softmax(const Tensor& x, const Tensor& mask, float scale, Tensor& dst);
   // y = W x (see the header comment); x is 1x1xTxK, y 1x1xTxR. With a `residual` (y's shape, another
   // tensor) y = residual + W x in one kernel (the graph's matmul_add: one launch fewer per use).
+  // With a `norm` (a decode matmul, float numerics) x is read as rms_norm(x, norm.weight, norm.eps) writes it
+  // (the whole row, G = C), without the norm's launch and tensor: each work-group sums the row's squares
+  // itself (other float sums than rms_norm's kernel).
   Status matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVariant variant = MatmulVariant::kAuto,
-                const Tensor* residual = nullptr);
+                const Tensor* residual = nullptr, const DecodeNorm* norm = nullptr);
 
   // dst = silu(W_gate x) * (W_up x) for a decode step (fewer than 4 tokens), W the stacked gate|up matrix
   // (2F rows) and dst 1x1xTxF, in one launch: the bits of matmul() (kDecode) then swiglu_halves(), without
   // the gate|up tensor. kOutOfRange where the device cannot give the decode kernel's lanes to this one
   // (the caller runs the two instead).
-  Status matmul_swiglu(const MatmulWeights& w, const Tensor& x, Tensor& dst);
+  Status matmul_swiglu(const MatmulWeights& w, const Tensor& x, Tensor& dst, const DecodeNorm* norm = nullptr);
 
   // ---- The forward pass's own ops (ClEngine) ----
   //
@@ -518,6 +527,7 @@ class Ops {
   Status launch_decode(const Kernel& k, KernelArgs& args, int halves, int32_t out_slices, int32_t tokens,
                        bool may_shrink);
   Status binary(const char* op, const char* expr, const char* helpers, const Tensor& a, const Tensor& b, Tensor& dst);
+  Status check_norm(const char* op, const Tensor& x, MatmulVariant variant, const DecodeNorm& norm) const;
   struct AttentionSplit {
     int32_t chunk = 0;   // positions per chunk
     int32_t chunks = 0;  // chunks per (token, head); < 2: not split
