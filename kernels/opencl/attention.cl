@@ -14,7 +14,17 @@
 // over K and V. Probabilities stay float: llama.cpp rounds them to half before KQV, which needs the
 // row's sum first (a second pass over K); tried, it did not change the agreement with the CPU engine
 // measurably (whose 8-bit activations dominate the difference; cl_engine_test.cpp).
-//@ attention
+// The body: attention.head, attention.all (every position of the token), attention.positions,
+// attention.store.
+//
+// attention_part: the float attention split over the positions for GPUs (Ops::attention with partials),
+// launched as (lanes * n_head, T, C) in work-groups of (lanes, 1, 1): group (h, t, c) takes chunk c of
+// `chunk` positions from the token's first (window) position, exactly as `attention` takes all of them,
+// and writes its unnormalized state to part[(t * n_head + h) * C + c]: HD4 float4s of weighted V sums
+// scaled to the chunk's maximum, then (maximum, sum of exponentials, 0, 0); a chunk past the token's
+// positions writes (-inf, 0). attention_merge then rescales the C states to their common maximum.
+// The body: attention.head, attention_part.chunk, attention.positions, attention_part.store.
+//@ attention.head
   const int lid = get_local_id(0);
   const int lsz = get_local_size(0);
   const int h = get_group_id(0);
@@ -35,7 +45,22 @@
   for (int i = 0; i < HD4; ++i) acc[i] = (float4)(0.0f);
   float m = -INFINITY, l = 0.0f;
   const int start = window > 0 ? max(0, pos[t] + 1 - window) : 0;  // a sliding window's first position
-  for (int p = start + lid; p < end; p += lsz) {
+//@ end
+
+//@ attention.all
+  const int first = start, last = end;
+//@ end
+
+//@ attention_part.chunk
+  const int c = get_global_id(2);
+  const int first = start + c * chunk;
+  const int last = min(end, first + chunk);
+//@ end
+
+// The positions [first, last) in the lanes' online softmaxes, then the lanes' states rescaled to the
+// group's maximum mx: lane j's sum in lane_sum[j], its weighted V rows in lane_acc[j * HD4 ...].
+//@ attention.positions
+  for (int p = first + lid; p < last; p += lsz) {
     const size_t row = (size_t)blocks[p >> 6] * block_halves + (size_t)(p & 63) * hd;
     __global const half* kr = kc + row;
     float sc = 0.0f;
@@ -58,6 +83,9 @@
   lane_sum[lid] = l * f;
   for (int i = 0; i < HD4; ++i) lane_acc[lid * HD4 + i] = acc[i] * f;
   barrier(CLK_LOCAL_MEM_FENCE);
+//@ end
+
+//@ attention.store
   float total = 0.0f;
   for (int j = 0; j < lsz; ++j) total += lane_sum[j];
   const float inv = 1.0f / total;  // > 0: the token's own position is never masked
@@ -68,58 +96,7 @@
   }
 //@ end
 
-// attention_part: the float attention split over the positions for GPUs (Ops::attention with partials),
-// launched as (lanes * n_head, T, C) in work-groups of (lanes, 1, 1): group (h, t, c) takes chunk c of
-// `chunk` positions from the token's first (window) position, exactly as `attention` takes all of them,
-// and writes its unnormalized state to part[(t * n_head + h) * C + c]: HD4 float4s of weighted V sums
-// scaled to the chunk's maximum, then (maximum, sum of exponentials, 0, 0); a chunk past the token's
-// positions writes (-inf, 0). attention_merge then rescales the C states to their common maximum.
-//@ attention_part
-  const int lid = get_local_id(0);
-  const int lsz = get_local_size(0);
-  const int h = get_group_id(0);
-  const int t = get_global_id(1);
-  const int c = get_global_id(2);
-  const int end = min(kv_pad, pos[t] + 1);
-  const int g = h / (n_head / n_head_kv);
-  const size_t hd = HD4 * 4;
-  __global const int* blocks = kv_table + slot[t] * bps;
-  __global const half* kc = cache + (size_t)g * 64 * hd;
-  __global const half* vc = kc + (size_t)n_head_kv * 64 * hd;
-  const size_t block_halves = (size_t)2 * n_head_kv * 64 * hd;
-  __global const half* qp = q + ((size_t)t * n_head + h) * hd;
-  // The head's query is the same for every lane: it waits in local memory, not in each lane's registers
-  // (with acc[], a head of 128 would need 256 floats per lane).
-  for (int i = lid; i < HD4; i += lsz) q_local[i] = vload_half4(i, qp);
-  barrier(CLK_LOCAL_MEM_FENCE);
-  float4 acc[HD4];
-  for (int i = 0; i < HD4; ++i) acc[i] = (float4)(0.0f);
-  float m = -INFINITY, l = 0.0f;
-  const int first = (window > 0 ? max(0, pos[t] + 1 - window) : 0) + c * chunk;
-  const int last = min(end, first + chunk);
-  for (int p = first + lid; p < last; p += lsz) {
-    const size_t row = (size_t)blocks[p >> 6] * block_halves + (size_t)(p & 63) * hd;
-    __global const half* kr = kc + row;
-    float sc = 0.0f;
-    for (int i = 0; i < HD4; ++i) sc += dot(q_local[i], vload_half4(i, kr));
-    sc *= scale;
-    const float m_new = fmax(m, sc);
-    const float corr = exp(m - m_new);
-    const float e = exp(sc - m_new);
-    l = l * corr + e;
-    __global const half* vr = vc + row;
-    for (int i = 0; i < HD4; ++i) acc[i] = acc[i] * corr + e * vload_half4(i, vr);
-    m = m_new;
-  }
-  lane_sum[lid] = m;
-  barrier(CLK_LOCAL_MEM_FENCE);
-  float mx = -INFINITY;
-  for (int j = 0; j < lsz; ++j) mx = fmax(mx, lane_sum[j]);
-  const float f = m == -INFINITY ? 0.0f : exp(m - mx);
-  barrier(CLK_LOCAL_MEM_FENCE);
-  lane_sum[lid] = l * f;
-  for (int i = 0; i < HD4; ++i) lane_acc[lid * HD4 + i] = acc[i] * f;
-  barrier(CLK_LOCAL_MEM_FENCE);
+//@ attention_part.store
   __global float4* dst = part + (((size_t)t * n_head + h) * get_global_size(2) + c) * (HD4 + 1);
   for (int i = lid; i < HD4; i += lsz) {
     float4 o = (float4)(0.0f);

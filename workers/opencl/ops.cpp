@@ -364,7 +364,8 @@ KernelTemplate attention_template(int32_t head_dim, TensorFormat out) {
               "int kv_pad", "float scale", "int window", "__local float* lane_sum", "__local float4* lane_acc",
               "__local float4* q_local"};
   k.helpers = define_hd4(head_dim);
-  k.body = kAttentionCl("attention");
+  k.body = join({kAttentionCl("attention.head"), kAttentionCl("attention.all"), kAttentionCl("attention.positions"),
+                 kAttentionCl("attention.store")});
   return k;
 }
 
@@ -376,7 +377,8 @@ KernelTemplate attention_part_template(int32_t head_dim) {
               "int n_head", "int n_head_kv", "int kv_pad", "float scale", "int window", "int chunk",
               "__local float* lane_sum", "__local float4* lane_acc", "__local float4* q_local"};
   k.helpers = define_hd4(head_dim);
-  k.body = kAttentionCl("attention_part");
+  k.body = join({kAttentionCl("attention.head"), kAttentionCl("attention_part.chunk"),
+                 kAttentionCl("attention.positions"), kAttentionCl("attention_part.store")});
   return k;
 }
 
