@@ -8,7 +8,8 @@
 // (and their weights) before it accumulates them, so that U loads are in flight at once. Every (R, U) sums
 // each output in the same order (a lane's slices lid, lid + lanes, ... one after the other, then the same
 // tree), so gives the same bits (Ops::DecodeShape).
-// INFERD_X(si) reads input slice si of token t (Ops::DecodeNorm: normalized on the way, decode.norm).
+// INFERD_X(si) reads input slice si of token t (Ops::DecodeNorm: normalized on the way, decode.norm);
+// INFERD_N_SO is the output's slices (y's, or Q|K|V's for decode.store_rope_kv).
 // H = @halves@ matrix slices per output slice: 1 (y = W x), or 2 for a stacked gate|up matrix (2F rows)
 // whose output y has F: output slice j sums matrix slices j (gate) and S_O + j (up), each as for H = 1, and
 // a store section writes y: decode.store (the sum, with INFERD_OUT's residual) or decode.store_swiglu
@@ -19,7 +20,7 @@
   const int so0 = get_group_id(0) * @slices@;
   const int t = get_global_id(1);
   const int n_si = $x.Slices();
-  const int n_so = $y.Slices();
+  const int n_so = INFERD_N_SO;  // output slices (of each half)
   const int n_r = min(@slices@, n_so - so0);  // the last group's slices may run past S_O
 @norm@  float4 r[@ahead@][4];
   float4 xv[@ahead@];
@@ -77,6 +78,36 @@
 
 //@ decode.store
   if (lid < n_r) $y.Write(INFERD_OUT(scratch[lid * lsz], t, so0 + lid), t, 0, so0 + lid);
+//@ end
+
+// decode.store_rope_kv: the stacked Q|K|V matmul of a decode step writing what rope_kv's normal RoPE writes
+// (Ops::matmul_rope_kv): output slice so is slice s of a Q, K or V head; its sum plus the bias is rotated as
+// rope_kv.normal rotates it (Q and K; Q times q_scale) and stored as halves to q_out or the token's cache row.
+//@ decode.store_rope_kv
+  if (lid < n_r) {
+    const int so = so0 + lid;
+    const int hd4 = head_dim / 4;
+    const int e4 = n_head * hd4, ekv4 = n_head_kv * hd4;
+    const float4 x = scratch[lid * lsz] + inferd_bias(bias, 4 * so);
+    const int part = so < e4 ? 0 : so < e4 + ekv4 ? 1 : 2;  // Q, K, V
+    const int c = part == 0 ? so : part == 1 ? so - e4 : so - e4 - ekv4;
+    const int head = c / hd4, s = c % hd4;
+    const int p = pos[t];
+    const int block = part == 0 ? 0 : kv_table[slot[t] * bps + (p >> 6)];
+    __global half* kv_row = cache + ((((size_t)block * 2) * n_head_kv + head) * 64 + (p & 63)) * head_dim;
+    if (part == 2) {
+      vstore_half4(x, s, kv_row + (size_t)n_head_kv * 64 * head_dim);
+    } else {
+      const float4 cs = vload4(s, rope + (size_t)t * head_dim);  // angles 2s and 2s + 1
+      float4 o;
+      o.x = fma(x.x, cs.x, -(x.y * cs.y));
+      o.y = fma(x.x, cs.y, x.y * cs.x);
+      o.z = fma(x.z, cs.z, -(x.w * cs.w));
+      o.w = fma(x.z, cs.w, x.w * cs.z);
+      if (part == 0 && q_scale > 0.0f) o = o * q_scale;
+      vstore_half4(o, s, part == 0 ? q_out + ((size_t)t * n_head + head) * head_dim : kv_row);
+    }
+  }
 //@ end
 
 //@ decode.store_swiglu

@@ -1423,6 +1423,108 @@ TEST(BackendOps, MatmulWithNormEqualsRmsNormThenMatmul) {
   EXPECT_GT(compared, 0);
 }
 
+// The stacked Q|K|V decode matmul with rope_kv in its store (Ops::matmul_rope_kv) writes the Q halves and the
+// cache rows matmul() then rope_kv() write, bit for bit: heads of 8 and 64, one and three tokens in two slots
+// (positions in the first and second KV block), with and without biases and a Q scale, one and four slices per
+// work-group. NeoX RoPE is refused, as are weights that are not Q|K|V.
+TEST(BackendOps, MatmulRopeKvEqualsMatmulThenRopeKv) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  int compared = 0;
+  uint32_t seed = 1600;
+  for (int32_t head_dim : {8, 64}) {
+    AttentionGeometry g;
+    g.n_head = 4;
+    g.n_head_kv = 2;
+    g.head_dim = head_dim;
+    g.n_slots = 2;
+    g.n_ctx = 80;
+    const int32_t bps = g.blocks_per_slot();
+    g.n_blocks = 2 * bps + 1;
+    g.rope_base = 10000.0f;
+    g.rope_mode = RopeMode::kNormal;
+    std::vector<int32_t> table;
+    for (int32_t sl = 0; sl < 2; ++sl) {
+      for (int32_t i = 0; i < bps; ++i) table.push_back(g.n_blocks - 1 - (2 * i + sl));
+    }
+    const int64_t k = 96, rows = g.n_embd() + 2 * g.n_embd_kv();
+    const RandomWeights rw = random_weights(DType::kQ4_0, rows, k, seed++);
+    auto w = MatmulWeights::upload(*rt, DType::kQ4_0, rows, k, rw.bytes.data());
+    ASSERT_TRUE(w.is_ok()) << w.status().to_string();
+    const std::vector<float> bias_values = random_values(rows, seed++, -0.5f, 0.5f);
+    auto bias = rt->create_buffer(bias_values.size() * sizeof(float), CL_MEM_READ_ONLY, bias_values.data());
+    auto table_buf = rt->create_buffer(table.size() * sizeof(int32_t), CL_MEM_READ_ONLY, table.data());
+    ASSERT_TRUE(bias.is_ok() && table_buf.is_ok());
+    for (int32_t tokens : {1, 3}) {
+      const std::vector<int32_t> pos = std::vector<int32_t>{70, 5, 0}, slots = {1, 0, 1};
+      const std::vector<int32_t> p(pos.begin(), pos.begin() + tokens), sl(slots.begin(), slots.begin() + tokens);
+      const std::vector<float> trig = rope_table(p, head_dim, g.rope_base);
+      auto pos_buf = rt->create_buffer(p.size() * sizeof(int32_t), CL_MEM_READ_ONLY, p.data());
+      auto slot_buf = rt->create_buffer(sl.size() * sizeof(int32_t), CL_MEM_READ_ONLY, sl.data());
+      auto rope_buf = rt->create_buffer(trig.size() * sizeof(float), CL_MEM_READ_ONLY, trig.data());
+      ASSERT_TRUE(pos_buf.is_ok() && slot_buf.is_ok() && rope_buf.is_ok());
+      const TokenPlacement placement{pos_buf->get(), slot_buf->get(), rope_buf->get(), table_buf->get()};
+      const std::vector<float> xv = random_values(int64_t{tokens} * k, seed++);
+      auto x = Tensor::allocate(*rt, TensorDescriptor(Bhwc{1, 1, tokens, static_cast<int32_t>(k)}, StorageType::kBuffer));
+      auto y = Tensor::allocate(*rt, TensorDescriptor(Bhwc{1, 1, tokens, static_cast<int32_t>(rows)}, StorageType::kBuffer));
+      ASSERT_TRUE(x.is_ok() && y.is_ok());
+      ASSERT_TRUE(upload(*rt, x.value(), xv).is_ok());
+      const size_t q_bytes = static_cast<size_t>(tokens) * static_cast<size_t>(g.n_embd()) * 2;
+      for (const DecodeShape& shape : {DecodeShape{1, 1}, DecodeShape{4, 1}}) {
+        for (const bool with_bias : {false, true}) {
+          for (const float q_scale : {0.0f, 0.375f}) {
+            SCOPED_TRACE("head_dim " + std::to_string(head_dim) + " tokens " + std::to_string(tokens) + " " +
+                         shape.to_string() + (with_bias ? " bias" : "") + " q_scale " + std::to_string(q_scale));
+            Ops ops(*rt);
+            ops.set_decode_shape(shape);
+            const std::vector<uint8_t> zeros(std::max(g.layer_cache_bytes(), q_bytes), 0);
+            std::vector<uint8_t> q_out[2], cache_out[2];
+            for (int fused = 0; fused < 2; ++fused) {
+              auto q = rt->create_buffer(q_bytes, CL_MEM_READ_WRITE, zeros.data());
+              auto cache = rt->create_buffer(g.layer_cache_bytes(), CL_MEM_READ_WRITE, zeros.data());
+              ASSERT_TRUE(q.is_ok() && cache.is_ok());
+              cl_mem b = with_bias ? bias->get() : nullptr;
+              Status st;
+              if (fused == 1) {
+                st = ops.matmul_rope_kv(w.value(), x.value(), nullptr, g, b, placement, q->get(), cache->get(), q_scale);
+              } else {
+                st = ops.matmul(w.value(), x.value(), y.value(), MatmulVariant::kDecode);
+                const int32_t e4 = g.n_embd() / 4, ekv4 = g.n_embd_kv() / 4;
+                if (st) {
+                  st = ops.rope_kv(g, {&y.value(), 0}, {&y.value(), e4}, {&y.value(), e4 + ekv4}, b, placement, q->get(),
+                                   cache->get(), q_scale);
+                }
+              }
+              ASSERT_TRUE(st.is_ok()) << st.to_string();
+              q_out[fused].resize(q_bytes);
+              cache_out[fused].resize(g.layer_cache_bytes());
+              ASSERT_TRUE(rt->read_buffer(q->get(), 0, q_bytes, q_out[fused].data()).is_ok());
+              ASSERT_TRUE(rt->read_buffer(cache->get(), 0, cache_out[fused].size(), cache_out[fused].data()).is_ok());
+            }
+            EXPECT_EQ(q_out[0], q_out[1]) << "Q";
+            EXPECT_EQ(cache_out[0], cache_out[1]) << "cache";
+            EXPECT_NE(cache_out[1], std::vector<uint8_t>(cache_out[1].size(), 0)) << "the rows were written";
+            ++compared;
+          }
+        }
+      }
+      // NeoX pairs span work-groups; weights of another height are not Q|K|V.
+      Ops ops(*rt);
+      AttentionGeometry neox = g;
+      neox.rope_mode = RopeMode::kNeox;
+      auto q = rt->create_buffer(q_bytes);
+      auto cache = rt->create_buffer(g.layer_cache_bytes());
+      ASSERT_TRUE(q.is_ok() && cache.is_ok());
+      EXPECT_EQ(ops.matmul_rope_kv(w.value(), x.value(), nullptr, neox, nullptr, placement, q->get(), cache->get()).code(),
+                Code::kUnimplemented);
+      AttentionGeometry wider = g;
+      wider.n_head = 8;
+      EXPECT_EQ(ops.matmul_rope_kv(w.value(), x.value(), nullptr, wider, nullptr, placement, q->get(), cache->get()).code(),
+                Code::kInvalidArgument);
+    }
+  }
+  EXPECT_GT(compared, 0);
+}
+
 TEST(BackendOps, DecodeShapesParseAndPrint) {
   EXPECT_EQ(DecodeShape{}.to_string(), "1x1");
   for (const DecodeShape& shape : decode_shape_candidates()) {

@@ -159,11 +159,13 @@ struct OpenClBackend::Impl {
     int rope = -1;                      // kRopeKv: its angles (ropes)
     float q_scale = 0.0f;               // kRopeKv: the attention's scale of Q (0: none)
     bool geglu = false;                 // kGateUp: GeGLU, else SwiGLU
-    // Float decode steps fold an RMSNorm into the matmuls that read it (Ops::DecodeNorm): the norm node is
-    // `folded` (it runs in prefill steps only) and each reader names it in `norm` (kMatmul, kGateUp and
-    // the Q|K|V matmuls stacked with them).
+    // Float decode steps fold an RMSNorm into the matmuls that read it (Ops::DecodeNorm), and a layer's
+    // rope_kv into its stacked Q|K|V matmul (Ops::matmul_rope_kv): the folded node runs in prefill steps
+    // only; a reader names its norm in `norm` (kMatmul, kGateUp and the Q|K|V matmuls stacked with them),
+    // the stacked Q|K|V matmul its rope_kv node in `rope_kv`.
     bool folded = false;
     int norm = -1;
+    int rope_kv = -1;
   };
   std::vector<NodePlan> plan;
   std::vector<ClMem> caches;  // per layer of the graph
@@ -486,9 +488,13 @@ Status OpenClBackend::Impl::plan_graph(const Graph& g) {
         np.action = Action::kMatmul;
         // Q|K|V read by one rope_kv, of one input and type: one stacked matmul into one tensor.
         const Node* reader = nullptr;
+        size_t reader_at = 0;
         for (size_t j = ni + 1; j < n_nodes && reader == nullptr; ++j) {
           const Node& m = g.nodes()[j];
-          if (m.op == Op::kRopeKv && m.in[0] == n.out[0]) reader = &m;
+          if (m.op == Op::kRopeKv && m.in[0] == n.out[0]) {
+            reader = &m;
+            reader_at = j;
+          }
         }
         if (reader != nullptr) {
           const int pk = g.producer(reader->in[1]), pv = g.producer(reader->in[2]);
@@ -510,6 +516,10 @@ Status OpenClBackend::Impl::plan_graph(const Graph& g) {
             home(n.out[0], p, 0);
             home(k->out[0], p, e4);
             home(v->out[0], p, e4 + ekv4);
+            if (!exact() && opt.fuse && geometry.rope_mode == RopeMode::kNormal) {
+              np.rope_kv = static_cast<int>(reader_at);
+              plan[reader_at].folded = true;
+            }
             break;
           }
         }
@@ -1102,6 +1112,19 @@ Status OpenClBackend::Impl::run_node(const Graph& g, size_t ni, const graph::Ste
     case Action::kMatmul: {
       const TensorSlice s = slice(n.out[0]);
       INFERD_ASSERT(s.first_slice == 0);
+      if (np.rope_kv >= 0 && decode) {  // Q|K|V with the layer's rope_kv in the store
+        const NodePlan& rp = plan[static_cast<size_t>(np.rope_kv)];
+        TokenPlacement placed = tokens;
+        placed.rope = ropes[static_cast<size_t>(rp.rope)].table.get();
+        const Status fused = ops->matmul_rope_kv(*np.w, dev(in0), norm, geometry, rp.bias.get(), placed, q_half.get(),
+                                                 caches[static_cast<size_t>(rp.cache)].get(), rp.q_scale);
+        if (fused.code() != Code::kOutOfRange) return fused;
+        // A decode shape the kernel cannot launch: the matmul, then rope_kv.
+        INFERD_RETURN_IF_ERROR(matmul(*np.w, in0, dev(n.out[0]), t_count, nullptr, norm));
+        const Node& rn = g.nodes()[static_cast<size_t>(np.rope_kv)];
+        return ops->rope_kv(geometry, slice(rn.in[0]), slice(rn.in[1]), slice(rn.in[2]), rp.bias.get(), placed,
+                            q_half.get(), caches[static_cast<size_t>(rp.cache)].get(), rp.q_scale);
+      }
       return matmul(*np.w, in0, dev(n.out[0]), t_count, nullptr, norm);
     }
     case Action::kMatmulAdd: return matmul(*np.w, n.in[0], dev(n.out[0]), t_count, &dev(n.in[3]));
@@ -1125,6 +1148,7 @@ Status OpenClBackend::Impl::run_node(const Graph& g, size_t ni, const graph::Ste
       return exact() ? ops->swiglu_exact(a, b, h) : ops->swiglu(a, b, h);
     }
     case Action::kRopeKv: {
+      if (np.folded && decode) return Status::ok();  // its Q|K|V matmul wrote what it writes
       TokenPlacement placed = tokens;
       placed.rope = ropes[static_cast<size_t>(np.rope)].table.get();
       return ops->rope_kv(geometry, slice(n.in[0]), slice(n.in[1]), slice(n.in[2]), np.bias.get(), placed, q_half.get(),

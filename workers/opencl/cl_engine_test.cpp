@@ -963,38 +963,45 @@ TEST_F(ClEngineSyntheticTest, AStepWaitsForTheDeviceOnce) {
 // The fused kernels save launches: matmul_add (the residual added in the matmul's store) one per attention
 // output and per FFN down projection, two per layer; with float numerics a decode step's stacked gate|up
 // matmul computes SwiGLU in its store, one more where a layer's gate and up share a type (the second layer
-// here), and the matmuls that read a layer's two RMSNorms normalize as they read (Ops::DecodeNorm), two
-// more. The exact logits are the unfused engine's bit for bit; the float ones agree to float rounding (the
-// folded norm sums the squares in each matmul's work-group: on PoCL in the norm kernel's order, so equal).
+// here), the matmuls that read a layer's two RMSNorms normalize as they read (Ops::DecodeNorm), two more,
+// and with llama's normal RoPE a stacked Q|K|V matmul writes what rope_kv writes (Ops::matmul_rope_kv), one
+// more where Q, K and V share a type (the second layer; qwen2's NeoX RoPE keeps its rope_kv). The exact logits
+// are the unfused engine's bit for bit; the float ones agree to float rounding (the folded norm sums the
+// squares in each matmul's work-group: on PoCL in the norm kernel's order).
 TEST_F(ClEngineSyntheticTest, FusedKernelsSaveLaunches) {
-  auto model = tiny_model("qwen2", DType::kQ8_0, DType::kF16, kMixedLayers);
-  ASSERT_NE(model, nullptr);
-  for (Numerics numerics : {Numerics::kExact, Numerics::kFloat}) {
-    SCOPED_TRACE(numerics_name(numerics));
-    std::vector<float> logits[2];
-    int64_t launches[2] = {0, 0};
-    for (int fused = 0; fused < 2; ++fused) {
-      ClEngineOptions o = tiny_options();
-      o.numerics = numerics;
-      o.activation_type = DataType::kFloat32;
-      o.fuse = fused == 1;
-      auto e = make_with(model, o);
-      ASSERT_TRUE(e.is_ok()) << e.status().to_string();
-      logits[fused] = prefill_then_decode(*e.value(), kTinyTokens);
-      const int64_t before = e.value()->stats().launches;
-      auto d = e.value()->eval(0, std::span<const int32_t>(&kTinyTokens[0], 1));
-      ASSERT_TRUE(d.is_ok()) << d.status().to_string();
-      launches[fused] = e.value()->stats().launches - before;
-    }
-    std::printf("[cl-engine] %s numerics: %lld kernel launches per decode step unfused, %lld fused\n",
-                numerics_name(numerics), static_cast<long long>(launches[0]), static_cast<long long>(launches[1]));
-    EXPECT_EQ(launches[0] - launches[1], 2 * 2 + (numerics == Numerics::kFloat ? 1 + 2 * 2 : 0));  // two layers
-    if (numerics == Numerics::kExact) {
-      EXPECT_EQ(logits[0], logits[1]);
-    } else {
-      ASSERT_EQ(logits[0].size(), logits[1].size());
-      const auto [lo, hi] = std::minmax_element(logits[0].begin(), logits[0].end());
-      EXPECT_LE(max_abs_diff(logits[0], logits[1]), 1e-5f * (*hi - *lo));
+  for (const char* arch : {"qwen2", "llama"}) {
+    SCOPED_TRACE(arch);
+    auto model = tiny_model(arch, DType::kQ8_0, DType::kF16, kMixedLayers);
+    ASSERT_NE(model, nullptr);
+    for (Numerics numerics : {Numerics::kExact, Numerics::kFloat}) {
+      SCOPED_TRACE(numerics_name(numerics));
+      std::vector<float> logits[2];
+      int64_t launches[2] = {0, 0};
+      for (int fused = 0; fused < 2; ++fused) {
+        ClEngineOptions o = tiny_options();
+        o.numerics = numerics;
+        o.activation_type = DataType::kFloat32;
+        o.fuse = fused == 1;
+        auto e = make_with(model, o);
+        ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+        logits[fused] = prefill_then_decode(*e.value(), kTinyTokens);
+        const int64_t before = e.value()->stats().launches;
+        auto d = e.value()->eval(0, std::span<const int32_t>(&kTinyTokens[0], 1));
+        ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+        launches[fused] = e.value()->stats().launches - before;
+      }
+      std::printf("[cl-engine] %s, %s numerics: %lld kernel launches per decode step unfused, %lld fused\n", arch,
+                  numerics_name(numerics), static_cast<long long>(launches[0]), static_cast<long long>(launches[1]));
+      const bool llama = std::string(arch) == "llama";
+      EXPECT_EQ(launches[0] - launches[1],
+                2 * 2 + (numerics == Numerics::kFloat ? 1 + 2 * 2 + (llama ? 1 : 0) : 0));  // two layers
+      if (numerics == Numerics::kExact) {
+        EXPECT_EQ(logits[0], logits[1]);
+      } else {
+        ASSERT_EQ(logits[0].size(), logits[1].size());
+        const auto [lo, hi] = std::minmax_element(logits[0].begin(), logits[0].end());
+        EXPECT_LE(max_abs_diff(logits[0], logits[1]), 1e-5f * (*hi - *lo));
+      }
     }
   }
 }

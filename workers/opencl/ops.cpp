@@ -238,28 +238,47 @@ constexpr size_t kTileGroup = 16, kTileTokens = 64, kTileFloat4s = 512;
 
 // The float decode matmul (matmul_float.cl's decode) in `shape`: y = W x (+ residual), or with `swiglu`
 // y = silu(gate) * up of a stacked gate|up W (Ops::matmul_swiglu).
+// What a float decode kernel's store writes: y = W x (+ residual), silu(gate) * up of a stacked gate|up W
+// (Ops::matmul_swiglu), or rope_kv's outputs of a stacked Q|K|V W (Ops::matmul_rope_kv; no y tensor).
+enum class DecodeStore { kPlain, kSwiglu, kRopeKv };
+
 // `norm`: the format of an RMSNorm's weight folded into the loads of x (Ops::DecodeNorm).
-KernelTemplate decode_template(DType type, TensorFormat x, TensorFormat y, DecodeShape shape, bool swiglu,
-                               const std::optional<TensorFormat>& residual,
+KernelTemplate decode_template(DType type, TensorFormat x, std::optional<TensorFormat> y, DecodeShape shape,
+                               DecodeStore store, const std::optional<TensorFormat>& residual,
                                const std::optional<TensorFormat>& norm = std::nullopt) {
+  const bool swiglu = store == DecodeStore::kSwiglu;
   KernelTemplate k;
-  k.name = swiglu ? "matmul_decode_swiglu" : "matmul_decode";
-  k.tensors = {{"x", x, Access::kRead}, {"y", y, Access::kWrite}};
+  k.name = swiglu ? "matmul_decode_swiglu" : store == DecodeStore::kRopeKv ? "matmul_decode_rope_kv" : "matmul_decode";
+  k.tensors = {{"x", x, Access::kRead}};
+  if (y) k.tensors.push_back({"y", *y, Access::kWrite});
   if (norm) k.tensors.push_back({"nw", *norm, Access::kRead});
   k.params = weight_params(type);
   if (norm) k.params.push_back("float eps");
+  if (store == DecodeStore::kRopeKv) {
+    for (const char* p : {"__global const float* bias", "__global const int* pos", "__global const int* slot",
+                          "__global const float* rope", "int n_head", "int n_head_kv", "int head_dim",
+                          "__global const int* kv_table", "int bps", "__global half* q_out", "__global half* cache",
+                          "float q_scale"}) {
+      k.params.push_back(p);
+    }
+  }
   k.params.push_back("__local float4* scratch");
-  k.helpers = join({kWeightsCl("codes"), weight_loader("w_load", type), swiglu ? kHelpersCl("float_silu") : ""});
+  k.helpers = join({kWeightsCl("codes"), weight_loader("w_load", type), swiglu ? kHelpersCl("float_silu") : "",
+                    store == DecodeStore::kRopeKv ? kRopeKvCl("rope_kv.helpers") : ""});
   const std::string slices = std::to_string(shape.slices);
+  const std::string store_text = swiglu                               ? kMatmulFloatCl("decode.store_swiglu", {{"slices", slices}})
+                                 : store == DecodeStore::kRopeKv ? std::string(kMatmulFloatCl("decode.store_rope_kv"))
+                                                                 : std::string(kMatmulFloatCl("decode.store"));
   k.body = kMatmulFloatCl("decode", {{"slices", slices},
                                      {"ahead", std::to_string(shape.ahead)},
                                      {"halves", swiglu ? "2" : "1"},
                                      {"norm", norm ? std::string(kMatmulFloatCl("decode.norm")) : std::string()}}) +
-           (swiglu ? kMatmulFloatCl("decode.store_swiglu", {{"slices", slices}}) : std::string(kMatmulFloatCl("decode.store")));
+           store_text;
   k.body = std::string(norm ? "#define INFERD_X(inferd_si) ($x.Read(t, 0, (inferd_si)) * inferd_scale * $nw.Read(0, 0, (inferd_si)))\n"
                             : "#define INFERD_X(inferd_si) $x.Read(t, 0, (inferd_si))\n") +
+           (y ? "#define INFERD_N_SO $y.Slices()\n" : "#define INFERD_N_SO ((n_head + 2 * n_head_kv) * (head_dim / 4))\n") +
            k.body;
-  if (!swiglu) with_residual(k, residual);
+  if (store == DecodeStore::kPlain) with_residual(k, residual);
   return k;
 }
 
@@ -267,7 +286,7 @@ KernelTemplate decode_template(DType type, TensorFormat x, TensorFormat y, Decod
 // or kTiledPrefill.
 KernelTemplate matmul_template(DType type, MatmulVariant variant, TensorFormat x, TensorFormat y, DecodeShape shape,
                                int prefill_tokens, const std::optional<TensorFormat>& residual) {
-  if (variant == MatmulVariant::kDecode) return decode_template(type, x, y, shape, false, residual);
+  if (variant == MatmulVariant::kDecode) return decode_template(type, x, y, shape, DecodeStore::kPlain, residual);
   KernelTemplate k;
   k.name = "matmul_prefill";
   k.tensors = {{"x", x, Access::kRead}, {"y", y, Access::kWrite}};
@@ -1399,7 +1418,8 @@ Status Ops::matmul(const MatmulWeights& w, const Tensor& x, Tensor& y, MatmulVar
                       (residual ? "+res" + storage_key({residual}) : ""),
                   [&] {
                     if (norm) {
-                      return decode_template(w.type(), x.format(), y.format(), shape, false, res, norm->weight->format());
+                      return decode_template(w.type(), x.format(), y.format(), shape, DecodeStore::kPlain, res,
+                                             norm->weight->format());
                     }
                     return matmul_template(w.type(), variant, x.format(), y.format(), shape, prefill_tokens, res);
                   });
@@ -1457,7 +1477,7 @@ Status Ops::matmul_swiglu(const MatmulWeights& w, const Tensor& x, Tensor& dst, 
   auto k = kernel(std::string("matmul_swiglu_") + dtype_name(w.type()) + "_" + shape.to_string() + storage_key({&x, &dst}) +
                       (norm ? "+norm" + storage_key({norm->weight}) : ""),
                   [&] {
-                    return decode_template(w.type(), x.format(), dst.format(), shape, true, std::nullopt,
+                    return decode_template(w.type(), x.format(), dst.format(), shape, DecodeStore::kSwiglu, std::nullopt,
                                            norm ? std::optional(norm->weight->format()) : std::nullopt);
                   });
   if (!k) return k.status();
@@ -1467,6 +1487,47 @@ Status Ops::matmul_swiglu(const MatmulWeights& w, const Tensor& x, Tensor& dst, 
   args.weights(w);
   if (norm) args.value(norm->eps);
   return launch_decode(*k.value(), args, 2, ds.slices(), xs.w, false);
+}
+
+Status Ops::matmul_rope_kv(const MatmulWeights& w, const Tensor& x, const DecodeNorm* norm, const AttentionGeometry& g,
+                           cl_mem bias, const TokenPlacement& tokens, cl_mem q_out, cl_mem cache, float q_scale) {
+  INFERD_RETURN_IF_ERROR(g.check());
+  const Bhwc& xs = x.shape();
+  const int64_t qkv = int64_t{g.n_embd()} + 2 * int64_t{g.n_embd_kv()};
+  if (xs.b != 1 || xs.h != 1 || xs.c != w.k() || w.rows() != qkv || choose_matmul_variant(xs.w) != MatmulVariant::kDecode) {
+    return make_error(Code::kInvalidArgument, "matmul_rope_kv: weights %lld x %lld, x %s (Q|K|V of %lld rows, a decode step)",
+                      static_cast<long long>(w.rows()), static_cast<long long>(w.k()), xs.to_string().c_str(),
+                      static_cast<long long>(qkv));
+  }
+  if (g.rope_mode != RopeMode::kNormal) {
+    return Status(Code::kUnimplemented, "matmul_rope_kv: NeoX RoPE pairs channels of other work-groups");
+  }
+  if (norm != nullptr) INFERD_RETURN_IF_ERROR(check_norm("matmul_rope_kv", x, MatmulVariant::kDecode, *norm));
+  const size_t t = static_cast<size_t>(xs.w);
+  INFERD_RETURN_IF_ERROR(require_bytes(tokens.positions, t * sizeof(cl_int), "matmul_rope_kv positions"));
+  INFERD_RETURN_IF_ERROR(require_bytes(tokens.slots, t * sizeof(cl_int), "matmul_rope_kv slots"));
+  INFERD_RETURN_IF_ERROR(require_bytes(tokens.rope, t * static_cast<size_t>(g.head_dim) * sizeof(float), "matmul_rope_kv rope"));
+  INFERD_RETURN_IF_ERROR(require_bytes(tokens.kv_table, table_bytes(g), "matmul_rope_kv KV table"));
+  INFERD_RETURN_IF_ERROR(require_bytes(q_out, t * static_cast<size_t>(g.n_embd()) * 2, "matmul_rope_kv q_out"));
+  INFERD_RETURN_IF_ERROR(require_bytes(cache, g.layer_cache_bytes(), "matmul_rope_kv cache"));
+  if (bias != nullptr) INFERD_RETURN_IF_ERROR(require_bytes(bias, static_cast<size_t>(qkv) * sizeof(float), "matmul_rope_kv bias"));
+  const DecodeShape shape = decode_shape_;
+  auto k = kernel(std::string("matmul_rope_kv_") + dtype_name(w.type()) + "_" + shape.to_string() + storage_key({&x}) +
+                      (norm ? "+norm" + storage_key({norm->weight}) : ""),
+                  [&] {
+                    return decode_template(w.type(), x.format(), std::nullopt, shape, DecodeStore::kRopeKv, std::nullopt,
+                                           norm ? std::optional(norm->weight->format()) : std::nullopt);
+                  });
+  if (!k) return k.status();
+  KernelArgs args = new_args(*k.value());
+  args.tensor(x);
+  if (norm) args.tensor(*norm->weight);
+  args.weights(w);
+  if (norm) args.value(norm->eps);
+  args.buffer(bias).buffer(tokens.positions).buffer(tokens.slots).buffer(tokens.rope);
+  args.value(cl_int{g.n_head}).value(cl_int{g.n_head_kv}).value(cl_int{g.head_dim});
+  args.buffer(tokens.kv_table).value(cl_int{g.blocks_per_slot()}).buffer(q_out).buffer(cache).value(q_scale);
+  return launch_decode(*k.value(), args, 1, w.out_slices(), xs.w, false);
 }
 
 Status Ops::launch_decode(const Kernel& k, KernelArgs& args, int halves, int32_t out_slices, int32_t tokens,

@@ -337,6 +337,13 @@ class Ops {
   // the gate|up tensor. kOutOfRange where the device cannot give the decode kernel's lanes to this one
   // (the caller runs the two instead).
   Status matmul_swiglu(const MatmulWeights& w, const Tensor& x, Tensor& dst, const DecodeNorm* norm = nullptr);
+  // The stacked Q|K|V matmul of a decode step (float numerics, W of n_embd + 2 * n_embd_kv rows) with
+  // rope_kv() in its store: Q rotated (and scaled by q_scale) to `q_out` as halves, K rotated and V into
+  // the cache rows of the tokens' slots and positions, each output plus its `bias` first — rope_kv's bits
+  // from matmul()'s sums, without the Q|K|V tensor and rope_kv's launch. Normal RoPE only (a NeoX pair
+  // spans two work-groups: kUnimplemented); `norm` as for matmul().
+  Status matmul_rope_kv(const MatmulWeights& w, const Tensor& x, const DecodeNorm* norm, const AttentionGeometry& g,
+                        cl_mem bias, const TokenPlacement& tokens, cl_mem q_out, cl_mem cache, float q_scale = 0.0f);
 
   // ---- The forward pass's own ops (ClEngine) ----
   //
@@ -369,8 +376,8 @@ class Ops {
   // Causal attention of T tokens (out: 1x1xTxn_embd) over their slots' cache rows: the KV length is
   // padded to `kv_pad` (a multiple of the engine's pad step, >= every token's position + 1) and the
   // positions past a token's own are masked. One work-group per (token, head), its lanes splitting the
-  // positions in an online softmax; launch shapes do not depend on the KV length. Probabilities stay
-  // float (llama.cpp rounds them to half; see the kernel).
+  // positions in an online softmax; without partials the launch shape does not depend on the KV length.
+  // Probabilities stay float (llama.cpp rounds them to half; see the kernel).
   // window > 0: a sliding window, only the last `window` positions (the token's own included) attended to.
   // partials (attention_partials_bytes): with attention_chunk() > 0, a pass of at most
   // kMaxSplitAttentionTokens tokens whose kv_pad exceeds a chunk runs split over the positions: a
