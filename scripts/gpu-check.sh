@@ -155,7 +155,8 @@ run() {
   # measured at load in a fresh cache, decode steps replayed, the attention split over positions) with a
   # profile (device time per kernel, the device's idle time, the host's time per launch); then, with the
   # measured storage and shape forced (another configuration would be timed again and might choose
-  # otherwise), each default turned off in turn, other attention chunks, and 8 prefill tokens per work-item.
+  # otherwise), the fusions off, other attention chunks, and per model the replay and the split attention off
+  # (small models) or 8 prefill tokens per work-item (8B).
   if ! skip opencl_speed && [ -f "$out/icd/nvidia.icd" ]; then
     local clcache pinned
     clcache=$(mktemp -d)
@@ -167,9 +168,10 @@ run() {
       pinned=$(sed -n 's/^storage: \([a-z0-9_]*\), decode matmul \([0-9]*x[0-9]*\).*/--storage \1 --decode-shape \2/p' \
         "$out/opencl-bench-$m.txt")
       [ -n "$pinned" ] || continue
-      local variant
-      for variant in "--no-replay" "--no-fuse" "--attention-chunk 0" "--attention-chunk 32" "--attention-chunk 128" \
-                     "--prefill-tokens 8"; do
+      local variant variants=("--no-fuse" "--attention-chunk 32" "--attention-chunk 128")
+      # The 8B shape is device-bound (replay changed nothing there) and only it gained from 8 prefill tokens.
+      if [ "$m" = 8b-q4_0 ]; then variants+=("--prefill-tokens 8"); else variants+=("--no-replay" "--attention-chunk 0"); fi
+      for variant in "${variants[@]}"; do
         local n=128 tag=${variant// /}
         [[ $variant == --prefill-tokens* ]] && n=4
         # shellcheck disable=SC2086
