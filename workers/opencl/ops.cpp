@@ -391,9 +391,9 @@ KernelTemplate attention_template(int32_t head_dim, TensorFormat out) {
 KernelTemplate attention_part_template(int32_t head_dim) {
   KernelTemplate k;
   k.name = "attention_part";
-  k.params = {"__global float4* part", "__global const half* q", "__global const half* cache",
+  k.params = {"__global float4* part", "int chunk", "__global const half* q", "__global const half* cache",
               "__global const int* pos", "__global const int* slot", "__global const int* kv_table", "int bps",
-              "int n_head", "int n_head_kv", "int kv_pad", "float scale", "int window", "int chunk",
+              "int n_head", "int n_head_kv", "int kv_pad", "float scale", "int window",
               "__local float* lane_sum", "__local float4* lane_acc", "__local float4* q_local"};
   k.helpers = define_hd4(head_dim);
   k.body = join({kAttentionCl("attention.head"), kAttentionCl("attention_part.chunk"),
@@ -1718,21 +1718,32 @@ Status Ops::attention(const AttentionGeometry& g, cl_mem q, const TokenPlacement
   auto k = kernel("attention_hd" + std::to_string(g.head_dim) + storage_key({&out}),
                   [&] { return attention_template(g.head_dim, out.format()); });
   if (!k) return k.status();
-  // Lanes within the kernel's limit and half the local memory: each keeps a float and a head.
-  const size_t per_lane = sizeof(float) + static_cast<size_t>(g.head_dim) * sizeof(float);
-  const uint64_t local = rt_.info().local_mem_bytes;
-  size_t lanes = group_size(*k.value());
-  while (lanes > 1 && local > 0 && lanes * per_lane > local / 2) lanes /= 2;
+  const size_t lanes = attention_lanes(*k.value(), g.head_dim);
   KernelArgs args = new_args(*k.value());
-  args.tensor(out).buffer(q).buffer(cache).buffer(tokens.positions).buffer(tokens.slots);
-  args.buffer(tokens.kv_table).value(cl_int{g.blocks_per_slot()});
-  args.value(cl_int{g.n_head}).value(cl_int{g.n_head_kv}).value(cl_int{kv_pad}).value(scale).value(cl_int{window});
-  args.local(lanes * sizeof(float)).local(lanes * static_cast<size_t>(g.head_dim) * sizeof(float));
-  args.local(static_cast<size_t>(g.head_dim) * sizeof(float));  // the query
+  args.tensor(out);
+  bind_attention(args, g, q, tokens, kv_pad, scale, cache, window, lanes);
   INFERD_RETURN_IF_ERROR(args.status());
   const size_t global[2] = {lanes * static_cast<size_t>(g.n_head), t};
   const size_t local_size[2] = {lanes, 1};
   return launch(*k.value(), 2, global, local_size);
+}
+
+size_t Ops::attention_lanes(const Kernel& k, int32_t head_dim) const {
+  // Within the kernel's limit and half the local memory: each lane keeps a float and a head.
+  const size_t per_lane = sizeof(float) + static_cast<size_t>(head_dim) * sizeof(float);
+  const uint64_t local = rt_.info().local_mem_bytes;
+  size_t lanes = group_size(k);
+  while (lanes > 1 && local > 0 && lanes * per_lane > local / 2) lanes /= 2;
+  return lanes;
+}
+
+void Ops::bind_attention(KernelArgs& args, const AttentionGeometry& g, cl_mem q, const TokenPlacement& tokens,
+                         int32_t kv_pad, float scale, cl_mem cache, int32_t window, size_t lanes) {
+  args.buffer(q).buffer(cache).buffer(tokens.positions).buffer(tokens.slots);
+  args.buffer(tokens.kv_table).value(cl_int{g.blocks_per_slot()});
+  args.value(cl_int{g.n_head}).value(cl_int{g.n_head_kv}).value(cl_int{kv_pad}).value(scale).value(cl_int{window});
+  args.local(lanes * sizeof(float)).local(lanes * static_cast<size_t>(g.head_dim) * sizeof(float));
+  args.local(static_cast<size_t>(g.head_dim) * sizeof(float));  // the query
 }
 
 void Ops::set_attention_chunk(int32_t positions) {
@@ -1761,18 +1772,11 @@ Status Ops::attention_split_launch(const AttentionGeometry& g, cl_mem q, const T
   auto merge = kernel("attention_merge_hd" + std::to_string(g.head_dim) + storage_key({&out}),
                       [&] { return attention_merge_template(g.head_dim, out.format()); });
   if (!merge) return merge.status();
-  const size_t per_lane = sizeof(float) + static_cast<size_t>(g.head_dim) * sizeof(float);
-  const uint64_t local = rt_.info().local_mem_bytes;
-  size_t lanes = group_size(*part.value());
-  while (lanes > 1 && local > 0 && lanes * per_lane > local / 2) lanes /= 2;
+  const size_t lanes = attention_lanes(*part.value(), g.head_dim);
   {
     KernelArgs args = new_args(*part.value());
-    args.buffer(partials).buffer(q).buffer(cache).buffer(tokens.positions).buffer(tokens.slots);
-    args.buffer(tokens.kv_table).value(cl_int{g.blocks_per_slot()});
-    args.value(cl_int{g.n_head}).value(cl_int{g.n_head_kv}).value(cl_int{kv_pad}).value(scale).value(cl_int{window});
-    args.value(cl_int{split.chunk});
-    args.local(lanes * sizeof(float)).local(lanes * static_cast<size_t>(g.head_dim) * sizeof(float));
-    args.local(static_cast<size_t>(g.head_dim) * sizeof(float));  // the query
+    args.buffer(partials).value(cl_int{split.chunk});
+    bind_attention(args, g, q, tokens, kv_pad, scale, cache, window, lanes);
     INFERD_RETURN_IF_ERROR(args.status());
     const size_t global[3] = {lanes * static_cast<size_t>(g.n_head), t, static_cast<size_t>(split.chunks)};
     const size_t local_size[3] = {lanes, 1, 1};

@@ -540,6 +540,11 @@ class Ops {
     int32_t chunks = 0;  // chunks per (token, head); < 2: not split
   };
   AttentionSplit attention_split(int32_t kv_pad, int32_t tokens) const;
+  // The float attention kernels' lanes, and their arguments after the first (the output, or the partials
+  // and the chunk): Q, the cache, the placement, the geometry, the lanes' and the query's local memory.
+  size_t attention_lanes(const Kernel& k, int32_t head_dim) const;
+  static void bind_attention(KernelArgs& args, const AttentionGeometry& g, cl_mem q, const TokenPlacement& tokens,
+                             int32_t kv_pad, float scale, cl_mem cache, int32_t window, size_t lanes);
   Status attention_split_launch(const AttentionGeometry& g, cl_mem q, const TokenPlacement& tokens, int32_t kv_pad,
                                 float scale, cl_mem cache, Tensor& out, int32_t window, cl_mem partials,
                                 AttentionSplit split);
