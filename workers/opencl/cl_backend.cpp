@@ -217,6 +217,10 @@ struct OpenClBackend::Impl {
   TensorSlice slice(TensorId id) { return TensorSlice{&dev(id), bound[static_cast<size_t>(id)].slice}; }
   Status matmul(const MatmulWeights& w, TensorId x, Tensor& y, int32_t step_tokens, const Tensor* residual = nullptr,
                 const DecodeNorm* norm = nullptr);
+  // A kRopeKv node's rope_kv (also where its Q|K|V matmul falls back from writing it itself), and the step's
+  // placement with the node's RoPE angles.
+  TokenPlacement rope_placement(const NodePlan& rp, const TokenPlacement& tokens) const;
+  Status rope_kv(const Node& n, const NodePlan& np, const TokenPlacement& tokens);
   Status run_node(const Graph& g, size_t ni, const graph::StepIO& io, const TokenPlacement& tokens);
 };
 
@@ -1087,6 +1091,17 @@ Status OpenClBackend::Impl::matmul(const MatmulWeights& w, TensorId x, Tensor& y
   return ops->matmul_exact(w, quants, scales, y, order, MatmulVariant::kAuto, residual);
 }
 
+TokenPlacement OpenClBackend::Impl::rope_placement(const NodePlan& rp, const TokenPlacement& tokens) const {
+  TokenPlacement placed = tokens;
+  placed.rope = ropes[static_cast<size_t>(rp.rope)].table.get();
+  return placed;
+}
+
+Status OpenClBackend::Impl::rope_kv(const Node& n, const NodePlan& np, const TokenPlacement& tokens) {
+  return ops->rope_kv(geometry, slice(n.in[0]), slice(n.in[1]), slice(n.in[2]), np.bias.get(), rope_placement(np, tokens),
+                      q_half.get(), caches[static_cast<size_t>(np.cache)].get(), np.q_scale);
+}
+
 Status OpenClBackend::Impl::run_node(const Graph& g, size_t ni, const graph::StepIO& io, const TokenPlacement& tokens) {
   const Node& n = g.nodes()[ni];
   const NodePlan& np = plan[ni];
@@ -1114,16 +1129,12 @@ Status OpenClBackend::Impl::run_node(const Graph& g, size_t ni, const graph::Ste
       INFERD_ASSERT(s.first_slice == 0);
       if (np.rope_kv >= 0 && decode) {  // Q|K|V with the layer's rope_kv in the store
         const NodePlan& rp = plan[static_cast<size_t>(np.rope_kv)];
-        TokenPlacement placed = tokens;
-        placed.rope = ropes[static_cast<size_t>(rp.rope)].table.get();
-        const Status fused = ops->matmul_rope_kv(*np.w, dev(in0), norm, geometry, rp.bias.get(), placed, q_half.get(),
-                                                 caches[static_cast<size_t>(rp.cache)].get(), rp.q_scale);
+        const Status fused = ops->matmul_rope_kv(*np.w, dev(in0), norm, geometry, rp.bias.get(), rope_placement(rp, tokens),
+                                                 q_half.get(), caches[static_cast<size_t>(rp.cache)].get(), rp.q_scale);
         if (fused.code() != Code::kOutOfRange) return fused;
         // A decode shape the kernel cannot launch: the matmul, then rope_kv.
         INFERD_RETURN_IF_ERROR(matmul(*np.w, in0, dev(n.out[0]), t_count, nullptr, norm));
-        const Node& rn = g.nodes()[static_cast<size_t>(np.rope_kv)];
-        return ops->rope_kv(geometry, slice(rn.in[0]), slice(rn.in[1]), slice(rn.in[2]), rp.bias.get(), placed,
-                            q_half.get(), caches[static_cast<size_t>(rp.cache)].get(), rp.q_scale);
+        return rope_kv(g.nodes()[static_cast<size_t>(np.rope_kv)], rp, tokens);
       }
       return matmul(*np.w, in0, dev(n.out[0]), t_count, nullptr, norm);
     }
@@ -1147,13 +1158,9 @@ Status OpenClBackend::Impl::run_node(const Graph& g, size_t ni, const graph::Ste
       if (np.geglu) return ops->geglu(a, b, h);
       return exact() ? ops->swiglu_exact(a, b, h) : ops->swiglu(a, b, h);
     }
-    case Action::kRopeKv: {
+    case Action::kRopeKv:
       if (np.folded && decode) return Status::ok();  // its Q|K|V matmul wrote what it writes
-      TokenPlacement placed = tokens;
-      placed.rope = ropes[static_cast<size_t>(np.rope)].table.get();
-      return ops->rope_kv(geometry, slice(n.in[0]), slice(n.in[1]), slice(n.in[2]), np.bias.get(), placed, q_half.get(),
-                          caches[static_cast<size_t>(np.cache)].get(), np.q_scale);
-    }
+      return rope_kv(n, np, tokens);
     case Action::kAttention: {
       // An explicit scale multiplied Q before its rounding (rope_kv); the default scales the scores.
       const float kq_scale = n.scale > 0.0f ? 1.0f : g.heads.kq_scale(n);

@@ -33,7 +33,12 @@
 #include "inferd/tokenizer.h"
 #include "inferd/cpu_ops.h"  // the CPU backend's row operations, the reference
 #include "test_device.h"
+#include "inferd/backend_factory.h"
 #include "inferd/kernels/test_weights.h"
+
+namespace inferd {
+const BackendFactory& opencl_backend_factory();  // cl_factory.cpp (the worker finds it by name in the registry)
+}  // namespace inferd
 
 namespace inferd::opencl {
 namespace {
@@ -77,8 +82,7 @@ class ClEngineTest : public ::testing::Test {
   std::unique_ptr<ClEngine> make(int32_t n_slots = 1, std::optional<StorageType> storage = std::nullopt,
                                  Numerics numerics = Numerics::kExact,
                                  std::optional<DataType> activation_type = DataType::kFloat32) {
-    const char* selector = std::getenv("INFERD_OPENCL_DEVICE");
-    auto rt = Runtime::create_default(RuntimeOptions{}, selector != nullptr ? selector : "");
+    auto rt = testing::new_test_runtime();
     EXPECT_TRUE(rt.is_ok()) << rt.status().to_string();
     if (!rt) return nullptr;
     ClEngineOptions o;
@@ -560,8 +564,7 @@ TEST_F(ClEngineTest, HalfActivationsAgreeWithFloatActivations) {
 // Halves are chosen only where they pay and allowed only where the numerics allow them: the exact
 // numerics refuse them with a clear error; unset, a device without cl_khr_fp16 keeps floats.
 TEST_F(ClEngineTest, HalfActivationsNeedFloatNumerics) {
-  const char* selector = std::getenv("INFERD_OPENCL_DEVICE");
-  auto rt = Runtime::create_default(RuntimeOptions{}, selector != nullptr ? selector : "");
+  auto rt = testing::new_test_runtime();
   ASSERT_TRUE(rt.is_ok()) << rt.status().to_string();
   const bool fp16 = rt.value()->info().fp16;
   ClEngineOptions o;
@@ -790,10 +793,9 @@ class ClEngineSyntheticTest : public ::testing::Test {
   // records) live in `cache_dir` ("": none).
   Result<std::unique_ptr<ClEngine>> make_with(std::shared_ptr<const Model> model, const ClEngineOptions& o,
                                               const std::string& cache_dir = "") {
-    const char* selector = std::getenv("INFERD_OPENCL_DEVICE");
     RuntimeOptions ro;
     ro.cache_dir = cache_dir;
-    auto rt = Runtime::create_default(ro, selector != nullptr ? selector : "");
+    auto rt = testing::new_test_runtime(ro);
     if (!rt) return rt.status();
     auto e = ClEngine::create(std::move(model), std::move(rt).value(), o);
     if (e) std::printf("[cl-engine] %s\n", e.value()->describe().c_str());
@@ -1003,6 +1005,22 @@ TEST_F(ClEngineSyntheticTest, FusedKernelsSaveLaunches) {
         EXPECT_LE(max_abs_diff(logits[0], logits[1]), 1e-5f * (*hi - *lo));
       }
     }
+  }
+}
+
+// The worker's settings (its environment): a value outside a setting's choices or range is refused with
+// kInvalidArgument naming the setting and its variable, before any device is touched.
+TEST(ClFactory, BadSettingsAreRefusedNamingTheVariable) {
+  const std::pair<std::string, std::string> bad[] = {
+      {"fuse", "maybe"},           {"replay", "1"},          {"prefill_tokens", "0"},    {"prefill_tokens", "17"},
+      {"prefill_tokens", "016"},   {"prefill_tokens", "x"},  {"attention_chunk", "-1"}, {"attention_chunk", "65537"},
+      {"attention_chunk", "1e3"},  {"attention_chunk", ""}};
+  for (const auto& [key, value] : bad) {
+    auto b = opencl_backend_factory().create(BackendConfig{"", 0, {{key, value}}});
+    ASSERT_FALSE(b.is_ok()) << key << "=" << value;
+    EXPECT_EQ(b.status().code(), Code::kInvalidArgument) << b.status().to_string();
+    const std::string variable = opencl_backend_factory().environment.at(key);
+    EXPECT_NE(b.status().to_string().find(variable), std::string::npos) << b.status().to_string();
   }
 }
 
@@ -1280,8 +1298,7 @@ TEST_F(ClEngineSyntheticTest, ScatteredAndSharedKvBlocksGiveTheSameLogits) {
   ASSERT_NE(model, nullptr);
   constexpr int32_t kPrefix = 128, kPrompt = 150, kTokens = 153;  // 3 blocks; the last 3 tokens decoded
   auto engine = [&](Numerics numerics, int32_t n_slots, int32_t n_blocks) -> std::unique_ptr<ClEngine> {
-    const char* selector = std::getenv("INFERD_OPENCL_DEVICE");
-    auto rt = Runtime::create_default(RuntimeOptions{}, selector != nullptr ? selector : "");
+    auto rt = testing::new_test_runtime();
     EXPECT_TRUE(rt.is_ok()) << rt.status().to_string();
     if (!rt) return nullptr;
     ClEngineOptions o;
@@ -1360,8 +1377,7 @@ void expect_file_equals_the_cpu_engine(const std::string& path, int32_t prefill,
   auto model = Model::open(path);
   ASSERT_TRUE(model.is_ok()) << model.status().to_string();
   const int32_t n_vocab = model.value()->config().n_vocab;
-  const char* selector = std::getenv("INFERD_OPENCL_DEVICE");
-  auto rt = Runtime::create_default(RuntimeOptions{}, selector != nullptr ? selector : "");
+  auto rt = testing::new_test_runtime();
   ASSERT_TRUE(rt.is_ok()) << rt.status().to_string();
   ClEngineOptions o;
   o.n_ctx = 512;
@@ -1438,8 +1454,7 @@ TEST(ClEngineFiles, SplitAttentionAgreesWithOneGroupPerHead) {
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7919 + 11) % static_cast<size_t>(n_vocab));
   std::vector<float> logits[2];
   for (int32_t chunk : {0, 16}) {
-    const char* selector = std::getenv("INFERD_OPENCL_DEVICE");
-    auto rt = Runtime::create_default(RuntimeOptions{}, selector != nullptr ? selector : "");
+    auto rt = testing::new_test_runtime();
     ASSERT_TRUE(rt.is_ok()) << rt.status().to_string();
     ClEngineOptions o;
     o.n_ctx = 256;

@@ -67,6 +67,25 @@ Result<std::optional<T>> choice(const BackendConfig& config, const std::string& 
                                             "': expected one of " + expected);
 }
 
+constexpr bool kOnOff[] = {true, false};
+const char* on_off_name(bool on) { return on ? "on" : "off"; }
+
+// Setting `key` as a decimal integer in [lo, hi] (at most hi's digits); unset when absent,
+// kInvalidArgument naming the setting, its variable and the range otherwise.
+Result<std::optional<int>> integer(const BackendConfig& config, const std::string& key, int lo, int hi) {
+  auto it = config.settings.find(key);
+  if (it == config.settings.end()) return std::optional<int>();
+  const std::string& v = it->second;
+  const bool digits = !v.empty() && v.size() <= std::to_string(hi).size() &&
+                      std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
+  const int n = digits ? std::stoi(v) : lo - 1;
+  if (n < lo || n > hi) {
+    return Status(Code::kInvalidArgument, kEnvironment.at(key) + " (" + key + ") = '" + v + "': expected " +
+                                              std::to_string(lo) + " to " + std::to_string(hi));
+  }
+  return std::optional<int>(n);
+}
+
 Result<std::unique_ptr<Backend>> create(const BackendConfig& config) {
   for (const auto& [key, value] : config.settings) {
     if (!kEnvironment.count(key)) return Status(Code::kInvalidArgument, "the OpenCL backend has no setting '" + key + "'");
@@ -90,38 +109,18 @@ Result<std::unique_ptr<Backend>> create(const BackendConfig& config) {
   o.activation_type = data_type.value();
   if (numerics.value()) o.numerics = *numerics.value();
   o.int_dot = int_dot.value();
-  if (auto it = config.settings.find("fuse"); it != config.settings.end()) {
-    if (it->second != "on" && it->second != "off") {
-      return Status(Code::kInvalidArgument, "INFERD_OPENCL_FUSE (fuse) = '" + it->second + "': expected one of on, off");
-    }
-    o.fuse = it->second == "on";
-  }
-  if (auto it = config.settings.find("prefill_tokens"); it != config.settings.end()) {
-    const std::string& v = it->second;
-    const bool digits = !v.empty() && v.size() <= 2 && std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
-    const int n = digits ? std::stoi(v) : 0;
-    if (n < 1 || n > kMaxPrefillTokens) {
-      return Status(Code::kInvalidArgument, "INFERD_OPENCL_PREFILL_TOKENS (prefill_tokens) = '" + v +
-                                                "': expected 1 to " + std::to_string(kMaxPrefillTokens));
-    }
-    o.prefill_tokens = n;
-  }
-  if (auto it = config.settings.find("replay"); it != config.settings.end()) {
-    if (it->second != "on" && it->second != "off") {
-      return Status(Code::kInvalidArgument, "INFERD_OPENCL_REPLAY (replay) = '" + it->second + "': expected one of on, off");
-    }
-    o.replay = it->second == "on";
-  }
-  if (auto it = config.settings.find("attention_chunk"); it != config.settings.end()) {
-    const std::string& v = it->second;
-    const bool digits = !v.empty() && v.size() <= 5 && std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
-    const int n = digits ? std::stoi(v) : -1;
-    if (n < 0 || n > kMaxAttentionChunkOption) {
-      return Status(Code::kInvalidArgument, "INFERD_OPENCL_ATTENTION_CHUNK (attention_chunk) = '" + v +
-                                                "': expected 0 to " + std::to_string(kMaxAttentionChunkOption));
-    }
-    o.attention_chunk = n;
-  }
+  auto fuse = choice(config, "fuse", kOnOff, on_off_name);
+  if (!fuse) return fuse.status();
+  o.fuse = fuse.value().value_or(o.fuse);
+  auto replay = choice(config, "replay", kOnOff, on_off_name);
+  if (!replay) return replay.status();
+  o.replay = replay.value().value_or(o.replay);
+  auto prefill_tokens = integer(config, "prefill_tokens", 1, kMaxPrefillTokens);
+  if (!prefill_tokens) return prefill_tokens.status();
+  o.prefill_tokens = prefill_tokens.value();
+  auto attention_chunk = integer(config, "attention_chunk", 0, kMaxAttentionChunkOption);
+  if (!attention_chunk) return attention_chunk.status();
+  o.attention_chunk = attention_chunk.value();
   if (auto it = config.settings.find("decode_shape"); it != config.settings.end()) {
     auto shape = parse_decode_shape(it->second);
     if (!shape) return shape.status().with_context(kEnvironment.at("decode_shape") + " (decode_shape)");

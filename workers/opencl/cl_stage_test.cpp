@@ -74,8 +74,7 @@ class ClStageTest : public ::testing::Test {
   int32_t n_layer() const { return model_->config().n_layer; }
 
   std::unique_ptr<ClEngine> make_cl(int32_t first, int32_t end) {
-    const char* selector = std::getenv("INFERD_OPENCL_DEVICE");
-    auto rt = Runtime::create_default(RuntimeOptions{}, selector != nullptr ? selector : "");
+    auto rt = testing::new_test_runtime();
     EXPECT_TRUE(rt.is_ok()) << rt.status().to_string();
     if (!rt) return nullptr;
     ClEngineOptions o;
@@ -221,9 +220,8 @@ TEST_F(ClStageTest, StagesHoldOnlyTheirLayers) {
 // Bad stage use is an error value: a layer range outside the model, hidden states of the wrong size
 // or where none are taken, eval() on a stage.
 TEST_F(ClStageTest, RejectsBadStageUse) {
-  const char* selector = std::getenv("INFERD_OPENCL_DEVICE");
   for (auto [first, end] : {std::pair{-1, 10}, std::pair{10, 10}, std::pair{20, 10}, std::pair{0, n_layer() + 1}}) {
-    auto rt = Runtime::create_default(RuntimeOptions{}, selector != nullptr ? selector : "");
+    auto rt = testing::new_test_runtime();
     ASSERT_TRUE(rt.is_ok()) << rt.status().to_string();
     ClEngineOptions o;
     o.n_ctx = 128;

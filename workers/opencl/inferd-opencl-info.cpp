@@ -76,20 +76,25 @@ std::vector<float> random_values(int64_t n, uint32_t seed) {
   return v;
 }
 
-// Median milliseconds of `reps` runs of `op` (after one warm-up run that also builds the kernel).
-Result<double> time_op(Runtime& rt, int reps, const std::function<Status()>& op) {
+// Median milliseconds per launch of `reps` runs of `batch` launches of `op` each, enqueued back to back
+// before one wait (a GPU's kernel of tens of microseconds is not hidden behind the host's launch and wait),
+// after one warm-up run that also builds the kernel.
+Result<double> time_batched(Runtime& rt, int reps, int batch, const std::function<Status()>& op) {
   INFERD_RETURN_IF_ERROR(op());
   INFERD_RETURN_IF_ERROR(rt.finish());
   std::vector<double> ms;
   for (int i = 0; i < reps; ++i) {
     const auto start = std::chrono::steady_clock::now();
-    INFERD_RETURN_IF_ERROR(op());
+    for (int b = 0; b < batch; ++b) INFERD_RETURN_IF_ERROR(op());
     INFERD_RETURN_IF_ERROR(rt.finish());
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / batch);
   }
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
 }
+
+// Median milliseconds of `reps` runs of `op`, each waited for.
+Result<double> time_op(Runtime& rt, int reps, const std::function<Status()>& op) { return time_batched(rt, reps, 1, op); }
 
 Result<Tensor> make_tensor(Runtime& rt, const Bhwc& shape, StorageType storage, uint32_t seed) {
   auto t = Tensor::allocate(rt, TensorDescriptor(shape, storage));
@@ -200,22 +205,6 @@ void time_ops(Runtime& rt, const Options& options) {
       ops.set_int_dot(choose_int_dot(rt.info()));
     }
   }
-}
-
-// Median milliseconds per launch of `reps` runs of `batch` launches of `op` each, enqueued back to back
-// before one wait (a GPU's kernel of tens of microseconds is not hidden behind the host's launch and wait).
-Result<double> time_batched(Runtime& rt, int reps, int batch, const std::function<Status()>& op) {
-  INFERD_RETURN_IF_ERROR(op());
-  INFERD_RETURN_IF_ERROR(rt.finish());
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    for (int b = 0; b < batch; ++b) INFERD_RETURN_IF_ERROR(op());
-    INFERD_RETURN_IF_ERROR(rt.finish());
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / batch);
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
 }
 
 // The float decode matmul of one token through a 28672 x 4096 matrix (larger than a GPU's L2) in every

@@ -238,6 +238,14 @@ constexpr size_t kTileGroup = 16, kTileTokens = 64, kTileFloat4s = 512;
 
 // The float decode matmul (matmul_float.cl's decode) in `shape`: y = W x (+ residual), or with `swiglu`
 // y = silu(gate) * up of a stacked gate|up W (Ops::matmul_swiglu).
+// rope_kv's bias, placement and destination parameters, in the order rope_kv.cl's kernel and the decode
+// kernel's rope_kv store take them after their own (bind_rope_kv binds them).
+std::vector<std::string> rope_kv_params() {
+  return {"__global const float* bias", "__global const int* pos", "__global const int* slot",
+          "__global const float* rope", "int n_head", "int n_head_kv", "int head_dim",
+          "__global const int* kv_table", "int bps", "__global half* q_out", "__global half* cache", "float q_scale"};
+}
+
 // What a float decode kernel's store writes: y = W x (+ residual), silu(gate) * up of a stacked gate|up W
 // (Ops::matmul_swiglu), or rope_kv's outputs of a stacked Q|K|V W (Ops::matmul_rope_kv; no y tensor).
 enum class DecodeStore { kPlain, kSwiglu, kRopeKv };
@@ -255,12 +263,7 @@ KernelTemplate decode_template(DType type, TensorFormat x, std::optional<TensorF
   k.params = weight_params(type);
   if (norm) k.params.push_back("float eps");
   if (store == DecodeStore::kRopeKv) {
-    for (const char* p : {"__global const float* bias", "__global const int* pos", "__global const int* slot",
-                          "__global const float* rope", "int n_head", "int n_head_kv", "int head_dim",
-                          "__global const int* kv_table", "int bps", "__global half* q_out", "__global half* cache",
-                          "float q_scale"}) {
-      k.params.push_back(p);
-    }
+    for (std::string& p : rope_kv_params()) k.params.push_back(std::move(p));
   }
   k.params.push_back("__local float4* scratch");
   k.helpers = join({kWeightsCl("codes"), weight_loader("w_load", type), swiglu ? kHelpersCl("float_silu") : "",
@@ -361,10 +364,8 @@ KernelTemplate rope_kv_template(RopeMode mode, TensorFormat q, TensorFormat k_st
   KernelTemplate k;
   k.name = mode == RopeMode::kNormal ? "rope_kv_normal" : "rope_kv_neox";
   k.tensors = {{"q", q, Access::kRead}, {"k", k_storage, Access::kRead}, {"v", v, Access::kRead}};
-  k.params = {"int q_slice", "int k_slice", "int v_slice", "__global const float* bias",
-              "__global const int* pos", "__global const int* slot", "__global const float* rope", "int n_head",
-              "int n_head_kv", "int head_dim", "__global const int* kv_table", "int bps", "__global half* q_out",
-              "__global half* cache", "float q_scale"};
+  k.params = {"int q_slice", "int k_slice", "int v_slice"};
+  for (std::string& p : rope_kv_params()) k.params.push_back(std::move(p));
   k.helpers = kRopeKvCl("rope_kv.helpers");
   k.body = join({kRopeKvCl("rope_kv.head"), kRopeKvCl(mode == RopeMode::kNormal ? "rope_kv.normal" : "rope_kv.neox")});
   return k;
@@ -580,6 +581,29 @@ Status require_bytes(cl_mem mem, size_t needed, const char* what) {
 size_t table_bytes(const AttentionGeometry& g) {
   return static_cast<size_t>(g.n_slots) * static_cast<size_t>(g.blocks_per_slot()) * sizeof(cl_int);
 }
+// The buffers rope_kv reads and writes for `tokens` tokens, checked against the geometry (`op` names the caller).
+Status check_rope_kv_buffers(const char* op, const AttentionGeometry& g, size_t tokens, cl_mem bias,
+                             const TokenPlacement& placement, cl_mem q_out, cl_mem cache) {
+  const std::string o(op);
+  INFERD_RETURN_IF_ERROR(require_bytes(placement.positions, tokens * sizeof(cl_int), (o + " positions").c_str()));
+  INFERD_RETURN_IF_ERROR(require_bytes(placement.slots, tokens * sizeof(cl_int), (o + " slots").c_str()));
+  INFERD_RETURN_IF_ERROR(
+      require_bytes(placement.rope, tokens * static_cast<size_t>(g.head_dim) * sizeof(float), (o + " rope").c_str()));
+  INFERD_RETURN_IF_ERROR(require_bytes(placement.kv_table, table_bytes(g), (o + " KV table").c_str()));
+  INFERD_RETURN_IF_ERROR(require_bytes(q_out, tokens * static_cast<size_t>(g.n_embd()) * 2, (o + " q_out").c_str()));
+  INFERD_RETURN_IF_ERROR(require_bytes(cache, g.layer_cache_bytes(), (o + " cache").c_str()));
+  if (bias == nullptr) return Status::ok();
+  return require_bytes(bias, static_cast<size_t>(g.n_embd() + 2 * g.n_embd_kv()) * sizeof(float), (o + " bias").c_str());
+}
+
+// Binds rope_kv_params().
+void bind_rope_kv(KernelArgs& args, const AttentionGeometry& g, cl_mem bias, const TokenPlacement& placement,
+                  cl_mem q_out, cl_mem cache, float q_scale) {
+  args.buffer(bias).buffer(placement.positions).buffer(placement.slots).buffer(placement.rope);
+  args.value(cl_int{g.n_head}).value(cl_int{g.n_head_kv}).value(cl_int{g.head_dim});
+  args.buffer(placement.kv_table).value(cl_int{g.blocks_per_slot()}).buffer(q_out).buffer(cache).value(q_scale);
+}
+
 // rope_kv.cl and attention.cl find a position's row as p >> 6 and p & 63.
 static_assert(graph::kKvBlockTokens == 64, "the KV kernels hard-code blocks of 64 positions");
 
@@ -1503,14 +1527,8 @@ Status Ops::matmul_rope_kv(const MatmulWeights& w, const Tensor& x, const Decode
     return Status(Code::kUnimplemented, "matmul_rope_kv: NeoX RoPE pairs channels of other work-groups");
   }
   if (norm != nullptr) INFERD_RETURN_IF_ERROR(check_norm("matmul_rope_kv", x, MatmulVariant::kDecode, *norm));
-  const size_t t = static_cast<size_t>(xs.w);
-  INFERD_RETURN_IF_ERROR(require_bytes(tokens.positions, t * sizeof(cl_int), "matmul_rope_kv positions"));
-  INFERD_RETURN_IF_ERROR(require_bytes(tokens.slots, t * sizeof(cl_int), "matmul_rope_kv slots"));
-  INFERD_RETURN_IF_ERROR(require_bytes(tokens.rope, t * static_cast<size_t>(g.head_dim) * sizeof(float), "matmul_rope_kv rope"));
-  INFERD_RETURN_IF_ERROR(require_bytes(tokens.kv_table, table_bytes(g), "matmul_rope_kv KV table"));
-  INFERD_RETURN_IF_ERROR(require_bytes(q_out, t * static_cast<size_t>(g.n_embd()) * 2, "matmul_rope_kv q_out"));
-  INFERD_RETURN_IF_ERROR(require_bytes(cache, g.layer_cache_bytes(), "matmul_rope_kv cache"));
-  if (bias != nullptr) INFERD_RETURN_IF_ERROR(require_bytes(bias, static_cast<size_t>(qkv) * sizeof(float), "matmul_rope_kv bias"));
+  INFERD_RETURN_IF_ERROR(
+      check_rope_kv_buffers("matmul_rope_kv", g, static_cast<size_t>(xs.w), bias, tokens, q_out, cache));
   const DecodeShape shape = decode_shape_;
   auto k = kernel(std::string("matmul_rope_kv_") + dtype_name(w.type()) + "_" + shape.to_string() + storage_key({&x}) +
                       (norm ? "+norm" + storage_key({norm->weight}) : ""),
@@ -1524,9 +1542,7 @@ Status Ops::matmul_rope_kv(const MatmulWeights& w, const Tensor& x, const Decode
   if (norm) args.tensor(*norm->weight);
   args.weights(w);
   if (norm) args.value(norm->eps);
-  args.buffer(bias).buffer(tokens.positions).buffer(tokens.slots).buffer(tokens.rope);
-  args.value(cl_int{g.n_head}).value(cl_int{g.n_head_kv}).value(cl_int{g.head_dim});
-  args.buffer(tokens.kv_table).value(cl_int{g.blocks_per_slot()}).buffer(q_out).buffer(cache).value(q_scale);
+  bind_rope_kv(args, g, bias, tokens, q_out, cache, q_scale);
   return launch_decode(*k.value(), args, 1, w.out_slices(), xs.w, false);
 }
 
@@ -1669,26 +1685,15 @@ Status Ops::rope_kv(const AttentionGeometry& g, TensorSlice q, TensorSlice k, Te
     }
   }
   const size_t t = static_cast<size_t>(t_count);
-  INFERD_RETURN_IF_ERROR(require_bytes(tokens.positions, t * sizeof(cl_int), "rope_kv positions"));
-  INFERD_RETURN_IF_ERROR(require_bytes(tokens.slots, t * sizeof(cl_int), "rope_kv slots"));
-  INFERD_RETURN_IF_ERROR(require_bytes(tokens.rope, t * static_cast<size_t>(g.head_dim) * sizeof(float), "rope_kv rope"));
-  INFERD_RETURN_IF_ERROR(require_bytes(tokens.kv_table, table_bytes(g), "rope_kv KV table"));
-  INFERD_RETURN_IF_ERROR(require_bytes(q_out, t * static_cast<size_t>(g.n_embd()) * 2, "rope_kv q_out"));
-  INFERD_RETURN_IF_ERROR(require_bytes(cache, g.layer_cache_bytes(), "rope_kv cache"));
-  if (bias != nullptr) {
-    INFERD_RETURN_IF_ERROR(
-        require_bytes(bias, static_cast<size_t>(g.n_embd() + 2 * g.n_embd_kv()) * sizeof(float), "rope_kv bias"));
-  }
+  INFERD_RETURN_IF_ERROR(check_rope_kv_buffers("rope_kv", g, t, bias, tokens, q_out, cache));
   const bool normal = g.rope_mode == RopeMode::kNormal;
   auto kn = kernel(std::string(normal ? "rope_kv_normal" : "rope_kv_neox") + storage_key({q.tensor, k.tensor, v.tensor}),
                    [&] { return rope_kv_template(g.rope_mode, q.tensor->format(), k.tensor->format(), v.tensor->format()); });
   if (!kn) return kn.status();
   KernelArgs args = new_args(*kn.value());
   args.tensor(*q.tensor).tensor(*k.tensor).tensor(*v.tensor);
-  args.value(cl_int{q.first_slice}).value(cl_int{k.first_slice}).value(cl_int{v.first_slice}).buffer(bias);
-  args.buffer(tokens.positions).buffer(tokens.slots).buffer(tokens.rope);
-  args.value(cl_int{g.n_head}).value(cl_int{g.n_head_kv}).value(cl_int{g.head_dim});
-  args.buffer(tokens.kv_table).value(cl_int{g.blocks_per_slot()}).buffer(q_out).buffer(cache).value(q_scale);
+  args.value(cl_int{q.first_slice}).value(cl_int{k.first_slice}).value(cl_int{v.first_slice});
+  bind_rope_kv(args, g, bias, tokens, q_out, cache, q_scale);
   INFERD_RETURN_IF_ERROR(args.status());
   const size_t units = static_cast<size_t>(normal ? g.head_dim / 4 : g.head_dim / 8);
   const size_t global[3] = {t, static_cast<size_t>(g.n_head + g.n_head_kv), units};

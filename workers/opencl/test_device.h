@@ -16,12 +16,15 @@
 
 namespace inferd::opencl::testing {
 
+// A new runtime on the test device, for a test (an engine) that owns its own.
+inline Result<std::unique_ptr<Runtime>> new_test_runtime(const RuntimeOptions& options = {}) {
+  const char* selector = std::getenv("INFERD_OPENCL_DEVICE");
+  return Runtime::create_default(options, selector != nullptr ? selector : "");
+}
+
 // The process's runtime, or nullptr with `why` set.
 inline Runtime* test_runtime(std::string* why) {
-  static Result<std::unique_ptr<Runtime>> runtime = [] {
-    const char* selector = std::getenv("INFERD_OPENCL_DEVICE");
-    return Runtime::create_default(RuntimeOptions{}, selector != nullptr ? selector : "");
-  }();
+  static Result<std::unique_ptr<Runtime>> runtime = new_test_runtime();
   if (!runtime) {
     *why = runtime.status().to_string();
     return nullptr;
