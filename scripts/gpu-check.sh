@@ -22,9 +22,10 @@
 #      (when models/ has it) and the models made here (smollm2-q4_1: the default model's types and
 #      shapes), prefill against decode, two slots, a cuda|cpu pipeline, a KV cache too large for the device;
 #   3. inferd-cuda-bandwidth (the read bandwidth, the decode GEMV's weight read against it, staged and
-#      unstaged); inferd-bench --backend cuda on SmolLM2-shaped, 1.1B and 8B-shaped Q4_0 models made here by
-#      tools/reference/make_synthetic_gguf.py (random codes): float numerics, exact (the default), tensor cores,
-#      decode without CUDA graphs;
+#      unstaged, the integer GEMV on 8-bit inputs); inferd-bench --backend cuda on SmolLM2-shaped, 1.1B and
+#      8B-shaped Q4_0 models (and 1.1B Q4_K_M and Q8_0) made here by tools/reference/make_synthetic_gguf.py
+#      (random codes): float numerics (8-bit inputs and the integer GEMV, split attention), then float inputs,
+#      the attention unsplit, exact numerics (the default), tensor cores, no CUDA graphs, no fused GEMVs;
 #   4. the daemon: load --backend cuda, 16 concurrent greedy streams against their one-at-a-time outputs,
 #      kill -9 of the CUDA worker mid-stream (the stream completes), status;
 #   5. the OpenCL backend on NVIDIA's OpenCL driver: exact numerics against the CPU bit for bit (replayed
@@ -33,8 +34,8 @@
 #      --stage-backends cuda,cpu pipeline and of the CPU alone, compared;
 #   7. OpenCL speed (float numerics) on the three Q4_0 shapes with a per-kernel profile, and with replay,
 #      the split attention and the prefill's tokens per work-item varied.
-# GPU_CHECK_SKIP="backend_ops decode_shapes cuda_speed opencl opencl_speed daemon exact_daemon nograph nofuse
-# exact tensor_cores" leaves those steps out (a rerun after a kernel change); GPU_CHECK_CUDA_FILTER and
+# GPU_CHECK_SKIP="backend_ops decode_shapes cuda_speed q8 unsplit opencl opencl_speed opencl_variants daemon
+# exact_daemon nograph nofuse exact tensor_cores" leaves those steps out (a rerun after a kernel change); GPU_CHECK_CUDA_FILTER and
 # GPU_CHECK_OPENCL_FILTER narrow steps 2 and 5 to a gtest filter.
 # The GPU machine has no package registry: nothing is installed there. (GPU_CHECK_PRESETS and
 # GPU_CHECK_BACKEND=cpu try the script itself on a machine without a GPU.)
@@ -91,7 +92,7 @@ run() {
   local models="$PWD/$B/models"
   mkdir -p "$models"
   local model_pids=()
-  for preset in ${GPU_CHECK_PRESETS:-smollm2-q4_0 smollm2-q4_1 tinyllama-q4_0 tinyllama-q4_k_m 8b-q4_0}; do
+  for preset in ${GPU_CHECK_PRESETS:-smollm2-q4_0 smollm2-q4_1 tinyllama-q4_0 tinyllama-q4_k_m tinyllama-q8_0 8b-q4_0}; do
     INFERD_TOKENIZER_GGUF=tests/data/models/mixed-small.gguf \
       python3 tools/reference/make_synthetic_gguf.py --preset "$preset" --out "$models/$preset.gguf" \
       > "$out/model-$preset.log" 2>&1 &
@@ -167,7 +168,7 @@ run() {
       grep -A6 -E '^profile' "$out/opencl-bench-$m.txt" | sed 's/^/   /' >> "$summary"
       pinned=$(sed -n 's/^storage: \([a-z0-9_]*\), decode matmul \([0-9]*x[0-9]*\).*/--storage \1 --decode-shape \2/p' \
         "$out/opencl-bench-$m.txt")
-      [ -n "$pinned" ] || continue
+      [ -n "$pinned" ] && ! skip opencl_variants || continue
       local variant variants=("--no-fuse" "--attention-chunk 32" "--attention-chunk 128")
       # The 8B shape is device-bound (replay changed nothing there) and only it gained from 8 prefill tokens.
       if [ "$m" = 8b-q4_0 ]; then variants+=("--prefill-tokens 8"); else variants+=("--no-replay" "--attention-chunk 0"); fi
@@ -197,12 +198,23 @@ cuda_speed_checks() {
   timeout 60 "$bin/inferd-cuda-bandwidth" --reps 20 > "$out/bandwidth.txt" 2>&1
   say "3. inferd-cuda-bandwidth: rc=$?"
   sed 's/^/   /' "$out/bandwidth.txt" >> "$summary"
-  say "   inferd-bench --backend cuda (pp512, tg128, median of 3): float numerics"
-  for m in smollm2-q4_0 tinyllama-q4_0 tinyllama-q4_k_m 8b-q4_0; do
+  say "   inferd-bench --backend cuda (pp512, tg128, median of 3): float numerics (8-bit inputs, split attention)"
+  for m in smollm2-q4_0 tinyllama-q4_0 tinyllama-q4_k_m tinyllama-q8_0 8b-q4_0; do
     INFERD_CUDA_NUMERICS=float timeout 120 "$bin/inferd-bench" --backend cuda -m "$models/$m.gguf" -p 512 -n 128 -r 3 > "$out/bench-$m.txt" 2>&1
     say "  $m: rc=$? $(grep -E '^(prefill|decode|load)' "$out/bench-$m.txt" | tr -s ' ' | tr '\n' ';')"
   done
   grep -m1 '^backend' "$out/bench-8b-q4_0.txt" >> "$summary"
+  # Each of the defaults turned off in turn: float inputs (the float GEMV), the attention unsplit.
+  skip q8 || for m in smollm2-q4_0 tinyllama-q4_0 tinyllama-q8_0 8b-q4_0; do
+    INFERD_CUDA_NUMERICS=float INFERD_CUDA_ACTIVATIONS=float timeout 120 "$bin/inferd-bench" --backend cuda \
+      -m "$models/$m.gguf" -p 512 -n 128 -r 2 > "$out/bench-f-$m.txt" 2>&1
+    say "  $m, float inputs: rc=$? $(grep -E '^(prefill|decode)' "$out/bench-f-$m.txt" | tr -s ' ' | tr '\n' ';')"
+  done
+  skip unsplit || for m in smollm2-q4_0 tinyllama-q4_0 8b-q4_0; do
+    INFERD_CUDA_NUMERICS=float INFERD_CUDA_SPLIT_ATTENTION=off timeout 120 "$bin/inferd-bench" --backend cuda \
+      -m "$models/$m.gguf" -p 512 -n 128 -r 2 > "$out/bench-unsplit-$m.txt" 2>&1
+    say "  $m, attention unsplit: rc=$? $(grep -E '^(prefill|decode)' "$out/bench-unsplit-$m.txt" | tr -s ' ' | tr '\n' ';')"
+  done
   skip nograph || for m in smollm2-q4_0 tinyllama-q4_0 8b-q4_0; do
     INFERD_CUDA_NUMERICS=float INFERD_CUDA_GRAPHS=off timeout 60 "$bin/inferd-bench" --backend cuda -m "$models/$m.gguf" \
       -p 512 -n 128 -r 2 > "$out/bench-nograph-$m.txt" 2>&1

@@ -6,8 +6,9 @@
 //   copy   cudaMemcpy device to device of half the buffer (bytes read + bytes written);
 //   gemv   the backend's float GEMV (cuda::matmul_path, one token) on weight matrices of a decode step's
 //          shapes and types, its bytes of weights over its time: staged (the default, rows through
-//          shared memory with 16-byte loads) and unstaged (path 3), alternating;
-//   paths  the float GEMV against the tensor-core GEMM by tokens per step: where prefill-sized steps
+//          shared memory with 16-byte loads), unstaged (path 3) and, for Q4_0 and Q8_0, the integer GEMV
+//          on 8-bit inputs (cuda::matmul_q8: dp4a), alternating;
+//   paths  the float GEMV and the integer GEMV against the tensor-core GEMM by tokens per step: where prefill-sized steps
 //          would do better on tensor cores (the backend uses one path for every step, for batch
 //          invariance; this shows what that costs).
 // The weight matrices hold pseudo-random blocks (timing does not depend on the values).
@@ -161,6 +162,9 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < hx.size(); ++i) hx[i] = static_cast<float>((i * 37) % 101) / 101.0f - 0.5f;
     CHECK(cudaMemcpy(x, hx.data(), hx.size() * sizeof(float), cudaMemcpyHostToDevice));
   }
+  // The same input as 8-bit codes for the integer GEMV, per row width.
+  void* xq = nullptr;
+  CHECK(cudaMalloc(&xq, cu::q8_input_bytes(1, 14336)));
   // Pseudo-random bytes for the weights (scales included: no value changes the kernels' time).
   {
     std::vector<uint8_t> h(64 << 20);
@@ -189,10 +193,15 @@ int main(int argc, char** argv) {
       // As many copies as the buffer holds, used in turn: every run reads from HBM, not from L2.
       const size_t copies = std::max<size_t>(1, bytes / ((wbytes + 255) / 256 * 256));
       size_t at = 0;
+      // Path 1: staged, 3: unstaged, -1: the integer GEMV.
       auto run = [&](int path) {
         w.data = static_cast<char*>(buf) + (at++ % copies) * ((wbytes + 255) / 256 * 256);
-        CHECK(cu::matmul_path(path, w, x, 1, nullptr, nullptr, y, s));
+        CHECK(path < 0 ? cu::matmul_q8(w, xq, 1, nullptr, nullptr, y, s)
+                       : cu::matmul_path(path, w, x, 1, nullptr, nullptr, y, s));
       };
+      w.data = buf;
+      const bool integer = cu::q8_gemv_applies(w);
+      if (integer) CHECK(cu::quantize_q8_input(x, 1, w.cols, xq, s));
       // kLaunches launches per timing, queued behind a spinning kernel so that they run back to back.
       constexpr int kLaunches = 16;
       auto timed = [&](int path) {
@@ -204,25 +213,31 @@ int main(int argc, char** argv) {
             },
             false)[0];
       };
-      std::vector<double> staged, unstaged;
+      std::vector<double> staged, unstaged, q8;
       timed(1);
       timed(3);  // warm-up
+      if (integer) timed(-1);
       for (int i = 0; i < reps; ++i) {
         staged.push_back(timed(1));
         unstaged.push_back(timed(3));
+        if (integer) q8.push_back(timed(-1));
       }
       const double timed_bytes = static_cast<double>(wbytes) * kLaunches;
       const Stat st = rate(staged, timed_bytes), un = rate(unstaged, timed_bytes);
+      const Stat iq = integer ? rate(q8, timed_bytes) : Stat{};
       if (json) {
-        std::printf("%s{\"type\":\"%s\",\"rows\":%lld,\"cols\":%lld,\"staged_gbs\":%.1f,\"unstaged_gbs\":%.1f}",
+        std::printf("%s{\"type\":\"%s\",\"rows\":%lld,\"cols\":%lld,\"staged_gbs\":%.1f,\"unstaged_gbs\":%.1f,"
+                    "\"q8_gbs\":%.1f}",
                     first ? "" : ",", t.name, static_cast<long long>(w.rows), static_cast<long long>(w.cols),
-                    st.median, un.median);
+                    st.median, un.median, iq.median);
       } else {
         std::printf("gemv     %-5s %5lld x %-5lld (%6.1f MiB): staged %7.1f GB/s (%4.1f%% of read), unstaged %7.1f GB/s"
-                    " (%4.1f%%)\n",
+                    " (%4.1f%%)",
                     t.name, static_cast<long long>(w.rows), static_cast<long long>(w.cols),
                     static_cast<double>(wbytes) / (1 << 20), st.median, 100.0 * st.median / read.best, un.median,
                     100.0 * un.median / read.best);
+        if (integer) std::printf(", integer %7.1f GB/s (%4.1f%%)", iq.median, 100.0 * iq.median / read.best);
+        std::printf("\n");
       }
       first = false;
     }
@@ -237,6 +252,8 @@ int main(int argc, char** argv) {
     CHECK(cudaMalloc(reinterpret_cast<void**>(&xs), kMaxTokens * kCols * sizeof(float)));
     CHECK(cudaMalloc(reinterpret_cast<void**>(&ys), kMaxTokens * kRows * sizeof(float)));
     CHECK(cudaMemset(xs, 0, kMaxTokens * kCols * sizeof(float)));
+    void* xsq = nullptr;
+    CHECK(cudaMalloc(&xsq, cu::q8_input_bytes(kMaxTokens, kCols)));
     cu::Matrix w;
     w.type = cu::WType::kQ4_0;
     w.rows = kRows;
@@ -246,42 +263,53 @@ int main(int argc, char** argv) {
     if (json) std::printf(",\"paths\":[");
     bool first_path = true;
     for (int32_t tokens : {1, 2, 4, 8, 16, 32, 64, 128, 512}) {
+      CHECK(cu::quantize_q8_input(xs, tokens, kCols, xsq, s));
+      // Path 1: the float GEMV, 2: tensor cores, -1: the integer GEMV (its input quantized once).
       auto timed = [&](int path) {
         CHECK(cu::spin(2000000, s));
         return time_runs(
                    s, 1,
                    [&] {
-                     for (int j = 0; j < 8; ++j) CHECK(cu::matmul_path(path, w, xs, tokens, nullptr, nullptr, ys, s));
+                     for (int j = 0; j < 8; ++j) {
+                       CHECK(path < 0 ? cu::matmul_q8(w, xsq, tokens, nullptr, nullptr, ys, s)
+                                      : cu::matmul_path(path, w, xs, tokens, nullptr, nullptr, ys, s));
+                     }
                    },
                    false)[0] /
                8;
       };
       timed(1);
       timed(2);
-      std::vector<double> g, tc;
+      timed(-1);
+      std::vector<double> g, tc, iq;
       for (int i = 0; i < std::max(3, reps / 4); ++i) {
         g.push_back(timed(1));
         tc.push_back(timed(2));
+        iq.push_back(timed(-1));
       }
       std::sort(g.begin(), g.end());
       std::sort(tc.begin(), tc.end());
-      const double gm = g[g.size() / 2] * 1e6, tm = tc[tc.size() / 2] * 1e6;
+      std::sort(iq.begin(), iq.end());
+      const double gm = g[g.size() / 2] * 1e6, tm = tc[tc.size() / 2] * 1e6, im = iq[iq.size() / 2] * 1e6;
       if (json) {
-        std::printf("%s{\"tokens\":%d,\"gemv_us\":%.1f,\"tensor_cores_us\":%.1f}", first_path ? "" : ",", tokens,
-                    gm, tm);
+        std::printf("%s{\"tokens\":%d,\"gemv_us\":%.1f,\"tensor_cores_us\":%.1f,\"q8_gemv_us\":%.1f}",
+                    first_path ? "" : ",", tokens, gm, tm, im);
       } else {
-        std::printf("paths    q4_0 14336 x 4096, %3d tokens: gemv %8.1f us, tensor cores %8.1f us (%s)\n", tokens, gm,
-                    tm, gm <= tm ? "gemv" : "tensor cores");
+        std::printf("paths    q4_0 14336 x 4096, %3d tokens: gemv %8.1f us, integer gemv %8.1f us, tensor cores %8.1f us"
+                    " (%s)\n",
+                    tokens, gm, im, tm, std::min(gm, im) <= tm ? (im <= gm ? "integer gemv" : "gemv") : "tensor cores");
       }
       first_path = false;
     }
     if (json) std::printf("]");
     CHECK(cudaFree(xs));
     CHECK(cudaFree(ys));
+    CHECK(cudaFree(xsq));
   }
   if (json) std::printf("}\n");
   CHECK(cudaFree(x));
   CHECK(cudaFree(y));
+  CHECK(cudaFree(xq));
   CHECK(cudaFree(buf));
   CHECK(cudaFree(sink));
   CHECK(cudaStreamDestroy(s));

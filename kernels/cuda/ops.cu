@@ -8,6 +8,7 @@
 #include <cuda_fp16.h>
 #include <mma.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cstdint>
 #include <type_traits>
@@ -345,6 +346,248 @@ __device__ __forceinline__ void staged_row_dot(const uint8_t* __restrict__ row, 
   }
 }
 
+// ---- Matmul: GEMV on 8-bit inputs with integer dots (Activations::kQ8) ---------------------------------
+
+// A 32-value block of 8-bit matmul inputs: its scale and the sum of its codes (Q4_0's -8 offset and
+// Q4_1's minimum multiply it). The inputs of a step: [tokens][k] int8 codes, then [tokens][k / 32] of these.
+struct Q8Scale {
+  float d;
+  int32_t sum;
+};
+static_assert(sizeof(Q8Scale) == 8, "two scales of a pair of blocks are one 16-byte load");
+
+// The integer GEMV reads weights in units of 64 values: a pair of blocks of the 32-value types, a whole
+// number of 32-bit words (Q4_0 36 bytes, Q4_1 40, Q8_0 68), so a lane reads its pair from shared memory as
+// words (an odd word stride for Q4_0 and Q8_0: no bank conflicts); a quarter of a Q4_K super-block (its
+// 16-byte header, read by the four lanes of the super-block, and 32 bytes of codes: 36 bytes a unit on
+// average). A unit's inputs are four 16-byte loads and its two scales one.
+template <WType T>
+constexpr bool has_q8_gemv() {
+  return T == WType::kQ4_0 || T == WType::kQ4_1 || T == WType::kQ8_0 || T == WType::kQ4_K;
+}
+// A unit's 32-bit words on average (the segments' sizes follow it).
+template <WType T>
+constexpr int q8_pair_words() {
+  return T == WType::kQ4_0 || T == WType::kQ4_K ? 9 : T == WType::kQ4_1 ? 10 : 17;
+}
+// Pairs per staged segment: a whole number of 32 (a pair for each lane) within kStagePayload.
+template <WType T>
+constexpr int64_t q8_seg_pairs() {
+  return kStagePayload / (4 * q8_pair_words<T>()) / 32 * 32;
+}
+static_assert(q8_seg_pairs<WType::kQ4_0>() == 128 && q8_seg_pairs<WType::kQ4_1>() == 96 &&
+              q8_seg_pairs<WType::kQ8_0>() == 64 && q8_seg_pairs<WType::kQ4_K>() == 128);
+// A segment is a whole number of Q4_K super-blocks (4 units each) since it is a whole number of 32 units.
+static_assert(32 % 4 == 0 && 4 * 4 * q8_pair_words<WType::kQ4_K>() == 144);
+
+// A pair's two blocks: codes as words ready for dp4a (Q4: low nibbles then high nibbles, the order of
+// the block's values; Q8_0: the bytes), scales and (Q4_1) minimums.
+template <WType T>
+__device__ __forceinline__ void q8_pair_weights(const uint32_t* __restrict__ p, uint32_t (&q)[2][8], float (&d)[2],
+                                                float (&m)[2]) {
+  const auto half_lo = [](uint32_t w) { return __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xFFFFu))); };
+  const auto half_hi = [](uint32_t w) { return __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16))); };
+  if constexpr (T == WType::kQ8_0) {
+    // Block 0: d in bytes 0-1, codes in 2-33; block 1: d in 34-35, codes in 36-67.
+    d[0] = half_lo(p[0]);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q[0][i] = __byte_perm(p[i], p[i + 1], 0x5432);
+    d[1] = half_hi(p[8]);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q[1][i] = p[9 + i];
+    m[0] = m[1] = 0.0f;
+  } else {
+    uint32_t qs[2][4];
+    if constexpr (T == WType::kQ4_0) {
+      // Block 0: d in bytes 0-1, codes in 2-17; block 1: d in 18-19, codes in 20-35.
+      d[0] = half_lo(p[0]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) qs[0][i] = __byte_perm(p[i], p[i + 1], 0x5432);
+      d[1] = half_hi(p[4]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) qs[1][i] = p[5 + i];
+      m[0] = m[1] = 0.0f;
+    } else {  // Q4_1: d, m, 16 bytes of codes; twice
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        d[b] = half_lo(p[5 * b]);
+        m[b] = half_hi(p[5 * b]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) qs[b][i] = p[5 * b + 1 + i];
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        q[b][i] = qs[b][i] & 0x0F0F0F0Fu;
+        q[b][4 + i] = (qs[b][i] >> 4) & 0x0F0F0F0Fu;
+      }
+    }
+  }
+}
+
+// Unit pl of a staged segment (`seg`: the segment's words, from a unit boundary) as q8_pair_weights gives a
+// pair: codes ready for dp4a, and per 32 values a scale and (Q4_1, Q4_K) an offset: a value is d * q + m
+// (Q4_K: d = d_super * sc, m = -dmin * m_sub, the 6-bit scale and minimum of its sub-block).
+template <WType T>
+__device__ __forceinline__ void q8_unit(const uint32_t* __restrict__ seg, int64_t pl, uint32_t (&q)[2][8],
+                                        float (&d)[2], float (&m)[2]) {
+  if constexpr (T == WType::kQ4_K) {
+    const uint32_t* sb = seg + (pl >> 2) * 36;  // 144 bytes a super-block: d, dmin, 12 bytes of scales, codes
+    const int c = static_cast<int>(pl & 3);     // this unit: sub-blocks 2c (low nibbles) and 2c + 1 (high)
+    const uint32_t w0 = sb[0];
+    const float dd = __half2float(__ushort_as_half(static_cast<unsigned short>(w0 & 0xFFFFu)));
+    const float dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(w0 >> 16)));
+    const auto byte = [&](int i) { return (sb[1 + i / 4] >> (8 * (i % 4))) & 0xFFu; };  // scales[i]
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const int j = 2 * c + b;
+      uint32_t sc, mn;
+      if (j < 4) {
+        sc = byte(j) & 63;
+        mn = byte(j + 4) & 63;
+      } else {
+        sc = (byte(j + 4) & 0xF) | ((byte(j - 4) >> 6) << 4);
+        mn = (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4);
+      }
+      d[b] = dd * static_cast<float>(sc);
+      m[b] = -(dmin * static_cast<float>(mn));
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t w = sb[4 + 8 * c + i];
+      q[0][i] = w & 0x0F0F0F0Fu;
+      q[1][i] = (w >> 4) & 0x0F0F0F0Fu;
+    }
+  } else {
+    constexpr int kWords = q8_pair_words<T>();
+    uint32_t p[kWords];
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) p[i] = seg[pl * kWords + i];
+    q8_pair_weights<T>(p, q, d, m);
+  }
+}
+
+// Lane `lane`'s partial sums over one staged segment of a row (np pairs from pair p0 of the row, as 32-bit
+// words at `seg`) dotted with each of `tokens` (<= NT) rows of 8-bit inputs (codes xq, scales xs; k values
+// a row). Lane l takes pairs l, l + 32, ... of the segment in order; per token, each block adds
+// d_w * d_x * (its integer dot) (Q4_0: the dot less 8 * the codes' sum; Q4_1: after m_w * d_x * the sum),
+// so a token's sum does not depend on the other tokens of its step.
+template <WType T, int NT>
+__device__ __forceinline__ void q8_segment_dot(const uint32_t* __restrict__ seg, int64_t np, int64_t p0, int64_t k,
+                                               const int8_t* __restrict__ xq, const Q8Scale* __restrict__ xs,
+                                               int tokens, int lane, float (&acc)[NT]) {
+  for (int64_t pl = lane; pl < np; pl += 32) {
+    uint32_t q[2][8];
+    float d[2], m[2];
+    q8_unit<T>(seg, pl, q, d, m);
+    const int64_t pair = p0 + pl;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      if (t >= tokens) break;
+      const int4* a = reinterpret_cast<const int4*>(xq + static_cast<size_t>(t) * k) + pair * 4;
+      const int4 a0v = __ldg(a), a1v = __ldg(a + 1), a2v = __ldg(a + 2), a3v = __ldg(a + 3);
+      const float4 sc = __ldg(reinterpret_cast<const float4*>(xs + static_cast<size_t>(t) * (k / 32)) + pair);
+      const int av[2][8] = {{a0v.x, a0v.y, a0v.z, a0v.w, a1v.x, a1v.y, a1v.z, a1v.w},
+                            {a2v.x, a2v.y, a2v.z, a2v.w, a3v.x, a3v.y, a3v.z, a3v.w}};
+      const float dx[2] = {sc.x, sc.z};
+      const int sx[2] = {__float_as_int(sc.y), __float_as_int(sc.w)};
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        int dot = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) dot = __dp4a(static_cast<int>(q[b][i]), av[b][i], dot);
+        if constexpr (T == WType::kQ4_0) {
+          acc[t] = fmaf(d[b] * dx[b], static_cast<float>(dot - 8 * sx[b]), acc[t]);
+        } else if constexpr (T == WType::kQ4_1 || T == WType::kQ4_K) {
+          acc[t] = fmaf(d[b] * dx[b], static_cast<float>(dot), fmaf(m[b] * dx[b], static_cast<float>(sx[b]), acc[t]));
+        } else {
+          acc[t] = fmaf(d[b] * dx[b], static_cast<float>(dot), acc[t]);
+        }
+      }
+    }
+  }
+}
+
+// Lane `lane`'s partial sums of row `row` (k values, whole units) dotted with each of `tokens` (<= NT)
+// rows of 8-bit inputs, the row staged through `buf` (this warp's kStageBytes) a segment of q8_seg_pairs
+// units at a time as staged_row_dot stages float rows (16-byte loads, none waiting on another). A
+// segment is a whole number of 32 units: unit p of the row goes to lane p % 32.
+template <WType T, int NT>
+__device__ __forceinline__ void q8_row_dot(const uint8_t* __restrict__ row, int64_t k, const int8_t* __restrict__ xq,
+                                           const Q8Scale* __restrict__ xs, int tokens, uint8_t* buf, int lane,
+                                           float (&acc)[NT]) {
+  constexpr int64_t kUnitBytes = 4 * q8_pair_words<T>();
+  constexpr int64_t kSeg = q8_seg_pairs<T>();
+  const int64_t pairs = k / 64;
+  for (int64_t p0 = 0; p0 < pairs; p0 += kSeg) {
+    const int64_t np = pairs - p0 < kSeg ? pairs - p0 : kSeg;
+    const uintptr_t a0 = reinterpret_cast<uintptr_t>(row + p0 * kUnitBytes);
+    const uintptr_t v0 = a0 & ~uintptr_t{15};
+    const int64_t vecs = static_cast<int64_t>((a0 + static_cast<uintptr_t>(np * kUnitBytes) - v0 + 15) / 16);
+    __syncwarp();  // the previous segment is read
+    const uint4* src = reinterpret_cast<const uint4*>(v0);
+    uint4* dst = reinterpret_cast<uint4*>(buf);
+    for (int64_t i = lane; i < vecs; i += 32) dst[i] = __ldg(src + i);
+    __syncwarp();
+    // Rows and segments start on a word: the segment's words from its first byte.
+    q8_segment_dot<T, NT>(reinterpret_cast<const uint32_t*>(buf + (a0 - v0)), np, p0, k, xq, xs, tokens, lane, acc);
+  }
+}
+
+// One warp per 32-value block: codes as quantize_q8_kernel forms them (the CPU engine's q8_0), their
+// scale and their sum.
+// A warp's 32 values (v: this lane's) as quantize_q8_kernel quantizes them: this lane's code at q[lane], the
+// block's fp16-rounded scale and the sum of its codes at *s.
+__device__ __forceinline__ void quantize_block(float v, int lane, int8_t* q, Q8Scale* s) {
+  float amax = fabsf(v);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+  const int c = static_cast<int>(rintf(v * id));
+  q[lane] = static_cast<int8_t>(c);
+  int sum = c;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (lane == 0) *s = Q8Scale{__half2float(__float2half_rn(amax / 127.0f)), sum};
+}
+
+__global__ void quantize_q8_input_kernel(const float* __restrict__ x, int64_t blocks, int8_t* __restrict__ q,
+                                         Q8Scale* __restrict__ s) {
+  const int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
+  if (b >= blocks) return;
+  const int lane = threadIdx.x % 32;
+  quantize_block(x[b * 32 + lane], lane, q + b * 32, s + b);
+}
+
+// ---- The GEMV kernels over either input ----------------------------------------------------------------
+
+// A step's matmul input as the GEMV kernels read it: float rows (staged_row_dot's segment sizes with
+// them), or 8-bit codes and their scales (q8_segment_dot). at(t0, k): the same input from token t0 on.
+struct FloatIn {
+  const float* x;
+  int64_t seg_runs, seg_bytes;
+  __device__ FloatIn at(int t0, int64_t k) const { return {x + static_cast<size_t>(t0) * k, seg_runs, seg_bytes}; }
+};
+struct Q8In {
+  const int8_t* q;
+  const Q8Scale* s;
+  __device__ Q8In at(int t0, int64_t k) const {
+    return {q + static_cast<size_t>(t0) * k, s + static_cast<size_t>(t0) * (k / 32)};
+  }
+};
+template <WType T, int NT>
+__device__ __forceinline__ void row_dot(const FloatIn& in, const uint8_t* row, int64_t k, int tokens, uint8_t* buf,
+                                        int lane, float (&acc)[NT]) {
+  staged_row_dot<T, NT>(row, k, in.x, tokens, in.seg_runs, in.seg_bytes, buf, lane, acc);
+}
+template <WType T, int NT>
+__device__ __forceinline__ void row_dot(const Q8In& in, const uint8_t* row, int64_t k, int tokens, uint8_t* buf,
+                                        int lane, float (&acc)[NT]) {
+  q8_row_dot<T, NT>(row, k, in.q, in.s, tokens, buf, lane, acc);
+}
+
 // Row r's outputs from the lanes' partial sums: the warp's tree, then + bias[r], then + residual, as
 // gemv_kernel stores them.
 template <int NT>
@@ -364,21 +607,29 @@ __device__ __forceinline__ void store_row(const float (&acc)[NT], int tokens, in
   }
 }
 
-template <WType T, int NT>
+// Steps of more than NT tokens run as a grid row per NT tokens (blockIdx.y): the tokens this block takes,
+// from t0 = blockIdx.y * NT.
+template <int NT>
+__device__ __forceinline__ int tokens_from(int tokens, int t0) {
+  return tokens - t0 < NT ? tokens - t0 : NT;
+}
+
+template <WType T, int NT, class In>
 __global__ void __launch_bounds__(kGemvWarps * 32)
-    gemv_staged_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n, int64_t k,
-                       const float* __restrict__ x, int tokens, const float* __restrict__ bias, const float* residual,
-                       float* y, int64_t seg_runs, int64_t seg_bytes) {
+    gemv_staged_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t n, int64_t k, In in, int tokens,
+                       const float* __restrict__ bias, const float* residual, float* y) {
   __shared__ __align__(16) uint8_t stage[kGemvWarps][kStageBytes];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp;
   if (r >= n) return;  // the whole warp: only warp barriers below
+  const int t0 = static_cast<int>(blockIdx.y) * NT;
+  const size_t out0 = static_cast<size_t>(t0) * n;
   float acc[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-  staged_row_dot<T, NT>(w + static_cast<size_t>(r) * row_bytes, k, x, tokens, seg_runs, seg_bytes, stage[warp], lane,
-                        acc);
-  store_row(acc, tokens, lane, r, n, bias, residual, y);
+  row_dot<T, NT>(in.at(t0, k), w + static_cast<size_t>(r) * row_bytes, k, tokens_from<NT>(tokens, t0), stage[warp],
+                 lane, acc);
+  store_row(acc, tokens_from<NT>(tokens, t0), lane, r, n, bias, residual ? residual + out0 : nullptr, y + out0);
 }
 
 // SwiGLU's and GeGLU's activation times up, one formula for the standalone kernels and the fused GEMV.
@@ -402,10 +653,9 @@ struct FusedGemv {
   int count;
 };
 
-template <WType T, int NT>
+template <WType T, int NT, class In>
 __global__ void __launch_bounds__(kGemvWarps * 32)
-    gemv_many_kernel(FusedGemv f, size_t row_bytes, int64_t k, const float* __restrict__ x, int tokens,
-                     int64_t seg_runs, int64_t seg_bytes) {
+    gemv_many_kernel(FusedGemv f, size_t row_bytes, int64_t k, In in, int tokens) {
   __shared__ __align__(16) uint8_t stage[kGemvWarps][kStageBytes];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   int m = 0;
@@ -413,37 +663,38 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   const int64_t n = f.rows[m];
   const int64_t r = (static_cast<int64_t>(blockIdx.x) - f.first_block[m]) * kGemvWarps + warp;
   if (r >= n) return;
+  const int t0 = static_cast<int>(blockIdx.y) * NT;
   float acc[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-  staged_row_dot<T, NT>(f.w[m] + static_cast<size_t>(r) * row_bytes, k, x, tokens, seg_runs, seg_bytes, stage[warp],
-                        lane, acc);
-  store_row(acc, tokens, lane, r, n, f.bias[m], nullptr, f.y[m]);
+  row_dot<T, NT>(in.at(t0, k), f.w[m] + static_cast<size_t>(r) * row_bytes, k, tokens_from<NT>(tokens, t0),
+                 stage[warp], lane, acc);
+  store_row(acc, tokens_from<NT>(tokens, t0), lane, r, n, f.bias[m], nullptr, f.y[m] + static_cast<size_t>(t0) * n);
 }
 
 // y = act(x Wg^T) * (x Wu^T): a warp takes row r of both matrices (gate, then up), the products as
 // gemv_staged_kernel forms them, the activation as swiglu_kernel / geglu_kernel apply it.
-template <WType T, int NT, bool Gelu>
+template <WType T, int NT, bool Gelu, class In>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_glu_kernel(const uint8_t* __restrict__ wg, const uint8_t* __restrict__ wu, size_t row_bytes, int64_t n,
-                    int64_t k, const float* __restrict__ x, int tokens, const uint16_t* __restrict__ gelu, float* y,
-                    int64_t seg_runs, int64_t seg_bytes) {
+                    int64_t k, In in, int tokens, const uint16_t* __restrict__ gelu, float* y) {
   __shared__ __align__(16) uint8_t stage[kGemvWarps][kStageBytes];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp;
   if (r >= n) return;
+  const int t0 = static_cast<int>(blockIdx.y) * NT;
+  const int here = tokens_from<NT>(tokens, t0);
   float ag[NT], au[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) ag[t] = au[t] = 0.0f;
-  staged_row_dot<T, NT>(wg + static_cast<size_t>(r) * row_bytes, k, x, tokens, seg_runs, seg_bytes, stage[warp], lane,
-                        ag);
-  staged_row_dot<T, NT>(wu + static_cast<size_t>(r) * row_bytes, k, x, tokens, seg_runs, seg_bytes, stage[warp], lane,
-                        au);
+  row_dot<T, NT>(in.at(t0, k), wg + static_cast<size_t>(r) * row_bytes, k, here, stage[warp], lane, ag);
+  row_dot<T, NT>(in.at(t0, k), wu + static_cast<size_t>(r) * row_bytes, k, here, stage[warp], lane, au);
+  float* yt = y + static_cast<size_t>(t0) * n;
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
-    if (t >= tokens) break;
+    if (t >= here) break;
     const float g = warp_sum(ag[t]), u = warp_sum(au[t]);
-    if (lane == 0) y[static_cast<size_t>(t) * n + r] = Gelu ? gelu_mul(g, u, gelu) : silu_mul(g, u);
+    if (lane == 0) yt[static_cast<size_t>(t) * n + r] = Gelu ? gelu_mul(g, u, gelu) : silu_mul(g, u);
   }
 }
 
@@ -663,7 +914,7 @@ cudaError_t launch_matmul(int path, const Matrix& w, const float* x, int32_t tok
     const auto launch = [&](auto nt) {
       if (staged) {
         gemv_staged_kernel<T, decltype(nt)::value><<<grid, kGemvWarps * 32, 0, stream>>>(
-            wd, w.row_bytes, w.rows, w.cols, x, tokens, bias, residual, y, seg_runs<T>(), seg_bytes<T>());
+            wd, w.row_bytes, w.rows, w.cols, FloatIn{x, seg_runs<T>(), seg_bytes<T>()}, tokens, bias, residual, y);
       } else {
         gemv_kernel<T, decltype(nt)::value><<<grid, kGemvWarps * 32, 0, stream>>>(wd, w.row_bytes, w.rows, w.cols,
                                                                                    x, tokens, bias, residual, y);
@@ -720,11 +971,10 @@ __global__ void get_rows_kernel(const uint8_t* __restrict__ w, size_t row_bytes,
 
 // ---- Row and element-wise operators --------------------------------------------------------------------
 
-__global__ void rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ w, int64_t cols, float eps,
-                                float* y) {
+// 1 / sqrt(mean(xr^2) + eps) of a row of cols, the whole block summing (each thread its strided values, then
+// the warps' sums, then across the warps).
+__device__ __forceinline__ float rms_scale(const float* __restrict__ xr, int64_t cols, float eps) {
   __shared__ float partial[32];
-  const float* xr = x + static_cast<size_t>(blockIdx.x) * cols;
-  float* yr = y + static_cast<size_t>(blockIdx.x) * cols;
   float s = 0.0f;
   for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) s = fmaf(xr[i], xr[i], s);
   s = warp_sum(s);
@@ -736,8 +986,32 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __rest
     if (threadIdx.x == 0) partial[0] = v;
   }
   __syncthreads();
-  const float scale = 1.0f / sqrtf(partial[0] / static_cast<float>(cols) + eps);
+  return 1.0f / sqrtf(partial[0] / static_cast<float>(cols) + eps);
+}
+
+__global__ void rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ w, int64_t cols, float eps,
+                                float* y) {
+  const float* xr = x + static_cast<size_t>(blockIdx.x) * cols;
+  float* yr = y + static_cast<size_t>(blockIdx.x) * cols;
+  const float scale = rms_scale(xr, cols, eps);
   for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) yr[i] = (xr[i] * scale) * w[i];
+}
+
+// rms_norm_kernel, and its output quantized for the integer GEMV (quantize_q8_input_kernel's codes of the
+// same values) into q (rows x cols codes) and s: a warp per 32-value block.
+__global__ void rms_norm_q8_kernel(const float* __restrict__ x, const float* __restrict__ w, int64_t cols, float eps,
+                                   float* y, int8_t* __restrict__ q, Q8Scale* __restrict__ s) {
+  const float* xr = x + static_cast<size_t>(blockIdx.x) * cols;
+  float* yr = y + static_cast<size_t>(blockIdx.x) * cols;
+  const float scale = rms_scale(xr, cols, eps);
+  const int lane = threadIdx.x % 32;
+  const int64_t nb = cols / 32, b0 = static_cast<int64_t>(blockIdx.x) * nb;
+  for (int64_t b = threadIdx.x / 32; b < nb; b += blockDim.x / 32) {
+    const int64_t i = b * 32 + lane;
+    const float v = (xr[i] * scale) * w[i];
+    yr[i] = v;
+    quantize_block(v, lane, q + (b0 + b) * 32, s + b0 + b);
+  }
 }
 
 __global__ void add_kernel(const float* a, const float* b, int64_t n, float* y) {
@@ -810,6 +1084,74 @@ __global__ void kv_write_kernel(KvLayout kv, const float* k, const float* v, con
   }
 }
 
+// The W warps of a block each hold a running softmax over their share of the positions: maximum m, sum
+// of exponentials l, unnormalized output acc (lane + 32 i). Warp 0 combines them (the others return
+// false): mx the largest maximum, f_w = exp(m_w - mx) (0 for a warp without positions), total the sum of
+// l_w f_w, out[i] the sum of acc_w f_w in warp order.
+template <int W, int DPL>
+__device__ __forceinline__ bool combine_warps(float m, float l, const float (&acc)[DPL], int warp, int lane, float* mx,
+                                              float* total, float (&out)[DPL]) {
+  __shared__ float s_m[W], s_l[W];
+  __shared__ float s_acc[W][DPL * 32];
+  if (lane == 0) {
+    s_m[warp] = m;
+    s_l[warp] = l;
+  }
+#pragma unroll
+  for (int i = 0; i < DPL; ++i) s_acc[warp][lane + 32 * i] = acc[i];
+  __syncthreads();
+  if (warp != 0) return false;
+  float x = -FLT_MAX;
+#pragma unroll
+  for (int w = 0; w < W; ++w) x = fmaxf(x, s_m[w]);
+  float sum = 0.0f, f[W];
+#pragma unroll
+  for (int w = 0; w < W; ++w) {
+    f[w] = s_l[w] > 0.0f ? expf(s_m[w] - x) : 0.0f;
+    sum += s_l[w] * f[w];
+  }
+#pragma unroll
+  for (int i = 0; i < DPL; ++i) {
+    float v = 0.0f;
+#pragma unroll
+    for (int w = 0; w < W; ++w) v = fmaf(s_acc[w][lane + 32 * i], f[w], v);
+    out[i] = v;
+  }
+  *mx = x;
+  *total = sum;
+  return true;
+}
+
+// What attention of query head h of token t reads: its positions [start, p] (a sliding window's from
+// p + 1 - window), its slot's block table, its KV head's key and value rows in block 0 (block b's at
+// + b * stride), and this lane's query values (dimensions lane, lane + 32, ..., times q_scale when set).
+template <int DPL>
+struct HeadTask {
+  int32_t p, start;
+  const int32_t* blocks;
+  size_t stride;
+  const __half* K;
+  const __half* V;
+  float qv[DPL];
+  __device__ __forceinline__ HeadTask(const KvLayout& kv, int32_t n_head, const float* __restrict__ q,
+                                      const int32_t* pos, const int32_t* slot, const int32_t* __restrict__ table,
+                                      float q_scale, int32_t window, const __half* __restrict__ cache, int h, int t,
+                                      int lane) {
+    const int D = kv.head_dim;
+    const int kvh = h / (n_head / kv.n_head_kv);
+    p = pos[t];
+    start = window > 0 ? max(0, p + 1 - window) : 0;
+    blocks = table + static_cast<size_t>(slot[t]) * kv.blocks_per_slot;
+    stride = block_elems(kv);
+    const size_t head = static_cast<size_t>(kvh) * kKvBlockTokens * D;
+    K = cache + head;
+    V = cache + v_offset(kv) + head;
+    const float* qh = q + (static_cast<size_t>(t) * n_head + h) * D;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) qv[i] = q_scale > 0.0f ? qh[lane + 32 * i] * q_scale : qh[lane + 32 * i];
+  }
+};
+
 constexpr int kAttnWarps = 8;
 
 // One block per (query head, token): its warps take every kAttnWarps-th key of [0, pos], each with an
@@ -821,27 +1163,19 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
     attention_kernel(KvLayout kv, int32_t n_head, const float* __restrict__ q, const int32_t* pos, const int32_t* slot,
                      const int32_t* __restrict__ table, float scale, float q_scale, int32_t window,
                      const __half* __restrict__ cache, float* out) {
-  constexpr int kMaxDim = DPL * 32;
-  __shared__ float s_m[kAttnWarps], s_l[kAttnWarps];
-  __shared__ float s_acc[kAttnWarps][kMaxDim];
   const int h = blockIdx.x, t = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int D = kv.head_dim;
-  const int kvh = h / (n_head / kv.n_head_kv);
-  const int32_t p = pos[t];
-  const int32_t start = window > 0 ? max(0, p + 1 - window) : 0;  // a sliding window's first position
-  const int32_t* blocks = table + static_cast<size_t>(slot[t]) * kv.blocks_per_slot;  // the slot's block table
-  const size_t stride = block_elems(kv);
-  const size_t head = static_cast<size_t>(kvh) * kKvBlockTokens * D;  // head kvh's rows in block 0
-  const __half* K = cache + head;
-  const __half* V = cache + v_offset(kv) + head;
-  const float* qh = q + (static_cast<size_t>(t) * n_head + h) * D;
-  float qv[DPL], acc[DPL];
+  const HeadTask<DPL> task(kv, n_head, q, pos, slot, table, q_scale, window, cache, h, t, lane);
+  const int32_t p = task.p, start = task.start;
+  const int32_t* blocks = task.blocks;
+  const size_t stride = task.stride;
+  const __half* K = task.K;
+  const __half* V = task.V;
+  const float(&qv)[DPL] = task.qv;
+  float acc[DPL];
 #pragma unroll
-  for (int i = 0; i < DPL; ++i) {
-    qv[i] = q_scale > 0.0f ? qh[lane + 32 * i] * q_scale : qh[lane + 32 * i];
-    acc[i] = 0.0f;
-  }
+  for (int i = 0; i < DPL; ++i) acc[i] = 0.0f;
   float m = -FLT_MAX, l = 0.0f;
   __half kn[DPL], vn[DPL];  // the next position's key and value values of this lane
   if (start + warp <= p) {
@@ -878,31 +1212,132 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
     for (int i = 0; i < DPL; ++i) acc[i] = fmaf(e, vc[i], acc[i] * corr);
     m = m_new;
   }
-  if (lane == 0) {
-    s_m[warp] = m;
-    s_l[warp] = l;
-  }
-#pragma unroll
-  for (int i = 0; i < DPL; ++i) s_acc[warp][lane + 32 * i] = acc[i];
-  __syncthreads();
-  if (warp != 0) return;
-  float mx = -FLT_MAX;
-#pragma unroll
-  for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, s_m[w]);
-  float total = 0.0f, f[kAttnWarps];
-#pragma unroll
-  for (int w = 0; w < kAttnWarps; ++w) {
-    f[w] = s_l[w] > 0.0f ? expf(s_m[w] - mx) : 0.0f;
-    total += s_l[w] * f[w];
-  }
+  float mx = 0.0f, total = 0.0f, v[DPL];
+  if (!combine_warps<kAttnWarps, DPL>(m, l, acc, warp, lane, &mx, &total, v)) return;
   const float inv = 1.0f / total;
   float* o = out + (static_cast<size_t>(t) * n_head + h) * D;
 #pragma unroll
-  for (int i = 0; i < DPL; ++i) {
+  for (int i = 0; i < DPL; ++i) o[lane + 32 * i] = v[i] * inv;
+}
+
+// ---- Split attention (flash-decoding): a token's positions in parts, merged --------------------------------
+
+// attention_part_kernel: block (h, t, z) takes the KV blocks (64 positions each) z, z + S, z + 2S, ... of
+// the token's range [start, p] (S = kAttentionSplits), four warps each a quarter of a block's 64 positions,
+// a group of G positions at a time with every key and value row of the group loaded before any is used
+// (one memory round trip per group, not per position); it writes the part's running maximum, sum of
+// exponentials and unnormalized output. attention_merge_kernel combines the S parts of (h, t) in order.
+// Which positions a part takes and every sum's order depend only on the token's own range: the result
+// does not depend on the step's other tokens.
+constexpr int kSplitWarps = 4;
+constexpr int kPartFloats = 2;  // a part: m, l, then head_dim floats
+
+template <int DPL>
+__global__ void __launch_bounds__(kSplitWarps * 32)
+    attention_part_kernel(KvLayout kv, int32_t n_head, const float* __restrict__ q, const int32_t* pos,
+                          const int32_t* slot, const int32_t* __restrict__ table, float scale, float q_scale,
+                          int32_t window, const __half* __restrict__ cache, float* __restrict__ parts) {
+  constexpr int G = DPL <= 4 ? 8 : 4;  // positions per group: their K and V rows in registers at once
+  constexpr int kRowsPerWarp = kKvBlockTokens / kSplitWarps;
+  const int h = blockIdx.x, t = blockIdx.y, z = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int D = kv.head_dim;
+  const HeadTask<DPL> task(kv, n_head, q, pos, slot, table, q_scale, window, cache, h, t, lane);
+  const int32_t p = task.p, start = task.start;
+  const int32_t* blocks = task.blocks;
+  const size_t stride = task.stride;
+  const __half* K = task.K;
+  const __half* V = task.V;
+  const float(&qv)[DPL] = task.qv;
+  float acc[DPL];
+#pragma unroll
+  for (int i = 0; i < DPL; ++i) acc[i] = 0.0f;
+  float m = -FLT_MAX, l = 0.0f;
+  for (int32_t c = start / kKvBlockTokens + z; c <= p / kKvBlockTokens; c += kAttentionSplits) {
+    const size_t base = static_cast<size_t>(blocks[c]) * stride;
+    const int32_t first = c * kKvBlockTokens + warp * kRowsPerWarp;  // this warp's positions: [first, first + 16)
+    const int32_t lo = max(first, start), hi = min(first + kRowsPerWarp - 1, p);
+    for (int32_t g0 = lo; g0 <= hi; g0 += G) {
+      __half kr[G][DPL], vr[G][DPL];
+#pragma unroll
+      for (int j = 0; j < G; ++j) {
+        const int32_t jp = g0 + j <= hi ? g0 + j : hi;  // past the end: the last row again, masked below
+        const size_t row = base + static_cast<size_t>(jp & (kKvBlockTokens - 1)) * D;
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) {
+          kr[j][i] = K[row + lane + 32 * i];
+          vr[j][i] = V[row + lane + 32 * i];
+        }
+      }
+      float sc[G];
+#pragma unroll
+      for (int j = 0; j < G; ++j) {
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) s = fmaf(qv[i], __half2float(kr[j][i]), s);
+        sc[j] = s;
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+        for (int j = 0; j < G; ++j) sc[j] += __shfl_xor_sync(0xffffffffu, sc[j], o);
+      }
+      float mg = m;
+#pragma unroll
+      for (int j = 0; j < G; ++j) {
+        sc[j] *= scale;
+        if (g0 + j <= hi) mg = fmaxf(mg, sc[j]);
+      }
+      const float corr = expf(m - mg);
+      l *= corr;
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) acc[i] *= corr;
+#pragma unroll
+      for (int j = 0; j < G; ++j) {
+        const float e = g0 + j <= hi ? expf(sc[j] - mg) : 0.0f;
+        l += e;
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) acc[i] = fmaf(e, __half2float(vr[j][i]), acc[i]);
+      }
+      m = mg;
+    }
+  }
+  float mx = 0.0f, total = 0.0f, v[DPL];
+  if (!combine_warps<kSplitWarps, DPL>(m, l, acc, warp, lane, &mx, &total, v)) return;
+  float* part = parts + ((static_cast<size_t>(t) * n_head + h) * kAttentionSplits + z) * (kPartFloats + D);
+  if (lane == 0) {
+    part[0] = mx;
+    part[1] = total;
+  }
+#pragma unroll
+  for (int i = 0; i < DPL; ++i) part[kPartFloats + lane + 32 * i] = v[i];
+}
+
+// out = the S parts of (h, t) combined: each scaled to the largest maximum, summed in order, divided by
+// the summed exponentials.
+__global__ void attention_merge_kernel(int32_t n_head, int32_t head_dim, const float* __restrict__ parts,
+                                       float* __restrict__ out) {
+  const int h = blockIdx.x, t = blockIdx.y;
+  const float* part = parts + (static_cast<size_t>(t) * n_head + h) * kAttentionSplits * (kPartFloats + head_dim);
+  const size_t pstride = static_cast<size_t>(kPartFloats + head_dim);
+  float mx = -FLT_MAX;
+  for (int z = 0; z < kAttentionSplits; ++z) {
+    if (part[z * pstride + 1] > 0.0f) mx = fmaxf(mx, part[z * pstride]);
+  }
+  float f[kAttentionSplits], total = 0.0f;
+#pragma unroll
+  for (int z = 0; z < kAttentionSplits; ++z) {
+    const float lz = part[z * pstride + 1];
+    f[z] = lz > 0.0f ? expf(part[z * pstride] - mx) : 0.0f;
+    total += lz * f[z];
+  }
+  const float inv = 1.0f / total;
+  float* o = out + (static_cast<size_t>(t) * n_head + h) * head_dim;
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
     float v = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kAttnWarps; ++w) v = fmaf(s_acc[w][lane + 32 * i], f[w], v);
-    o[lane + 32 * i] = v * inv;
+    for (int z = 0; z < kAttentionSplits; ++z) v = fmaf(part[z * pstride + kPartFloats + d], f[z], v);
+    o[d] = v * inv;
   }
 }
 
@@ -1017,6 +1452,49 @@ cudaError_t spin(long long cycles, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+size_t attention_split_scratch_floats(int32_t n_head, int32_t head_dim, int32_t tokens) {
+  return static_cast<size_t>(tokens) * static_cast<size_t>(n_head) * kAttentionSplits *
+         static_cast<size_t>(kPartFloats + head_dim);
+}
+
+cudaError_t attention_split(const KvLayout& kv, int32_t n_head, const float* q, const int32_t* pos, const int32_t* slot,
+                            const int32_t* table, int32_t tokens, float scale, float q_scale, int32_t window,
+                            const uint16_t* cache, float* scratch, int32_t scratch_tokens, float* out,
+                            cudaStream_t stream) {
+  if (tokens <= 0) return cudaSuccess;
+  if (kv.head_dim % 32 != 0 || kv.head_dim > 256 || kv.head_dim <= 0 || scratch_tokens <= 0) {
+    return cudaErrorInvalidValue;
+  }
+  const __half* c = reinterpret_cast<const __half*>(cache);
+  for (int32_t t0 = 0; t0 < tokens; t0 += scratch_tokens) {
+    const int32_t n = min(scratch_tokens, tokens - t0);
+    const float* qt = q + static_cast<size_t>(t0) * n_head * kv.head_dim;
+    float* ot = out + static_cast<size_t>(t0) * n_head * kv.head_dim;
+    const dim3 grid(static_cast<unsigned>(n_head), static_cast<unsigned>(n), kAttentionSplits);
+    switch (kv.head_dim / 32) {
+#define INFERD_PART_CASE(N)                                                                                     \
+  case N:                                                                                                       \
+    attention_part_kernel<N><<<grid, kSplitWarps * 32, 0, stream>>>(kv, n_head, qt, pos + t0, slot + t0, table, \
+                                                                    scale, q_scale, window, c, scratch);       \
+    break;
+      INFERD_PART_CASE(1)
+      INFERD_PART_CASE(2)
+      INFERD_PART_CASE(3)
+      INFERD_PART_CASE(4)
+      INFERD_PART_CASE(5)
+      INFERD_PART_CASE(6)
+      INFERD_PART_CASE(7)
+      INFERD_PART_CASE(8)
+#undef INFERD_PART_CASE
+    }
+    attention_merge_kernel<<<dim3(static_cast<unsigned>(n_head), static_cast<unsigned>(n)), 128, 0, stream>>>(
+        n_head, kv.head_dim, scratch, ot);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
 cudaError_t read_probe(const void* p, size_t bytes, int blocks, uint32_t* sink, cudaStream_t stream) {
   if (reinterpret_cast<uintptr_t>(p) % 16 != 0 || blocks <= 0) return cudaErrorInvalidValue;
   read_probe_kernel<<<static_cast<unsigned>(blocks), 512, 0, stream>>>(static_cast<const uint4*>(p), bytes / 16, sink);
@@ -1055,15 +1533,21 @@ bool fused_gemv_applies(const Matrix& w, const float* x, int32_t tokens) {
   return check() == cudaSuccess && applies;  // an unknown type: cudaErrorInvalidValue, not applicable
 }
 
-cudaError_t matmul_many(const MatmulOut* outs, int count, const float* x, int32_t tokens, cudaStream_t stream) {
-  if (count < 1 || count > kMaxFused) return cudaErrorInvalidValue;
+namespace {
+
+// The fused GEMVs' launches for either input: `check` says whether a matrix can be read by them, `in(T)`
+// makes the kernels' input; steps of more than NT tokens (q8 inputs) take a grid row per NT.
+template <class Check, class MakeIn>
+cudaError_t launch_many(const MatmulOut* outs, int count, int32_t tokens, Check check, MakeIn make_in,
+                        cudaStream_t stream) {
+  if (count < 1 || count > kMaxFused || tokens < 1) return cudaErrorInvalidValue;
   const Matrix& w0 = outs[0].w;
   FusedGemv f{};
   f.count = count;
   int64_t blocks = 0;
   for (int m = 0; m < count; ++m) {
     const Matrix& w = outs[m].w;
-    if (w.type != w0.type || w.cols != w0.cols || w.row_bytes != w0.row_bytes || !fused_gemv_applies(w, x, tokens)) {
+    if (w.type != w0.type || w.cols != w0.cols || w.row_bytes != w0.row_bytes || !check(w)) {
       return cudaErrorInvalidValue;
     }
     f.w[m] = static_cast<const uint8_t*>(w.data);
@@ -1074,37 +1558,164 @@ cudaError_t matmul_many(const MatmulOut* outs, int count, const float* x, int32_
     blocks += (w.rows + kGemvWarps - 1) / kGemvWarps;
   }
   f.first_block[count] = blocks;
-  INFERD_DISPATCH_WTYPE(w0.type, with_nt(tokens, [&](auto nt) {
-                          gemv_many_kernel<T, decltype(nt)::value>
-                              <<<static_cast<unsigned>(blocks), kGemvWarps * 32, 0, stream>>>(
-                                  f, w0.row_bytes, w0.cols, x, tokens, seg_runs<T>(), seg_bytes<T>());
-                        });
-                        return cudaGetLastError());
+  INFERD_DISPATCH_WTYPE(w0.type, {
+    auto in = make_in(std::integral_constant<WType, T>());
+    if constexpr (!std::is_same_v<decltype(in), std::nullptr_t>) {
+      with_nt(tokens, [&](auto nt) {
+        constexpr int NT = decltype(nt)::value;
+        const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>((tokens + NT - 1) / NT));
+        gemv_many_kernel<T, NT><<<grid, kGemvWarps * 32, 0, stream>>>(f, w0.row_bytes, w0.cols, in, tokens);
+      });
+      return cudaGetLastError();
+    }
+    return cudaErrorInvalidValue;
+  });
+}
+
+template <class Check, class MakeIn>
+cudaError_t launch_glu(Glu act, const Matrix& wg, const Matrix& wu, int32_t tokens, const uint16_t* gelu_table,
+                       float* y, Check check, MakeIn make_in, cudaStream_t stream) {
+  if (wg.type != wu.type || wg.rows != wu.rows || wg.cols != wu.cols || wg.row_bytes != wu.row_bytes || tokens < 1 ||
+      !check(wg) || !check(wu) || (act == Glu::kGelu && gelu_table == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  const auto* g8 = static_cast<const uint8_t*>(wg.data);
+  const auto* u8 = static_cast<const uint8_t*>(wu.data);
+  INFERD_DISPATCH_WTYPE(wg.type, {
+    auto in = make_in(std::integral_constant<WType, T>());
+    if constexpr (!std::is_same_v<decltype(in), std::nullptr_t>) {
+      with_nt(tokens, [&](auto nt) {
+        constexpr int NT = decltype(nt)::value;
+        const dim3 grid(static_cast<unsigned>((wg.rows + kGemvWarps - 1) / kGemvWarps),
+                        static_cast<unsigned>((tokens + NT - 1) / NT));
+        if (act == Glu::kGelu) {
+          gemv_glu_kernel<T, NT, true><<<grid, kGemvWarps * 32, 0, stream>>>(g8, u8, wg.row_bytes, wg.rows, wg.cols, in,
+                                                                             tokens, gelu_table, y);
+        } else {
+          gemv_glu_kernel<T, NT, false><<<grid, kGemvWarps * 32, 0, stream>>>(g8, u8, wg.row_bytes, wg.rows, wg.cols,
+                                                                              in, tokens, nullptr, y);
+        }
+      });
+      return cudaGetLastError();
+    }
+    return cudaErrorInvalidValue;
+  });
+}
+
+// The staged GEMV's launch for an input `make_in` makes (a grid row per NT tokens).
+template <class MakeIn>
+cudaError_t launch_gemv(const Matrix& w, int32_t tokens, const float* bias, const float* residual, float* y,
+                        MakeIn make_in, cudaStream_t stream) {
+  const auto* wd = static_cast<const uint8_t*>(w.data);
+  INFERD_DISPATCH_WTYPE(w.type, {
+    auto in = make_in(std::integral_constant<WType, T>());
+    if constexpr (!std::is_same_v<decltype(in), std::nullptr_t>) {
+      with_nt(tokens, [&](auto nt) {
+        constexpr int NT = decltype(nt)::value;
+        const dim3 grid(static_cast<unsigned>((w.rows + kGemvWarps - 1) / kGemvWarps),
+                        static_cast<unsigned>((tokens + NT - 1) / NT));
+        gemv_staged_kernel<T, NT><<<grid, kGemvWarps * 32, 0, stream>>>(wd, w.row_bytes, w.rows, w.cols, in, tokens,
+                                                                         bias, residual, y);
+      });
+      return cudaGetLastError();
+    }
+    return cudaErrorInvalidValue;
+  });
+}
+
+// The float input of the fused GEMVs for weights of type T.
+struct MakeFloatIn {
+  const float* x;
+  template <WType T>
+  FloatIn operator()(std::integral_constant<WType, T>) const {
+    return FloatIn{x, seg_runs<T>(), seg_bytes<T>()};
+  }
+};
+// The 8-bit input (quantize_q8_input's layout for `tokens` rows of k) for the types the integer GEMV reads;
+// nullptr (no launch) for the others.
+struct MakeQ8In {
+  const void* xq;
+  int32_t tokens;
+  int64_t k;
+  template <WType T>
+  auto operator()(std::integral_constant<WType, T>) const {
+    if constexpr (has_q8_gemv<T>()) {
+      const auto* q = static_cast<const int8_t*>(xq);
+      return Q8In{q, reinterpret_cast<const Q8Scale*>(q + static_cast<size_t>(tokens) * static_cast<size_t>(k))};
+    } else {
+      return nullptr;
+    }
+  }
+};
+
+}  // namespace
+
+cudaError_t matmul_many(const MatmulOut* outs, int count, const float* x, int32_t tokens, cudaStream_t stream) {
+  if (tokens > kGemvTokens) return cudaErrorInvalidValue;
+  return launch_many(outs, count, tokens, [&](const Matrix& w) { return fused_gemv_applies(w, x, tokens); },
+                     MakeFloatIn{x}, stream);
 }
 
 cudaError_t matmul_glu(Glu act, const Matrix& wg, const Matrix& wu, const float* x, int32_t tokens,
                        const uint16_t* gelu_table, float* y, cudaStream_t stream) {
-  if (wg.type != wu.type || wg.rows != wu.rows || wg.cols != wu.cols || wg.row_bytes != wu.row_bytes ||
-      !fused_gemv_applies(wg, x, tokens) || !fused_gemv_applies(wu, x, tokens) ||
-      (act == Glu::kGelu && gelu_table == nullptr)) {
-    return cudaErrorInvalidValue;
+  if (tokens > kGemvTokens) return cudaErrorInvalidValue;
+  return launch_glu(act, wg, wu, tokens, gelu_table, y,
+                    [&](const Matrix& w) { return fused_gemv_applies(w, x, tokens); }, MakeFloatIn{x}, stream);
+}
+
+// ---- 8-bit inputs ----
+
+size_t q8_input_bytes(int32_t rows, int64_t k) {
+  return rows <= 0 || k <= 0 ? 0 : static_cast<size_t>(rows) * static_cast<size_t>(k) / 32 * (32 + sizeof(Q8Scale));
+}
+
+cudaError_t quantize_q8_input(const float* x, int32_t rows, int64_t k, void* out, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  if (k % 64 != 0 || reinterpret_cast<uintptr_t>(out) % 16 != 0) return cudaErrorInvalidValue;
+  const int64_t blocks = static_cast<int64_t>(rows) * k / 32;
+  auto* q = static_cast<int8_t*>(out);
+  quantize_q8_input_kernel<<<static_cast<unsigned>((blocks + 7) / 8), 256, 0, stream>>>(
+      x, blocks, q, reinterpret_cast<Q8Scale*>(q + static_cast<size_t>(rows) * static_cast<size_t>(k)));
+  return cudaGetLastError();
+}
+
+bool q8_gemv_type(WType type) {
+  switch (type) {
+    case WType::kQ4_0: return has_q8_gemv<WType::kQ4_0>();
+    case WType::kQ4_1: return has_q8_gemv<WType::kQ4_1>();
+    case WType::kQ8_0: return has_q8_gemv<WType::kQ8_0>();
+    case WType::kQ4_K: return has_q8_gemv<WType::kQ4_K>();
+    default: return false;
   }
-  const unsigned grid = static_cast<unsigned>((wg.rows + kGemvWarps - 1) / kGemvWarps);
-  const auto* g8 = static_cast<const uint8_t*>(wg.data);
-  const auto* u8 = static_cast<const uint8_t*>(wu.data);
-  INFERD_DISPATCH_WTYPE(wg.type, with_nt(tokens, [&](auto nt) {
-                          constexpr int NT = decltype(nt)::value;
-                          if (act == Glu::kGelu) {
-                            gemv_glu_kernel<T, NT, true><<<grid, kGemvWarps * 32, 0, stream>>>(
-                                g8, u8, wg.row_bytes, wg.rows, wg.cols, x, tokens, gelu_table, y, seg_runs<T>(),
-                                seg_bytes<T>());
-                          } else {
-                            gemv_glu_kernel<T, NT, false><<<grid, kGemvWarps * 32, 0, stream>>>(
-                                g8, u8, wg.row_bytes, wg.rows, wg.cols, x, tokens, nullptr, y, seg_runs<T>(),
-                                seg_bytes<T>());
-                          }
-                        });
-                        return cudaGetLastError());
+}
+
+bool q8_gemv_applies(const Matrix& w) {
+  const bool has = q8_gemv_type(w.type);
+  // Whole units (pairs of blocks, super-blocks) without padding (every row starts on a word), the matrix
+  // 16-byte aligned.
+  const int64_t block = w.type == WType::kQ4_K ? 256 : 32;
+  return has && w.cols > 0 && w.cols % 64 == 0 && w.cols % block == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 &&
+         w.row_bytes == static_cast<size_t>(w.cols / block) * exact::block_bytes(static_cast<uint32_t>(w.type));
+}
+
+cudaError_t matmul_q8(const Matrix& w, const void* xq, int32_t tokens, const float* bias, const float* residual,
+                      float* y, cudaStream_t stream) {
+  if (tokens <= 0) return cudaSuccess;
+  if (!q8_gemv_applies(w) || reinterpret_cast<uintptr_t>(xq) % 16 != 0) return cudaErrorInvalidValue;
+  return launch_gemv(w, tokens, bias, residual, y, MakeQ8In{xq, tokens, w.cols}, stream);
+}
+
+cudaError_t matmul_many_q8(const MatmulOut* outs, int count, const void* xq, int32_t tokens, cudaStream_t stream) {
+  if (count < 1 || reinterpret_cast<uintptr_t>(xq) % 16 != 0) return cudaErrorInvalidValue;
+  return launch_many(outs, count, tokens, [](const Matrix& w) { return q8_gemv_applies(w); },
+                     MakeQ8In{xq, tokens, outs[0].w.cols}, stream);
+}
+
+cudaError_t matmul_glu_q8(Glu act, const Matrix& wg, const Matrix& wu, const void* xq, int32_t tokens,
+                          const uint16_t* gelu_table, float* y, cudaStream_t stream) {
+  if (reinterpret_cast<uintptr_t>(xq) % 16 != 0) return cudaErrorInvalidValue;
+  return launch_glu(act, wg, wu, tokens, gelu_table, y, [](const Matrix& w) { return q8_gemv_applies(w); },
+                    MakeQ8In{xq, tokens, wg.cols}, stream);
 }
 
 cudaError_t matmul(const Matrix& w, const float* x, int32_t tokens, const float* bias, const float* residual, float* y,
@@ -1129,6 +1740,16 @@ cudaError_t rms_norm(const float* x, const float* w, int32_t rows, int64_t cols,
                      cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   rms_norm_kernel<<<rows, 256, 0, stream>>>(x, w, cols, eps, y);
+  return cudaGetLastError();
+}
+
+cudaError_t rms_norm_q8(const float* x, const float* w, int32_t rows, int64_t cols, float eps, float* y, void* xq,
+                       cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  if (cols % 64 != 0 || reinterpret_cast<uintptr_t>(xq) % 16 != 0) return cudaErrorInvalidValue;
+  auto* q = static_cast<int8_t*>(xq);
+  rms_norm_q8_kernel<<<rows, 256, 0, stream>>>(
+      x, w, cols, eps, y, q, reinterpret_cast<Q8Scale*>(q + static_cast<size_t>(rows) * static_cast<size_t>(cols)));
   return cudaGetLastError();
 }
 

@@ -204,9 +204,16 @@ struct CudaBackend::Impl {
   // Quantized matmul inputs (Activations::kQ8): a buffer per kind, and the tensor it holds this step.
   DeviceBuffer quant[3];
   TensorId quant_holds[3] = {graph::kNone, graph::kNone, graph::kNone};
+  // The same inputs as the integer GEMV reads them (quantize_q8_input: codes, scales and sums), for the
+  // matrices it reads (q8_gemv()), and the tensor it holds this step.
+  DeviceBuffer q8_codes;
+  TensorId q8_codes_hold = graph::kNone;
   // Exact numerics: the quantized matmul inputs (one buffer for both kinds, the tensor and kind it holds)
   // and attention's scores.
   DeviceBuffer exact_act, scores;
+  // Float numerics with CudaOptions::split_attention: the attention parts of split_tokens tokens.
+  DeviceBuffer split_parts;
+  int32_t split_tokens = 0;
   TensorId exact_holds = graph::kNone;
   ActQuant exact_holds_kind = ActQuant::kNone;
   int32_t score_tokens = 0;
@@ -220,11 +227,16 @@ struct CudaBackend::Impl {
   std::string numerics_text() const {
     if (exact()) return "numerics exact (the CPU engine's x86 arithmetic, dp4a integer dots)";
     std::string t = std::string("numerics float, matmul ") + matmul_path_name(opt.matmul) + ", matmul inputs " +
-                    activations_name(opt.activations);
+                    activations_name(*opt.activations);
+    if (opt.activations == Activations::kQ8 && opt.matmul == MatmulPath::kGemv) {
+      t += " (integer dots on Q4_0/Q4_1/Q8_0/Q4_K: " + std::to_string(stats.q8_gemv_matmuls) + " matmuls recorded)";
+    }
     if (opt.matmul == MatmulPath::kGemv) {
       t += opt.fuse ? ", fused GEMVs on (" + std::to_string(stats.fused_launches) + " launches recorded)"
                     : ", fused GEMVs off";
     }
+    t += opt.split_attention ? ", attention split in " + std::to_string(kAttentionSplits) + " parts"
+                             : ", attention unsplit";
     return t;
   }
   // CUDA graphs per step shape (tokens, outputs); a shape whose capture failed runs its kernels directly.
@@ -275,6 +287,11 @@ struct CudaBackend::Impl {
   const int32_t* table() const { return kv_table.as<int32_t>(); }
   // The matmul input `x` of `rows` rows as a matmul with `w` reads it: quantized when the options say so.
   Result<const float*> matmul_input(const Graph& g, TensorId x, int32_t rows, const Matrix& w);
+  // Whether a matmul with `w` runs the integer GEMV (q8 inputs, the GEMV path, a matrix it reads), and
+  // its input `x` of `rows` rows quantized for it (once per tensor and step).
+  bool q8_inputs() const { return !exact() && opt.activations == Activations::kQ8 && opt.matmul == MatmulPath::kGemv; }
+  bool q8_gemv(const Matrix& w) const { return q8_inputs() && q8_gemv_applies(w); }
+  Result<const void*> q8_input(const Graph& g, TensorId x, int32_t rows);
   // y = W x (+ bias, or residual +) with the options' arithmetic.
   Status matmul(const Graph& g, TensorId x, int32_t rows, const Matrix& w, const float* bias, const float* residual,
                 float* y);
@@ -305,11 +322,11 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const CudaOptions& give
   // The exact kernels reproduce the CPU engine in llama.cpp's AVX-512 float order (kernels::GgmlOrder).
   const bool avx512_order = kernels::ggml_order() == kernels::GgmlOrder::kAvx512;
   if (!options.numerics) {
-    const bool float_asked = options.matmul != MatmulPath::kGemv || options.activations != Activations::kFloat;
+    const bool float_asked = options.matmul != MatmulPath::kGemv || options.activations == Activations::kQ8;
     options.numerics = x86 && avx512_order && !float_asked ? Numerics::kExact : Numerics::kFloat;
   }
   if (options.numerics == Numerics::kExact) {
-    if (options.matmul != MatmulPath::kGemv || options.activations != Activations::kFloat) {
+    if (options.matmul != MatmulPath::kGemv || options.activations == Activations::kQ8) {
       return Status(Code::kInvalidArgument,
                     "INFERD_CUDA_NUMERICS (numerics) = 'exact' has its own matmul: it excludes matmul = 'tensor_cores' "
                     "and activations = 'q8'");
@@ -322,6 +339,12 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const CudaOptions& give
       return Status(Code::kUnimplemented,
                     "exact CUDA numerics reproduce the CPU engine's AVX-512 float order; INFERD_GGML_ORDER=avx2 is set");
     }
+  }
+  // Float numerics on the GEMV default to 8-bit inputs (the integer GEMV: llama.cpp's arithmetic, and the
+  // faster one); exact numerics have their own, tensor cores read float.
+  if (!options.activations) {
+    options.activations =
+        options.numerics == Numerics::kFloat && options.matmul == MatmulPath::kGemv ? Activations::kQ8 : Activations::kFloat;
   }
   auto info = query_device(options.device);
   if (!info) return info.status();
@@ -543,14 +566,25 @@ Status CudaBackend::Impl::plan(const Graph& g) {
   }
   // The quantized matmul inputs: the widest input of each kind, for a step of max_tokens.
   if (opt.activations == Activations::kQ8) {
-    int64_t input_cols[3] = {0, 0, 0};
+    int64_t input_cols[3] = {0, 0, 0}, integer_cols = 0;
     for (const Node& n : g.nodes()) {
-      if (n.op != Op::kMatmul && n.op != Op::kMatmulAdd && n.op != Op::kMatmulSwiglu) continue;
+      const bool two = n.op == Op::kMatmulSwiglu || n.op == Op::kMatmulGeglu;
+      if (n.op != Op::kMatmul && n.op != Op::kMatmulAdd && !two) continue;
       for (int i : {1, 2}) {
-        if (i == 2 && n.op != Op::kMatmulSwiglu) continue;
-        const int k = static_cast<int>(act_quant_for(wtype(g.tensor(n.in[static_cast<size_t>(i)]).weight_type())));
+        if (i == 2 && !two) continue;
+        const WType type = wtype(g.tensor(n.in[static_cast<size_t>(i)]).weight_type());
+        const int k = static_cast<int>(act_quant_for(type));
         input_cols[k] = std::max(input_cols[k], g.tensor(n.in[0]).cols);
+        if (q8_gemv_type(type)) integer_cols = std::max(integer_cols, g.tensor(n.in[0]).cols);
       }
+    }
+    // The integer GEMV's codes: the input of every matrix it reads (one it cannot read uses quant[] instead).
+    q8_codes.reset();
+    if (integer_cols > 0 && opt.matmul == MatmulPath::kGemv) {
+      auto buf = DeviceBuffer::allocate(q8_input_bytes(shape.max_tokens, integer_cols), "8-bit matmul inputs");
+      if (!buf) return buf.status();
+      stats.activation_bytes += buf->bytes();
+      q8_codes = std::move(buf).value();
     }
     for (int k = 1; k < 3; ++k) {
       quant[k].reset();
@@ -561,6 +595,19 @@ Status CudaBackend::Impl::plan(const Graph& g) {
       stats.activation_bytes += buf->bytes();
       quant[k] = std::move(buf).value();
     }
+  }
+  split_parts.reset();
+  split_tokens = 0;
+  if (!exact() && opt.split_attention &&
+      std::any_of(g.nodes().begin(), g.nodes().end(), [](const Node& n) { return n.op == Op::kAttention; })) {
+    // The attention parts: up to 64 MiB, the step's tokens in launches of as many as fit.
+    const size_t per_token = attention_split_scratch_floats(g.heads.n_head, g.heads.head_dim, 1) * 4;
+    split_tokens = static_cast<int32_t>(std::clamp<size_t>((size_t{64} << 20) / std::max<size_t>(per_token, 1), 1,
+                                                           static_cast<size_t>(shape.max_tokens)));
+    auto parts = DeviceBuffer::allocate(per_token * static_cast<size_t>(split_tokens), "attention parts");
+    if (!parts) return parts.status();
+    stats.activation_bytes += parts->bytes();
+    split_parts = std::move(parts).value();
   }
   if (exact()) {
     size_t act_bytes = 0;
@@ -708,6 +755,8 @@ Status CudaBackend::prepare(const Graph& g, const BackendShape& shape) {
     I.gelu.reset();
     I.exact_act.reset();
     I.scores.reset();
+    I.q8_codes.reset();
+    I.split_parts.reset();
     const CudaStats kept{};
     I.stats = kept;
   }
@@ -725,6 +774,15 @@ Result<const float*> CudaBackend::Impl::matmul_input(const Graph& g, TensorId x,
     quant_holds[k] = x;
   }
   return static_cast<const float*>(q);
+}
+
+Result<const void*> CudaBackend::Impl::q8_input(const Graph& g, TensorId x, int32_t rows) {
+  if (q8_codes_hold != x) {
+    const cudaError_t e = quantize_q8_input(f(x), rows, g.tensor(x).cols, q8_codes.get(), stream);
+    if (e != cudaSuccess) return fail(e, "quantize_q8_input");
+    q8_codes_hold = x;
+  }
+  return static_cast<const void*>(q8_codes.get());
 }
 
 Status CudaBackend::Impl::matmul(const Graph& g, TensorId x, int32_t rows, const Matrix& w, const float* bias,
@@ -747,6 +805,13 @@ Status CudaBackend::Impl::matmul(const Graph& g, TensorId x, int32_t rows, const
     return e == cudaSuccess ? Status::ok() : fail(e, "matmul_exact");
   }
   ++(opt.matmul == MatmulPath::kGemv ? stats.gemv_matmuls : stats.tensor_core_matmuls);
+  if (q8_gemv(w)) {
+    auto xq = q8_input(g, x, rows);
+    if (!xq) return xq.status();
+    ++stats.q8_gemv_matmuls;
+    e = matmul_q8(w, xq.value(), rows, bias, residual, y, stream);
+    return e == cudaSuccess ? Status::ok() : fail(e, "matmul_q8");
+  }
   auto in = matmul_input(g, x, rows, w);
   if (!in) return in.status();
   e = matmul_path(opt.matmul == MatmulPath::kGemv ? 1 : 2, w, in.value(), rows, bias, residual, y, stream);
@@ -772,6 +837,12 @@ Status CudaBackend::Impl::run_node(const Graph& g, const Node& n, const graph::S
     case Op::kRmsNorm: {  // each group of the weight's width (a row, or a head: qwen3's Q/K norms) is a row
       const int64_t group = g.tensor(n.in[1]).cols;
       const int32_t norm_rows = static_cast<int32_t>(rows * (cols / group));
+      if (!ex && q8_inputs() && group == cols && cols % 64 == 0 && q8_codes.bytes() >= q8_input_bytes(rows, cols)) {
+        // The norm's output quantized in the same launch for the integer GEMVs that read it next.
+        e = rms_norm_q8(f(n.in[0]), vec(g, n.in[1]), rows, cols, n.eps, f(n.out[0]), q8_codes.get(), stream);
+        if (e == cudaSuccess) q8_codes_hold = n.out[0];
+        break;
+      }
       e = ex ? rms_norm_exact(f(n.in[0]), vec(g, n.in[1]), norm_rows, group, n.eps, f(n.out[0]), stream)
              : rms_norm(f(n.in[0]), vec(g, n.in[1]), norm_rows, group, n.eps, f(n.out[0]), stream);
       break;
@@ -783,6 +854,17 @@ Status CudaBackend::Impl::run_node(const Graph& g, const Node& n, const graph::S
     case Op::kMatmulSwiglu:
     case Op::kMatmulGeglu: {
       const Matrix wg = matrix(g.tensor(n.in[1])), wu = matrix(g.tensor(n.in[2]));
+      if (fusing() && q8_gemv(wg) && q8_gemv(wu) && wg.type == wu.type && wg.rows == wu.rows &&
+          wg.row_bytes == wu.row_bytes) {
+        auto xq = q8_input(g, n.in[0], rows);
+        if (!xq) return xq.status();
+        stats.gemv_matmuls += 2;
+        stats.q8_gemv_matmuls += 2;
+        ++stats.fused_launches;
+        e = matmul_glu_q8(n.op == Op::kMatmulGeglu ? Glu::kGelu : Glu::kSilu, wg, wu, xq.value(), rows,
+                          gelu.as<uint16_t>(), f(n.out[0]), stream);
+        break;
+      }
       if (fusing() && wg.type == wu.type && wg.rows == wu.rows && wg.cols == wu.cols) {
         // The input the kernel reads (quantized with q8 inputs; kept for the separate matmuls otherwise).
         auto in = matmul_input(g, n.in[0], rows, wg);
@@ -823,6 +905,10 @@ Status CudaBackend::Impl::run_node(const Graph& g, const Node& n, const graph::S
       e = ex ? attention_exact(kv, g.heads.n_head, f(n.in[0]), ints(n.in[2]), ints(n.in[3]), table(), s.tokens,
                                kq_scale, n.scale, n.window, cache(g, n), scores.as<float>(), score_tokens, f(n.out[0]),
                                stream)
+         : opt.split_attention
+             ? attention_split(kv, g.heads.n_head, f(n.in[0]), ints(n.in[2]), ints(n.in[3]), table(), s.tokens, kq_scale,
+                               n.scale, n.window, cache(g, n), split_parts.as<float>(), split_tokens, f(n.out[0]),
+                               stream)
              : attention(kv, g.heads.n_head, f(n.in[0]), ints(n.in[2]), ints(n.in[3]), table(), s.tokens, kq_scale,
                          n.scale, n.window, cache(g, n), f(n.out[0]), stream);
       break;
@@ -847,6 +933,7 @@ Status CudaBackend::Impl::run_node(const Graph& g, const Node& n, const graph::S
 // The step's kernels, in graph order, on the stream (launched, or recorded while capturing).
 Status CudaBackend::Impl::run_nodes(const Graph& g, const graph::StepShape& s) {
   for (TensorId& held : quant_holds) held = graph::kNone;
+  q8_codes_hold = graph::kNone;
   exact_holds = graph::kNone;
   for (size_t ni = 0; ni < g.nodes().size(); ++ni) {
     const Node& n = g.nodes()[ni];
@@ -880,6 +967,18 @@ Result<size_t> CudaBackend::Impl::run_fused_matmuls(const Graph& g, const graph:
     outs[count++] = MatmulOut{w, vec(g, n.in[2]), f(n.out[0])};
   }
   if (count < 2) return size_t{0};
+  bool integer = true;
+  for (size_t i = 0; i < count; ++i) integer = integer && q8_gemv(outs[i].w);
+  if (integer) {
+    auto xq = q8_input(g, first.in[0], rows);
+    if (!xq) return xq.status();
+    stats.gemv_matmuls += static_cast<int64_t>(count);
+    stats.q8_gemv_matmuls += static_cast<int64_t>(count);
+    ++stats.fused_launches;
+    const cudaError_t e = matmul_many_q8(outs, static_cast<int>(count), xq.value(), rows, stream);
+    if (e != cudaSuccess) return fail(e, "matmul_many_q8");
+    return count;
+  }
   // The input the kernel reads (quantized with q8 inputs: then cached for the separate matmuls if these
   // cannot be fused after all).
   auto in = matmul_input(g, first.in[0], rows, outs[0].w);

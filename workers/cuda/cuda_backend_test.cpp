@@ -23,6 +23,7 @@
 
 #include "inferd/backend_factory.h"
 #include "inferd/engine.h"
+#include "inferd/kernels/cpu.h"
 #include "inferd/kernels/cuda.h"
 #include "inferd/kernels/test_weights.h"
 #include "inferd/model_runner.h"
@@ -81,6 +82,10 @@ TEST(CudaDevice, BadSettingsAreRefusedNamingTheVariable) {
   ASSERT_FALSE(f.is_ok());
   EXPECT_EQ(f.status().code(), Code::kInvalidArgument);
   EXPECT_NE(f.status().message().find("INFERD_CUDA_FUSE"), std::string::npos) << f.status().to_string();
+  auto a = cuda_backend_factory().create(BackendConfig{"", 0, {{"split_attention", "yes"}}});
+  ASSERT_FALSE(a.is_ok());
+  EXPECT_EQ(a.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(a.status().message().find("INFERD_CUDA_SPLIT_ATTENTION"), std::string::npos) << a.status().to_string();
 }
 
 // ---- Kernels on the device -----------------------------------------------------------------------------
@@ -115,6 +120,28 @@ size_t differing(const std::vector<float>& a, const std::vector<float>& b) {
   return n;
 }
 
+// `count` matrices of `rows` rows of k random values of `type` in one host buffer, matrix i at i * stride
+// (256-byte aligned: the fused kernels read 16-byte vectors), the last one ending at the buffer's end.
+struct HostMatrices {
+  size_t row_bytes = 0, stride = 0;
+  std::vector<uint8_t> bytes;
+};
+HostMatrices random_matrices(DType type, int64_t k, int64_t rows, int count, std::mt19937& rng) {
+  HostMatrices h;
+  h.row_bytes = dtype_row_bytes(type, k);
+  h.stride = (static_cast<size_t>(rows) * h.row_bytes + 255) / 256 * 256;
+  h.bytes.resize(static_cast<size_t>(count - 1) * h.stride + static_cast<size_t>(rows) * h.row_bytes);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> values(static_cast<size_t>(k));
+  for (int64_t r = 0; r < count * rows; ++r) {
+    for (float& v : values) v = normal(rng);
+    kernels::testing::encode_weight_row(type, values.data(), k, static_cast<uint32_t>(r), 3.0f,
+                                        h.bytes.data() + static_cast<size_t>(r / rows) * h.stride +
+                                            static_cast<size_t>(r % rows) * h.row_bytes);
+  }
+  return h;
+}
+
 // The staged GEMV (path 1: rows through shared memory, in segments, from any row alignment) against the
 // unstaged one (path 3), and the fused GEMVs against separate launches, bit for bit: every weight type,
 // rows narrower than a segment and unaligned (576 values), rows of several segments (9,216), 1-8 tokens.
@@ -128,21 +155,13 @@ TEST(CudaKernels, StagedAndFusedGemvsEqualTheUnstagedGemv) {
     for (int64_t k : {int64_t{576}, int64_t{9216}}) {
       if (k % dtype_info(type)->block_size != 0) continue;
       SCOPED_TRACE(std::string(dtype_name(type)) + " k=" + std::to_string(k));
-      const size_t row_bytes = dtype_row_bytes(type, k);
-      // Three matrices (Q, K, V or gate, up and a third) in one allocation, each starting 256-byte aligned
-      // (the fused kernels read 16-byte vectors; an unaligned matrix runs the separate kernels instead), the
-      // last one ending at the allocation's end.
-      const size_t stride = (kRows * row_bytes + 255) / 256 * 256;
-      std::vector<uint8_t> host(2 * stride + kRows * row_bytes);
+      // Three matrices (Q, K, V or gate, up and a third) in one allocation (an unaligned matrix would run
+      // the separate kernels instead).
       std::mt19937 rng(static_cast<uint32_t>(k) * 131 + static_cast<uint32_t>(type));
       std::normal_distribution<float> normal(0.0f, 1.0f);
-      std::vector<float> values(static_cast<size_t>(k));
-      for (int64_t r = 0; r < 3 * kRows; ++r) {
-        for (float& v : values) v = normal(rng);
-        kernels::testing::encode_weight_row(type, values.data(), k, static_cast<uint32_t>(r), 3.0f,
-                                            host.data() + static_cast<size_t>(r / kRows) * stride +
-                                                static_cast<size_t>(r % kRows) * row_bytes);
-      }
+      const HostMatrices hm = random_matrices(type, k, kRows, 3, rng);
+      const size_t row_bytes = hm.row_bytes, stride = hm.stride;
+      const std::vector<uint8_t>& host = hm.bytes;
       DeviceMemory w(host.size()), x(8 * static_cast<size_t>(k) * 4), bias(kRows * 4);
       DeviceMemory y1(8 * kRows * 4), y3(8 * kRows * 4), ys(3 * 8 * kRows * 4), yg(8 * kRows * 4);
       ASSERT_NE(w.p, nullptr);
@@ -193,6 +212,314 @@ TEST(CudaKernels, StagedAndFusedGemvsEqualTheUnstagedGemv) {
                   cudaSuccess);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         EXPECT_EQ(differing(download(yg.as<float>(), out), download(y1.as<float>(), out)), 0u) << "matmul_glu";
+      }
+    }
+  }
+}
+
+// The integer GEMV (8-bit inputs, dp4a) against a host reference computed from the same codes: the
+// quantized inputs equal the CPU engine's q8_0 codes with an fp16-rounded scale; every output is
+// sum over blocks of d_w * d_x * (integer dot) within float rounding of that sum; a token's output is
+// the same bits alone or in a step of 13 (batch-invariant); matmul_many_q8 and matmul_glu_q8 equal the
+// separate launches bit for bit. Rows narrower than a segment (576 values) and of several (9,216).
+TEST(CudaKernels, IntegerGemvEqualsItsReferenceAndIsBatchInvariant) {
+  const std::string why = no_device_reason();
+  if (!why.empty()) GTEST_SKIP() << why;
+  constexpr int64_t kRows = 67;
+  constexpr int32_t kTokens = 13;
+  for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K}) {
+    for (int64_t k : {int64_t{576}, int64_t{9216}}) {
+      if (k % dtype_info(type)->block_size != 0) continue;
+      SCOPED_TRACE(std::string(dtype_name(type)) + " k=" + std::to_string(k));
+      std::mt19937 rng(static_cast<uint32_t>(k) * 7 + static_cast<uint32_t>(type));
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      const HostMatrices hm = random_matrices(type, k, kRows, 3, rng);
+      const size_t row_bytes = hm.row_bytes, stride = hm.stride;
+      const std::vector<uint8_t>& host = hm.bytes;
+      std::vector<float> xs(static_cast<size_t>(kTokens) * static_cast<size_t>(k)), bs(kRows);
+      for (float& v : xs) v = normal(rng);
+      for (float& v : bs) v = normal(rng);
+      const size_t qbytes = q8_input_bytes(kTokens, k);
+      DeviceMemory w(host.size()), x(xs.size() * 4), xq(qbytes), xq1(q8_input_bytes(1, k)), bias(kRows * 4);
+      DeviceMemory y(kTokens * kRows * 4), y1(kRows * 4), ys(3 * kTokens * kRows * 4), yg(kTokens * kRows * 4),
+          ya(kTokens * kRows * 4), yb(kTokens * kRows * 4);
+      ASSERT_NE(w.p, nullptr);
+      ASSERT_EQ(cudaMemcpy(w.p, host.data(), host.size(), cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(x.p, xs.data(), xs.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(bias.p, bs.data(), bs.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      Matrix m[3];
+      for (int i = 0; i < 3; ++i) {
+        m[i] = Matrix{static_cast<WType>(type), w.as<uint8_t>() + static_cast<size_t>(i) * stride, row_bytes, kRows, k};
+        ASSERT_TRUE(q8_gemv_applies(m[i]));
+      }
+      ASSERT_EQ(quantize_q8_input(x.as<float>(), kTokens, k, xq.p, nullptr), cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<uint8_t> q(qbytes);
+      ASSERT_EQ(cudaMemcpy(q.data(), xq.p, qbytes, cudaMemcpyDeviceToHost), cudaSuccess);
+      const auto* codes = reinterpret_cast<const int8_t*>(q.data());
+      const uint8_t* scales = q.data() + static_cast<size_t>(kTokens) * static_cast<size_t>(k);
+      const int64_t nb = k / 32;
+      // The codes: the CPU engine's q8_0 arithmetic (round(x * 127 / amax)), the scale amax / 127 in fp16.
+      size_t bad_codes = 0;
+      for (int64_t b = 0; b < kTokens * nb; ++b) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(xs[static_cast<size_t>(b * 32 + i)]));
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        int32_t sum = 0;
+        for (int i = 0; i < 32; ++i) {
+          const int c = static_cast<int>(std::nearbyint(xs[static_cast<size_t>(b * 32 + i)] * id));
+          bad_codes += c != codes[b * 32 + i];
+          sum += c;
+        }
+        float d = 0.0f;
+        int32_t dsum = 0;
+        std::memcpy(&d, scales + b * 8, 4);
+        std::memcpy(&dsum, scales + b * 8 + 4, 4);
+        EXPECT_EQ(d, kernels::fp16_to_fp32(kernels::fp32_to_fp16(amax / 127.0f))) << "block " << b;
+        EXPECT_EQ(dsum, sum) << "block " << b;
+      }
+      EXPECT_EQ(bad_codes, 0u);
+      // Every output against sum_b d_w d_x dot_b in double, within float rounding of the sum of |terms|.
+      ASSERT_EQ(matmul_q8(m[2], xq.p, kTokens, bias.as<float>(), nullptr, y.as<float>(), nullptr), cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<float> got = download(y.as<float>(), static_cast<size_t>(kTokens) * kRows);
+      // A 32-value block of a row: its codes (Q4_0's less 8), scale and offset (a value is d * code + m).
+      const auto block_of = [&](const uint8_t* row, int64_t b, int (&wq)[32], double* dw, double* mw) {
+        const auto half = [](const uint8_t* p) {
+          uint16_t h = 0;
+          std::memcpy(&h, p, 2);
+          return static_cast<double>(kernels::fp16_to_fp32(h));
+        };
+        *mw = 0.0;
+        if (type == DType::kQ4_K) {
+          const uint8_t* sb = row + static_cast<size_t>(b / 8) * 144;
+          const int j = static_cast<int>(b % 8);
+          const uint8_t* sc = sb + 4;
+          const int scale = j < 4 ? sc[j] & 63 : (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4);
+          const int mn = j < 4 ? sc[j + 4] & 63 : (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+          *dw = half(sb) * scale;
+          *mw = -(half(sb + 2) * mn);
+          for (int i = 0; i < 32; ++i) {
+            const uint8_t byte = sb[16 + 32 * (j / 2) + i];
+            wq[i] = j % 2 == 0 ? byte & 0xF : byte >> 4;
+          }
+          return;
+        }
+        const uint8_t* blk = row + static_cast<size_t>(b) * dtype_row_bytes(type, 32);
+        *dw = half(blk);
+        if (type == DType::kQ4_1) *mw = half(blk + 2);
+        for (int i = 0; i < 32; ++i) {
+          if (type == DType::kQ8_0) {
+            wq[i] = static_cast<int8_t>(blk[2 + i]);
+          } else {
+            const uint8_t byte = blk[(type == DType::kQ4_0 ? 2 : 4) + i % 16];
+            wq[i] = i < 16 ? (byte & 0xF) : (byte >> 4);
+            if (type == DType::kQ4_0) wq[i] -= 8;
+          }
+        }
+      };
+      size_t off = 0;
+      for (int32_t t = 0; t < kTokens; ++t) {
+        for (int64_t r = 0; r < kRows; ++r) {
+          const uint8_t* row = host.data() + 2 * stride + static_cast<size_t>(r) * row_bytes;
+          double want = 0.0, mag = 0.0;
+          for (int64_t b = 0; b < nb; ++b) {
+            int wq[32];
+            double dw = 0.0, mw = 0.0;
+            block_of(row, b, wq, &dw, &mw);
+            float dx = 0.0f;
+            int32_t sx = 0;
+            std::memcpy(&dx, scales + (t * nb + b) * 8, 4);
+            std::memcpy(&sx, scales + (t * nb + b) * 8 + 4, 4);
+            int64_t dot = 0;
+            for (int i = 0; i < 32; ++i) dot += static_cast<int64_t>(wq[i]) * codes[(t * nb + b) * 32 + i];
+            const double term = dw * dx * static_cast<double>(dot) + mw * dx * sx;
+            want += term;
+            mag += std::fabs(dw * dx * static_cast<double>(dot)) + std::fabs(mw * dx * sx);
+          }
+          want += bs[static_cast<size_t>(r)];
+          const double g = got[static_cast<size_t>(t) * kRows + static_cast<size_t>(r)];
+          if (std::fabs(g - want) > 4e-6 * (mag + std::fabs(bs[static_cast<size_t>(r)])) + 1e-30) ++off;
+        }
+      }
+      EXPECT_EQ(off, 0u) << "outputs off the reference";
+      // A token alone equals the same token in the 13-token step, bit for bit.
+      for (int32_t t : {0, 5, 12}) {
+        ASSERT_EQ(quantize_q8_input(x.as<float>() + static_cast<size_t>(t) * k, 1, k, xq1.p, nullptr), cudaSuccess);
+        ASSERT_EQ(matmul_q8(m[2], xq1.p, 1, bias.as<float>(), nullptr, y1.as<float>(), nullptr), cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<float> alone = download(y1.as<float>(), kRows);
+        EXPECT_EQ(differing(alone, std::vector<float>(got.begin() + t * kRows, got.begin() + (t + 1) * kRows)), 0u)
+            << "token " << t;
+      }
+      // Fused launches against separate ones, 13 tokens and 3.
+      for (int32_t tokens : {kTokens, 3}) {
+        SCOPED_TRACE("fused, tokens " + std::to_string(tokens));
+        const size_t out = static_cast<size_t>(tokens) * kRows;
+        ASSERT_EQ(quantize_q8_input(x.as<float>(), tokens, k, xq.p, nullptr), cudaSuccess);
+        MatmulOut outs[3];
+        for (int i = 0; i < 3; ++i) {
+          outs[i] = MatmulOut{m[i], i == 2 ? bias.as<float>() : nullptr, ys.as<float>() + static_cast<size_t>(i) * out};
+        }
+        ASSERT_EQ(matmul_many_q8(outs, 3, xq.p, tokens, nullptr), cudaSuccess);
+        ASSERT_EQ(matmul_q8(m[2], xq.p, tokens, bias.as<float>(), nullptr, y.as<float>(), nullptr), cudaSuccess);
+        ASSERT_EQ(matmul_q8(m[0], xq.p, tokens, nullptr, nullptr, ya.as<float>(), nullptr), cudaSuccess);
+        ASSERT_EQ(matmul_q8(m[1], xq.p, tokens, nullptr, nullptr, yb.as<float>(), nullptr), cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_EQ(differing(download(ys.as<float>() + 2 * out, out), download(y.as<float>(), out)), 0u) << "many V";
+        EXPECT_EQ(differing(download(ys.as<float>(), out), download(ya.as<float>(), out)), 0u) << "many Q";
+        ASSERT_EQ(swiglu(ya.as<float>(), yb.as<float>(), static_cast<int64_t>(out), ya.as<float>(), nullptr),
+                  cudaSuccess);
+        ASSERT_EQ(matmul_glu_q8(Glu::kSilu, m[0], m[1], xq.p, tokens, nullptr, yg.as<float>(), nullptr), cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_EQ(differing(download(yg.as<float>(), out), download(ya.as<float>(), out)), 0u) << "glu";
+      }
+      // A launch over many rows (more than the device holds warps at once) against launches over slices of 67
+      // of them, bit for bit: a row's sums do not depend on the launch it is in.
+      if (k == 9216) {
+        constexpr int64_t kBig = 12000;
+        const std::vector<uint8_t> big = random_matrices(type, k, kBig, 1, rng).bytes;
+        DeviceMemory wb(big.size()), yb_all(static_cast<size_t>(kTokens) * kBig * 4);
+        ASSERT_NE(wb.p, nullptr);
+        ASSERT_EQ(cudaMemcpy(wb.p, big.data(), big.size(), cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(quantize_q8_input(x.as<float>(), kTokens, k, xq.p, nullptr), cudaSuccess);
+        const Matrix whole{static_cast<WType>(type), wb.p, row_bytes, kBig, k};
+        ASSERT_EQ(matmul_q8(whole, xq.p, kTokens, nullptr, nullptr, yb_all.as<float>(), nullptr), cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<float> all = download(yb_all.as<float>(), static_cast<size_t>(kTokens) * kBig);
+        for (int64_t r0 : {int64_t{0}, int64_t{5003}, kBig - kRows}) {
+          const Matrix slice{static_cast<WType>(type), wb.as<uint8_t>() + static_cast<size_t>(r0) * row_bytes, row_bytes,
+                             kRows, k};
+          ASSERT_TRUE(q8_gemv_applies(slice));
+          ASSERT_EQ(matmul_q8(slice, xq.p, kTokens, nullptr, nullptr, y.as<float>(), nullptr), cudaSuccess);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          const std::vector<float> part = download(y.as<float>(), static_cast<size_t>(kTokens) * kRows);
+          size_t differ = 0;
+          for (int32_t t = 0; t < kTokens; ++t) {
+            for (int64_t r = 0; r < kRows; ++r) {
+              differ += std::memcmp(&part[static_cast<size_t>(t * kRows + r)],
+                                    &all[static_cast<size_t>(t * kBig + r0 + r)], sizeof(float)) != 0;
+            }
+          }
+          EXPECT_EQ(differ, 0u) << "rows from " << r0;
+        }
+      }
+      // A matrix it cannot read is refused: rows padded past their blocks, or (32-value blocks) a row of 32
+      // values, not whole pairs.
+      const Matrix padded{static_cast<WType>(type), w.p, row_bytes + 16, kRows / 2, k};
+      EXPECT_FALSE(q8_gemv_applies(padded));
+      EXPECT_EQ(matmul_q8(padded, xq.p, 1, nullptr, nullptr, y.as<float>(), nullptr), cudaErrorInvalidValue);
+      if (dtype_info(type)->block_size == 32) {
+        const Matrix narrow{static_cast<WType>(type), w.p, dtype_row_bytes(type, 32), kRows, 32};
+        EXPECT_FALSE(q8_gemv_applies(narrow));
+      }
+    }
+  }
+}
+
+// The norm with its output quantized in the same launch equals rms_norm() then quantize_q8_input(), bit for
+// bit (the float output and the codes, scales and sums).
+TEST(CudaKernels, NormWithQuantizedOutputEqualsNormThenQuantize) {
+  const std::string why = no_device_reason();
+  if (!why.empty()) GTEST_SKIP() << why;
+  for (int64_t cols : {int64_t{576}, int64_t{2048}, int64_t{4096}}) {
+    SCOPED_TRACE("cols " + std::to_string(cols));
+    constexpr int32_t kRowsN = 5;
+    std::mt19937 rng(static_cast<uint32_t>(cols));
+    std::normal_distribution<float> normal(0.0f, 2.0f);
+    std::vector<float> xs(static_cast<size_t>(kRowsN * cols)), ws(static_cast<size_t>(cols));
+    for (float& v : xs) v = normal(rng);
+    for (float& v : ws) v = normal(rng);
+    const size_t n = xs.size(), qb = q8_input_bytes(kRowsN, cols);
+    DeviceMemory x(n * 4), w(ws.size() * 4), y1(n * 4), y2(n * 4), q1(qb), q2(qb);
+    ASSERT_EQ(cudaMemcpy(x.p, xs.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(w.p, ws.data(), ws.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(rms_norm(x.as<float>(), w.as<float>(), kRowsN, cols, 1e-5f, y1.as<float>(), nullptr), cudaSuccess);
+    ASSERT_EQ(quantize_q8_input(y1.as<float>(), kRowsN, cols, q1.p, nullptr), cudaSuccess);
+    ASSERT_EQ(rms_norm_q8(x.as<float>(), w.as<float>(), kRowsN, cols, 1e-5f, y2.as<float>(), q2.p, nullptr),
+              cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(differing(download(y1.as<float>(), n), download(y2.as<float>(), n)), 0u) << "norm output";
+    std::vector<uint8_t> a(qb), b(qb);
+    ASSERT_EQ(cudaMemcpy(a.data(), q1.p, qb, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(b.data(), q2.p, qb, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), qb), 0) << "codes, scales and sums";
+  }
+}
+
+// Split attention (parts of KV blocks merged) against one thread block per head: within float rounding of
+// each other, head dims 64, 128 and 256, GQA, a sliding window, positions from 0 to past 16 parts of
+// 64; and a token alone gives the bits it gives in a step of many (the parts follow its positions only),
+// also when the step runs in several launches (scratch for fewer tokens than the step).
+TEST(CudaKernels, SplitAttentionAgreesWithOneBlockPerHead) {
+  const std::string why = no_device_reason();
+  if (!why.empty()) GTEST_SKIP() << why;
+  for (int32_t head_dim : {64, 128, 256}) {
+    for (int32_t window : {0, 100}) {
+      SCOPED_TRACE("head_dim " + std::to_string(head_dim) + " window " + std::to_string(window));
+      constexpr int32_t kHeads = 8, kKvHeads = 2, kCtx = 1152, kSlots = 2;
+      KvLayout kv;
+      kv.blocks_per_slot = kCtx / kKvBlockTokens;
+      kv.n_blocks = kSlots * kv.blocks_per_slot;
+      kv.n_ctx = kCtx;
+      kv.n_head_kv = kKvHeads;
+      kv.head_dim = head_dim;
+      std::mt19937 rng(static_cast<uint32_t>(head_dim * 7 + window));
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      std::vector<uint16_t> cache(kv.half_elems());
+      for (uint16_t& h : cache) h = kernels::fp32_to_fp16(normal(rng));
+      // Slot 1's blocks in reverse order: the table is followed, not assumed.
+      std::vector<int32_t> table(static_cast<size_t>(kv.n_blocks));
+      for (int32_t b = 0; b < kv.blocks_per_slot; ++b) {
+        table[static_cast<size_t>(b)] = b;
+        table[static_cast<size_t>(kv.blocks_per_slot + b)] = kv.n_blocks - 1 - b;
+      }
+      const std::vector<int32_t> positions = {0, 1, 63, 64, 65, 200, 511, 640, 1023, 1024, 1100, kCtx - 1};
+      const int32_t tokens = static_cast<int32_t>(positions.size());
+      std::vector<int32_t> slots(positions.size());
+      for (size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<int32_t>(i % 2);
+      std::vector<float> qs(static_cast<size_t>(tokens) * kHeads * head_dim);
+      for (float& v : qs) v = normal(rng) * 0.3f;
+      DeviceMemory dc(cache.size() * 2), dt(table.size() * 4), dp(positions.size() * 4), ds(slots.size() * 4),
+          dq(qs.size() * 4), o1(qs.size() * 4), o2(qs.size() * 4), o3(qs.size() * 4),
+          parts(attention_split_scratch_floats(kHeads, head_dim, tokens) * 4);
+      ASSERT_EQ(cudaMemcpy(dc.p, cache.data(), cache.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(dt.p, table.data(), table.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(dp.p, positions.data(), positions.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(ds.p, slots.data(), slots.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(dq.p, qs.data(), qs.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+      ASSERT_EQ(attention(kv, kHeads, dq.as<float>(), dp.as<int32_t>(), ds.as<int32_t>(), dt.as<int32_t>(), tokens,
+                          scale, 0.0f, window, dc.as<uint16_t>(), o1.as<float>(), nullptr),
+                cudaSuccess);
+      ASSERT_EQ(attention_split(kv, kHeads, dq.as<float>(), dp.as<int32_t>(), ds.as<int32_t>(), dt.as<int32_t>(),
+                                tokens, scale, 0.0f, window, dc.as<uint16_t>(), parts.as<float>(), tokens,
+                                o2.as<float>(), nullptr),
+                cudaSuccess);
+      // The same step in launches of 5 tokens.
+      ASSERT_EQ(attention_split(kv, kHeads, dq.as<float>(), dp.as<int32_t>(), ds.as<int32_t>(), dt.as<int32_t>(),
+                                tokens, scale, 0.0f, window, dc.as<uint16_t>(), parts.as<float>(), 5, o3.as<float>(),
+                                nullptr),
+                cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<float> one = download(o1.as<float>(), qs.size()), split = download(o2.as<float>(), qs.size());
+      EXPECT_EQ(differing(download(o3.as<float>(), qs.size()), split), 0u) << "launches of 5 tokens";
+      double worst = 0.0;
+      for (size_t i = 0; i < one.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(one[i]) - split[i]));
+      EXPECT_LT(worst, 2e-5) << "split vs one block per head";
+      // Each token alone, bit for bit.
+      for (int32_t t = 0; t < tokens; t += 3) {
+        ASSERT_EQ(attention_split(kv, kHeads, dq.as<float>() + static_cast<size_t>(t) * kHeads * head_dim,
+                                  dp.as<int32_t>() + t, ds.as<int32_t>() + t, dt.as<int32_t>(), 1, scale, 0.0f, window,
+                                  dc.as<uint16_t>(), parts.as<float>(), 1, o3.as<float>(), nullptr),
+                  cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const size_t w = static_cast<size_t>(kHeads) * head_dim;
+        EXPECT_EQ(differing(download(o3.as<float>(), w),
+                            std::vector<float>(split.begin() + static_cast<std::ptrdiff_t>(t * w),
+                                               split.begin() + static_cast<std::ptrdiff_t>((t + 1) * w))),
+                  0u)
+            << "token " << t << " alone";
       }
     }
   }

@@ -2,8 +2,9 @@
 // CUDA_VISIBLE_DEVICES applies). Settings, each also read from the worker's environment:
 //   matmul       INFERD_CUDA_MATMUL       gemv | tensor_cores (default gemv: float; tensor cores read fp16
 //                                         tiles; either serves every step)
-//   activations  INFERD_CUDA_ACTIVATIONS  float | q8 (default float; q8: matmul inputs quantized as the
-//                                         CPU engine quantizes them)
+//   activations  INFERD_CUDA_ACTIVATIONS  float | q8 (default q8 with float numerics and the GEMV, else
+//                                         float; q8: matmul inputs quantized as the CPU engine quantizes
+//                                         them, Q4_0/Q4_1/Q8_0/Q4_K rows dotted with them in integers)
 //   numerics     INFERD_CUDA_NUMERICS     exact | float (default: exact, unless tensor_cores or q8 is set
 //                                         or the host's CPU engine runs its scalar kernels; exact: the CPU
 //                                         engine's arithmetic, logits equal to its bit for bit)
@@ -11,6 +12,8 @@
 //                                         graph captured once per shape)
 //   fuse         INFERD_CUDA_FUSE         on | off (default on: decode steps launch fused GEMVs for Q/K/V
 //                                         and gate/up + SwiGLU/GeGLU; float numerics)
+//   split_attention INFERD_CUDA_SPLIT_ATTENTION on | off (default on: float numerics' attention split
+//                                         over the positions and merged; off: a thread block per head)
 // A value outside these lists is kInvalidArgument naming the setting and its variable.
 #include <cstdlib>
 #include <string>
@@ -28,7 +31,8 @@ const std::map<std::string, std::string> kEnvironment = {{"matmul", "INFERD_CUDA
                                                          {"activations", "INFERD_CUDA_ACTIVATIONS"},
                                                          {"numerics", "INFERD_CUDA_NUMERICS"},
                                                          {"graphs", "INFERD_CUDA_GRAPHS"},
-                                                         {"fuse", "INFERD_CUDA_FUSE"}};
+                                                         {"fuse", "INFERD_CUDA_FUSE"},
+                                                         {"split_attention", "INFERD_CUDA_SPLIT_ATTENTION"}};
 constexpr MatmulPath kPaths[] = {MatmulPath::kGemv, MatmulPath::kTensorCores};
 constexpr Activations kActivations[] = {Activations::kFloat, Activations::kQ8};
 constexpr Numerics kNumerics[] = {Numerics::kFloat, Numerics::kExact};
@@ -48,21 +52,23 @@ bool pick(const std::string& value, const T (&choices)[N], NameOf name_of, T* ou
 Result<std::unique_ptr<Backend>> create(const BackendConfig& config) {
   CudaOptions o;
   Numerics numerics = Numerics::kExact;
+  Activations activations = Activations::kFloat;
   for (const auto& [key, value] : config.settings) {
     if (!kEnvironment.count(key)) return Status(Code::kInvalidArgument, "the CUDA backend has no setting '" + key + "'");
     std::string expected;
-    if (key == "graphs" || key == "fuse") {
+    if (key == "graphs" || key == "fuse" || key == "split_attention") {
       if (value != "on" && value != "off") {
         return Status(Code::kInvalidArgument,
                       kEnvironment.at(key) + " (" + key + ") = '" + value + "': expected one of on, off");
       }
-      (key == "graphs" ? o.graphs : o.fuse) = value == "on";
+      (key == "graphs" ? o.graphs : key == "fuse" ? o.fuse : o.split_attention) = value == "on";
       continue;
     }
     const bool found = key == "matmul"        ? pick(value, kPaths, matmul_path_name, &o.matmul, &expected)
-                       : key == "activations" ? pick(value, kActivations, activations_name, &o.activations, &expected)
+                       : key == "activations" ? pick(value, kActivations, activations_name, &activations, &expected)
                                               : pick(value, kNumerics, numerics_name, &numerics, &expected);
     if (found && key == "numerics") o.numerics = numerics;
+    if (found && key == "activations") o.activations = activations;
     if (!found) {
       return Status(Code::kInvalidArgument,
                     kEnvironment.at(key) + " (" + key + ") = '" + value + "': expected one of " + expected);
@@ -86,9 +92,10 @@ std::vector<BackendVariant> variants() {
   std::vector<BackendVariant> v;
   for (MatmulPath p : kPaths) {
     v.push_back({std::string("cuda_") + matmul_path_name(p),
-                 BackendConfig{"", 0, {{"numerics", "float"}, {"matmul", matmul_path_name(p)}}}});
+                 BackendConfig{"", 0, {{"numerics", "float"}, {"matmul", matmul_path_name(p)}, {"activations", "float"}}}});
   }
   v.push_back({"cuda_q8", BackendConfig{"", 0, {{"numerics", "float"}, {"activations", "q8"}}}});
+  v.push_back({"cuda_unsplit_attention", BackendConfig{"", 0, {{"numerics", "float"}, {"split_attention", "off"}}}});
   v.push_back({"cuda_exact", BackendConfig{"", 0, {{"numerics", "exact"}}}});
   v.push_back({"cuda_exact_nograph", BackendConfig{"", 0, {{"numerics", "exact"}, {"graphs", "off"}}}});
   return v;

@@ -70,6 +70,29 @@ enum class Glu : uint8_t { kSilu, kGelu };
 cudaError_t matmul_glu(Glu act, const Matrix& wg, const Matrix& wu, const float* x, int32_t tokens,
                        const uint16_t* gelu_table, float* y, cudaStream_t stream);
 
+// The GEMV on 8-bit inputs (float numerics with q8 matmul inputs, llama.cpp's MMVQ arithmetic): inputs
+// quantized per 32 values as the CPU engine's q8_0 (codes and an fp16-rounded scale) and dotted with the
+// weights' codes by dp4a, each 32 values' integer dot scaled once in float. It reads Q4_0, Q4_1, Q8_0 and
+// Q4_K matrices whose rows are a multiple of 64 values (of 256 for Q4_K; every model's) with no padding,
+// 16-byte aligned (q8_gemv_applies); steps of any size, a token's result independent of the others (decode
+// equals prefill bit for bit). Other types keep quantize_activations() and the float GEMV. (Q4_K's inputs
+// are quantized per 32 values here, not per 256 as the CPU engine's Q8_K: the integer GEMV is float
+// numerics, not the CPU's arithmetic.)
+//
+// The input of `rows` rows of k values (q8_input_bytes): [rows][k] int8 codes, then per row k / 32 pairs
+// (float scale, int32 sum of the block's codes). out: 16-byte aligned.
+size_t q8_input_bytes(int32_t rows, int64_t k);
+cudaError_t quantize_q8_input(const float* x, int32_t rows, int64_t k, void* out, cudaStream_t stream);
+bool q8_gemv_type(WType type);  // a type the integer GEMV reads
+bool q8_gemv_applies(const Matrix& w);
+// matmul(), matmul_many() and matmul_glu() on quantize_q8_input's output for `tokens` rows (xq's row count:
+// the input of a step, not of part of it).
+cudaError_t matmul_q8(const Matrix& w, const void* xq, int32_t tokens, const float* bias, const float* residual,
+                      float* y, cudaStream_t stream);
+cudaError_t matmul_many_q8(const MatmulOut* outs, int count, const void* xq, int32_t tokens, cudaStream_t stream);
+cudaError_t matmul_glu_q8(Glu act, const Matrix& wg, const Matrix& wu, const void* xq, int32_t tokens,
+                          const uint16_t* gelu_table, float* y, cudaStream_t stream);
+
 // How the CPU engine quantizes a matmul's activations for a weight type (ggml's vec_dot_type): 8-bit
 // blocks of 32 with an fp16 scale (Q8_0 / Q8_1, for the 32-value block types), 8-bit blocks of 256
 // with a float scale (Q8_K, for the K-quants), or not at all (float weights).
@@ -90,6 +113,10 @@ cudaError_t gather(const float* src, int64_t cols, const int32_t* rows, int32_t 
 
 cudaError_t rms_norm(const float* x, const float* w, int32_t rows, int64_t cols, float eps, float* y,
                      cudaStream_t stream);
+// rms_norm(), and y quantized for the integer GEMV into xq (quantize_q8_input(y, rows, cols, xq)'s bytes) in
+// the same launch: the norm before Q/K/V and before gate/up feeds them without a quantizing kernel.
+cudaError_t rms_norm_q8(const float* x, const float* w, int32_t rows, int64_t cols, float eps, float* y, void* xq,
+                        cudaStream_t stream);
 cudaError_t add(const float* a, const float* b, int64_t n, float* y, cudaStream_t stream);
 cudaError_t swiglu(const float* gate, const float* up, int64_t n, float* y, cudaStream_t stream);
 // y = x * s (gemma3's embedding scale): one rounding, as the CPU's.
@@ -134,6 +161,22 @@ cudaError_t attention(const KvLayout& kv, int32_t n_head, const float* q, const 
                       const int32_t* table, int32_t tokens, float scale, float q_scale, int32_t window,
                       const uint16_t* cache, float* out, cudaStream_t stream);
 
+
+// The same attention split over the positions (flash-decoding): a token's KV blocks of 64 positions go to
+// kAttentionSplits parts in turn (the k-th block of its range to part k % kAttentionSplits), each part a
+// thread block that
+// loads a group of key and value rows at once, then the parts are merged; a decode step's few tokens
+// then occupy n_head * kAttentionSplits thread blocks instead of n_head, and a part's loads are not
+// waited on position by position. The parts and sums follow the token's own positions only: a token's
+// result does not depend on its step (batch-invariant), though it differs from attention()'s in rounding.
+// Scratch: attention_split_scratch_floats(n_head, head_dim, scratch_tokens) floats; longer steps run in
+// launches of scratch_tokens tokens.
+inline constexpr int32_t kAttentionSplits = 16;
+size_t attention_split_scratch_floats(int32_t n_head, int32_t head_dim, int32_t tokens);
+cudaError_t attention_split(const KvLayout& kv, int32_t n_head, const float* q, const int32_t* pos, const int32_t* slot,
+                            const int32_t* table, int32_t tokens, float scale, float q_scale, int32_t window,
+                            const uint16_t* cache, float* scratch, int32_t scratch_tokens, float* out,
+                            cudaStream_t stream);
 
 // A read of `bytes` (a multiple of 16, p 16-byte aligned) with 16-byte loads over `blocks` blocks of 512
 // threads: the device's read bandwidth, which a decode GEMV is measured against (inferd-cuda-bandwidth).

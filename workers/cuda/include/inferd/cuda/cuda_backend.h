@@ -15,7 +15,8 @@
 // worker restart comes out the same. Matmuls are a float GEMV reading each weight row once per step
 // (MatmulPath::kGemv, the default), or tensor-core tiles (fp16 WMMA, fp32 accumulation) for every step.
 // Optionally a matmul's input is first quantized to 8 bits as the CPU engine quantizes it for that
-// weight type (Activations::kQ8).
+// weight type (Activations::kQ8); the GEMV then dots Q4_0, Q4_1, Q8_0 and Q4_K rows with those codes in
+// integers (dp4a, llama.cpp's MMVQ arithmetic), other types dequantized as before.
 //
 // Errors: no device (no driver, "driver version is insufficient", no GPU) is kNotFound from create()
 // with the runtime's reason; a device too small for the graph is kOutOfRange from prepare() with the
@@ -79,7 +80,8 @@ const char* numerics_name(Numerics n);
 struct CudaOptions {
   int device = 0;
   MatmulPath matmul = MatmulPath::kGemv;
-  Activations activations = Activations::kFloat;
+  // Unset: q8 with float numerics on the GEMV, else float (create() resolves it).
+  std::optional<Activations> activations;
   std::optional<Numerics> numerics;
   // Steps of up to kGraphMaxTokens tokens (decode and small batches) run as CUDA graphs, captured once per
   // (tokens, outputs) shape and replayed: one launch instead of hundreds. Every kernel reads the step's
@@ -90,6 +92,10 @@ struct CudaOptions {
   // matmuls in one kernel, the FFN's gate and up matmuls with SwiGLU/GeGLU in one; each output the same
   // bits as the separate kernels give. Off: a kernel per matmul and activation.
   bool fuse = true;
+  // Float numerics: attention split over the positions in kernels::cuda::kAttentionSplits parts (thread
+  // blocks) merged by a second kernel (flash-decoding: a decode step's attention spread over the device).
+  // Off: one thread block per head and token, its warps taking the positions in turn.
+  bool split_attention = true;
 };
 inline constexpr int32_t kGraphMaxTokens = 16;
 
@@ -102,6 +108,9 @@ struct CudaStats {
   // Fused GEMV launches enqueued (each doing the work of two or three kernels); a launch recorded into a
   // CUDA graph counts once, however often the graph is replayed.
   int64_t fused_launches = 0;
+  // Matmuls on the integer GEMV (Activations::kQ8 with the GEMV: 8-bit inputs dotted by dp4a), counted
+  // as gemv_matmuls are.
+  int64_t q8_gemv_matmuls = 0;
   double upload_gbps() const {
     return upload_seconds > 0 ? static_cast<double>(weight_bytes) / upload_seconds / 1e9 : 0.0;
   }
