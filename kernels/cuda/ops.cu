@@ -1706,6 +1706,7 @@ cudaError_t matmul_q8(const Matrix& w, const void* xq, int32_t tokens, const flo
 }
 
 cudaError_t matmul_many_q8(const MatmulOut* outs, int count, const void* xq, int32_t tokens, cudaStream_t stream) {
+  if (tokens <= 0) return cudaSuccess;  // as matmul_q8
   if (count < 1 || reinterpret_cast<uintptr_t>(xq) % 16 != 0) return cudaErrorInvalidValue;
   return launch_many(outs, count, tokens, [](const Matrix& w) { return q8_gemv_applies(w); },
                      MakeQ8In{xq, tokens, outs[0].w.cols}, stream);
@@ -1713,6 +1714,7 @@ cudaError_t matmul_many_q8(const MatmulOut* outs, int count, const void* xq, int
 
 cudaError_t matmul_glu_q8(Glu act, const Matrix& wg, const Matrix& wu, const void* xq, int32_t tokens,
                           const uint16_t* gelu_table, float* y, cudaStream_t stream) {
+  if (tokens <= 0) return cudaSuccess;  // as matmul_q8
   if (reinterpret_cast<uintptr_t>(xq) % 16 != 0) return cudaErrorInvalidValue;
   return launch_glu(act, wg, wu, tokens, gelu_table, y, [](const Matrix& w) { return q8_gemv_applies(w); },
                     MakeQ8In{xq, tokens, wg.cols}, stream);

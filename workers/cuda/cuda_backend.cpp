@@ -614,9 +614,10 @@ Status CudaBackend::Impl::plan(const Graph& g) {
     bool has_attention = false;
     for (const Node& n : g.nodes()) {
       has_attention = has_attention || n.op == Op::kAttention;
-      if (n.op != Op::kMatmul && n.op != Op::kMatmulAdd && n.op != Op::kMatmulSwiglu) continue;
+      const bool two = n.op == Op::kMatmulSwiglu || n.op == Op::kMatmulGeglu;
+      if (n.op != Op::kMatmul && n.op != Op::kMatmulAdd && !two) continue;
       for (int i : {1, 2}) {
-        if (i == 2 && n.op != Op::kMatmulSwiglu) continue;
+        if (i == 2 && !two) continue;
         act_bytes = std::max(act_bytes, exact_activation_bytes(wtype(g.tensor(n.in[static_cast<size_t>(i)]).weight_type()),
                                                                shape.max_tokens, g.tensor(n.in[0]).cols));
       }
@@ -657,6 +658,9 @@ Status CudaBackend::prepare(const Graph& g, const BackendShape& shape) {
   I.gelu.reset();
   I.exact_act.reset();
   I.scores.reset();
+  for (DeviceBuffer& q : I.quant) q.reset();
+  I.q8_codes.reset();
+  I.split_parts.reset();
   I.stats = CudaStats{};
   I.shape = shape;
   for (const Node& n : g.nodes()) {
