@@ -27,6 +27,7 @@
 #      (random codes): float numerics (8-bit inputs and the integer GEMV, split attention), then float inputs,
 #      the attention unsplit, exact numerics (the default), tensor cores, no CUDA graphs, no fused GEMVs;
 #   4. the daemon: load --backend cuda, 16 concurrent greedy streams against their one-at-a-time outputs,
+#      three 256-token generations' speed against inferd-bench in process at the same positions,
 #      kill -9 of the CUDA worker mid-stream (the stream completes), status;
 #   5. the OpenCL backend on NVIDIA's OpenCL driver: exact numerics against the CPU bit for bit (replayed
 #      decode steps included), the split attention, cold and warm load, the decode matmul's shapes;
