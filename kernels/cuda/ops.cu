@@ -903,6 +903,23 @@ void with_nt(int32_t tokens, Fn fn) {
   }
 }
 
+// Calls fn(std::integral_constant<int, DPL>) with the attention kernels' dimensions per lane for a head of
+// head_dim (a multiple of 32, at most 256: attention_dims_ok).
+bool attention_dims_ok(int32_t head_dim) { return head_dim > 0 && head_dim % 32 == 0 && head_dim <= 256; }
+template <class Fn>
+void with_dpl(int32_t head_dim, Fn fn) {
+  switch (head_dim / 32) {
+    case 1: fn(std::integral_constant<int, 1>()); break;
+    case 2: fn(std::integral_constant<int, 2>()); break;
+    case 3: fn(std::integral_constant<int, 3>()); break;
+    case 4: fn(std::integral_constant<int, 4>()); break;
+    case 5: fn(std::integral_constant<int, 5>()); break;
+    case 6: fn(std::integral_constant<int, 6>()); break;
+    case 7: fn(std::integral_constant<int, 7>()); break;
+    case 8: fn(std::integral_constant<int, 8>()); break;
+  }
+}
+
 template <WType T>
 cudaError_t launch_matmul(int path, const Matrix& w, const float* x, int32_t tokens, const float* bias,
                           const float* residual, float* y, cudaStream_t stream) {
@@ -1167,43 +1184,35 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int D = kv.head_dim;
   const HeadTask<DPL> task(kv, n_head, q, pos, slot, table, q_scale, window, cache, h, t, lane);
-  const int32_t p = task.p, start = task.start;
-  const int32_t* blocks = task.blocks;
-  const size_t stride = task.stride;
-  const __half* K = task.K;
-  const __half* V = task.V;
-  const float(&qv)[DPL] = task.qv;
-  float acc[DPL];
-#pragma unroll
-  for (int i = 0; i < DPL; ++i) acc[i] = 0.0f;
+  float acc[DPL] = {};
   float m = -FLT_MAX, l = 0.0f;
   __half kn[DPL], vn[DPL];  // the next position's key and value values of this lane
-  if (start + warp <= p) {
-    const size_t first = kv_row(blocks, stride, D, start + warp);
+  if (task.start + warp <= task.p) {
+    const size_t first = kv_row(task.blocks, task.stride, D, task.start + warp);
 #pragma unroll
     for (int i = 0; i < DPL; ++i) {
-      kn[i] = K[first + lane + 32 * i];
-      vn[i] = V[first + lane + 32 * i];
+      kn[i] = task.K[first + lane + 32 * i];
+      vn[i] = task.V[first + lane + 32 * i];
     }
   }
-  for (int32_t j = start + warp; j <= p; j += kAttnWarps) {
+  for (int32_t j = task.start + warp; j <= task.p; j += kAttnWarps) {
     float kc[DPL], vc[DPL];
 #pragma unroll
     for (int i = 0; i < DPL; ++i) {
       kc[i] = __half2float(kn[i]);
       vc[i] = __half2float(vn[i]);
     }
-    if (j + kAttnWarps <= p) {
-      const size_t next = kv_row(blocks, stride, D, j + kAttnWarps);
+    if (j + kAttnWarps <= task.p) {
+      const size_t next = kv_row(task.blocks, task.stride, D, j + kAttnWarps);
 #pragma unroll
       for (int i = 0; i < DPL; ++i) {
-        kn[i] = K[next + lane + 32 * i];
-        vn[i] = V[next + lane + 32 * i];
+        kn[i] = task.K[next + lane + 32 * i];
+        vn[i] = task.V[next + lane + 32 * i];
       }
     }
     float s = 0.0f;
 #pragma unroll
-    for (int i = 0; i < DPL; ++i) s = fmaf(qv[i], kc[i], s);
+    for (int i = 0; i < DPL; ++i) s = fmaf(task.qv[i], kc[i], s);
     s = warp_sum(s) * scale;
     const float m_new = fmaxf(m, s);
     const float corr = expf(m - m_new), e = expf(s - m_new);
@@ -1243,20 +1252,12 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int D = kv.head_dim;
   const HeadTask<DPL> task(kv, n_head, q, pos, slot, table, q_scale, window, cache, h, t, lane);
-  const int32_t p = task.p, start = task.start;
-  const int32_t* blocks = task.blocks;
-  const size_t stride = task.stride;
-  const __half* K = task.K;
-  const __half* V = task.V;
-  const float(&qv)[DPL] = task.qv;
-  float acc[DPL];
-#pragma unroll
-  for (int i = 0; i < DPL; ++i) acc[i] = 0.0f;
+  float acc[DPL] = {};
   float m = -FLT_MAX, l = 0.0f;
-  for (int32_t c = start / kKvBlockTokens + z; c <= p / kKvBlockTokens; c += kAttentionSplits) {
-    const size_t base = static_cast<size_t>(blocks[c]) * stride;
+  for (int32_t c = task.start / kKvBlockTokens + z; c <= task.p / kKvBlockTokens; c += kAttentionSplits) {
+    const size_t base = static_cast<size_t>(task.blocks[c]) * task.stride;
     const int32_t first = c * kKvBlockTokens + warp * kRowsPerWarp;  // this warp's positions: [first, first + 16)
-    const int32_t lo = max(first, start), hi = min(first + kRowsPerWarp - 1, p);
+    const int32_t lo = max(first, task.start), hi = min(first + kRowsPerWarp - 1, task.p);
     for (int32_t g0 = lo; g0 <= hi; g0 += G) {
       __half kr[G][DPL], vr[G][DPL];
 #pragma unroll
@@ -1265,8 +1266,8 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
         const size_t row = base + static_cast<size_t>(jp & (kKvBlockTokens - 1)) * D;
 #pragma unroll
         for (int i = 0; i < DPL; ++i) {
-          kr[j][i] = K[row + lane + 32 * i];
-          vr[j][i] = V[row + lane + 32 * i];
+          kr[j][i] = task.K[row + lane + 32 * i];
+          vr[j][i] = task.V[row + lane + 32 * i];
         }
       }
       float sc[G];
@@ -1274,7 +1275,7 @@ __global__ void __launch_bounds__(kSplitWarps * 32)
       for (int j = 0; j < G; ++j) {
         float s = 0.0f;
 #pragma unroll
-        for (int i = 0; i < DPL; ++i) s = fmaf(qv[i], __half2float(kr[j][i]), s);
+        for (int i = 0; i < DPL; ++i) s = fmaf(task.qv[i], __half2float(kr[j][i]), s);
         sc[j] = s;
       }
 #pragma unroll
@@ -1455,44 +1456,6 @@ cudaError_t spin(long long cycles, cudaStream_t stream) {
 size_t attention_split_scratch_floats(int32_t n_head, int32_t head_dim, int32_t tokens) {
   return static_cast<size_t>(tokens) * static_cast<size_t>(n_head) * kAttentionSplits *
          static_cast<size_t>(kPartFloats + head_dim);
-}
-
-cudaError_t attention_split(const KvLayout& kv, int32_t n_head, const float* q, const int32_t* pos, const int32_t* slot,
-                            const int32_t* table, int32_t tokens, float scale, float q_scale, int32_t window,
-                            const uint16_t* cache, float* scratch, int32_t scratch_tokens, float* out,
-                            cudaStream_t stream) {
-  if (tokens <= 0) return cudaSuccess;
-  if (kv.head_dim % 32 != 0 || kv.head_dim > 256 || kv.head_dim <= 0 || scratch_tokens <= 0) {
-    return cudaErrorInvalidValue;
-  }
-  const __half* c = reinterpret_cast<const __half*>(cache);
-  for (int32_t t0 = 0; t0 < tokens; t0 += scratch_tokens) {
-    const int32_t n = min(scratch_tokens, tokens - t0);
-    const float* qt = q + static_cast<size_t>(t0) * n_head * kv.head_dim;
-    float* ot = out + static_cast<size_t>(t0) * n_head * kv.head_dim;
-    const dim3 grid(static_cast<unsigned>(n_head), static_cast<unsigned>(n), kAttentionSplits);
-    switch (kv.head_dim / 32) {
-#define INFERD_PART_CASE(N)                                                                                     \
-  case N:                                                                                                       \
-    attention_part_kernel<N><<<grid, kSplitWarps * 32, 0, stream>>>(kv, n_head, qt, pos + t0, slot + t0, table, \
-                                                                    scale, q_scale, window, c, scratch);       \
-    break;
-      INFERD_PART_CASE(1)
-      INFERD_PART_CASE(2)
-      INFERD_PART_CASE(3)
-      INFERD_PART_CASE(4)
-      INFERD_PART_CASE(5)
-      INFERD_PART_CASE(6)
-      INFERD_PART_CASE(7)
-      INFERD_PART_CASE(8)
-#undef INFERD_PART_CASE
-    }
-    attention_merge_kernel<<<dim3(static_cast<unsigned>(n_head), static_cast<unsigned>(n)), 128, 0, stream>>>(
-        n_head, kv.head_dim, scratch, ot);
-    const cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
-  }
-  return cudaSuccess;
 }
 
 cudaError_t read_probe(const void* p, size_t bytes, int blocks, uint32_t* sink, cudaStream_t stream) {
@@ -1801,26 +1764,38 @@ cudaError_t attention(const KvLayout& kv, int32_t n_head, const float* q, const 
                       const int32_t* table, int32_t tokens, float scale, float q_scale, int32_t window,
                       const uint16_t* cache, float* out, cudaStream_t stream) {
   if (tokens <= 0) return cudaSuccess;
-  if (kv.head_dim % 32 != 0 || kv.head_dim > 256 || kv.head_dim <= 0) return cudaErrorInvalidValue;
+  if (!attention_dims_ok(kv.head_dim)) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(n_head), static_cast<unsigned>(tokens));
   const __half* c = reinterpret_cast<const __half*>(cache);
-  switch (kv.head_dim / 32) {
-#define INFERD_ATTENTION_CASE(N)                                                                                   \
-  case N:                                                                                                          \
-    attention_kernel<N><<<grid, kAttnWarps * 32, 0, stream>>>(kv, n_head, q, pos, slot, table, scale, q_scale,   \
-                                                              window, c, out);                                 \
-    break;
-    INFERD_ATTENTION_CASE(1)
-    INFERD_ATTENTION_CASE(2)
-    INFERD_ATTENTION_CASE(3)
-    INFERD_ATTENTION_CASE(4)
-    INFERD_ATTENTION_CASE(5)
-    INFERD_ATTENTION_CASE(6)
-    INFERD_ATTENTION_CASE(7)
-    INFERD_ATTENTION_CASE(8)
-#undef INFERD_ATTENTION_CASE
-  }
+  with_dpl(kv.head_dim, [&](auto dpl) {
+    attention_kernel<decltype(dpl)::value>
+        <<<grid, kAttnWarps * 32, 0, stream>>>(kv, n_head, q, pos, slot, table, scale, q_scale, window, c, out);
+  });
   return cudaGetLastError();
+}
+
+cudaError_t attention_split(const KvLayout& kv, int32_t n_head, const float* q, const int32_t* pos, const int32_t* slot,
+                            const int32_t* table, int32_t tokens, float scale, float q_scale, int32_t window,
+                            const uint16_t* cache, float* scratch, int32_t scratch_tokens, float* out,
+                            cudaStream_t stream) {
+  if (tokens <= 0) return cudaSuccess;
+  if (!attention_dims_ok(kv.head_dim) || scratch_tokens <= 0) return cudaErrorInvalidValue;
+  const __half* c = reinterpret_cast<const __half*>(cache);
+  for (int32_t t0 = 0; t0 < tokens; t0 += scratch_tokens) {
+    const int32_t n = min(scratch_tokens, tokens - t0);
+    const float* qt = q + static_cast<size_t>(t0) * n_head * kv.head_dim;
+    float* ot = out + static_cast<size_t>(t0) * n_head * kv.head_dim;
+    const dim3 grid(static_cast<unsigned>(n_head), static_cast<unsigned>(n), kAttentionSplits);
+    with_dpl(kv.head_dim, [&](auto dpl) {
+      attention_part_kernel<decltype(dpl)::value><<<grid, kSplitWarps * 32, 0, stream>>>(
+          kv, n_head, qt, pos + t0, slot + t0, table, scale, q_scale, window, c, scratch);
+    });
+    attention_merge_kernel<<<dim3(static_cast<unsigned>(n_head), static_cast<unsigned>(n)), 128, 0, stream>>>(
+        n_head, kv.head_dim, scratch, ot);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }
 
 }  // namespace inferd::cuda

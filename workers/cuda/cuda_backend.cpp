@@ -564,77 +564,67 @@ Status CudaBackend::Impl::plan(const Graph& g) {
     pool.push_back(std::move(buf).value());
     stats.activation_bytes += b;
   }
-  // The quantized matmul inputs: the widest input of each kind, for a step of max_tokens.
-  if (opt.activations == Activations::kQ8) {
-    int64_t input_cols[3] = {0, 0, 0}, integer_cols = 0;
+  // A scratch buffer counted with the activations; `scratch_tokens`: how many of a step's tokens fit in 64 MiB
+  // of `per_token` bytes (longer steps run in launches of that many).
+  const auto scratch = [&](size_t bytes, const char* what, DeviceBuffer* dst) -> Status {
+    dst->reset();
+    auto buf = DeviceBuffer::allocate(bytes, what);
+    if (!buf) return buf.status();
+    stats.activation_bytes += buf->bytes();
+    *dst = std::move(buf).value();
+    return Status::ok();
+  };
+  const auto scratch_tokens = [&](size_t per_token) {
+    return static_cast<int32_t>(std::clamp<size_t>((size_t{64} << 20) / std::max<size_t>(per_token, 1), 1,
+                                                   static_cast<size_t>(shape.max_tokens)));
+  };
+  // Every matmul's weight type and input width (gate and up for the GLU nodes).
+  const auto for_each_matmul = [&](auto fn) {
     for (const Node& n : g.nodes()) {
       const bool two = n.op == Op::kMatmulSwiglu || n.op == Op::kMatmulGeglu;
       if (n.op != Op::kMatmul && n.op != Op::kMatmulAdd && !two) continue;
-      for (int i : {1, 2}) {
-        if (i == 2 && !two) continue;
-        const WType type = wtype(g.tensor(n.in[static_cast<size_t>(i)]).weight_type());
-        const int k = static_cast<int>(act_quant_for(type));
-        input_cols[k] = std::max(input_cols[k], g.tensor(n.in[0]).cols);
-        if (q8_gemv_type(type)) integer_cols = std::max(integer_cols, g.tensor(n.in[0]).cols);
-      }
+      for (size_t i = 1; i <= (two ? 2u : 1u); ++i) fn(wtype(g.tensor(n.in[i]).weight_type()), g.tensor(n.in[0]).cols);
     }
+  };
+  const bool has_attention =
+      std::any_of(g.nodes().begin(), g.nodes().end(), [](const Node& n) { return n.op == Op::kAttention; });
+  // The quantized matmul inputs: the widest input of each kind, for a step of max_tokens.
+  q8_codes.reset();
+  if (opt.activations == Activations::kQ8) {
+    int64_t input_cols[3] = {0, 0, 0}, integer_cols = 0;
+    for_each_matmul([&](WType type, int64_t cols) {
+      int64_t& kind_cols = input_cols[static_cast<int>(act_quant_for(type))];
+      kind_cols = std::max(kind_cols, cols);
+      if (q8_gemv_type(type)) integer_cols = std::max(integer_cols, cols);
+    });
     // The integer GEMV's codes: the input of every matrix it reads (one it cannot read uses quant[] instead).
-    q8_codes.reset();
     if (integer_cols > 0 && opt.matmul == MatmulPath::kGemv) {
-      auto buf = DeviceBuffer::allocate(q8_input_bytes(shape.max_tokens, integer_cols), "8-bit matmul inputs");
-      if (!buf) return buf.status();
-      stats.activation_bytes += buf->bytes();
-      q8_codes = std::move(buf).value();
+      INFERD_RETURN_IF_ERROR(scratch(q8_input_bytes(shape.max_tokens, integer_cols), "8-bit matmul inputs", &q8_codes));
     }
     for (int k = 1; k < 3; ++k) {
       quant[k].reset();
       if (input_cols[k] == 0) continue;
-      auto buf = DeviceBuffer::allocate(static_cast<size_t>(input_cols[k]) * static_cast<size_t>(shape.max_tokens) * 4,
-                                        "quantized activations");
-      if (!buf) return buf.status();
-      stats.activation_bytes += buf->bytes();
-      quant[k] = std::move(buf).value();
+      INFERD_RETURN_IF_ERROR(scratch(static_cast<size_t>(input_cols[k]) * static_cast<size_t>(shape.max_tokens) * 4,
+                                     "quantized activations", &quant[k]));
     }
   }
   split_parts.reset();
   split_tokens = 0;
-  if (!exact() && opt.split_attention &&
-      std::any_of(g.nodes().begin(), g.nodes().end(), [](const Node& n) { return n.op == Op::kAttention; })) {
-    // The attention parts: up to 64 MiB, the step's tokens in launches of as many as fit.
+  if (!exact() && opt.split_attention && has_attention) {
     const size_t per_token = attention_split_scratch_floats(g.heads.n_head, g.heads.head_dim, 1) * 4;
-    split_tokens = static_cast<int32_t>(std::clamp<size_t>((size_t{64} << 20) / std::max<size_t>(per_token, 1), 1,
-                                                           static_cast<size_t>(shape.max_tokens)));
-    auto parts = DeviceBuffer::allocate(per_token * static_cast<size_t>(split_tokens), "attention parts");
-    if (!parts) return parts.status();
-    stats.activation_bytes += parts->bytes();
-    split_parts = std::move(parts).value();
+    split_tokens = scratch_tokens(per_token);
+    INFERD_RETURN_IF_ERROR(scratch(per_token * static_cast<size_t>(split_tokens), "attention parts", &split_parts));
   }
   if (exact()) {
     size_t act_bytes = 0;
-    bool has_attention = false;
-    for (const Node& n : g.nodes()) {
-      has_attention = has_attention || n.op == Op::kAttention;
-      const bool two = n.op == Op::kMatmulSwiglu || n.op == Op::kMatmulGeglu;
-      if (n.op != Op::kMatmul && n.op != Op::kMatmulAdd && !two) continue;
-      for (int i : {1, 2}) {
-        if (i == 2 && !two) continue;
-        act_bytes = std::max(act_bytes, exact_activation_bytes(wtype(g.tensor(n.in[static_cast<size_t>(i)]).weight_type()),
-                                                               shape.max_tokens, g.tensor(n.in[0]).cols));
-      }
-    }
-    auto a = DeviceBuffer::allocate(act_bytes, "quantized activations");
-    if (!a) return a.status();
-    stats.activation_bytes += a->bytes();
-    exact_act = std::move(a).value();
-    if (has_attention) {
-      // Attention's scores: up to 64 MiB, the step's tokens in launches of as many as fit.
+    for_each_matmul([&](WType type, int64_t cols) {
+      act_bytes = std::max(act_bytes, exact_activation_bytes(type, shape.max_tokens, cols));
+    });
+    INFERD_RETURN_IF_ERROR(scratch(act_bytes, "quantized activations", &exact_act));
+    if (has_attention) {  // attention's scores
       const size_t per_token = attention_exact_scratch_floats(kv, g.heads.n_head, 1) * 4;
-      score_tokens = static_cast<int32_t>(std::clamp<size_t>((size_t{64} << 20) / std::max<size_t>(per_token, 1), 1,
-                                                             static_cast<size_t>(shape.max_tokens)));
-      auto sc = DeviceBuffer::allocate(per_token * static_cast<size_t>(score_tokens), "attention scores");
-      if (!sc) return sc.status();
-      stats.activation_bytes += sc->bytes();
-      scores = std::move(sc).value();
+      score_tokens = scratch_tokens(per_token);
+      INFERD_RETURN_IF_ERROR(scratch(per_token * static_cast<size_t>(score_tokens), "attention scores", &scores));
     }
   }
   return Status::ok();

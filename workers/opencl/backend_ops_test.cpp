@@ -1286,6 +1286,26 @@ TEST(BackendOps, MatmulPrefillTokensGiveTheSameBits) {
   EXPECT_GT(compared, 0);
 }
 
+// For each storage (buffer, then texture2d) and each of `shapes`: Ops set to the decode shape, a Harness in the
+// storage and x (tokens x k, the values xv) uploaded, then body(ops, h, x). A storage this device cannot
+// hold (no images) is skipped.
+template <class Body>
+void for_each_decode_setup(Runtime& rt, const std::string& what, int32_t tokens, int64_t k, const std::vector<float>& xv,
+                           const std::vector<DecodeShape>& shapes, Body body) {
+  for (StorageType storage : {StorageType::kBuffer, StorageType::kTexture2D}) {
+    for (const DecodeShape& shape : shapes) {
+      SCOPED_TRACE(what + " tokens " + std::to_string(tokens) + " " + storage_name(storage) + " " + shape.to_string());
+      Ops ops(rt);
+      ops.set_decode_shape(shape);
+      Harness h(rt, TensorFormat(storage));
+      auto x = h.input(Bhwc{1, 1, tokens, static_cast<int32_t>(k)}, xv);
+      if (x.status().code() == Code::kUnimplemented) break;
+      ASSERT_TRUE(x.is_ok()) << x.status().to_string();
+      body(ops, h, *x.value());
+    }
+  }
+}
+
 // matmul_swiglu (a decode step's stacked gate|up matmul with SwiGLU in its store) gives the bits of the
 // decode matmul then swiglu_halves, in every decode shape, for short last groups (F = 68: 17 slices) and a
 // texture; shapes that are not a decode step's are refused.
@@ -1300,32 +1320,23 @@ TEST(BackendOps, MatmulSwigluEqualsMatmulThenSwiglu) {
     ASSERT_TRUE(w.is_ok()) << w.status().to_string();
     for (int32_t tokens : {1, 3}) {
       const std::vector<float> xv = random_values(int64_t{tokens} * k, seed++);
-      for (StorageType storage : {StorageType::kBuffer, StorageType::kTexture2D}) {
-        for (const DecodeShape& shape : decode_shape_candidates()) {
-          SCOPED_TRACE(std::string(dtype_name(type)) + " tokens " + std::to_string(tokens) + " " + storage_name(storage) +
-                       " " + shape.to_string());
-          Ops ops(*rt);
-          ops.set_decode_shape(shape);
-          Harness h(*rt, TensorFormat(storage));
-          auto x = h.input(Bhwc{1, 1, tokens, static_cast<int32_t>(k)}, xv);
-          if (x.status().code() == Code::kUnimplemented) break;  // no images on this device
-          ASSERT_TRUE(x.is_ok()) << x.status().to_string();
-          auto gate_up = h.output(Bhwc{1, 1, tokens, static_cast<int32_t>(2 * f)});
-          auto apart = h.output(Bhwc{1, 1, tokens, static_cast<int32_t>(f)});
-          auto fused = h.output(Bhwc{1, 1, tokens, static_cast<int32_t>(f)});
-          ASSERT_TRUE(gate_up.is_ok() && apart.is_ok() && fused.is_ok());
-          ASSERT_TRUE(ops.matmul(w.value(), *x.value(), *gate_up.value(), MatmulVariant::kDecode).is_ok());
-          ASSERT_TRUE(ops.swiglu_halves(*gate_up.value(), *apart.value()).is_ok());
-          const Status st = ops.matmul_swiglu(w.value(), *x.value(), *fused.value());
-          ASSERT_TRUE(st.is_ok()) << st.to_string();
-          std::vector<float> want, got;
-          ASSERT_TRUE(h.finish(*apart.value(), &want).is_ok());
-          ASSERT_TRUE(h.finish(*fused.value(), &got).is_ok());
-          ASSERT_EQ(got.size(), want.size());
-          EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
-          ++compared;
-        }
-      }
+      for_each_decode_setup(*rt, dtype_name(type), tokens, k, xv, decode_shape_candidates(),
+                            [&](Ops& ops, Harness& h, const Tensor& x) {
+        auto gate_up = h.output(Bhwc{1, 1, tokens, static_cast<int32_t>(2 * f)});
+        auto apart = h.output(Bhwc{1, 1, tokens, static_cast<int32_t>(f)});
+        auto fused = h.output(Bhwc{1, 1, tokens, static_cast<int32_t>(f)});
+        ASSERT_TRUE(gate_up.is_ok() && apart.is_ok() && fused.is_ok());
+        ASSERT_TRUE(ops.matmul(w.value(), x, *gate_up.value(), MatmulVariant::kDecode).is_ok());
+        ASSERT_TRUE(ops.swiglu_halves(*gate_up.value(), *apart.value()).is_ok());
+        const Status st = ops.matmul_swiglu(w.value(), x, *fused.value());
+        ASSERT_TRUE(st.is_ok()) << st.to_string();
+        std::vector<float> want, got;
+        ASSERT_TRUE(h.finish(*apart.value(), &want).is_ok());
+        ASSERT_TRUE(h.finish(*fused.value(), &got).is_ok());
+        ASSERT_EQ(got.size(), want.size());
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+        ++compared;
+      });
     }
     // Not a decode step (4 tokens), or dst not half the matrix's rows.
     Ops ops(*rt);
@@ -1358,52 +1369,43 @@ TEST(BackendOps, MatmulWithNormEqualsRmsNormThenMatmul) {
     for (int32_t tokens : {1, 3}) {
       const std::vector<float> xv = random_values(int64_t{tokens} * k, seed++, -3.0f, 3.0f);
       const std::vector<float> rv = random_values(int64_t{tokens} * 2 * f, seed++);
-      for (StorageType storage : {StorageType::kBuffer, StorageType::kTexture2D}) {
-        for (const DecodeShape& shape : {DecodeShape{1, 1}, DecodeShape{4, 1}}) {
-          SCOPED_TRACE(std::string(dtype_name(type)) + " tokens " + std::to_string(tokens) + " " + storage_name(storage) +
-                       " " + shape.to_string());
-          Ops ops(*rt);
-          ops.set_decode_shape(shape);
-          Harness h(*rt, TensorFormat(storage));
-          auto x = h.input(Bhwc{1, 1, tokens, static_cast<int32_t>(k)}, xv);
-          if (x.status().code() == Code::kUnimplemented) break;  // no images on this device
-          ASSERT_TRUE(x.is_ok()) << x.status().to_string();
-          auto nw = h.input(Bhwc{1, 1, 1, static_cast<int32_t>(k)}, nv);
-          auto res = h.input(Bhwc{1, 1, tokens, static_cast<int32_t>(2 * f)}, rv);
-          auto xn = h.output(Bhwc{1, 1, tokens, static_cast<int32_t>(k)});
-          ASSERT_TRUE(nw.is_ok() && res.is_ok() && xn.is_ok());
-          ASSERT_TRUE(ops.rms_norm(*x.value(), *nw.value(), 1e-5f, *xn.value()).is_ok());
-          const DecodeNorm norm{nw.value(), 1e-5f};
-          for (int variant = 0; variant < 3; ++variant) {  // plain, residual, SwiGLU
-            const int32_t out = variant == 2 ? static_cast<int32_t>(f) : static_cast<int32_t>(2 * f);
-            auto apart = h.output(Bhwc{1, 1, tokens, out});
-            auto folded = h.output(Bhwc{1, 1, tokens, out});
-            ASSERT_TRUE(apart.is_ok() && folded.is_ok());
-            Status a, b;
-            if (variant == 2) {
-              a = ops.matmul_swiglu(w.value(), *xn.value(), *apart.value());
-              b = ops.matmul_swiglu(w.value(), *x.value(), *folded.value(), &norm);
-            } else {
-              const Tensor* r = variant == 1 ? res.value() : nullptr;
-              a = ops.matmul(w.value(), *xn.value(), *apart.value(), MatmulVariant::kDecode, r);
-              b = ops.matmul(w.value(), *x.value(), *folded.value(), MatmulVariant::kDecode, r, &norm);
-            }
-            ASSERT_TRUE(a.is_ok()) << a.to_string();
-            ASSERT_TRUE(b.is_ok()) << b.to_string();
-            std::vector<float> want, got;
-            ASSERT_TRUE(h.finish(*apart.value(), &want).is_ok());
-            ASSERT_TRUE(h.finish(*folded.value(), &got).is_ok());
-            ASSERT_EQ(got.size(), want.size());
-            float scale = 0.0f, diff = 0.0f;
-            for (size_t i = 0; i < want.size(); ++i) {
-              scale = std::max(scale, std::fabs(want[i]));
-              diff = std::max(diff, std::fabs(got[i] - want[i]));
-            }
-            EXPECT_LE(diff, 1e-5f * scale + 1e-6f) << "variant " << variant;
-            ++compared;
+      for_each_decode_setup(*rt, dtype_name(type), tokens, k, xv, {DecodeShape{1, 1}, DecodeShape{4, 1}},
+                            [&](Ops& ops, Harness& h, const Tensor& x) {
+        auto nw = h.input(Bhwc{1, 1, 1, static_cast<int32_t>(k)}, nv);
+        auto res = h.input(Bhwc{1, 1, tokens, static_cast<int32_t>(2 * f)}, rv);
+        auto xn = h.output(Bhwc{1, 1, tokens, static_cast<int32_t>(k)});
+        ASSERT_TRUE(nw.is_ok() && res.is_ok() && xn.is_ok());
+        ASSERT_TRUE(ops.rms_norm(x, *nw.value(), 1e-5f, *xn.value()).is_ok());
+        const DecodeNorm norm{nw.value(), 1e-5f};
+        for (int variant = 0; variant < 3; ++variant) {  // plain, residual, SwiGLU
+          const int32_t out = variant == 2 ? static_cast<int32_t>(f) : static_cast<int32_t>(2 * f);
+          auto apart = h.output(Bhwc{1, 1, tokens, out});
+          auto folded = h.output(Bhwc{1, 1, tokens, out});
+          ASSERT_TRUE(apart.is_ok() && folded.is_ok());
+          Status a, b;
+          if (variant == 2) {
+            a = ops.matmul_swiglu(w.value(), *xn.value(), *apart.value());
+            b = ops.matmul_swiglu(w.value(), x, *folded.value(), &norm);
+          } else {
+            const Tensor* r = variant == 1 ? res.value() : nullptr;
+            a = ops.matmul(w.value(), *xn.value(), *apart.value(), MatmulVariant::kDecode, r);
+            b = ops.matmul(w.value(), x, *folded.value(), MatmulVariant::kDecode, r, &norm);
           }
+          ASSERT_TRUE(a.is_ok()) << a.to_string();
+          ASSERT_TRUE(b.is_ok()) << b.to_string();
+          std::vector<float> want, got;
+          ASSERT_TRUE(h.finish(*apart.value(), &want).is_ok());
+          ASSERT_TRUE(h.finish(*folded.value(), &got).is_ok());
+          ASSERT_EQ(got.size(), want.size());
+          float scale = 0.0f, diff = 0.0f;
+          for (size_t i = 0; i < want.size(); ++i) {
+            scale = std::max(scale, std::fabs(want[i]));
+            diff = std::max(diff, std::fabs(got[i] - want[i]));
+          }
+          EXPECT_LE(diff, 1e-5f * scale + 1e-6f) << "variant " << variant;
+          ++compared;
         }
-      }
+      });
     }
     // Not a decode step (4 tokens), or a norm of another width.
     Ops ops(*rt);
