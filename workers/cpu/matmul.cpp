@@ -118,9 +118,8 @@ void matmul_rows(const MatmulJob& j, int64_t m, int max_nr, int64_t r0, int64_t 
   // Decode on interleaved weights: a group of 16 rows per call, one sequential stream.
   if (interleaved) {
     INFERD_ASSERT(max_nr == 1);
-    // The kernel prefetches a few block columns ahead as it streams; ask for the chunk's first ones here.
-    const size_t warm = std::min<size_t>(static_cast<size_t>(r1 - r0) * j.w->row_bytes, 4096);
-    for (size_t off = 0; off < warm; off += 64) __builtin_prefetch(j.w->row(r0) + off, 0, 3);
+    // No prefetch by hand: the chunk is one sequential stream, which the hardware prefetcher follows (a
+    // 4 KiB warm-up here cost the 1.1B Q4_K_M decode 9%: BENCHMARKS.md, "No software prefetch ...").
     float y16[kInterleaveRows];
     for (int64_t t = 0; t < m; ++t) {
       const uint8_t* at = act + static_cast<size_t>(t) * stride;
