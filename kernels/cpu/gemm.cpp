@@ -117,9 +117,14 @@ GemmFn gemm_kernel(DType type, Isa isa) {
     if (isa != Isa::kScalar && isa_available(Isa::kAvx2)) return gemm_avx2_k::kernel(type);
     return nullptr;
   }
-  if (type == DType::kQ5_0 || type == DType::kIQ4_NL) {
-    // The AVX2 GEMM on AVX2 and AVX-512 CPUs alike: both ISAs' dot kernels have its lanes (IQ4_NL: its
+  if (type == DType::kIQ4_NL) {
+    // The AVX2 GEMM on AVX2 and AVX-512 CPUs alike: both ISAs' dot kernels have its lanes (its
     // single-accumulator order is llamafile's, see gemm_avx2.cpp).
+    return isa != Isa::kScalar && isa_available(Isa::kAvx2) ? gemm_avx2::kernel(type) : nullptr;
+  }
+  if (type == DType::kQ5_0) {
+    // No scalar GEMM of its own (its dot kernels are the reference): AVX-512 VNNI or AVX2.
+    if (isa == Isa::kAvx512 && isa_available(Isa::kAvx512)) return gemm_avx512::kernel(type);
     return isa != Isa::kScalar && isa_available(Isa::kAvx2) ? gemm_avx2::kernel(type) : nullptr;
   }
   if (type != DType::kQ4_0 && type != DType::kQ4_1 && type != DType::kQ8_0) return nullptr;

@@ -1,6 +1,6 @@
 // AVX2 GEMM for Q4_0, Q4_1, Q5_0, Q8_0 and IQ4_NL weights (see inferd/kernels/gemm.h for the contract),
-// for CPUs with AVX2, FMA and F16C but no AVX-512 (and for Q5_0 and IQ4_NL on AVX-512 CPUs too: their
-// AVX-512 kernels have the same lanes, so this GEMM equals them bit for bit there as well).
+// for CPUs with AVX2, FMA and F16C but no AVX-512 (and for IQ4_NL on AVX-512 CPUs too: its AVX-512
+// kernels have the same lanes, so this GEMM equals them bit for bit there as well).
 //
 // Layout of the work. The activation rows are first packed, once per call, into ActBlocks (a row's
 // 32 quants of one block and the integer start value of each of the 8 int32 lanes) and into

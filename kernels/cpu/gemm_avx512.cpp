@@ -1,4 +1,4 @@
-// AVX-512 VNNI GEMM for Q4_0, Q4_1 and Q8_0 weights (see inferd/kernels/gemm.h for the contract).
+// AVX-512 VNNI GEMM for Q4_0, Q4_1, Q5_0 and Q8_0 weights (see inferd/kernels/gemm.h for the contract).
 //
 // Layout of the work. The activation rows are first packed, once per call, in pairs: for each pair
 // of activation rows and each 32-element block a PairBlock holds both rows' 32 quants side by side
@@ -17,6 +17,9 @@
 //    so elements 16..31 enter as 16 q. Their lanes' integer sums are 16 times too large and their
 //    activation scale is stored divided by 16: (s / 16) * (16 n) == s * n exactly and s / 16 is a
 //    normal float rounded like s, so the fused multiply-add is bit-identical.
+//  - Q5_0's codes are nibble + 16 * fifth bit (0..31, offset 16 in the start value): the high nibbles
+//    are shifted down (16 * 31 would not fit a byte), and the fifth bits are one masked add of 16 with
+//    the block's 32-bit qh, twice, as the byte mask.
 // Float steps per lane are exactly the contract's: scale = d_w * d_a (fp32), acc = fma(scale,
 // float(n), acc), block by block.
 // GCC 12's 512-bit intrinsics pass _mm512_undefined_*() as the unused merge source, which its own
@@ -66,12 +69,14 @@ template <DType kType>
 void pack_pairs(const GemmArgs& g, int64_t nb, int64_t npairs, PairBlock* out) {
   using ABlock = typename Traits<kType>::ABlock;
   const float* half = scalar::fp16_table();
-  constexpr bool kNibbles = kType != DType::kQ8_0;
+  // Q4_0 and Q4_1 take elements 16..31 as 16 times their nibble (see the top of the file).
+  constexpr bool kTimes16 = kType == DType::kQ4_0 || kType == DType::kQ4_1;
   // Per-lane multipliers of the activation sums and of the scales.
-  const __m512i start_mul = kType == DType::kQ8_0 ? _mm512_set1_epi32(-128)
+  const __m512i start_mul = kType == DType::kQ8_0   ? _mm512_set1_epi32(-128)
+                            : kType == DType::kQ5_0 ? _mm512_set1_epi32(-16)
                                                     : _mm512_setr_epi32(-8, -8, -8, -8, -128, -128, -128, -128,
                                                                         -8, -8, -8, -8, -128, -128, -128, -128);
-  const __m512 d_mul = kNibbles ? _mm512_setr_ps(1, 1, 1, 1, 0.0625f, 0.0625f, 0.0625f, 0.0625f, 1, 1, 1, 1,
+  const __m512 d_mul = kTimes16 ? _mm512_setr_ps(1, 1, 1, 1, 0.0625f, 0.0625f, 0.0625f, 0.0625f, 1, 1, 1, 1,
                                                  0.0625f, 0.0625f, 0.0625f, 0.0625f)
                                 : _mm512_set1_ps(1.0f);
   const __m512i ones = _mm512_set1_epi8(1);
@@ -128,6 +133,9 @@ void tile(const TileIo& io) {
                                                 0xF0F0F0F0F0F0F0F0, 0x0F0F0F0F0F0F0F0F, 0x0F0F0F0F0F0F0F0F,
                                                 0xF0F0F0F0F0F0F0F0, 0xF0F0F0F0F0F0F0F0);
   const __m512i sign_bit = _mm512_set1_epi8(static_cast<char>(0x80));
+  [[maybe_unused]] const __m512i high_shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+  [[maybe_unused]] const __m512i low4 = _mm512_set1_epi8(0x0F);
+  [[maybe_unused]] const __m512i sixteen = _mm512_set1_epi8(16);
   __m512 acc[R][P];
   for (int r = 0; r < R; ++r) {
     for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
@@ -143,6 +151,12 @@ void tile(const TileIo& io) {
       if constexpr (kType == DType::kQ8_0) {
         wq[r] = _mm512_xor_si512(
             _mm512_maskz_broadcast_i64x4(0xFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs))), sign_bit);
+      } else if constexpr (kType == DType::kQ5_0) {
+        // 128-bit lanes 0 and 2: elements 0..15, lanes 1 and 3: elements 16..31, each + 16 where bit i of qh.
+        const __m512i both = _mm512_maskz_broadcast_i32x4(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+        const uint64_t qh = rows[r].qh(b);
+        wq[r] = _mm512_and_si512(_mm512_srlv_epi64(both, high_shift), low4);
+        wq[r] = _mm512_mask_add_epi8(wq[r], _cvtu64_mask64(qh | qh << 32), wq[r], sixteen);
       } else {
         wq[r] = _mm512_and_si512(
             _mm512_maskz_broadcast_i32x4(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs))), nibble_mask);
@@ -214,6 +228,8 @@ GemmFn kernel(DType type) {
       return &gemm<DType::kQ4_0>;
     case DType::kQ4_1:
       return &gemm<DType::kQ4_1>;
+    case DType::kQ5_0:
+      return &gemm<DType::kQ5_0>;
     case DType::kQ8_0:
       return &gemm<DType::kQ8_0>;
     default:

@@ -348,10 +348,14 @@ void check_row_ranges(GemmFn fn, const Problem& p, const Check& check) {
   }
 }
 
-// Q5_0 (gemma3's q, k, gate and up in Q4_K_M files): the AVX2 GEMM equals each ISA's dot kernel bit for bit.
+// Q5_0 (gemma3's q, k, gate and up in Q4_K_M files): each ISA's GEMM (AVX2; AVX-512 VNNI) equals that ISA's
+// dot kernel bit for bit.
 TEST(Gemm, Q5_0BitIdenticalToDot) {
   if (!isa_available(Isa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU";
   EXPECT_EQ(gemm_kernel(DType::kQ5_0, Isa::kScalar), nullptr);
+  if (isa_available(Isa::kAvx512)) {
+    EXPECT_NE(gemm_kernel(DType::kQ5_0, Isa::kAvx2), gemm_kernel(DType::kQ5_0, Isa::kAvx512));
+  }
   for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
     if (!isa_available(isa)) continue;
     std::mt19937 rng(35);

@@ -118,6 +118,10 @@ struct CpuBackend::Impl {
   float* f32(const Ref& r, int ith) const { return reinterpret_cast<float*>(ptr(r, ith)); }
   const int32_t* ints(const Ref& r) const { return reinterpret_cast<const int32_t*>(ptr(r, 0)); }
   int64_t rows(RowsOf r) const { return r == RowsOf::kOutputs ? pass.outputs : pass.tokens; }
+  // The rows per dot call of a matmul of m rows of `type`: the step's path, except that one row (a prefill's
+  // output projection: only the last token's logits) takes the GEMV as a decode step does, unless a path is
+  // forced. Same bits either way for every type but IQ4_NL, whose GEMM has llamafile's order: it keeps the step's.
+  int matmul_nr(DType type, int64_t m) const { return !forced && m == 1 && type != DType::kIQ4_NL ? 1 : pass.max_nr; }
 };
 
 CpuBackend::CpuBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -400,7 +404,7 @@ void CpuBackend::Impl::run_step(const Step& s, int ith, int nth) {
       const float* residual = s.res.loc == Loc::kNone ? nullptr : f32(s.res, ith);
       const float* bias = n.op == Op::kMatmul && n.in[2] != graph::kNone ? g.tensor(n.in[2]).weight->f32() : nullptr;
       const cpu::MatmulJob job{&w, act, s.act_row_bytes, out, w.rows, residual != nullptr, bias, residual};
-      const int max_nr = pass.max_nr;
+      const int max_nr = matmul_nr(w.type, m);
       for_chunks(w.rows, [&](int64_t r0, int64_t r1) { cpu::matmul_rows(job, m, max_nr, r0, r1); });
       return;
     }
@@ -411,7 +415,7 @@ void CpuBackend::Impl::run_step(const Step& s, int ith, int nth) {
       act_ptrs(act);
       float* h = f32(s.dst, ith);
       const int64_t f = wg.rows;
-      const int max_nr = pass.max_nr;
+      const int max_nr = std::max(matmul_nr(wg.type, m), matmul_nr(wu.type, m));  // IQ4_NL keeps the step's
       const bool geglu = n.op == Op::kMatmulGeglu;
       // Batches go through matmul_rows (the type's GEMM where it has one) as soon as either weight has a GEMM:
       // IQ4_NL's GEMM has llama.cpp's batch order, which its dot kernel does not.
