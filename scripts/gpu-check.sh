@@ -24,8 +24,9 @@
 #   3. inferd-cuda-bandwidth (the read bandwidth, the decode GEMV's weight read against it, staged and
 #      unstaged, the integer GEMV on 8-bit inputs); inferd-bench --backend cuda on SmolLM2-shaped, 1.1B and
 #      8B-shaped Q4_0 models (and 1.1B Q4_K_M and Q8_0) made here by tools/reference/make_synthetic_gguf.py
-#      (random codes): float numerics (8-bit inputs and the integer GEMV, split attention), then float inputs,
-#      the attention unsplit, exact numerics (the default), tensor cores, no CUDA graphs, no fused GEMVs;
+#      (random codes): float numerics (8-bit inputs and the integer GEMV, split attention), then Q6_K rows on
+#      the integer GEMV too (INFERD_CUDA_Q6K_INTEGER=on, off by default; 1.1B Q4_K_M, alternated with off),
+#      float inputs, the attention unsplit, exact numerics (the default), tensor cores, no CUDA graphs, no fused GEMVs;
 #   4. the daemon: load --backend cuda, 16 concurrent greedy streams against their one-at-a-time outputs,
 #      three 256-token generations' speed against inferd-bench in process at the same positions,
 #      kill -9 of the CUDA worker mid-stream (the stream completes), status;
@@ -35,7 +36,7 @@
 #      --stage-backends cuda,cpu pipeline and of the CPU alone, compared;
 #   7. OpenCL speed (float numerics) on the three Q4_0 shapes with a per-kernel profile, and with replay,
 #      the split attention and the prefill's tokens per work-item varied.
-# GPU_CHECK_SKIP="backend_ops decode_shapes cuda_speed q8 unsplit opencl opencl_speed opencl_variants daemon
+# GPU_CHECK_SKIP="backend_ops decode_shapes cuda_speed q8 q6k unsplit opencl opencl_speed opencl_variants daemon
 # exact_daemon nograph nofuse exact tensor_cores" leaves those steps out (a rerun after a kernel change); GPU_CHECK_CUDA_FILTER and
 # GPU_CHECK_OPENCL_FILTER narrow steps 2 and 5 to a gtest filter.
 # The GPU machine has no package registry: nothing is installed there. (GPU_CHECK_PRESETS and
@@ -205,6 +206,14 @@ cuda_speed_checks() {
     say "  $m: rc=$? $(grep -E '^(prefill|decode|load)' "$out/bench-$m.txt" | tr -s ' ' | tr '\n' ';')"
   done
   grep -m1 '^backend' "$out/bench-8b-q4_0.txt" >> "$summary"
+  # Q6_K rows on the integer GEMV (off by default): the 1.1B Q4_K_M model.
+  skip q6k || for r in 1 2; do
+    for v in off on; do
+      INFERD_CUDA_NUMERICS=float INFERD_CUDA_Q6K_INTEGER=$v timeout 120 "$bin/inferd-bench" --backend cuda \
+        -m "$models/tinyllama-q4_k_m.gguf" -p 512 -n 128 -r 2 > "$out/bench-q6k-$v-$r.txt" 2>&1
+      say "  tinyllama-q4_k_m, Q6_K integer $v (round $r): rc=$? $(grep -E '^(prefill|decode)' "$out/bench-q6k-$v-$r.txt" | tr -s ' ' | tr '\n' ';')"
+    done
+  done
   # Each of the defaults turned off in turn: float inputs (the float GEMV), the attention unsplit.
   skip q8 || for m in smollm2-q4_0 tinyllama-q4_0 tinyllama-q8_0 8b-q4_0; do
     INFERD_CUDA_NUMERICS=float INFERD_CUDA_ACTIVATIONS=float timeout 120 "$bin/inferd-bench" --backend cuda \

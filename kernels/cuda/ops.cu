@@ -361,23 +361,32 @@ static_assert(sizeof(Q8Scale) == 8, "two scales of a pair of blocks are one 16-b
 // words (an odd word stride for Q4_0 and Q8_0: no bank conflicts); a quarter of a Q4_K super-block (its
 // 16-byte header, read by the four lanes of the super-block, and 32 bytes of codes: 36 bytes a unit on
 // average). A unit's inputs are four 16-byte loads and its two scales one.
+// Q6_K: a quarter of a super-block (210 bytes, so 52.5 bytes a unit, every field on an even byte), read
+// from the staged segment 16 bits at a time; its two blocks of 32 values have two 16-value scales each.
 template <WType T>
 constexpr bool has_q8_gemv() {
-  return T == WType::kQ4_0 || T == WType::kQ4_1 || T == WType::kQ8_0 || T == WType::kQ4_K;
+  return T == WType::kQ4_0 || T == WType::kQ4_1 || T == WType::kQ8_0 || T == WType::kQ4_K || T == WType::kQ6_K;
 }
-// A unit's 32-bit words on average (the segments' sizes follow it).
+// The bytes of four units (the segments' sizes follow it): a Q4_K or Q6_K super-block, or four pairs of blocks.
+template <WType T>
+constexpr int64_t q8_quad_bytes() {
+  return T == WType::kQ4_0 || T == WType::kQ4_K ? 144 : T == WType::kQ4_1 ? 160 : T == WType::kQ8_0 ? 272 : 210;
+}
+// A unit's 32-bit words (the types whose units are whole words).
 template <WType T>
 constexpr int q8_pair_words() {
-  return T == WType::kQ4_0 || T == WType::kQ4_K ? 9 : T == WType::kQ4_1 ? 10 : 17;
+  static_assert(q8_quad_bytes<T>() % 16 == 0, "a unit of whole words");
+  return static_cast<int>(q8_quad_bytes<T>() / 16);
 }
 // Pairs per staged segment: a whole number of 32 (a pair for each lane) within kStagePayload.
 template <WType T>
 constexpr int64_t q8_seg_pairs() {
-  return kStagePayload / (4 * q8_pair_words<T>()) / 32 * 32;
+  return kStagePayload / q8_quad_bytes<T>() * 4 / 32 * 32;
 }
 static_assert(q8_seg_pairs<WType::kQ4_0>() == 128 && q8_seg_pairs<WType::kQ4_1>() == 96 &&
-              q8_seg_pairs<WType::kQ8_0>() == 64 && q8_seg_pairs<WType::kQ4_K>() == 128);
-// A segment is a whole number of Q4_K super-blocks (4 units each) since it is a whole number of 32 units.
+              q8_seg_pairs<WType::kQ8_0>() == 64 && q8_seg_pairs<WType::kQ4_K>() == 128 &&
+              q8_seg_pairs<WType::kQ6_K>() == 64);
+// A segment is a whole number of Q4_K / Q6_K super-blocks (4 units each) since it is a whole number of 32 units.
 static_assert(32 % 4 == 0 && 4 * 4 * q8_pair_words<WType::kQ4_K>() == 144);
 
 // A pair's two blocks: codes as words ready for dp4a (Q4: low nibbles then high nibbles, the order of
@@ -469,41 +478,99 @@ __device__ __forceinline__ void q8_unit(const uint32_t* __restrict__ seg, int64_
   }
 }
 
+// Unit pl of a staged Q6_K segment (`seg`: its first byte, a super-block boundary, 2-byte aligned): codes
+// less 32 as signed bytes ready for dp4a (values 32j + 4i .. + 3 in q[j][i]), the four 16-value scales
+// (sc[2j], sc[2j + 1]: block j's halves) and the super-block's d. Unit u of a super-block is its values
+// 64u .. 64u + 63: half n = u / 2 of the 256, sub-groups qd = 2 (u % 2) and + 1 (ql bytes 64n + 32 (qd % 2)
+// .. + 31, their high nibbles for qd >= 2; qh bytes 32n .. + 31, bits 2 qd and 2 qd + 1).
+__device__ __forceinline__ void q6_unit(const uint8_t* __restrict__ seg, int64_t pl, uint32_t (&q)[2][8],
+                                        int (&sc)[4], float* dd) {
+  const uint8_t* sb = seg + (pl >> 2) * 210;
+  const int u = static_cast<int>(pl & 3), n = u >> 1;
+  *dd = __half2float(__ushort_as_half(static_cast<unsigned short>(le16(sb + 208))));
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int qd = 2 * (u & 1) + j;
+    const int shift = qd >= 2 ? 4 : 0;
+    const uint8_t* ql = sb + 64 * n + 32 * (qd & 1);
+    const uint8_t* qh = sb + 128 + 32 * n;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t v = ((le32(ql + 4 * i) >> shift) & 0x0F0F0F0Fu) | (((le32(qh + 4 * i) >> (2 * qd)) & 0x03030303u) << 4);
+      q[j][i] = __vsub4(v, 0x20202020u);
+    }
+    const uint32_t s2 = le16(sb + 192 + 8 * n + 2 * qd);  // the block's two int8 scales
+    sc[2 * j] = static_cast<int8_t>(s2 & 0xFFu);
+    sc[2 * j + 1] = static_cast<int8_t>(s2 >> 8);
+  }
+}
+
 // Lane `lane`'s partial sums over one staged segment of a row (np pairs from pair p0 of the row, as 32-bit
 // words at `seg`) dotted with each of `tokens` (<= NT) rows of 8-bit inputs (codes xq, scales xs; k values
 // a row). Lane l takes pairs l, l + 32, ... of the segment in order; per token, each block adds
 // d_w * d_x * (its integer dot) (Q4_0: the dot less 8 * the codes' sum; Q4_1: after m_w * d_x * the sum),
 // so a token's sum does not depend on the other tokens of its step.
+// Q6_K: per block, (sc_lo * its first 16 values' dot + sc_hi * the last 16's) as one integer, times d * d_x.
 template <WType T, int NT>
-__device__ __forceinline__ void q8_segment_dot(const uint32_t* __restrict__ seg, int64_t np, int64_t p0, int64_t k,
-                                               const int8_t* __restrict__ xq, const Q8Scale* __restrict__ xs,
-                                               int tokens, int lane, float (&acc)[NT]) {
-  for (int64_t pl = lane; pl < np; pl += 32) {
-    uint32_t q[2][8];
-    float d[2], m[2];
-    q8_unit<T>(seg, pl, q, d, m);
-    const int64_t pair = p0 + pl;
+__device__ __forceinline__ void q8_segment_dot(const uint8_t* __restrict__ seg_bytes, int64_t np, int64_t p0,
+                                               int64_t k, const int8_t* __restrict__ xq,
+                                               const Q8Scale* __restrict__ xs, int tokens, int lane, float (&acc)[NT]) {
+  if constexpr (T == WType::kQ6_K) {
+    for (int64_t pl = lane; pl < np; pl += 32) {
+      uint32_t q[2][8];
+      int sc[4];
+      float dd;
+      q6_unit(seg_bytes, pl, q, sc, &dd);
+      const int64_t pair = p0 + pl;
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      if (t >= tokens) break;
-      const int4* a = reinterpret_cast<const int4*>(xq + static_cast<size_t>(t) * k) + pair * 4;
-      const int4 a0v = __ldg(a), a1v = __ldg(a + 1), a2v = __ldg(a + 2), a3v = __ldg(a + 3);
-      const float4 sc = __ldg(reinterpret_cast<const float4*>(xs + static_cast<size_t>(t) * (k / 32)) + pair);
-      const int av[2][8] = {{a0v.x, a0v.y, a0v.z, a0v.w, a1v.x, a1v.y, a1v.z, a1v.w},
-                            {a2v.x, a2v.y, a2v.z, a2v.w, a3v.x, a3v.y, a3v.z, a3v.w}};
-      const float dx[2] = {sc.x, sc.z};
-      const int sx[2] = {__float_as_int(sc.y), __float_as_int(sc.w)};
+      for (int t = 0; t < NT; ++t) {
+        if (t >= tokens) break;
+        const int4* a = reinterpret_cast<const int4*>(xq + static_cast<size_t>(t) * k) + pair * 4;
+        const int4 a0v = __ldg(a), a1v = __ldg(a + 1), a2v = __ldg(a + 2), a3v = __ldg(a + 3);
+        const float4 scx = __ldg(reinterpret_cast<const float4*>(xs + static_cast<size_t>(t) * (k / 32)) + pair);
+        const int av[2][8] = {{a0v.x, a0v.y, a0v.z, a0v.w, a1v.x, a1v.y, a1v.z, a1v.w},
+                              {a2v.x, a2v.y, a2v.z, a2v.w, a3v.x, a3v.y, a3v.z, a3v.w}};
+        const float dx[2] = {scx.x, scx.z};
 #pragma unroll
-      for (int b = 0; b < 2; ++b) {
-        int dot = 0;
+        for (int b = 0; b < 2; ++b) {
+          int lo = 0, hi = 0;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) dot = __dp4a(static_cast<int>(q[b][i]), av[b][i], dot);
-        if constexpr (T == WType::kQ4_0) {
-          acc[t] = fmaf(d[b] * dx[b], static_cast<float>(dot - 8 * sx[b]), acc[t]);
-        } else if constexpr (T == WType::kQ4_1 || T == WType::kQ4_K) {
-          acc[t] = fmaf(d[b] * dx[b], static_cast<float>(dot), fmaf(m[b] * dx[b], static_cast<float>(sx[b]), acc[t]));
-        } else {
-          acc[t] = fmaf(d[b] * dx[b], static_cast<float>(dot), acc[t]);
+          for (int i = 0; i < 4; ++i) lo = __dp4a(static_cast<int>(q[b][i]), av[b][i], lo);
+#pragma unroll
+          for (int i = 4; i < 8; ++i) hi = __dp4a(static_cast<int>(q[b][i]), av[b][i], hi);
+          acc[t] = fmaf(dd * dx[b], static_cast<float>(sc[2 * b] * lo + sc[2 * b + 1] * hi), acc[t]);
+        }
+      }
+    }
+  } else {
+    const auto* seg = reinterpret_cast<const uint32_t*>(seg_bytes);  // the other types' units are whole words
+    for (int64_t pl = lane; pl < np; pl += 32) {
+      uint32_t q[2][8];
+      float d[2], m[2];
+      q8_unit<T>(seg, pl, q, d, m);
+      const int64_t pair = p0 + pl;
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        if (t >= tokens) break;
+        const int4* a = reinterpret_cast<const int4*>(xq + static_cast<size_t>(t) * k) + pair * 4;
+        const int4 a0v = __ldg(a), a1v = __ldg(a + 1), a2v = __ldg(a + 2), a3v = __ldg(a + 3);
+        const float4 sc = __ldg(reinterpret_cast<const float4*>(xs + static_cast<size_t>(t) * (k / 32)) + pair);
+        const int av[2][8] = {{a0v.x, a0v.y, a0v.z, a0v.w, a1v.x, a1v.y, a1v.z, a1v.w},
+                              {a2v.x, a2v.y, a2v.z, a2v.w, a3v.x, a3v.y, a3v.z, a3v.w}};
+        const float dx[2] = {sc.x, sc.z};
+        const int sx[2] = {__float_as_int(sc.y), __float_as_int(sc.w)};
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          int dot = 0;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) dot = __dp4a(static_cast<int>(q[b][i]), av[b][i], dot);
+          if constexpr (T == WType::kQ4_0) {
+            acc[t] = fmaf(d[b] * dx[b], static_cast<float>(dot - 8 * sx[b]), acc[t]);
+          } else if constexpr (T == WType::kQ4_1 || T == WType::kQ4_K) {
+            acc[t] = fmaf(d[b] * dx[b], static_cast<float>(dot), fmaf(m[b] * dx[b], static_cast<float>(sx[b]), acc[t]));
+          } else {
+            acc[t] = fmaf(d[b] * dx[b], static_cast<float>(dot), acc[t]);
+          }
         }
       }
     }
@@ -518,21 +585,21 @@ template <WType T, int NT>
 __device__ __forceinline__ void q8_row_dot(const uint8_t* __restrict__ row, int64_t k, const int8_t* __restrict__ xq,
                                            const Q8Scale* __restrict__ xs, int tokens, uint8_t* buf, int lane,
                                            float (&acc)[NT]) {
-  constexpr int64_t kUnitBytes = 4 * q8_pair_words<T>();
+  constexpr int64_t kQuadBytes = q8_quad_bytes<T>();  // np * kQuadBytes / 4: whole bytes (Q6_K: np % 4 == 0)
   constexpr int64_t kSeg = q8_seg_pairs<T>();
   const int64_t pairs = k / 64;
   for (int64_t p0 = 0; p0 < pairs; p0 += kSeg) {
     const int64_t np = pairs - p0 < kSeg ? pairs - p0 : kSeg;
-    const uintptr_t a0 = reinterpret_cast<uintptr_t>(row + p0 * kUnitBytes);
+    const uintptr_t a0 = reinterpret_cast<uintptr_t>(row + p0 * kQuadBytes / 4);
     const uintptr_t v0 = a0 & ~uintptr_t{15};
-    const int64_t vecs = static_cast<int64_t>((a0 + static_cast<uintptr_t>(np * kUnitBytes) - v0 + 15) / 16);
+    const int64_t vecs = static_cast<int64_t>((a0 + static_cast<uintptr_t>(np * kQuadBytes / 4) - v0 + 15) / 16);
     __syncwarp();  // the previous segment is read
     const uint4* src = reinterpret_cast<const uint4*>(v0);
     uint4* dst = reinterpret_cast<uint4*>(buf);
     for (int64_t i = lane; i < vecs; i += 32) dst[i] = __ldg(src + i);
     __syncwarp();
-    // Rows and segments start on a word: the segment's words from its first byte.
-    q8_segment_dot<T, NT>(reinterpret_cast<const uint32_t*>(buf + (a0 - v0)), np, p0, k, xq, xs, tokens, lane, acc);
+    // Rows and segments start on a word (Q6_K: on an even byte): the segment from its first byte.
+    q8_segment_dot<T, NT>(buf + (a0 - v0), np, p0, k, xq, xs, tokens, lane, acc);
   }
 }
 
@@ -1648,6 +1715,7 @@ bool q8_gemv_type(WType type) {
     case WType::kQ4_1: return has_q8_gemv<WType::kQ4_1>();
     case WType::kQ8_0: return has_q8_gemv<WType::kQ8_0>();
     case WType::kQ4_K: return has_q8_gemv<WType::kQ4_K>();
+    case WType::kQ6_K: return has_q8_gemv<WType::kQ6_K>();
     default: return false;
   }
 }
@@ -1656,7 +1724,7 @@ bool q8_gemv_applies(const Matrix& w) {
   const bool has = q8_gemv_type(w.type);
   // Whole units (pairs of blocks, super-blocks) without padding (every row starts on a word), the matrix
   // 16-byte aligned.
-  const int64_t block = w.type == WType::kQ4_K ? 256 : 32;
+  const int64_t block = w.type == WType::kQ4_K || w.type == WType::kQ6_K ? 256 : 32;
   return has && w.cols > 0 && w.cols % 64 == 0 && w.cols % block == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 &&
          w.row_bytes == static_cast<size_t>(w.cols / block) * exact::block_bytes(static_cast<uint32_t>(w.type));
 }

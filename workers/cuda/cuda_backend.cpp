@@ -229,7 +229,8 @@ struct CudaBackend::Impl {
     std::string t = std::string("numerics float, matmul ") + matmul_path_name(opt.matmul) + ", matmul inputs " +
                     activations_name(*opt.activations);
     if (opt.activations == Activations::kQ8 && opt.matmul == MatmulPath::kGemv) {
-      t += " (integer dots on Q4_0/Q4_1/Q8_0/Q4_K: " + std::to_string(stats.q8_gemv_matmuls) + " matmuls recorded)";
+      t += std::string(" (integer dots on Q4_0/Q4_1/Q8_0/Q4_K") + (opt.q6k_integer ? "/Q6_K" : "") + ": " +
+           std::to_string(stats.q8_gemv_matmuls) + " matmuls recorded)";
     }
     if (opt.matmul == MatmulPath::kGemv) {
       t += opt.fuse ? ", fused GEMVs on (" + std::to_string(stats.fused_launches) + " launches recorded)"
@@ -290,7 +291,9 @@ struct CudaBackend::Impl {
   // Whether a matmul with `w` runs the integer GEMV (q8 inputs, the GEMV path, a matrix it reads), and
   // its input `x` of `rows` rows quantized for it (once per tensor and step).
   bool q8_inputs() const { return !exact() && opt.activations == Activations::kQ8 && opt.matmul == MatmulPath::kGemv; }
-  bool q8_gemv(const Matrix& w) const { return q8_inputs() && q8_gemv_applies(w); }
+  bool q8_gemv(const Matrix& w) const { return q8_inputs() && q8_gemv_applies(w) && integer_type(w.type); }
+  // The types whose rows the integer GEMV reads under these options (Q6_K only with q6k_integer).
+  bool integer_type(WType type) const { return q8_gemv_type(type) && (type != WType::kQ6_K || opt.q6k_integer); }
   Result<const void*> q8_input(const Graph& g, TensorId x, int32_t rows);
   // y = W x (+ bias, or residual +) with the options' arithmetic.
   Status matmul(const Graph& g, TensorId x, int32_t rows, const Matrix& w, const float* bias, const float* residual,
@@ -595,7 +598,7 @@ Status CudaBackend::Impl::plan(const Graph& g) {
     for_each_matmul([&](WType type, int64_t cols) {
       int64_t& kind_cols = input_cols[static_cast<int>(act_quant_for(type))];
       kind_cols = std::max(kind_cols, cols);
-      if (q8_gemv_type(type)) integer_cols = std::max(integer_cols, cols);
+      if (integer_type(type)) integer_cols = std::max(integer_cols, cols);
     });
     // The integer GEMV's codes: the input of every matrix it reads (one it cannot read uses quant[] instead).
     if (integer_cols > 0 && opt.matmul == MatmulPath::kGemv) {

@@ -14,6 +14,8 @@
 //                                         and gate/up + SwiGLU/GeGLU; float numerics)
 //   split_attention INFERD_CUDA_SPLIT_ATTENTION on | off (default on: float numerics' attention split
 //                                         over the positions and merged; off: a thread block per head)
+//   q6k_integer  INFERD_CUDA_Q6K_INTEGER  on | off (default off: Q6_K rows take the float-input GEMV; on: the
+//                                         integer GEMV with 8-bit inputs reads them too; with q8 activations)
 // A value outside these lists is kInvalidArgument naming the setting and its variable.
 #include <cstdlib>
 #include <string>
@@ -32,7 +34,8 @@ const std::map<std::string, std::string> kEnvironment = {{"matmul", "INFERD_CUDA
                                                          {"numerics", "INFERD_CUDA_NUMERICS"},
                                                          {"graphs", "INFERD_CUDA_GRAPHS"},
                                                          {"fuse", "INFERD_CUDA_FUSE"},
-                                                         {"split_attention", "INFERD_CUDA_SPLIT_ATTENTION"}};
+                                                         {"split_attention", "INFERD_CUDA_SPLIT_ATTENTION"},
+                                                         {"q6k_integer", "INFERD_CUDA_Q6K_INTEGER"}};
 constexpr MatmulPath kPaths[] = {MatmulPath::kGemv, MatmulPath::kTensorCores};
 constexpr Activations kActivations[] = {Activations::kFloat, Activations::kQ8};
 constexpr Numerics kNumerics[] = {Numerics::kFloat, Numerics::kExact};
@@ -56,12 +59,15 @@ Result<std::unique_ptr<Backend>> create(const BackendConfig& config) {
   for (const auto& [key, value] : config.settings) {
     if (!kEnvironment.count(key)) return Status(Code::kInvalidArgument, "the CUDA backend has no setting '" + key + "'");
     std::string expected;
-    if (key == "graphs" || key == "fuse" || key == "split_attention") {
+    if (key == "graphs" || key == "fuse" || key == "split_attention" || key == "q6k_integer") {
       if (value != "on" && value != "off") {
         return Status(Code::kInvalidArgument,
                       kEnvironment.at(key) + " (" + key + ") = '" + value + "': expected one of on, off");
       }
-      (key == "graphs" ? o.graphs : key == "fuse" ? o.fuse : o.split_attention) = value == "on";
+      (key == "graphs"            ? o.graphs
+       : key == "fuse"            ? o.fuse
+       : key == "split_attention" ? o.split_attention
+                                  : o.q6k_integer) = value == "on";
       continue;
     }
     const bool found = key == "matmul"        ? pick(value, kPaths, matmul_path_name, &o.matmul, &expected)

@@ -96,6 +96,9 @@ struct CudaOptions {
   // blocks) merged by a second kernel (flash-decoding: a decode step's attention spread over the device).
   // Off: one thread block per head and token, its warps taking the positions in turn.
   bool split_attention = true;
+  // Float numerics with 8-bit matmul inputs: Q6_K rows read by the integer GEMV too (off: by the float-input
+  // GEMV). Off until measured on a GPU.
+  bool q6k_integer = false;
 };
 inline constexpr int32_t kGraphMaxTokens = 16;
 
