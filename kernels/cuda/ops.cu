@@ -505,8 +505,28 @@ __device__ __forceinline__ void q6_unit(const uint8_t* __restrict__ seg, int64_t
   }
 }
 
-// Lane `lane`'s partial sums over one staged segment of a row (np pairs from pair p0 of the row, as 32-bit
-// words at `seg`) dotted with each of `tokens` (<= NT) rows of 8-bit inputs (codes xq, scales xs; k values
+// Token t's 8-bit inputs for the pair of blocks `pair` (four 16-byte loads: av[b] block b's codes as dp4a
+// words) and their scales { d0, sum0, d1, sum1 } (one).
+__device__ __forceinline__ float4 pair_inputs(const int8_t* __restrict__ xq, const Q8Scale* __restrict__ xs, int t,
+                                              int64_t k, int64_t pair, int (&av)[2][8]) {
+  const int4* a = reinterpret_cast<const int4*>(xq + static_cast<size_t>(t) * k) + pair * 4;
+  const int4 v[4] = {__ldg(a), __ldg(a + 1), __ldg(a + 2), __ldg(a + 3)};
+#pragma unroll
+  for (int b = 0; b < 2; ++b) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int4 w = v[2 * b + h];
+      av[b][4 * h] = w.x;
+      av[b][4 * h + 1] = w.y;
+      av[b][4 * h + 2] = w.z;
+      av[b][4 * h + 3] = w.w;
+    }
+  }
+  return __ldg(reinterpret_cast<const float4*>(xs + static_cast<size_t>(t) * (k / 32)) + pair);
+}
+
+// Lane `lane`'s partial sums over one staged segment of a row (np pairs from pair p0 of the row, from its
+// first byte `seg_bytes`: word-aligned but for Q6_K) dotted with each of `tokens` (<= NT) rows of 8-bit inputs (codes xq, scales xs; k values
 // a row). Lane l takes pairs l, l + 32, ... of the segment in order; per token, each block adds
 // d_w * d_x * (its integer dot) (Q4_0: the dot less 8 * the codes' sum; Q4_1: after m_w * d_x * the sum),
 // so a token's sum does not depend on the other tokens of its step.
@@ -525,11 +545,8 @@ __device__ __forceinline__ void q8_segment_dot(const uint8_t* __restrict__ seg_b
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         if (t >= tokens) break;
-        const int4* a = reinterpret_cast<const int4*>(xq + static_cast<size_t>(t) * k) + pair * 4;
-        const int4 a0v = __ldg(a), a1v = __ldg(a + 1), a2v = __ldg(a + 2), a3v = __ldg(a + 3);
-        const float4 scx = __ldg(reinterpret_cast<const float4*>(xs + static_cast<size_t>(t) * (k / 32)) + pair);
-        const int av[2][8] = {{a0v.x, a0v.y, a0v.z, a0v.w, a1v.x, a1v.y, a1v.z, a1v.w},
-                              {a2v.x, a2v.y, a2v.z, a2v.w, a3v.x, a3v.y, a3v.z, a3v.w}};
+        int av[2][8];
+        const float4 scx = pair_inputs(xq, xs, t, k, pair, av);
         const float dx[2] = {scx.x, scx.z};
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
@@ -552,11 +569,8 @@ __device__ __forceinline__ void q8_segment_dot(const uint8_t* __restrict__ seg_b
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         if (t >= tokens) break;
-        const int4* a = reinterpret_cast<const int4*>(xq + static_cast<size_t>(t) * k) + pair * 4;
-        const int4 a0v = __ldg(a), a1v = __ldg(a + 1), a2v = __ldg(a + 2), a3v = __ldg(a + 3);
-        const float4 sc = __ldg(reinterpret_cast<const float4*>(xs + static_cast<size_t>(t) * (k / 32)) + pair);
-        const int av[2][8] = {{a0v.x, a0v.y, a0v.z, a0v.w, a1v.x, a1v.y, a1v.z, a1v.w},
-                              {a2v.x, a2v.y, a2v.z, a2v.w, a3v.x, a3v.y, a3v.z, a3v.w}};
+        int av[2][8];
+        const float4 sc = pair_inputs(xq, xs, t, k, pair, av);
         const float dx[2] = {sc.x, sc.z};
         const int sx[2] = {__float_as_int(sc.y), __float_as_int(sc.w)};
 #pragma unroll
