@@ -225,14 +225,15 @@ TEST(CudaKernels, StagedAndFusedGemvsEqualTheUnstagedGemv) {
 // quantized inputs equal the CPU engine's q8_0 codes with an fp16-rounded scale; every output is
 // sum over blocks of d_w * d_x * (integer dot) within float rounding of that sum; a token's output is
 // the same bits alone or in a step of 13 (batch-invariant); matmul_many_q8 and matmul_glu_q8 equal the
-// separate launches bit for bit. Rows narrower than a segment (576 values) and of several (9,216).
+// separate launches bit for bit. Rows narrower than a segment (576 values; 2,816: 11 Q4_K/Q6_K super-blocks,
+// Q6_K rows 2 bytes past a word) and of several (9,216). Q6_K: per-16 scales (d * sc of each half).
 TEST(CudaKernels, IntegerGemvEqualsItsReferenceAndIsBatchInvariant) {
   const std::string why = no_device_reason();
   if (!why.empty()) GTEST_SKIP() << why;
   constexpr int64_t kRows = 67;
   constexpr int32_t kTokens = 13;
   for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
-    for (int64_t k : {int64_t{576}, int64_t{9216}}) {
+    for (int64_t k : {int64_t{576}, int64_t{2816}, int64_t{9216}}) {
       if (k % dtype_info(type)->block_size != 0) continue;
       SCOPED_TRACE(std::string(dtype_name(type)) + " k=" + std::to_string(k));
       std::mt19937 rng(static_cast<uint32_t>(k) * 7 + static_cast<uint32_t>(type));
