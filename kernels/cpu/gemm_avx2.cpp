@@ -234,24 +234,36 @@ struct TileOf {
   }
 };
 
-// ---- Rows in lanes: the tile for prefill steps of many tokens (Q4_0, Q4_1, Q5_0) ----
+// ---- Rows in lanes: the tile for prefill steps of many tokens (Q4_0, Q4_1, Q5_0, Q8_0) ----
 //
 // A ymm's 8 lanes are 8 weight rows and the contract's 8 lanes are 8 registers: acc[i] holds lane i of
 // (row r, activation row t) in its lane r. The 8 rows' scales d_w * d_a are one multiply per block, the
 // activation's 4 bytes of lane i are a broadcast, and nothing is permuted per row: per (row, activation
-// row, block) the work is the contract's cvt and fma plus maddubs, madd and the start value's add. The
+// row, block) the work is the contract's cvt and fma plus maddubs, madd and the start value's add (Q8_0:
+// ggml's sign of the activation instead, as in the pair tile; Q4_1: neither). The
 // weights of 8 rows are unpacked once per token block into RowGroup8 blocks (codes transposed to dword i
 // of 8 rows) and read by every activation row from L1/L2.
 
 // One block column of 8 rows, unpacked: lane r of codes[i] holds row r's codes of elements 4i..4i+3 as
-// unsigned bytes (the nibble; Q5_0: nibble + 16 * fifth bit); d its scale, m (Q4_1) its min. Rows past
-// the range are zero.
+// unsigned bytes (the nibble; Q5_0: nibble + 16 * fifth bit; Q8_0: |q|, with q itself in signs[i] for
+// the sign trick); d its scale, m (Q4_1) its min. Rows past the range are zero.
+template <bool kSigned>
 struct alignas(32) RowGroup8 {
   uint32_t codes[8][8];
   float d[8];
   float m[8];
 };
-static_assert(sizeof(RowGroup8) == 320);
+template <>
+struct alignas(32) RowGroup8<true> {
+  uint32_t codes[8][8];
+  uint32_t signs[8][8];
+  float d[8];
+  float m[8];
+};
+static_assert(sizeof(RowGroup8<false>) == 320 && sizeof(RowGroup8<true>) == 576);
+
+template <DType kType>
+using GroupOf = RowGroup8<kType == DType::kQ8_0>;
 
 // One activation row's block: its quants as 8 dwords (elements 4i..4i+3), each lane's start value, its
 // scale and (Q4_1) s.
@@ -265,7 +277,21 @@ static_assert(sizeof(LaneActBlock) == 72);
 
 struct LaneScratch {
   std::vector<LaneActBlock> acts;  // [activation row][block]
-  std::vector<RowGroup8> group;    // [block] of the current 8 rows
+  std::vector<RowGroup8<false>> group;  // [block] of the current 8 rows
+  std::vector<RowGroup8<true>> group_q8;  // the same for Q8_0
+
+  template <DType kType>
+  GroupOf<kType>* group_of(int64_t nb) {
+    auto& v = [this]() -> auto& {
+      if constexpr (kType == DType::kQ8_0) {
+        return group_q8;
+      } else {
+        return group;
+      }
+    }();
+    if (v.size() < static_cast<size_t>(nb)) v.resize(static_cast<size_t>(nb));
+    return v.data();
+  }
 };
 
 LaneScratch& lane_scratch() {
@@ -286,7 +312,7 @@ void pack_lane_acts(const GemmArgs& g, int64_t nb, LaneActBlock* out) {
       const __m256i q = load32(a[b].qs);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst[b].q), q);
       __m256i start = _mm256_setzero_si256();
-      if constexpr (kType != DType::kQ4_1) {
+      if constexpr (kType == DType::kQ4_0 || kType == DType::kQ5_0) {
         // -bias * sum of the lane's four quants (exact, as in pack_acts).
         start = _mm256_sub_epi32(start, _mm256_madd_epi16(_mm256_maddubs_epi16(bias, q), ones16));
       }
@@ -301,27 +327,51 @@ void pack_lane_acts(const GemmArgs& g, int64_t nb, LaneActBlock* out) {
   }
 }
 
-// The 32 codes of row `r`'s block b as unsigned bytes in element order (the tile() decoding, whole block).
+// The 32 codes of row `r`'s block b as bytes in element order (the tile() decoding, whole block): unsigned
+// for the 4- and 5-bit types, Q8_0's signed quants.
 template <DType kType>
 inline __m256i row_codes(const gemm_tiles::RowBlocks<typename Traits<kType>::WBlock>& row, int64_t b) {
-  const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row.qs(b))));
-  __m256i codes = _mm256_and_si256(_mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)),
-                                   _mm256_set1_epi8(0x0F));
-  if constexpr (kType == DType::kQ5_0) {
-    const uint32_t qh = row.qh(b);
-    const __m256i spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32(static_cast<int>(qh)),
-        _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
-    const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-    codes = _mm256_or_si256(codes, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+  if constexpr (kType == DType::kQ8_0) {
+    return load32(row.qs(b));
+  } else {
+    const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row.qs(b))));
+    __m256i codes = _mm256_and_si256(_mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)),
+                                     _mm256_set1_epi8(0x0F));
+    if constexpr (kType == DType::kQ5_0) {
+      const uint32_t qh = row.qh(b);
+      const __m256i spread = _mm256_shuffle_epi8(
+          _mm256_set1_epi32(static_cast<int>(qh)),
+          _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+      const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+      const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+      codes = _mm256_or_si256(codes, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+    }
+    return codes;
   }
-  return codes;
+}
+
+// out[i] lane r = dword i of y[r] (an 8 x 8 transpose of dwords).
+inline void transpose8(const __m256i y[8], uint32_t (*out)[8]) {
+  __m256i t[8], u[8];
+  for (int p = 0; p < 4; ++p) {
+    t[2 * p] = _mm256_unpacklo_epi32(y[2 * p], y[2 * p + 1]);
+    t[2 * p + 1] = _mm256_unpackhi_epi32(y[2 * p], y[2 * p + 1]);
+  }
+  for (int h = 0; h < 2; ++h) {
+    u[4 * h + 0] = _mm256_unpacklo_epi64(t[4 * h + 0], t[4 * h + 2]);
+    u[4 * h + 1] = _mm256_unpackhi_epi64(t[4 * h + 0], t[4 * h + 2]);
+    u[4 * h + 2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+    u[4 * h + 3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out[i]), _mm256_permute2x128_si256(u[i], u[4 + i], 0x20));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out[i + 4]), _mm256_permute2x128_si256(u[i], u[4 + i], 0x31));
+  }
 }
 
 // Rows row0 .. row0 + nr - 1 (nr <= 8) of g's matrix, all nb blocks, into out.
 template <DType kType>
-void unpack_rows8(const GemmArgs& g, int64_t row0, int nr, int64_t nb, RowGroup8* out) {
+void unpack_rows8(const GemmArgs& g, int64_t row0, int nr, int64_t nb, GroupOf<kType>* out) {
   using WBlock = typename Traits<kType>::WBlock;
   const float* half = scalar::fp16_table();
   gemm_tiles::RowBlocks<WBlock> rows[8];
@@ -329,23 +379,12 @@ void unpack_rows8(const GemmArgs& g, int64_t row0, int nr, int64_t nb, RowGroup8
   for (int64_t b = 0; b < nb; ++b) {
     __m256i y[8];
     for (int r = 0; r < 8; ++r) y[r] = r < nr ? row_codes<kType>(rows[r], b) : _mm256_setzero_si256();
-    // 8 x 8 transpose of dwords: out.codes[i] lane r = dword i of y[r].
-    __m256i t[8], u[8];
-    for (int p = 0; p < 4; ++p) {
-      t[2 * p] = _mm256_unpacklo_epi32(y[2 * p], y[2 * p + 1]);
-      t[2 * p + 1] = _mm256_unpackhi_epi32(y[2 * p], y[2 * p + 1]);
+    GroupOf<kType>& o = out[b];
+    if constexpr (kType == DType::kQ8_0) {
+      transpose8(y, o.signs);
+      for (int r = 0; r < 8; ++r) y[r] = _mm256_sign_epi8(y[r], y[r]);
     }
-    for (int h = 0; h < 2; ++h) {
-      u[4 * h + 0] = _mm256_unpacklo_epi64(t[4 * h + 0], t[4 * h + 2]);
-      u[4 * h + 1] = _mm256_unpackhi_epi64(t[4 * h + 0], t[4 * h + 2]);
-      u[4 * h + 2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
-      u[4 * h + 3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
-    }
-    RowGroup8& o = out[b];
-    for (int i = 0; i < 4; ++i) {
-      _mm256_store_si256(reinterpret_cast<__m256i*>(o.codes[i]), _mm256_permute2x128_si256(u[i], u[4 + i], 0x20));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(o.codes[i + 4]), _mm256_permute2x128_si256(u[i], u[4 + i], 0x31));
-    }
+    transpose8(y, o.codes);
     for (int r = 0; r < 8; ++r) {
       o.d[r] = r < nr ? half[rows[r].d(b)] : 0.0f;
       if constexpr (kType == DType::kQ4_1) o.m[r] = r < nr ? half[rows[r].m(b)] : 0.0f;
@@ -360,20 +399,24 @@ inline __m256i broadcast32(const int32_t* p) {
 
 // Lane r of the result: the contract's value for row r of the group and activation row `act`.
 template <DType kType>
-__m256 tile_lanes(const RowGroup8* w, int64_t nb, const LaneActBlock* act) {
+__m256 tile_lanes(const GroupOf<kType>* w, int64_t nb, const LaneActBlock* act) {
   const __m256i ones16 = _mm256_set1_epi16(1);
   __m256 acc[8];
   for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
   [[maybe_unused]] __m256 summs = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const RowGroup8& wb = w[b];
+    const GroupOf<kType>& wb = w[b];
     const LaneActBlock& a = act[b];
     const __m256 d = _mm256_mul_ps(_mm256_load_ps(wb.d), _mm256_set1_ps(a.d));
     if constexpr (kType == DType::kQ4_1) summs = _mm256_fmadd_ps(_mm256_load_ps(wb.m), _mm256_set1_ps(a.s), summs);
     for (int i = 0; i < 8; ++i) {
       const __m256i codes = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb.codes[i]));
-      __m256i n = _mm256_madd_epi16(_mm256_maddubs_epi16(codes, broadcast32(&a.q[i])), ones16);
-      if constexpr (kType != DType::kQ4_1) n = _mm256_add_epi32(n, broadcast32(&a.start[i]));
+      __m256i y = broadcast32(&a.q[i]);
+      if constexpr (kType == DType::kQ8_0) {
+        y = _mm256_sign_epi8(y, _mm256_load_si256(reinterpret_cast<const __m256i*>(wb.signs[i])));
+      }
+      __m256i n = _mm256_madd_epi16(_mm256_maddubs_epi16(codes, y), ones16);
+      if constexpr (kType == DType::kQ4_0 || kType == DType::kQ5_0) n = _mm256_add_epi32(n, broadcast32(&a.start[i]));
       acc[i] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(n), acc[i]);
     }
   }
@@ -392,7 +435,7 @@ void gemm_lanes(const GemmArgs& g) {
   const int64_t nb = g.k / 32;
   LaneScratch& s = lane_scratch();
   if (s.acts.size() < static_cast<size_t>(g.m * nb)) s.acts.resize(static_cast<size_t>(g.m * nb));
-  if (s.group.size() < static_cast<size_t>(nb)) s.group.resize(static_cast<size_t>(nb));
+  GroupOf<kType>* group = s.group_of<kType>(nb);
   pack_lane_acts<kType>(g, nb, s.acts.data());
   // Activation rows per pass over a group: their blocks (72 bytes each) within ~256 KiB of L2.
   const int64_t token_block =
@@ -402,9 +445,9 @@ void gemm_lanes(const GemmArgs& g) {
     const int64_t t_end = std::min(g.m, t0 + token_block);
     for (int64_t row0 = g.r0; row0 < g.r1; row0 += 8) {
       const int nr = static_cast<int>(std::min<int64_t>(8, g.r1 - row0));
-      unpack_rows8<kType>(g, row0, nr, nb, s.group.data());
+      unpack_rows8<kType>(g, row0, nr, nb, group);
       for (int64_t t = t0; t < t_end; ++t) {
-        _mm256_store_ps(res, tile_lanes<kType>(s.group.data(), nb, s.acts.data() + t * nb));
+        _mm256_store_ps(res, tile_lanes<kType>(group, nb, s.acts.data() + t * nb));
         float* o = g.out + t * g.out_stride + row0;
         for (int r = 0; r < nr; ++r) {
           if (g.accumulate) {
@@ -424,7 +467,7 @@ void gemm(const GemmArgs& g) {
   INFERD_ASSERT(g.layout == WeightLayout::kRows || interleavable(kType), "%s has no interleaved layout", dtype_name(kType));
   INFERD_ASSERT(g.layout == WeightLayout::kRows || g.r0 % kInterleaveRows == 0, "an interleaved GEMM starts at a group");
   if (g.m <= 0 || g.r1 <= g.r0) return;
-  if constexpr (kType == DType::kQ4_0 || kType == DType::kQ4_1 || kType == DType::kQ5_0) {
+  if constexpr (kType != DType::kIQ4_NL) {
     // Below 8 activation rows the unpacking of each 8-row group costs more than it saves (measured).
     if (g.m >= 8) return gemm_lanes<kType>(g);
   }
