@@ -2,10 +2,10 @@
 // for CPUs with AVX2, FMA and F16C but no AVX-512 (and for IQ4_NL on AVX-512 CPUs too: its AVX-512
 // kernels have the same lanes, so this GEMM equals them bit for bit there as well).
 //
-// Two tilings. From 8 activation rows on, Q4_0, Q4_1 and Q5_0 take the "rows in lanes" tile (below,
-// gemm_lanes): 8 weight rows per register, no per-row scale permute; 1.3x the pair tile on the 1.1B
-// Q4_0 prefill (AMD EPYC Zen 3, BENCHMARKS.md). Q8_0, IQ4_NL and steps of fewer rows take the pair
-// tile described next.
+// Two tilings. From 8 activation rows on, Q4_0, Q4_1, Q5_0 and Q8_0 take the "rows in lanes" tile
+// (below, gemm_lanes): 8 weight rows per register, no per-row scale permute; 1.3x the pair tile on the
+// 1.1B Q4_0 prefill, 1.4-2.3x on single-thread Q8_0 (AMD EPYC Zen 3, BENCHMARKS.md). IQ4_NL and steps
+// of fewer rows take the pair tile described next.
 //
 // Layout of the work. The activation rows are first packed, once per call, into ActBlocks (a row's
 // 32 quants of one block and the integer start value of each of the 8 int32 lanes) and into
