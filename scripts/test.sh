@@ -6,6 +6,12 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 werror=OFF; [ "${CI:-}" = "true" ] && werror=ON
 scripts/build.sh -DINFERD_WERROR=$werror
+# ctest -j starts the longest tests first when it knows their times (build/Testing/Temporary/CTestCostData.txt,
+# which each run updates). A fresh build starts from tests/ctest_costs.txt, the tests of 1.5 s or more in a
+# run on 2 cores (regenerate it from a run's CTestCostData.txt: the lines above "---" with a last field
+# >= 1.5): the one-at-a-time end-to-end tests then run beside the unit tests instead of as an idle tail.
+mkdir -p build/Testing/Temporary
+[ -f build/Testing/Temporary/CTestCostData.txt ] || cp tests/ctest_costs.txt build/Testing/Temporary/CTestCostData.txt
 (cd build && ctest --output-on-failure -j "$(nproc)")
 
 # Sanitized build (ASan + UBSan) of the code that reads untrusted input: the GGUF reader (and its
