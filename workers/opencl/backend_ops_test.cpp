@@ -24,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "inferd/kernels/cpu.h"
@@ -1076,6 +1077,21 @@ void run_cases(Runtime& rt, const Cases& cases, std::span<const StorageType> sto
               ops.kernel_count(), rt.info().name.c_str());
 }
 
+// The storages differ only in how activations are read and outputs written, code that every weight type
+// shares: `all` (every type) runs on a buffer, `spread` (the cases of one type) on every other storage in
+// `storages` as well. The full product of types and storages compiled hundreds of programs, minutes on PoCL
+// with an empty kernel cache.
+void run_cases_spread(Runtime& rt, const Cases& all, const Cases& spread,
+                      std::span<const StorageType> storages = kAllStorageTypes) {
+  constexpr StorageType kBuffer[] = {StorageType::kBuffer};
+  run_cases(rt, all, kBuffer);
+  std::vector<StorageType> others;
+  for (StorageType st : storages) {
+    if (st != StorageType::kBuffer) others.push_back(st);
+  }
+  run_cases(rt, spread, others);
+}
+
 const Bhwc kElementwiseShapes[] = {{1, 1, 1, 1}, {1, 1, 7, 3}, {1, 2, 5, 5}, {2, 3, 4, 67}, {1, 1, 2, 576}};
 
 Cases binary_cases(Binary kind) {
@@ -1544,15 +1560,19 @@ TEST(BackendOps, DecodeShapesParseAndPrint) {
 // against a float reference; the exact kernels against the CPU's dot then one float add, bit for bit.
 TEST(BackendOps, MatmulAdd) {
   INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
-  Cases cases;
+  Cases all, spread;
   uint32_t seed = 1000;
   for (DType type : {DType::kF16, DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
     const int64_t k = dtype_info(type)->block_size == 256 ? 512 : 96;
     for (const auto& [tokens, variant] : {std::pair{1, MatmulVariant::kDecode}, std::pair{5, MatmulVariant::kPrefill}}) {
-      cases.push_back(std::make_unique<MatmulCase>(type, 67, k, tokens, variant, seed++, /*residual=*/true));
+      all.push_back(std::make_unique<MatmulCase>(type, 67, k, tokens, variant, seed, /*residual=*/true));
+      if (type == DType::kQ4_0) {
+        spread.push_back(std::make_unique<MatmulCase>(type, 67, k, tokens, variant, seed, /*residual=*/true));
+      }
+      ++seed;
     }
   }
-  run_cases(*rt, cases);
+  run_cases_spread(*rt, all, spread);
 }
 
 TEST(BackendOps, MatmulExactAddEqualsTheCpuKernels) {
@@ -1672,7 +1692,12 @@ TEST(BackendOps, MatmulLowBitTypes) {
   INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
   uint32_t seed = 1500;
   for (DType type : {DType::kQ2_K, DType::kQ3_K, DType::kIQ4_NL, DType::kIQ4_XS}) {
-    run_cases(*rt, matmul_cases(type, seed));
+    if (type == DType::kQ2_K) {
+      run_cases(*rt, matmul_cases(type, seed));
+    } else {
+      constexpr StorageType kBuffer[] = {StorageType::kBuffer};
+      run_cases(*rt, matmul_cases(type, seed), kBuffer);  // Q2_K's cases cover the other storages
+    }
     seed += 100;
   }
 }
@@ -1697,17 +1722,22 @@ TEST(BackendOps, LowBitWeightsKeepTheirCodesInNibbles) {
 
 TEST(BackendOps, GetRows) {
   INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
-  Cases cases;
+  auto add_cases = [](Cases& cases, DType type, uint32_t seed) {
+    const int64_t block = dtype_info(type)->block_size;
+    const int64_t k1 = block == 256 ? 256 : block == 32 ? 64 : 5, k2 = block == 256 ? 768 : block == 32 ? 96 : 67;
+    cases.push_back(std::make_unique<GetRowsCase>(type, 7, k1, std::vector<int32_t>{6, 0, 3, 3, 5}, seed));
+    cases.push_back(std::make_unique<GetRowsCase>(type, 13, k2, std::vector<int32_t>{12}, seed + 1));
+  };
+  Cases all, spread;
   uint32_t seed = 600;
   for (DType type : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
                      DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ2_K, DType::kQ3_K, DType::kIQ4_NL,
                      DType::kIQ4_XS}) {
-    const int64_t block = dtype_info(type)->block_size;
-    const int64_t k1 = block == 256 ? 256 : block == 32 ? 64 : 5, k2 = block == 256 ? 768 : block == 32 ? 96 : 67;
-    cases.push_back(std::make_unique<GetRowsCase>(type, 7, k1, std::vector<int32_t>{6, 0, 3, 3, 5}, seed++));
-    cases.push_back(std::make_unique<GetRowsCase>(type, 13, k2, std::vector<int32_t>{12}, seed++));
+    add_cases(all, type, seed);
+    seed += 2;
   }
-  run_cases(*rt, cases);
+  add_cases(spread, DType::kQ4_0, 700);
+  run_cases_spread(*rt, all, spread);
 }
 
 TEST(BackendOps, GatherAndSwigluHalves) {
@@ -1771,27 +1801,33 @@ Cases matmul_exact_cases(std::initializer_list<DType> types, uint32_t seed) {
   return cases;
 }
 
+// Every type in every CPU order on a buffer, the first type on every storage too (run_cases_spread).
+void run_matmul_exact(Runtime& rt, std::initializer_list<DType> types, uint32_t seed,
+                      std::span<const StorageType> storages = kAllStorageTypes) {
+  run_cases_spread(rt, matmul_exact_cases(types, seed), matmul_exact_cases({*types.begin()}, seed), storages);
+}
+
 TEST(BackendOps, MatmulExactEqualsTheCpuKernels) {
   INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
   if (!Ops(*rt).exact_supported()) GTEST_SKIP() << rt->info().name << " has no cl_khr_fp64 for the exact ops";
-  run_cases(*rt, matmul_exact_cases({DType::kQ4_1, DType::kQ8_0, DType::kQ4_0, DType::kQ5_0, DType::kQ5_1, DType::kF32,
-                                     DType::kF16, DType::kBF16},
-                                    1100));
+  run_matmul_exact(*rt, {DType::kQ4_1, DType::kQ8_0, DType::kQ4_0, DType::kQ5_0, DType::kQ5_1, DType::kF32, DType::kF16,
+                         DType::kBF16},
+                   1100);
 }
 
 TEST(BackendOps, MatmulExactKQuantsEqualTheCpuKernels) {
   INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
   if (!Ops(*rt).exact_supported()) GTEST_SKIP() << rt->info().name << " has no cl_khr_fp64 for the exact ops";
-  run_cases(*rt, matmul_exact_cases({DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}, 1200));
+  run_matmul_exact(*rt, {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}, 1200);
 }
 
 // IQ4_NL's dims have odd block counts (3 and 49 blocks: the vec_dot's unpaired last block). In a buffer
-// and a split texture only: the storages' reads are the other types' (and the test takes a minute as it is).
+// and a split texture only.
 TEST(BackendOps, MatmulExactLowBitTypesEqualTheCpuKernels) {
   INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
   if (!Ops(*rt).exact_supported()) GTEST_SKIP() << rt->info().name << " has no cl_khr_fp64 for the exact ops";
   constexpr StorageType kStorages[] = {StorageType::kBuffer, StorageType::kTexture2DSplit};
-  run_cases(*rt, matmul_exact_cases({DType::kQ2_K, DType::kQ3_K, DType::kIQ4_NL, DType::kIQ4_XS}, 1300), kStorages);
+  run_matmul_exact(*rt, {DType::kQ2_K, DType::kQ3_K, DType::kIQ4_NL, DType::kIQ4_XS}, 1300, kStorages);
 }
 
 TEST(BackendOps, RopeKvAndAttention) {
