@@ -138,13 +138,15 @@ Result<std::unique_ptr<Backend>> create(const BackendConfig& config) {
 // The backend-ops suite's configurations: both numerics, every activation storage, halves, the int8 dots.
 std::vector<BackendVariant> variants() {
   std::vector<BackendVariant> v;
-  auto add = [&](std::string name, std::map<std::string, std::string> settings) {
-    v.push_back({std::move(name), BackendConfig{"", 0, std::move(settings)}});
+  auto add = [&](std::string name, std::map<std::string, std::string> settings, bool storage_only = false) {
+    v.push_back({std::move(name), BackendConfig{"", 0, std::move(settings)}, storage_only});
   };
-  for (StorageType s : kAllStorageTypes) add(std::string("opencl_exact_") + storage_name(s), {{"storage", storage_name(s)}});
+  for (StorageType s : kAllStorageTypes) {
+    add(std::string("opencl_exact_") + storage_name(s), {{"storage", storage_name(s)}}, s != StorageType::kBuffer);
+  }
   add("opencl_exact_int8", {{"int_dot", "int8"}, {"storage", "buffer"}});
   add("opencl_float_buffer", {{"numerics", "float"}, {"activations", "f32"}, {"storage", "buffer"}});
-  add("opencl_float_texture2d", {{"numerics", "float"}, {"activations", "f32"}, {"storage", "texture2d"}});
+  add("opencl_float_texture2d", {{"numerics", "float"}, {"activations", "f32"}, {"storage", "texture2d"}}, true);
   add("opencl_float_f16", {{"numerics", "float"}, {"activations", "f16"}, {"storage", "buffer"}});
   return v;
 }

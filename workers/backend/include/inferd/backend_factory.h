@@ -29,6 +29,9 @@ struct BackendConfig {
 struct BackendVariant {
   std::string name;
   BackendConfig config;
+  // The variant differs from an earlier one only in where activations are stored (an OpenCL storage), code
+  // that every weight type shares: the suite runs it on the cases of a few weight types, not of every one.
+  bool storage_only = false;
 };
 
 struct BackendFactory {
