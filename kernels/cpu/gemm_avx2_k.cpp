@@ -1,5 +1,6 @@
 // AVX2 GEMM for Q4_K, Q5_K and Q6_K weights (see inferd/kernels/gemm.h for the contract), for CPUs
-// with AVX2, FMA and F16C but no AVX-512.
+// with AVX2, FMA and F16C but no AVX-512; and for Q2_K and Q3_K on AVX-512 CPUs too (their dot kernels
+// have the same 8 lanes on both ISAs, so this GEMM equals both bit for bit).
 //
 // Numerics: every output is bit-identical to the AVX2 `dot` kernel of its type (x86_kernels.inc:
 // dot_k_min for Q4_K/Q5_K, dot_q6_k_nr for Q6_K). One ymm per (weight row, activation row) holds the
@@ -168,7 +169,7 @@ void tile_q6_k(const TileIo& io) {
       _mm_prefetch(ahead + sizeof(BlockQ6_K) - 1, _MM_HINT_T0);
       const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales(i)));
       // Quants +32 (0..63) of chunk c = 4 * half + t and chunk c's scales (groups 2c, 2c + 1), as
-      // q6_k_quants and q6_k_chunk_scales give them.
+      // q6_k_quants and chunk_scales16 give them.
       Decoded w;
       for (int half = 0; half < 2; ++half) {
         const __m256i l0 = load32(b.ql(i, 2 * half));
@@ -202,6 +203,107 @@ void tile_q6_k(const TileIo& io) {
   for (int r = 0; r < R; ++r) {
     for (int t = 0; t < T; ++t) io.res[r][t] = gemm_tiles::reduce8(acc[r][t]);
   }
+}
+
+// ---- Q2_K and Q3_K: chunk by chunk, the integer sums in registers ----
+//
+// Their weights decode into twice the registers of the 4-bit types (Q3_K: the two low bits and the
+// "4 where the high bit is clear" of every chunk), so the tile turns the loop around: one weight row,
+// and per 32-element chunk its codes and int16 scales stay in registers while the T activation rows'
+// integer lane sums (one ymm each) take the chunk in turn. Per (activation row, chunk) that is one load
+// and maddubs, madd, add (Q3_K: a second maddubs and a subtract, as ggml) with no decoded weights
+// reloaded. The float steps per block are the dot kernels' (x86_kernels.inc, Q2K::step and Q3K::step),
+// operation for operation: Q2_K's min term first, then the quant sums; the reduction is hsum's.
+constexpr int kLowBitPairs = 4;
+
+struct LowBitIo {
+  const GemmArgs* g;
+  int64_t row0;
+  const BlockQ8_K* const* acts;  // the tile's 2 * P activation rows
+  int64_t nb;
+  float (*res)[2 * kLowBitPairs];  // [0][activation row]
+};
+
+// Q2_K (kThree = false) and Q3_K (kThree = true).
+template <bool kThree, int R, int P>
+void tile_low_bit(const LowBitIo& io) {
+  static_assert(R == 1, "one weight row per tile");
+  using Block = std::conditional_t<kThree, BlockQ3_K, BlockQ2_K>;
+  constexpr int T = 2 * P;
+  const auto* w = reinterpret_cast<const Block*>(io.g->w + static_cast<size_t>(io.row0) * io.g->w_row_bytes);
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < io.nb; ++i) {
+    const Block& b = w[i];
+    const char* ahead = reinterpret_cast<const char*>(&b) + kPrefetchBytes;
+    for (size_t off = 0; off < sizeof(Block); off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+    __m128i sc8;
+    [[maybe_unused]] __m256i hbits;
+    if constexpr (kThree) {
+      sc8 = unpack_q3_k_scales(b.scales);
+      hbits = load32(b.hmask);
+    } else {
+      // Q2K::step's min term, before the quant sums.
+      const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales));
+      const __m128i m4 = _mm_set1_epi8(0xF);
+      sc8 = _mm_and_si128(packed, m4);
+      const __m256i mins16 = _mm256_cvtepi8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), m4));
+      const float dmin_w = h2f(b.dmin);
+      for (int t = 0; t < T; ++t) {
+        const BlockQ8_K& a = io.acts[t][i];
+        const float dmin = -a.d * dmin_w;
+        const __m256i prod = _mm256_madd_epi16(mins16, load32(a.bsums));
+        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc[t]);
+      }
+    }
+    __m256i sumi[T];
+    for (int t = 0; t < T; ++t) sumi[t] = _mm256_setzero_si256();
+    // Unrolled: each chunk's shift count and scale shuffle become constants.
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) {
+      const __m256i low = two_bit_codes(b.qs, c);
+      const __m256i s16 = chunk_scales16(sc8, c);
+      [[maybe_unused]] __m256i fours;
+      if constexpr (kThree) fours = q3_k_fours(hbits, c);
+      for (int t = 0; t < T; ++t) {
+        const __m256i y = load32(io.acts[t][i].qs + 32 * c);
+        __m256i p16 = _mm256_maddubs_epi16(low, y);
+        if constexpr (kThree) p16 = _mm256_sub_epi16(p16, _mm256_maddubs_epi16(fours, y));
+        sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p16, s16));
+      }
+    }
+    const float d = h2f(b.d);
+    for (int t = 0; t < T; ++t) {
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(io.acts[t][i].d * d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) io.res[0][t] = gemm_tiles::reduce8(acc[t]);
+}
+
+template <DType kType>
+struct LowBitTile {
+  template <int R, int P>
+  static void fn(const LowBitIo& io) {
+    tile_low_bit<kType == DType::kQ3_K, R, P>(io);
+  }
+};
+
+template <DType kType>
+void gemm_low_bit(const GemmArgs& g) {
+  INFERD_ASSERT(g.k % kQK_K == 0, "k must be a multiple of 256");
+  INFERD_ASSERT(g.layout == WeightLayout::kRows, "%s has no interleaved layout", dtype_name(kType));
+  if (g.m <= 0 || g.r1 <= g.r0) return;
+  const int64_t nb = g.k / kQK_K;
+  const int64_t npairs = (g.m + 1) / 2;
+  gemm_tiles::walk<1, kLowBitPairs>(g, npairs, [&](int64_t r, int nr, int64_t p0, int np, float (*res)[2 * kLowBitPairs]) {
+    const BlockQ8_K* acts[2 * kLowBitPairs];
+    for (int t = 0; t < 2 * np; ++t) {
+      const int64_t row = std::min(2 * p0 + t, g.m - 1);  // an odd last row is computed twice
+      acts[t] = reinterpret_cast<const BlockQ8_K*>(g.act + static_cast<size_t>(row) * g.act_stride);
+    }
+    gemm_tiles::TileTable<LowBitTile<kType>, 1, kLowBitPairs>::kTable[nr - 1][np - 1](
+        LowBitIo{&g, r, acts, nb, res});
+  });
 }
 
 template <DType kType>
@@ -247,6 +349,10 @@ GemmFn kernel(DType type) {
       return &gemm<DType::kQ5_K>;
     case DType::kQ6_K:
       return &gemm<DType::kQ6_K>;
+    case DType::kQ2_K:
+      return &gemm_low_bit<DType::kQ2_K>;
+    case DType::kQ3_K:
+      return &gemm_low_bit<DType::kQ3_K>;
     default:
       return nullptr;
   }

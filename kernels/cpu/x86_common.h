@@ -42,5 +42,39 @@ inline __m128i unpack_k4_scales_sse(const uint8_t* packed) {
   return _mm_or_si128(low, high);
 }
 
+// The 16 six-bit group scales of a Q3_K block minus 32 (-32..31), as ggml's AVX2 kernel unpacks them.
+inline __m128i unpack_q3_k_scales(const uint8_t* packed) {
+  constexpr uint32_t kMask1 = 0x03030303, kMask2 = 0x0f0f0f0f;
+  uint32_t aux[3];
+  std::memcpy(aux, packed, sizeof(aux));
+  const __m128i sc = _mm_set_epi32(static_cast<int>(((aux[1] >> 4) & kMask2) | (((aux[2] >> 6) & kMask1) << 4)),
+                                   static_cast<int>(((aux[0] >> 4) & kMask2) | (((aux[2] >> 4) & kMask1) << 4)),
+                                   static_cast<int>((aux[1] & kMask2) | (((aux[2] >> 2) & kMask1) << 4)),
+                                   static_cast<int>((aux[0] & kMask2) | (((aux[2] >> 0) & kMask1) << 4)));
+  return _mm_sub_epi8(sc, _mm_set1_epi8(32));
+}
+
+// Chunk c (elements 32c..32c+31) of a 2-bit plane block (Q2_K, Q3_K: 64 bytes of qs, four chunks per 32
+// bytes): the codes 0..3 as bytes.
+inline __m256i two_bit_codes(const uint8_t* qs, int c) {
+  const __m256i bits = load32(qs + 32 * (c / 4));
+  return _mm256_and_si256(_mm256_srli_epi16(bits, 2 * (c % 4)), _mm256_set1_epi8(3));
+}
+
+// Q3_K chunk c's "4 where the hmask bit is clear, else 0" (ggml subtracts it from the two low bits).
+inline __m256i q3_k_fours(__m256i hbits, int c) {
+  const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << c));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, bit), _mm256_setzero_si256()),
+                          _mm256_set1_epi8(4));
+}
+
+// The 16 int16 scales of 32-element chunk c: lanes 0..7 (bytes 0..15) scale group 2c, lanes 8..15 group
+// 2c + 1 (ggml's get_scale_shuffle_q3k), from 16 int8 group scales (Q2_K, Q3_K, Q6_K).
+inline __m256i chunk_scales16(__m128i sc8, int c) {
+  const __m128i group_pair = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const __m128i pick = _mm_add_epi8(group_pair, _mm_set1_epi8(static_cast<char>(2 * c)));
+  return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick));
+}
+
 }  // namespace
 }  // namespace inferd::kernels

@@ -12,6 +12,9 @@ Presets
   tinyllama-q4_k_m TinyLlama-1.1B shapes in a simplified Q4_K_M mix: attn_v and ffn_down Q6_K, the other
                    matrices and token_embd Q4_K, output Q6_K. ~680 MB.
   tinyllama-q8_0   TinyLlama-1.1B shapes, every 2-D weight Q8_0 (output too, as llama.cpp's Q8_0 files). ~1.2 GB.
+  tinyllama-q3_k_m TinyLlama-1.1B shapes in a simplified Q3_K_M mix: attn_v and ffn_down Q4_K, the other matrices
+                   and token_embd Q3_K, output Q6_K. ~550 MB.
+  tinyllama-q2_k   The same with attn_v and ffn_down Q3_K, the rest and token_embd Q2_K, output Q6_K. ~450 MB.
   mixed-small      n_embd 256, 6 layers, 4 heads / 2 kv heads (head_dim 64), ffn 1024, rope base 10000, context
                    2048, full SmolLM2 vocabulary (49152). token_embd Q8_0, output Q6_K, the seven matrices of layer
                    L rotate through Q4_0, Q8_0, Q4_K, Q6_K: matrix k (attn_q, attn_k, attn_v, attn_output,
@@ -110,6 +113,16 @@ def _uniform_q8_0(layer: int, k: int) -> QT:
     return QT.Q8_0
 
 
+def _q3_k_m(layer: int, k: int) -> QT:
+    # llama.cpp's Q3_K_M recipe, simplified: attn_v and ffn_down (k = 2, 6) get Q4_K, the rest Q3_K.
+    return QT.Q4_K if k in (2, 6) else QT.Q3_K
+
+
+def _q2_k(layer: int, k: int) -> QT:
+    # llama.cpp's Q2_K recipe, simplified: attn_v and ffn_down (k = 2, 6) get Q3_K, the rest Q2_K.
+    return QT.Q3_K if k in (2, 6) else QT.Q2_K
+
+
 PRESETS = {
     "tinyllama-q4_0": Preset("tinyllama-q4_0", 2048, 22, 32, 4, 5632, 32000, 10000.0, 1e-5, 2048,
                              QT.Q4_0, QT.Q6_K, _uniform_q4_0),
@@ -118,6 +131,10 @@ PRESETS = {
     # llama.cpp's Q8_0 files keep the output in Q8_0 too.
     "tinyllama-q8_0": Preset("tinyllama-q8_0", 2048, 22, 32, 4, 5632, 32000, 10000.0, 1e-5, 2048,
                              QT.Q8_0, QT.Q8_0, _uniform_q8_0, file_type=7),
+    "tinyllama-q3_k_m": Preset("tinyllama-q3_k_m", 2048, 22, 32, 4, 5632, 32000, 10000.0, 1e-5, 2048,
+                               QT.Q3_K, QT.Q6_K, _q3_k_m, file_type=12),  # LLAMA_FTYPE_MOSTLY_Q3_K_M
+    "tinyllama-q2_k": Preset("tinyllama-q2_k", 2048, 22, 32, 4, 5632, 32000, 10000.0, 1e-5, 2048,
+                             QT.Q2_K, QT.Q6_K, _q2_k, file_type=10),  # LLAMA_FTYPE_MOSTLY_Q2_K
     "mixed-small": Preset("mixed-small", 256, 6, 4, 2, 1024, 49152, 10000.0, 1e-5, 2048,
                           QT.Q8_0, QT.Q6_K, _mixed, file_type=7),  # "mostly Q8_0" is the closest ftype label
     # Qwen2 layout at a small size, all Q8_0 (a type llama.cpp does not repack on x86, so its vec_dot order
