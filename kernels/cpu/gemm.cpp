@@ -117,7 +117,7 @@ GemmFn gemm_kernel(DType type, Isa isa) {
     if (isa != Isa::kScalar && isa_available(Isa::kAvx2)) return gemm_avx2_k::kernel(type);
     return nullptr;
   }
-  if (type == DType::kQ2_K || type == DType::kQ3_K) {
+  if (type == DType::kQ2_K || type == DType::kQ3_K || type == DType::kIQ4_XS) {
     // The AVX2 GEMM on AVX2 and AVX-512 CPUs alike: both ISAs' dot kernels have its 8 lanes and float steps.
     return isa != Isa::kScalar && isa_available(Isa::kAvx2) ? gemm_avx2_k::kernel(type) : nullptr;
   }

@@ -1,12 +1,12 @@
-// AVX2 GEMM for the K-quants, Q2_K to Q6_K (see inferd/kernels/gemm.h for the contract), for CPUs with
-// AVX2, FMA and F16C but no AVX-512; Q2_K and Q3_K on AVX-512 CPUs too (their dot kernels have the same
-// 8 lanes on both ISAs, so this GEMM equals both bit for bit).
+// AVX2 GEMM for the 256-element super-block types, Q2_K to Q6_K and IQ4_XS (see inferd/kernels/gemm.h for
+// the contract), for CPUs with AVX2, FMA and F16C but no AVX-512; Q2_K, Q3_K and IQ4_XS on AVX-512 CPUs too
+// (their dot kernels have the same 8 lanes on both ISAs, so this GEMM equals both bit for bit).
 //
 // Numerics: every output is bit-identical to the `dot` kernel of its type (x86_kernels.inc: dot_k_min
-// for Q4_K/Q5_K, dot_q6_k_nr for Q6_K, Q2K::step and Q3K::step). One ymm per activation row holds the 8
+// for Q4_K/Q5_K, dot_q6_k_nr for Q6_K, the step() of Q2K, Q3K and IQ4XS). One ymm per activation row holds the 8
 // float lanes; lane j's integer sum per super-block is the exact sum of maddubs(unsigned codes, signed
 // activations) then madd with the int16 scale, as the dot kernel computes it (integers are exact in any
-// order), and the float steps per block (k_min_float_step, q6_k_float_step, the steps of Q2K and Q3K)
+// order), and the float steps per block (k_min_float_step, q6_k_float_step, the steps of Q2K, Q3K, IQ4XS)
 // and the final reduction (k_min_result, hsum) are repeated operation for operation.
 //
 // Layout of the work ("chunk by chunk"): a tile is one weight row and T = 8 activation rows. Per
@@ -234,12 +234,47 @@ void tile_q6_k_rows(const RowIo& io) {
   for (int t = 0; t < T; ++t) io.res[0][t] = gemm_tiles::reduce8(acc[t]);
 }
 
+// IQ4_XS: sub-block s's 32 non-linear values and their |x| in registers; per activation row ggml's sign
+// trick (mul_add_i8), madd with the sub-block scale, add; then IQ4XS::step's one float step per block.
+template <int R, int P>
+void tile_iq4_xs(const RowIo& io) {
+  static_assert(R == 1, "one weight row per tile");
+  constexpr int T = 2 * P;
+  const auto* w = reinterpret_cast<const BlockIQ4_XS*>(io.g->w + static_cast<size_t>(io.row0) * io.g->w_row_bytes);
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < io.nb; ++i) {
+    const BlockIQ4_XS& b = w[i];
+    const char* ahead = reinterpret_cast<const char*>(&b) + kPrefetchBytes;
+    for (size_t off = 0; off < sizeof(BlockIQ4_XS); off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+    __m256i sumi[T];
+    for (int t = 0; t < T; ++t) sumi[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int s = 0; s < 8; ++s) {
+      const __m256i v = iq4_values(b.qs + 16 * s);
+      const __m256i abs_v = _mm256_sign_epi8(v, v);
+      const __m256i ls = _mm256_set1_epi16(iq4_xs_scale(b, s));
+      for (int t = 0; t < T; ++t) {
+        const __m256i y = _mm256_sign_epi8(load32(io.acts[t][i].qs + 32 * s), v);
+        sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(abs_v, y), ls));
+      }
+    }
+    const float d = h2f(b.d);
+    for (int t = 0; t < T; ++t) {
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * io.acts[t][i].d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) io.res[0][t] = gemm_tiles::reduce8(acc[t]);
+}
+
 template <DType kType>
 struct RowTile {
   template <int R, int P>
   static void fn(const RowIo& io) {
     if constexpr (kType == DType::kQ2_K || kType == DType::kQ3_K) {
       tile_low_bit<kType == DType::kQ3_K, R, P>(io);
+    } else if constexpr (kType == DType::kIQ4_XS) {
+      tile_iq4_xs<R, P>(io);
     } else if constexpr (kType == DType::kQ4_K || kType == DType::kQ5_K) {
       tile_k_min_rows<kType == DType::kQ5_K, R, P>(io);
     } else {
@@ -281,6 +316,8 @@ GemmFn kernel(DType type) {
       return &gemm_rows<DType::kQ2_K>;
     case DType::kQ3_K:
       return &gemm_rows<DType::kQ3_K>;
+    case DType::kIQ4_XS:
+      return &gemm_rows<DType::kIQ4_XS>;
     default:
       return nullptr;
   }

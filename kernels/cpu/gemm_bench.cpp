@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
   std::mt19937 rng(1);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ2_K,
-                     DType::kQ3_K}) {
+                     DType::kQ3_K, DType::kIQ4_XS}) {
     if (k % inferd::dtype_info(type)->block_size != 0) continue;  // K-quants need k % 256 == 0
     const TypeKernels* tk = type_kernels(type);
     const size_t w_row = inferd::dtype_row_bytes(type, k);
@@ -89,6 +89,8 @@ int main(int argc, char** argv) {
           std::memcpy(&w[off + offsetof(inferd::BlockQ6_K, d)], &d, 2);
         } else if (type == DType::kQ3_K) {
           std::memcpy(&w[off + offsetof(inferd::BlockQ3_K, d)], &d, 2);
+        } else if (type == DType::kIQ4_XS) {
+          std::memcpy(&w[off + offsetof(inferd::BlockIQ4_XS, d)], &d, 2);
         } else if (type == DType::kQ2_K) {
           std::memcpy(&w[off + offsetof(inferd::BlockQ2_K, d)], &d, 2);
           std::memcpy(&w[off + offsetof(inferd::BlockQ2_K, dmin)], &d, 2);

@@ -134,7 +134,7 @@ std::vector<float> run(GemmFn fn, const Problem& p, int64_t r0, int64_t r1, bool
 
 TEST(Gemm, KernelAvailability) {
   EXPECT_EQ(gemm_kernel(DType::kQ4_K, Isa::kScalar), nullptr);
-  EXPECT_EQ(gemm_kernel(DType::kIQ4_XS, Isa::kAvx512), nullptr);
+  EXPECT_EQ(gemm_kernel(DType::kQ5_1, Isa::kAvx512), nullptr);
   EXPECT_EQ(gemm_kernel(DType::kF32, best_isa()), nullptr);
   for (DType t : kGemmTypes) EXPECT_NE(gemm_kernel(t, Isa::kScalar), nullptr) << dtype_name(t);
   if (isa_available(Isa::kAvx2)) {
@@ -156,8 +156,8 @@ TEST(Gemm, KernelAvailability) {
       EXPECT_EQ(gemm_kernel(t, Isa::kAvx2), gemm_kernel(t, Isa::kAvx512)) << dtype_name(t);
     }
   }
-  // Q2_K and Q3_K: the AVX2 GEMM for both SIMD ISAs (their dot kernels are the same on both).
-  for (DType t : {DType::kQ2_K, DType::kQ3_K}) {
+  // Q2_K, Q3_K and IQ4_XS: the AVX2 GEMM for both SIMD ISAs (their dot kernels are the same on both).
+  for (DType t : {DType::kQ2_K, DType::kQ3_K, DType::kIQ4_XS}) {
     EXPECT_EQ(gemm_kernel(t, Isa::kScalar), nullptr) << dtype_name(t);
     EXPECT_EQ(gemm_kernel(t, Isa::kAvx2) != nullptr, isa_available(Isa::kAvx2)) << dtype_name(t);
     EXPECT_EQ(gemm_kernel(t, Isa::kAvx2), gemm_kernel(t, Isa::kAvx512)) << dtype_name(t);
@@ -213,7 +213,8 @@ TEST(Gemm, BitIdenticalToContractAndCloseToScalarDot) {
   }
 }
 
-// Random K-quant rows (Q2_K to Q6_K): random codes and scales, finite fp16 block scales.
+// Random rows of a 256-element super-block type (Q2_K to Q6_K, IQ4_XS): random codes and scales, finite fp16
+// block scales.
 Problem make_k_problem(std::mt19937& rng, DType type, int64_t k, int64_t rows, int64_t m) {
   Problem p{type, k, rows, m, dtype_row_bytes(type, k) + 6, 0, {}, {}, {}, {}};
   std::uniform_int_distribution<int> byte(0, 255);
@@ -237,6 +238,8 @@ Problem make_k_problem(std::mt19937& rng, DType type, int64_t k, int64_t rows, i
         blk->dmin = fp32_to_fp16(scale(rng));
       } else if (type == DType::kQ3_K) {
         reinterpret_cast<BlockQ3_K*>(row)[b].d = fp32_to_fp16(scale(rng));
+      } else if (type == DType::kIQ4_XS) {
+        reinterpret_cast<BlockIQ4_XS*>(row)[b].d = fp32_to_fp16(scale(rng));
       } else {
         reinterpret_cast<BlockQ6_K*>(row)[b].d = fp32_to_fp16(scale(rng));
       }
@@ -297,13 +300,13 @@ TEST(Gemm, InterleavedWeightsGiveTheRowLayoutsBits) {
 }
 
 // The K-quant GEMMs have no contract emulation of their own: each ISA's must equal that ISA's x86 dot
-// kernel (which equals ggml's vec_dot) bit for bit. Q2_K and Q3_K have one GEMM (AVX2) for both ISAs.
+// kernel (which equals ggml's vec_dot) bit for bit. Q2_K, Q3_K and IQ4_XS have one GEMM (AVX2) for both ISAs.
 TEST(Gemm, KQuantsBitIdenticalToDot) {
   if (!isa_available(Isa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU";
   for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
     if (!isa_available(isa)) continue;
     std::mt19937 rng(33);
-    for (DType type : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ2_K, DType::kQ3_K}) {
+    for (DType type : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ2_K, DType::kQ3_K, DType::kIQ4_XS}) {
       const GemmFn fn = gemm_kernel(type, isa);
       ASSERT_NE(fn, nullptr) << dtype_name(type);
       const TypeKernels* dot = type_kernels(type, isa);

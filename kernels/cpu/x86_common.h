@@ -61,11 +61,12 @@ inline __m256i two_bit_codes(const uint8_t* qs, int c) {
   return _mm256_and_si256(_mm256_srli_epi16(bits, 2 * (c % 4)), _mm256_set1_epi8(3));
 }
 
-// Q3_K chunk c's "4 where the hmask bit is clear, else 0" (ggml subtracts it from the two low bits).
+// Q3_K chunk c's "4 where the hmask bit is clear, else 0" (ggml subtracts it from the two low bits): bit c
+// of every byte shifted to bit 2 (a 16-bit shift by at most 5 places only moves bit 2 of a byte within that
+// byte), then 4 and-not it.
 inline __m256i q3_k_fours(__m256i hbits, int c) {
-  const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << c));
-  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, bit), _mm256_setzero_si256()),
-                          _mm256_set1_epi8(4));
+  const __m256i at2 = c < 2 ? _mm256_slli_epi16(hbits, 2 - c) : c > 2 ? _mm256_srli_epi16(hbits, c - 2) : hbits;
+  return _mm256_andnot_si256(at2, _mm256_set1_epi8(4));
 }
 
 // The 16 int16 scales of 32-element chunk c: lanes 0..7 (bytes 0..15) scale group 2c, lanes 8..15 group
@@ -74,6 +75,28 @@ inline __m256i chunk_scales16(__m128i sc8, int c) {
   const __m128i group_pair = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
   const __m128i pick = _mm_add_epi8(group_pair, _mm_set1_epi8(static_cast<char>(2 * c)));
   return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick));
+}
+
+// The 32 non-linear values of 16 packed bytes: low nibbles (elements 0..15), then high nibbles.
+inline __m256i iq4_values(const uint8_t* qs) {
+  const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues));
+  const __m128i m4 = _mm_set1_epi8(0x0F);
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_shuffle_epi8(table, _mm_and_si128(bits, m4))),
+                                 _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bits, 4), m4)), 1);
+}
+
+// Signed bytes x * y, adjacent pairs summed to int16 (ggml's mul_add_epi8, sign trick and all; no pair
+// can saturate here).
+inline __m256i mul_add_i8(__m256i x, __m256i y) {
+  return _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
+
+// IQ4_XS sub-block s's scale (6 bits, stored + 32), as ggml's AVX2 kernel forms it.
+inline int16_t iq4_xs_scale(const BlockIQ4_XS& b, int s) {
+  const int low = (b.scales_l[s / 2] >> (4 * (s % 2))) & 0xF;
+  const int high = (b.scales_h >> (2 * s)) & 3;
+  return static_cast<int16_t>((low | (high << 4)) - 32);
 }
 
 }  // namespace
