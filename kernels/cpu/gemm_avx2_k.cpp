@@ -82,13 +82,14 @@ void tile_low_bit(const RowIo& io) {
         acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc[t]);
       }
     }
+    const ChunkScales scales(sc8);
     __m256i sumi[T];
     for (int t = 0; t < T; ++t) sumi[t] = _mm256_setzero_si256();
-    // Unrolled: each chunk's shift count and scale shuffle become constants.
+    // Unrolled: each chunk's shift counts become constants.
 #pragma GCC unroll 8
     for (int c = 0; c < 8; ++c) {
       const __m256i low = two_bit_codes(b.qs, c);
-      const __m256i s16 = chunk_scales16(sc8, c);
+      const __m256i s16 = scales(c);
       [[maybe_unused]] __m256i fours;
       if constexpr (kThree) fours = q3_k_fours(hbits, c);
       for (int t = 0; t < T; ++t) {
@@ -201,6 +202,7 @@ void tile_q6_k_rows(const RowIo& io) {
     for (size_t off = 0; off < sizeof(BlockQ6_K); off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
     _mm_prefetch(ahead + sizeof(BlockQ6_K) - 1, _MM_HINT_T0);
     const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales(i)));
+    const ChunkScales scales(sc8);
     __m256i sumi[T];
     for (int t = 0; t < T; ++t) sumi[t] = _mm256_setzero_si256();
 #pragma GCC unroll 8
@@ -216,7 +218,7 @@ void tile_q6_k_rows(const RowIo& io) {
                           : j == 2 ? h
                                    : _mm256_srli_epi16(h, 2);
       const __m256i q = _mm256_or_si256(lo4, _mm256_and_si256(hi2, two_bits));
-      const __m256i s16 = chunk_scales16(sc8, c);
+      const __m256i s16 = scales(c);
       for (int t = 0; t < T; ++t) {
         sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(q, load32(io.acts[t][i].qs + 32 * c)), s16));
       }

@@ -69,13 +69,32 @@ inline __m256i q3_k_fours(__m256i hbits, int c) {
   return _mm256_andnot_si256(at2, _mm256_set1_epi8(4));
 }
 
-// The 16 int16 scales of 32-element chunk c: lanes 0..7 (bytes 0..15) scale group 2c, lanes 8..15 group
-// 2c + 1 (ggml's get_scale_shuffle_q3k), from 16 int8 group scales (Q2_K, Q3_K, Q6_K).
-inline __m256i chunk_scales16(__m128i sc8, int c) {
-  const __m128i group_pair = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-  const __m128i pick = _mm_add_epi8(group_pair, _mm_set1_epi8(static_cast<char>(2 * c)));
-  return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick));
-}
+// The int16 scales of a super-block's 32-element chunks, from its 16 int8 group scales (Q2_K, Q3_K, Q6_K:
+// groups of 16 elements), as ggml's AVX2 kernels form them: the scales widened once per block, groups 0..7
+// in both 128-bit lanes of one register and 8..15 in another; chunk c's scales (int16 lanes 0..7 group 2c,
+// 8..15 group 2c + 1: get_scale_shuffle_q3k) are then one byte shuffle.
+class ChunkScales {
+ public:
+  ChunkScales() : half_{_mm256_setzero_si256(), _mm256_setzero_si256()} {}
+  explicit ChunkScales(__m128i sc8) {
+    const __m256i all = _mm256_cvtepi8_epi16(sc8);
+    half_[0] = _mm256_permute2x128_si256(all, all, 0x00);
+    half_[1] = _mm256_permute2x128_si256(all, all, 0x11);
+  }
+  __m256i operator()(int c) const {
+    return _mm256_shuffle_epi8(half_[c / 4], _mm256_load_si256(reinterpret_cast<const __m256i*>(kPick[c % 4])));
+  }
+
+ private:
+  // kPick[j]: the bytes of int16 2j in the low 128-bit lane, of int16 2j + 1 in the high one.
+  alignas(32) static constexpr int8_t kPick[4][32] = {
+      {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3},
+      {4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7},
+      {8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11},
+      {12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13,
+       14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15}};
+  __m256i half_[2];
+};
 
 // The 32 non-linear values of 16 packed bytes: low nibbles (elements 0..15), then high nibbles.
 inline __m256i iq4_values(const uint8_t* qs) {

@@ -15,6 +15,7 @@ Presets
   tinyllama-q3_k_m TinyLlama-1.1B shapes in a simplified Q3_K_M mix: attn_v and ffn_down Q4_K, the other matrices
                    and token_embd Q3_K, output Q6_K. ~550 MB.
   tinyllama-q2_k   The same with attn_v and ffn_down Q3_K, the rest and token_embd Q2_K, output Q6_K. ~450 MB.
+  tinyllama-iq4_xs TinyLlama-1.1B shapes, every matrix and token_embd IQ4_XS, output Q6_K. ~620 MB.
   mixed-small      n_embd 256, 6 layers, 4 heads / 2 kv heads (head_dim 64), ffn 1024, rope base 10000, context
                    2048, full SmolLM2 vocabulary (49152). token_embd Q8_0, output Q6_K, the seven matrices of layer
                    L rotate through Q4_0, Q8_0, Q4_K, Q6_K: matrix k (attn_q, attn_k, attn_v, attn_output,
@@ -135,6 +136,8 @@ PRESETS = {
                                QT.Q3_K, QT.Q6_K, _q3_k_m, file_type=12),  # LLAMA_FTYPE_MOSTLY_Q3_K_M
     "tinyllama-q2_k": Preset("tinyllama-q2_k", 2048, 22, 32, 4, 5632, 32000, 10000.0, 1e-5, 2048,
                              QT.Q2_K, QT.Q6_K, _q2_k, file_type=10),  # LLAMA_FTYPE_MOSTLY_Q2_K
+    "tinyllama-iq4_xs": Preset("tinyllama-iq4_xs", 2048, 22, 32, 4, 5632, 32000, 10000.0, 1e-5, 2048,
+                               QT.IQ4_XS, QT.Q6_K, lambda layer, k: QT.IQ4_XS, file_type=30),  # LLAMA_FTYPE_MOSTLY_IQ4_XS
     "mixed-small": Preset("mixed-small", 256, 6, 4, 2, 1024, 49152, 10000.0, 1e-5, 2048,
                           QT.Q8_0, QT.Q6_K, _mixed, file_type=7),  # "mostly Q8_0" is the closest ftype label
     # Qwen2 layout at a small size, all Q8_0 (a type llama.cpp does not repack on x86, so its vec_dot order
