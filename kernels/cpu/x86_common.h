@@ -96,13 +96,14 @@ class ChunkScales {
   __m256i half_[2];
 };
 
-// The 32 non-linear values of 16 packed bytes: low nibbles (elements 0..15), then high nibbles.
+// The 32 non-linear values of 16 packed bytes: low nibbles (elements 0..15), then high nibbles. The bytes in
+// both 128-bit lanes, the high lane's shifted down a nibble, then one lookup over the whole register.
 inline __m256i iq4_values(const uint8_t* qs) {
-  const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues));
-  const __m128i m4 = _mm_set1_epi8(0x0F);
-  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_shuffle_epi8(table, _mm_and_si128(bits, m4))),
-                                 _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bits, 4), m4)), 1);
+  const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)));
+  const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  const __m256i codes =
+      _mm256_and_si256(_mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(0x0F));
+  return _mm256_shuffle_epi8(table, codes);
 }
 
 // Signed bytes x * y, adjacent pairs summed to int16 (ggml's mul_add_epi8, sign trick and all; no pair
