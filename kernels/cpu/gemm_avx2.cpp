@@ -161,11 +161,7 @@ void tile(const TileIo& io) {
         wq[r] = load32(qs);
         wabs[r] = _mm256_sign_epi8(wq[r], wq[r]);
       } else if constexpr (kType == DType::kIQ4_NL) {
-        const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues));
-        const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-        const __m128i m4 = _mm_set1_epi8(0x0F);
-        wq[r] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_shuffle_epi8(table, _mm_and_si128(bits, m4))),
-                                        _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bits, 4), m4)), 1);
+        wq[r] = iq4_values(qs);
         wabs[r] = _mm256_sign_epi8(wq[r], wq[r]);
       } else {
         // Low nibbles (elements 0..15) in the low 128 bits, high nibbles (16..31) in the high.
