@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "gemm_internal.h"
 #include "gemm_tiles.h"
@@ -47,7 +48,20 @@ struct RowIo {
   const BlockQ8_K* const* acts;  // the tile's 2 * P activation rows
   int64_t nb;
   float (*res)[2 * kRowPairs];  // [0][activation row]
+  const struct PairSums* const* pairs;  // Q4_K, Q5_K: per activation row, [block] its sub-block sums
 };
+
+// k_min_pair_sums of one activation block, stored.
+struct alignas(16) PairSums {
+  int16_t v[8];
+};
+
+// The 8 sub-block sums bsum_2j + bsum_2j+1 of a Q8_K block, as dot_k_min forms them (one horizontal add, which
+// costs three operations: the GEMM forms them once per activation row and block, not once per weight row).
+inline __m128i k_min_pair_sums(const BlockQ8_K& a) {
+  const __m256i bsums = load32(a.bsums);
+  return _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+}
 
 // Q2_K (kThree = false) and Q3_K (kThree = true): Q2_K's min term goes first, then the quant sums, as in
 // Q2K::step.
@@ -136,9 +150,7 @@ void tile_k_min_rows(const RowIo& io) {
     // k_min_float_step's min term (its own accumulator: independent of the quant sums' order).
     for (int t = 0; t < T; ++t) {
       const BlockQ8_K& a = io.acts[t][i];
-      const __m256i bsums = load32(a.bsums);
-      const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
-      const __m128i prod = _mm_madd_epi16(mins, pairs);
+      const __m128i prod = _mm_madd_epi16(mins, _mm_load_si128(reinterpret_cast<const __m128i*>(io.pairs[t][i].v)));
       const float neg_dmin = -(a.d * dmin);
       if constexpr (kHigh) {
         __m128i s = _mm_add_epi32(prod, _mm_unpackhi_epi64(prod, prod));
@@ -293,14 +305,29 @@ void gemm_rows(const GemmArgs& g) {
   if (g.m <= 0 || g.r1 <= g.r0) return;
   const int64_t nb = g.k / kQK_K;
   const int64_t npairs = (g.m + 1) / 2;
+  constexpr bool kMinPairs = kType == DType::kQ4_K || kType == DType::kQ5_K;
+  thread_local std::vector<PairSums> pairs;
+  if constexpr (kMinPairs) {
+    pairs.resize(static_cast<size_t>(g.m * nb));
+    for (int64_t t = 0; t < g.m; ++t) {
+      const auto* a = reinterpret_cast<const BlockQ8_K*>(g.act + static_cast<size_t>(t) * g.act_stride);
+      for (int64_t i = 0; i < nb; ++i) {
+        _mm_store_si128(reinterpret_cast<__m128i*>(pairs[static_cast<size_t>(t * nb + i)].v), k_min_pair_sums(a[i]));
+      }
+    }
+  }
   gemm_tiles::walk<1, kRowPairs>(g, npairs, [&](int64_t r, int nr, int64_t p0, int np, float (*res)[2 * kRowPairs]) {
     const BlockQ8_K* acts[2 * kRowPairs];
     for (int t = 0; t < 2 * np; ++t) {
       const int64_t row = std::min(2 * p0 + t, g.m - 1);  // an odd last row is computed twice
       acts[t] = reinterpret_cast<const BlockQ8_K*>(g.act + static_cast<size_t>(row) * g.act_stride);
     }
+    const PairSums* tile_pairs[2 * kRowPairs] = {};
+    if constexpr (kMinPairs) {
+      for (int t = 0; t < 2 * np; ++t) tile_pairs[t] = pairs.data() + std::min(2 * p0 + t, g.m - 1) * nb;
+    }
     gemm_tiles::TileTable<RowTile<kType>, 1, kRowPairs>::kTable[nr - 1][np - 1](
-        RowIo{&g, r, acts, nb, res});
+        RowIo{&g, r, acts, nb, res, tile_pairs});
   });
 }
 
