@@ -1,4 +1,4 @@
-// inferd/kernels/gemm.h — prefill matrix multiplication for Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K weights.
+// inferd/kernels/gemm.h — prefill matrix multiplication for the quantized weight types (all but Q5_1).
 //
 // One call computes a block of y[t][r] = dot(W[r], X[t]) for a row range of a quantized weight
 // matrix and m activation rows, reading the mapped weights in place (no repacking). It replaces
@@ -9,13 +9,15 @@
 // block, 8 float lanes accumulate acc_i = fma(d_w * d_a, float(int_i), acc_i), where int_i is the
 // exact integer dot of elements 4i..4i+3; the lanes reduce as s = ((a0+a4) + (a2+a6)) +
 // ((a1+a5) + (a3+a7)); Q4_1 adds summs = fma(m_w, s_a, summs) (accumulated block by block) last.
-// Q4_K, Q5_K and Q6_K follow their dot kernels the same way per 256-element super-block
-// (gemm_avx512_k.cpp, gemm_avx2_k.cpp): the results equal that ISA's TypeKernels::dot bit for bit.
+// The 256-element super-block types (Q2_K to Q6_K, IQ4_XS) and IQ4_NL follow their dot kernels the same way
+// (gemm_avx512_k.cpp, gemm_avx2_k.cpp, gemm_avx2.cpp): the results equal that ISA's TypeKernels::dot bit
+// for bit (IQ4_NL: llamafile's block order, see gemm_avx2.cpp).
 // Only the integer work is reorganised (tiles of rows x activation rows; u8 x s8 products with
 // AVX-512 VNNI, or with AVX2's maddubs where no pair of products can saturate).
-// ISAs: Q4_0/Q4_1/Q8_0 have an AVX-512 VNNI GEMM and an AVX2 + FMA + F16C one (gemm_avx2.cpp, also
-// what an AVX-512 request gets on a CPU without AVX-512); so do the K-quants (gemm_avx512_k.cpp,
-// gemm_avx2_k.cpp).
+// ISAs: Q4_0/Q4_1/Q5_0/Q8_0 have an AVX-512 VNNI GEMM and an AVX2 + FMA + F16C one (gemm_avx2.cpp, also
+// what an AVX-512 request gets on a CPU without AVX-512); so do Q4_K, Q5_K and Q6_K (gemm_avx512_k.cpp,
+// gemm_avx2_k.cpp). Q2_K, Q3_K, IQ4_NL and IQ4_XS have one AVX2 GEMM for both ISAs (their dot kernels have
+// the same 8 lanes on both). Q5_1 and the float types have none (TypeKernels::dot with several rows).
 //
 // Thread safety: kernels are pure apart from a thread-local scratch buffer; one call runs on the
 // calling thread only, and calls on different threads (e.g. disjoint row ranges) are independent.
