@@ -16,6 +16,7 @@ Presets
                    and token_embd Q3_K, output Q6_K. ~550 MB.
   tinyllama-q2_k   The same with attn_v and ffn_down Q3_K, the rest and token_embd Q2_K, output Q6_K. ~450 MB.
   tinyllama-iq4_xs TinyLlama-1.1B shapes, every matrix and token_embd IQ4_XS, output Q6_K. ~620 MB.
+  smollm2-f16      SmolLM2-135M's shapes, every matrix and the tied token_embd F16. ~270 MB.
   mixed-small      n_embd 256, 6 layers, 4 heads / 2 kv heads (head_dim 64), ffn 1024, rope base 10000, context
                    2048, full SmolLM2 vocabulary (49152). token_embd Q8_0, output Q6_K, the seven matrices of layer
                    L rotate through Q4_0, Q8_0, Q4_K, Q6_K: matrix k (attn_q, attn_k, attn_v, attn_output,
@@ -132,6 +133,9 @@ PRESETS = {
     # llama.cpp's Q8_0 files keep the output in Q8_0 too.
     "tinyllama-q8_0": Preset("tinyllama-q8_0", 2048, 22, 32, 4, 5632, 32000, 10000.0, 1e-5, 2048,
                              QT.Q8_0, QT.Q8_0, _uniform_q8_0, file_type=7),
+    # SmolLM2-135M's shapes with every matrix F16 and token_embd F16, tied (as its F16 release).
+    "smollm2-f16": Preset("smollm2-f16", 576, 30, 9, 3, 1536, 49152, 100000.0, 1e-5, 8192,
+                          QT.F16, QT.F16, lambda layer, k: QT.F16, file_type=1, tied=True),
     "tinyllama-q3_k_m": Preset("tinyllama-q3_k_m", 2048, 22, 32, 4, 5632, 32000, 10000.0, 1e-5, 2048,
                                QT.Q3_K, QT.Q6_K, _q3_k_m, file_type=12),  # LLAMA_FTYPE_MOSTLY_Q3_K_M
     "tinyllama-q2_k": Preset("tinyllama-q2_k", 2048, 22, 32, 4, 5632, 32000, 10000.0, 1e-5, 2048,
@@ -398,7 +402,11 @@ def make_iq4_xs(rng, rows: int, cols: int, std: float) -> np.ndarray:
     return out.reshape(rows, -1)
 
 
-MAKERS = {QT.Q4_0: make_q4_0, QT.Q4_1: make_q4_1, QT.Q8_0: make_q8_0, QT.Q4_K: make_q4_k, QT.Q6_K: make_q6_k,
+def make_f16(rng, rows: int, cols: int, std: float) -> np.ndarray:
+    return (std * rng.standard_normal((rows, cols))).astype("<f2").view(np.uint8).reshape(rows, cols * 2)
+
+
+MAKERS = {QT.F16: make_f16, QT.Q4_0: make_q4_0, QT.Q4_1: make_q4_1, QT.Q8_0: make_q8_0, QT.Q4_K: make_q4_k, QT.Q6_K: make_q6_k,
           QT.Q2_K: make_q2_k, QT.Q3_K: make_q3_k, QT.IQ4_NL: make_iq4_nl, QT.IQ4_XS: make_iq4_xs}
 
 
