@@ -15,8 +15,8 @@
 // in turn: per (activation row, chunk) one load of activations and maddubs, madd, add (Q3_K: a second
 // maddubs and a subtract, as ggml). Nothing decoded is stored and reloaded. This order measured 5-10%
 // faster than a super-block decoded to the stack and walked by 12 activation rows (Q4_K to Q6_K) and
-// 1.2-1.4x faster than the dot kernels with 4 activation rows (Q2_K, Q3_K), single thread on a Zen 3
-// EPYC. Activation rows are read in place (Q8_K rows at act_stride); the tile walk counts them in pairs
+// 1.2-1.4x faster than the dot kernels with 4 activation rows (Q2_K, Q3_K, IQ4_XS), single thread on a
+// Zen 3 EPYC. Activation rows are read in place (Q8_K rows at act_stride); the tile walk counts them in pairs
 // and an odd last row is simply computed twice.
 #include <immintrin.h>
 
@@ -42,18 +42,18 @@ constexpr int kPrefetchBytes = 4096;
 // chunk's codes and scales (3 and 6 pairs measured no better on Q2_K and Q3_K).
 constexpr int kRowPairs = 4;
 
+// k_min_pair_sums of one activation block, stored.
+struct alignas(16) PairSums {
+  int16_t v[8];
+};
+
 struct RowIo {
   const GemmArgs* g;
   int64_t row0;
   const BlockQ8_K* const* acts;  // the tile's 2 * P activation rows
   int64_t nb;
-  float (*res)[2 * kRowPairs];  // [0][activation row]
-  const struct PairSums* const* pairs;  // Q4_K, Q5_K: per activation row, [block] its sub-block sums
-};
-
-// k_min_pair_sums of one activation block, stored.
-struct alignas(16) PairSums {
-  int16_t v[8];
+  float (*res)[2 * kRowPairs];    // [0][activation row]
+  const PairSums* const* pairs;  // Q4_K, Q5_K: per activation row, [block] its sub-block sums
 };
 
 // The 8 sub-block sums bsum_2j + bsum_2j+1 of a Q8_K block, as dot_k_min forms them (one horizontal add, which
@@ -120,7 +120,6 @@ void tile_low_bit(const RowIo& io) {
   }
   for (int t = 0; t < T; ++t) io.res[0][t] = gemm_tiles::reduce8(acc[t]);
 }
-
 
 // Q4_K / Q5_K: a 32-byte quant chunk holds two sub-blocks (low and high nibbles), each with its own scale.
 template <bool kHigh, int R, int P>
