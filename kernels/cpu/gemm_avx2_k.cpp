@@ -38,6 +38,14 @@ namespace {
 // Prefetch distance along the weight rows (as gemm_avx512.cpp).
 constexpr int kPrefetchBytes = 4096;
 
+// Asks for the lines of the block of `bytes` at kPrefetchBytes past `block` (its last byte too: a block may
+// straddle one more line than bytes / 64).
+inline void prefetch_ahead(const void* block, size_t bytes) {
+  const char* ahead = static_cast<const char*>(block) + kPrefetchBytes;
+  for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+  _mm_prefetch(ahead + bytes - 1, _MM_HINT_T0);
+}
+
 // Activation pairs per tile: T = 2 * kRowPairs activation rows' integer sums in registers, beside a
 // chunk's codes and scales (3 and 6 pairs measured no better on Q2_K and Q3_K).
 constexpr int kRowPairs = 4;
@@ -75,8 +83,7 @@ void tile_low_bit(const RowIo& io) {
   for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t i = 0; i < io.nb; ++i) {
     const Block& b = w[i];
-    const char* ahead = reinterpret_cast<const char*>(&b) + kPrefetchBytes;
-    for (size_t off = 0; off < sizeof(Block); off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+    prefetch_ahead(&b, sizeof(Block));
     __m128i sc8;
     [[maybe_unused]] __m256i hbits;
     if constexpr (kThree) {
@@ -84,10 +91,8 @@ void tile_low_bit(const RowIo& io) {
       hbits = load32(b.hmask);
     } else {
       // Q2K::step's min term, before the quant sums.
-      const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales));
-      const __m128i m4 = _mm_set1_epi8(0xF);
-      sc8 = _mm_and_si128(packed, m4);
-      const __m256i mins16 = _mm256_cvtepi8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), m4));
+      __m256i mins16;
+      q2_k_scales_mins(b, sc8, mins16);
       const float dmin_w = h2f(b.dmin);
       for (int t = 0; t < T; ++t) {
         const BlockQ8_K& a = io.acts[t][i];
@@ -138,8 +143,7 @@ void tile_k_min_rows(const RowIo& io) {
     summs[t] = 0.0f;
   }
   for (int64_t i = 0; i < io.nb; ++i) {
-    const char* ahead = reinterpret_cast<const char*>(b.qs(i, 0)) + kPrefetchBytes;
-    for (size_t off = 0; off < sizeof(Block); off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+    prefetch_ahead(b.qs(i, 0), sizeof(Block));
     uint32_t sm[4];
     unpack_k4_scales(b.scales(i), sm);
     const __m128i sm_bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sm));
@@ -204,31 +208,20 @@ void tile_q6_k_rows(const RowIo& io) {
   static_assert(R == 1, "one weight row per tile");
   constexpr int T = 2 * P;
   const gemm_tiles::Q6RowBlocks b = gemm_tiles::q6_row_blocks(*io.g, io.row0);
-  const __m256i nibble = _mm256_set1_epi8(0x0F);
-  const __m256i two_bits = _mm256_set1_epi8(0x30);
   __m256 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t i = 0; i < io.nb; ++i) {
-    const char* ahead = reinterpret_cast<const char*>(b.ql(i, 0)) + kPrefetchBytes;
-    for (size_t off = 0; off < sizeof(BlockQ6_K); off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
-    _mm_prefetch(ahead + sizeof(BlockQ6_K) - 1, _MM_HINT_T0);
+    prefetch_ahead(b.ql(i, 0), sizeof(BlockQ6_K));
     const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales(i)));
     const ChunkScales scales(sc8);
     __m256i sumi[T];
     for (int t = 0; t < T; ++t) sumi[t] = _mm256_setzero_si256();
 #pragma GCC unroll 8
     for (int c = 0; c < 8; ++c) {
-      // q6_k_quants: ql chunk 2 * half + (c % 2), low nibbles for c % 4 < 2, high ones else; the two bits
-      // of qh at 2 * (c % 4).
-      const int half = c / 4, j = c % 4;
-      const __m256i l = load32(b.ql(i, 2 * half + j % 2));
-      const __m256i h = load32(b.qh(i, half));
-      const __m256i lo4 = j < 2 ? _mm256_and_si256(l, nibble) : _mm256_and_si256(_mm256_srli_epi16(l, 4), nibble);
-      const __m256i hi2 = j == 0   ? _mm256_slli_epi16(h, 4)
-                          : j == 1 ? _mm256_slli_epi16(h, 2)
-                          : j == 2 ? h
-                                   : _mm256_srli_epi16(h, 2);
-      const __m256i q = _mm256_or_si256(lo4, _mm256_and_si256(hi2, two_bits));
+      // q6_k_quants' decoding, chunk by chunk (the unrolled loop loads each half's 96 bytes once).
+      const int half = c / 4;
+      const __m256i q =
+          q6_k_codes(load32(b.ql(i, 2 * half)), load32(b.ql(i, 2 * half + 1)), load32(b.qh(i, half)), c % 4);
       const __m256i s16 = scales(c);
       for (int t = 0; t < T; ++t) {
         sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(q, load32(io.acts[t][i].qs + 32 * c)), s16));
@@ -258,8 +251,7 @@ void tile_iq4_xs(const RowIo& io) {
   for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t i = 0; i < io.nb; ++i) {
     const BlockIQ4_XS& b = w[i];
-    const char* ahead = reinterpret_cast<const char*>(&b) + kPrefetchBytes;
-    for (size_t off = 0; off < sizeof(BlockIQ4_XS); off += 64) _mm_prefetch(ahead + off, _MM_HINT_T0);
+    prefetch_ahead(&b, sizeof(BlockIQ4_XS));
     __m256i sumi[T];
     for (int t = 0; t < T; ++t) sumi[t] = _mm256_setzero_si256();
 #pragma GCC unroll 8

@@ -54,6 +54,29 @@ inline __m128i unpack_q3_k_scales(const uint8_t* packed) {
   return _mm_sub_epi8(sc, _mm_set1_epi8(32));
 }
 
+// A Q2_K block's 16 group scales (the low nibbles of its scale bytes) as int8 and its 16 group mins (the high
+// nibbles) as int16.
+inline void q2_k_scales_mins(const BlockQ2_K& b, __m128i& sc8, __m256i& mins16) {
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales));
+  const __m128i m4 = _mm_set1_epi8(0xF);
+  sc8 = _mm_and_si128(packed, m4);
+  mins16 = _mm256_cvtepi8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), m4));
+}
+
+// Q6_K's +32 codes (0..63) of chunk j (0..3) of a block half, from the half's two 32-byte ql chunks l0, l1 and
+// its 32 qh bytes h: the low nibbles of l0 (j = 0) and l1 (j = 1), then their high nibbles (j = 2, 3), with bits
+// 2j..2j+1 of h as bits 4..5.
+inline __m256i q6_k_codes(__m256i l0, __m256i l1, __m256i h, int j) {
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  const __m256i l = j % 2 == 0 ? l0 : l1;
+  const __m256i lo4 = j < 2 ? _mm256_and_si256(l, nibble) : _mm256_and_si256(_mm256_srli_epi16(l, 4), nibble);
+  const __m256i hi2 = j == 0   ? _mm256_slli_epi16(h, 4)
+                      : j == 1 ? _mm256_slli_epi16(h, 2)
+                      : j == 2 ? h
+                               : _mm256_srli_epi16(h, 2);
+  return _mm256_or_si256(lo4, _mm256_and_si256(hi2, _mm256_set1_epi8(0x30)));
+}
+
 // Chunk c (elements 32c..32c+31) of a 2-bit plane block (Q2_K, Q3_K: 64 bytes of qs, four chunks per 32
 // bytes): the codes 0..3 as bytes.
 inline __m256i two_bit_codes(const uint8_t* qs, int c) {
