@@ -60,6 +60,17 @@ GgmlOrder detect_ggml_order() {
   return env != nullptr && std::strcmp(env, "avx2") == 0 ? GgmlOrder::kAvx2 : GgmlOrder::kAvx512;
 }
 
+MatmulOrder detect_matmul_order() {
+  MatmulOrder order = MatmulOrder::kVecDot;
+  if (const char* env = std::getenv("INFERD_MATMUL_ORDER")) parse_matmul_order(env, &order);
+  return order;
+}
+
+std::atomic<int>& matmul_order_setting() {
+  static std::atomic<int> order{static_cast<int>(detect_matmul_order())};
+  return order;
+}
+
 std::atomic<int>& order_setting() {
   static std::atomic<int> order{static_cast<int>(detect_ggml_order())};
   return order;
@@ -118,6 +129,35 @@ const VectorKernels& vector_kernels(Isa isa, GgmlOrder order) { return vector_fo
 const char* ggml_order_name(GgmlOrder order) { return order == GgmlOrder::kAvx2 ? "avx2" : "avx512"; }
 GgmlOrder ggml_order() { return static_cast<GgmlOrder>(order_setting().load(std::memory_order_relaxed)); }
 void set_ggml_order(GgmlOrder order) { order_setting().store(static_cast<int>(order), std::memory_order_relaxed); }
+const char* matmul_order_name(MatmulOrder order) { return order == MatmulOrder::kRepacked ? "repacked" : "vec_dot"; }
+bool parse_matmul_order(const char* name, MatmulOrder* order) {
+  for (MatmulOrder o : {MatmulOrder::kVecDot, MatmulOrder::kRepacked}) {
+    if (std::strcmp(name, matmul_order_name(o)) == 0) {
+      *order = o;
+      return true;
+    }
+  }
+  return false;
+}
+MatmulOrder matmul_order() { return static_cast<MatmulOrder>(matmul_order_setting().load(std::memory_order_relaxed)); }
+void set_matmul_order(MatmulOrder order) { matmul_order_setting().store(static_cast<int>(order), std::memory_order_relaxed); }
+
+MatmulOrder matmul_order_for(DType type, int64_t rows, MatmulOrder order) {
+  // llama.cpp's x86 repacking (ggml_repack_get_optimal_repack_type): Q4_0 -> q4_0_8x8 when rows % 8 == 0.
+  return order == MatmulOrder::kRepacked && type == DType::kQ4_0 && rows % 8 == 0 ? MatmulOrder::kRepacked
+                                                                                    : MatmulOrder::kVecDot;
+}
+
+const TypeKernels* type_kernels(DType type, Isa isa, MatmulOrder order) {
+  if (order == MatmulOrder::kVecDot) return type_kernels(type, isa);
+  // One AVX2 set serves AVX-512 CPUs too (ggml's AVX-512 q4_0_8x8 kernels keep the same order).
+  if (isa != Isa::kScalar && cpu_has(Isa::kAvx2)) {
+    if (const TypeKernels* t = avx2::repacked_type_kernels(type)) return t;
+  }
+  if (const TypeKernels* t = scalar::repacked_type_kernels(type)) return t;
+  return type_kernels(type, isa);  // a type the order does not change
+}
+
 int ggml_order_lanes() { return ggml_order() == GgmlOrder::kAvx2 ? 8 : 16; }
 
 float fp16_to_fp32(fp16_t h) { return scalar::fp16_to_fp32(h); }

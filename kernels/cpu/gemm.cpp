@@ -145,4 +145,11 @@ GemmFn gemm_kernel_for(DType type, WeightLayout layout, Isa isa) {
   return gemm_kernel(type, isa);  // the AVX-512 and AVX2 GEMMs of the interleavable types read both layouts
 }
 
+GemmFn gemm_kernel_for(DType type, WeightLayout layout, Isa isa, MatmulOrder order) {
+  if (order == MatmulOrder::kVecDot) return gemm_kernel_for(type, layout, isa);
+  if (isa == Isa::kScalar || !isa_available(Isa::kAvx2)) return nullptr;
+  if (GemmFn fn = gemm_avx2::repacked_kernel(type)) return fn;
+  return gemm_kernel_for(type, layout, isa);  // a type the order does not change
+}
+
 }  // namespace inferd::kernels

@@ -457,6 +457,131 @@ void gemm_lanes(const GemmArgs& g) {
   }
 }
 
+// ---- Q4_0 in MatmulOrder::kRepacked (inferd/kernels/cpu.h) --------------------------------------
+//
+// The rows-in-lanes tile of the order llama.cpp's repacked Q4_0 kernels sum in: per block one exact integer
+// dot per (row, activation row) and one fma. The 8 rows' codes (RowGroup8, as gemm_lanes unpacks them: dword
+// i of lane r holds row r's codes 4i..4i+3, 0..15) meet each activation dword by maddubs; the eight int16
+// pair sums of a block add up in int16 (|sum| <= 8 * 2 * 15 * 127 < 32768), one madd makes the lane's int32,
+// the block's -8 * sum(a) joins it, then cvt and the fma. Per (8 rows, activation row, block) that is 8
+// maddubs + 8 adds + 5 vector operations, against 8 x (maddubs, madd, add, cvt, fma) in the vec_dot order;
+// kTokens activation rows share each codes load. Equal bit for bit to scalar.cpp's dot_q4_0_repacked.
+
+struct alignas(8) RepackedActBlock {
+  int32_t q[8];   // the 32 quants as dwords (elements 4i..4i+3)
+  int32_t start;  // -8 * the sum of the 32 quants
+  float d;        // the block's scale
+};
+static_assert(sizeof(RepackedActBlock) == 40);
+
+constexpr int kRepackedTokens = 4;  // activation rows per tile: 4 int16 sums + 4 accumulators in registers
+
+// out[t] lane r = the order's value for row r of the group and activation row t < T. The T sums and
+// accumulators are named registers, not arrays, and each sum is pinned after every step: left free, GCC 12
+// regrouped the integer adds into a tree over all 8 x T products and kept them on the stack.
+template <int T>
+void tile_repacked(const RowGroup8<false>* w, int64_t nb, const RepackedActBlock* act, int64_t act_rows_apart,
+                   __m256 out[]) {
+  static_assert(T >= 1 && T <= 4);
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  const RepackedActBlock* a0 = act;
+  const RepackedActBlock* a1 = act + (T > 1 ? 1 : 0) * act_rows_apart;
+  const RepackedActBlock* a2 = act + (T > 2 ? 2 : 0) * act_rows_apart;
+  const RepackedActBlock* a3 = act + (T > 3 ? 3 : 0) * act_rows_apart;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+  auto finish = [&](__m256i sum, const RepackedActBlock& a, __m256 dw, __m256 acc) {
+    const __m256i n = _mm256_add_epi32(_mm256_madd_epi16(sum, ones16), broadcast32(&a.start));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(n), _mm256_mul_ps(dw, _mm256_set1_ps(a.d)), acc);
+  };
+  for (int64_t b = 0; b < nb; ++b) {
+    const RowGroup8<false>& wb = w[b];
+    __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+    for (int i = 0; i < 8; ++i) {
+      const __m256i codes = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb.codes[i]));
+      s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(codes, broadcast32(&a0[b].q[i])));
+      if constexpr (T > 1) s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(codes, broadcast32(&a1[b].q[i])));
+      if constexpr (T > 2) s2 = _mm256_add_epi16(s2, _mm256_maddubs_epi16(codes, broadcast32(&a2[b].q[i])));
+      if constexpr (T > 3) s3 = _mm256_add_epi16(s3, _mm256_maddubs_epi16(codes, broadcast32(&a3[b].q[i])));
+      // One running sum per activation row, step by step (an empty asm the compiler cannot look through).
+      asm("" : "+x"(s0), "+x"(s1), "+x"(s2), "+x"(s3));
+    }
+    const __m256 dw = _mm256_load_ps(wb.d);
+    acc0 = finish(s0, a0[b], dw, acc0);
+    if constexpr (T > 1) acc1 = finish(s1, a1[b], dw, acc1);
+    if constexpr (T > 2) acc2 = finish(s2, a2[b], dw, acc2);
+    if constexpr (T > 3) acc3 = finish(s3, a3[b], dw, acc3);
+  }
+  out[0] = acc0;
+  if constexpr (T > 1) out[1] = acc1;
+  if constexpr (T > 2) out[2] = acc2;
+  if constexpr (T > 3) out[3] = acc3;
+}
+
+struct RepackedScratch {
+  std::vector<RepackedActBlock> acts;   // [activation row][block]
+  std::vector<RowGroup8<false>> group;  // [block] of the current 8 rows
+};
+
+void gemm_q4_0_repacked(const GemmArgs& g) {
+  INFERD_ASSERT(g.type == DType::kQ4_0 && g.k % 32 == 0, "the repacked order's GEMM is Q4_0's");
+  INFERD_ASSERT(g.layout == WeightLayout::kRows || g.r0 % kInterleaveRows == 0, "an interleaved GEMM starts at a group");
+  if (g.m <= 0 || g.r1 <= g.r0) return;
+  const int64_t nb = g.k / 32;
+  thread_local RepackedScratch s;
+  if (s.acts.size() < static_cast<size_t>(g.m * nb)) s.acts.resize(static_cast<size_t>(g.m * nb));
+  if (s.group.size() < static_cast<size_t>(nb)) s.group.resize(static_cast<size_t>(nb));
+  const float* half = scalar::fp16_table();
+  const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+  for (int64_t t = 0; t < g.m; ++t) {
+    const auto* a = reinterpret_cast<const BlockQ8_0*>(g.act + static_cast<size_t>(t) * g.act_stride);
+    RepackedActBlock* dst = s.acts.data() + t * nb;
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m256i q = load32(a[b].qs);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst[b].q), q);
+      const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q), ones16);
+      alignas(32) int32_t lanes[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), sums);
+      int32_t sum = 0;
+      for (int32_t v : lanes) sum += v;
+      dst[b].start = -8 * sum;
+      dst[b].d = half[a[b].d];
+    }
+  }
+  // Activation rows per pass over a group: their blocks within ~256 KiB of L2 (as gemm_lanes).
+  const int64_t token_block =
+      std::clamp<int64_t>((256 * 1024) / (nb * static_cast<int64_t>(sizeof(RepackedActBlock))), 16, 64);
+  __m256 res[kRepackedTokens];
+  alignas(32) float lanes[8];
+  for (int64_t t0 = 0; t0 < g.m; t0 += token_block) {
+    const int64_t t_end = std::min(g.m, t0 + token_block);
+    for (int64_t row0 = g.r0; row0 < g.r1; row0 += 8) {
+      const int nr = static_cast<int>(std::min<int64_t>(8, g.r1 - row0));
+      unpack_rows8<DType::kQ4_0>(g, row0, nr, nb, s.group.data());
+      for (int64_t t = t0; t < t_end; t += kRepackedTokens) {
+        const int nt = static_cast<int>(std::min<int64_t>(kRepackedTokens, t_end - t));
+        const RepackedActBlock* act = s.acts.data() + t * nb;
+        switch (nt) {
+          case 1: tile_repacked<1>(s.group.data(), nb, act, nb, res); break;
+          case 2: tile_repacked<2>(s.group.data(), nb, act, nb, res); break;
+          case 3: tile_repacked<3>(s.group.data(), nb, act, nb, res); break;
+          default: tile_repacked<4>(s.group.data(), nb, act, nb, res); break;
+        }
+        for (int i = 0; i < nt; ++i) {
+          _mm256_store_ps(lanes, res[i]);
+          float* o = g.out + (t + i) * g.out_stride + row0;
+          for (int r = 0; r < nr; ++r) {
+            if (g.accumulate) {
+              o[r] += lanes[r];
+            } else {
+              o[r] = g.bias != nullptr ? lanes[r] + g.bias[row0 + r] : lanes[r];
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 template <DType kType>
 void gemm(const GemmArgs& g) {
   INFERD_ASSERT(g.k % 32 == 0, "k must be a multiple of 32");
@@ -498,6 +623,8 @@ void gemm(const GemmArgs& g) {
 }
 
 }  // namespace
+
+GemmFn repacked_kernel(DType type) { return type == DType::kQ4_0 ? &gemm_q4_0_repacked : nullptr; }
 
 GemmFn kernel(DType type) {
   switch (type) {

@@ -7,7 +7,7 @@
 // and once the way the engine runs prefill without it: for each block of 32 rows, for each group of
 // kMaxDotRows activation rows, for each row, TypeKernels::dot. Best of N repetitions. Types with an
 // interleaved layout (inferd/weight_layout.h, as the weights segment stores them) are also run from
-// that layout: the "x16" column.
+// that layout: the "x16" column. INFERD_MATMUL_ORDER=repacked measures that order's kernels (Q4_0).
 #include <algorithm>
 #include <cstddef>
 #include <chrono>
@@ -70,7 +70,9 @@ int main(int argc, char** argv) {
   for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ2_K,
                      DType::kQ3_K, DType::kIQ4_XS}) {
     if (k % inferd::dtype_info(type)->block_size != 0) continue;  // K-quants need k % 256 == 0
-    const TypeKernels* tk = type_kernels(type);
+    // The matmul order of the environment (INFERD_MATMUL_ORDER, inferd/kernels/cpu.h) for this matrix.
+    const MatmulOrder order = matmul_order_for(type, rows);
+    const TypeKernels* tk = type_kernels(type, best_isa(), order);
     const size_t w_row = inferd::dtype_row_bytes(type, k);
     std::vector<uint8_t> w(w_row * rows);
     std::vector<float> x(k);
@@ -120,7 +122,7 @@ int main(int argc, char** argv) {
         }
       }
     });
-    const GemmFn fn = gemm_kernel(type);
+    const GemmFn fn = gemm_kernel_for(type, inferd::WeightLayout::kRows, best_isa(), order);
     if (fn == nullptr) {
       std::printf("%-5s dot nr=4 %7.2f GMAC/s   gemm: none on this ISA\n", inferd::dtype_name(type),
                   macs / t_dot * 1e-9);
@@ -133,7 +135,7 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < out_dot.size(); ++i) differ += std::memcmp(&out_dot[i], &out_gemm[i], 4) != 0;
     std::printf("%-5s dot nr=4 %7.2f GMAC/s   gemm %7.2f GMAC/s   x%.2f", inferd::dtype_name(type), macs / t_dot * 1e-9,
                 macs / t_gemm * 1e-9, t_dot / t_gemm);
-    const GemmFn fn16 = gemm_kernel_for(type, inferd::WeightLayout::kInterleaved16, best_isa());
+    const GemmFn fn16 = gemm_kernel_for(type, inferd::WeightLayout::kInterleaved16, best_isa(), order);
     if (fn16 != nullptr && rows % inferd::kInterleaveRows == 0) {
       std::vector<uint8_t> w16(w.size());
       inferd::interleave_groups(type, k, rows / inferd::kInterleaveRows, w.data(), w16.data());

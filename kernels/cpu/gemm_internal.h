@@ -17,6 +17,8 @@ void gemm(const GemmArgs& args);
 namespace gemm_avx2 {
 // AVX2 + FMA + F16C (no AVX-512): Q4_0, Q4_1 and Q8_0; nullptr for other types.
 GemmFn kernel(DType type);
+// The MatmulOrder::kRepacked GEMM (Q4_0, both layouts; on AVX2 and AVX-512 CPUs); nullptr for other types.
+GemmFn repacked_kernel(DType type);
 }  // namespace gemm_avx2
 
 namespace gemm_avx2_k {

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "inferd/kernels/cpu.h"
@@ -464,6 +465,111 @@ TEST(Gemm, BiasAndAccumulate) {
       }
     }
   }
+}
+
+// MatmulOrder::kRepacked (cpu.h) for one weight row and one activation row, written from its definition:
+// per block the exact integer dot, then acc = fma(float(n), d_w * d_a, acc).
+float repacked_dot(int64_t k, const uint8_t* w, const uint8_t* a) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < k / 32; ++b) {
+    const auto& wb = reinterpret_cast<const BlockQ4_0*>(w)[b];
+    const auto& ab = reinterpret_cast<const BlockQ8_0*>(a)[b];
+    int n = 0;
+    for (int j = 0; j < 16; ++j) n += ((wb.qs[j] & 15) - 8) * ab.qs[j] + ((wb.qs[j] >> 4) - 8) * ab.qs[j + 16];
+    acc = std::fma(static_cast<float>(n), fp16_to_fp32(wb.d) * fp16_to_fp32(ab.d), acc);
+  }
+  return acc;
+}
+
+// Every kernel of the repacked order (dot with 1..4 activation rows, dot_x16 on interleaved weights, the GEMM
+// on both layouts for 1..70 activation rows and ragged row ranges) equals its definition bit for bit, on
+// every ISA; and the order is what matmul_order_for() applies only where llama.cpp repacks.
+TEST(Gemm, RepackedOrderQ4_0EqualsItsDefinition) {
+  EXPECT_EQ(matmul_order_for(DType::kQ4_0, 64, MatmulOrder::kRepacked), MatmulOrder::kRepacked);
+  EXPECT_EQ(matmul_order_for(DType::kQ4_0, 60, MatmulOrder::kRepacked), MatmulOrder::kVecDot);  // rows % 8 != 0
+  EXPECT_EQ(matmul_order_for(DType::kQ8_0, 64, MatmulOrder::kRepacked), MatmulOrder::kVecDot);
+  EXPECT_EQ(matmul_order_for(DType::kQ4_0, 64, MatmulOrder::kVecDot), MatmulOrder::kVecDot);
+  EXPECT_EQ(type_kernels(DType::kQ8_0, Isa::kAvx2, MatmulOrder::kRepacked), type_kernels(DType::kQ8_0, Isa::kAvx2));
+  MatmulOrder parsed = MatmulOrder::kVecDot;
+  EXPECT_TRUE(parse_matmul_order("repacked", &parsed));
+  EXPECT_EQ(parsed, MatmulOrder::kRepacked);
+  EXPECT_FALSE(parse_matmul_order("fast", &parsed));
+
+  std::mt19937 rng(71);
+  int differs_from_vec_dot = 0;
+  for (int64_t k : {32, 576, 2048 + 32}) {
+    for (int64_t m : {1, 2, 3, 4, 5, 8, 13, 70}) {
+      const int64_t rows = 48;
+      Problem p = make_problem(rng, DType::kQ4_0, k, rows, m);
+      const size_t row_bytes = dtype_row_bytes(DType::kQ4_0, k);
+      std::vector<uint8_t> packed(row_bytes * rows), inter(row_bytes * rows);
+      for (int64_t r = 0; r < rows; ++r) std::memcpy(packed.data() + r * row_bytes, p.w.data() + r * p.w_row_bytes, row_bytes);
+      interleave_groups(DType::kQ4_0, k, rows / kInterleaveRows, packed.data(), inter.data());
+      std::vector<float> want(rows * m);
+      for (int64_t t = 0; t < m; ++t) {
+        for (int64_t r = 0; r < rows; ++r) {
+          const uint8_t* a = p.act.data() + t * p.act_stride;
+          want[t * rows + r] = repacked_dot(k, p.w.data() + r * p.w_row_bytes, a);
+          differs_from_vec_dot += want[t * rows + r] != contract_dot(DType::kQ4_0, k, p.w.data() + r * p.w_row_bytes, a);
+        }
+      }
+      for (Isa isa : kAllIsas) {
+        if (!isa_available(isa)) continue;
+        const TypeKernels* tk = type_kernels(DType::kQ4_0, isa, MatmulOrder::kRepacked);
+        ASSERT_NE(tk, nullptr);
+        ASSERT_NE(tk, type_kernels(DType::kQ4_0, isa));
+        const std::string what = std::string(isa_name(isa)) + " k " + std::to_string(k) + " m " + std::to_string(m);
+        // dot, up to 4 activation rows per call.
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t t0 = 0; t0 < m; t0 += kMaxDotRows) {
+            const int nr = static_cast<int>(std::min<int64_t>(kMaxDotRows, m - t0));
+            float y[kMaxDotRows];
+            tk->dot(k, p.w.data() + r * p.w_row_bytes, p.act.data() + t0 * p.act_stride, p.act_stride, nr, y);
+            for (int i = 0; i < nr; ++i) ASSERT_EQ(y[i], want[(t0 + i) * rows + r]) << "dot " << what << " row " << r;
+          }
+        }
+        // dot_x16 on the interleaved groups.
+        if (tk->dot_x16 != nullptr) {
+          for (int64_t t = 0; t < m; ++t) {
+            for (int64_t g = 0; g < rows / kInterleaveRows; ++g) {
+              float y[kInterleaveRows];
+              tk->dot_x16(k, inter.data() + g * kInterleaveRows * row_bytes, p.act.data() + t * p.act_stride, y);
+              for (int i = 0; i < kInterleaveRows; ++i) {
+                ASSERT_EQ(y[i], want[t * rows + g * kInterleaveRows + i]) << "dot_x16 " << what << " row " << g * 16 + i;
+              }
+            }
+          }
+        }
+        // The GEMM, both layouts, ragged ranges.
+        for (WeightLayout layout : {WeightLayout::kRows, WeightLayout::kInterleaved16}) {
+          const GemmFn fn = gemm_kernel_for(DType::kQ4_0, layout, isa, MatmulOrder::kRepacked);
+          if (isa == Isa::kScalar) {
+            EXPECT_EQ(fn, nullptr);
+            continue;
+          }
+          ASSERT_NE(fn, nullptr);
+          for (const auto& range : {std::pair<int64_t, int64_t>{0, rows}, {16, 37}, {32, 33}}) {
+            const int64_t out_stride = rows + 3;
+            std::vector<float> got(out_stride * m, kSentinel);
+            const bool inter_layout = layout == WeightLayout::kInterleaved16;
+            GemmArgs a{DType::kQ4_0, k, inter_layout ? inter.data() : p.w.data(), inter_layout ? row_bytes : p.w_row_bytes,
+                       range.first, range.second, p.act.data(), p.act_stride, m, got.data(), out_stride, false, nullptr,
+                       layout};
+            fn(a);
+            for (int64_t t = 0; t < m; ++t) {
+              for (int64_t r = 0; r < out_stride; ++r) {
+                const float expect = r >= range.first && r < range.second ? want[t * rows + r] : kSentinel;
+                ASSERT_EQ(got[t * out_stride + r], expect)
+                    << "gemm " << what << " " << weight_layout_name(layout) << " row " << r << " act " << t;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  // The two orders are different arithmetic (else this test would not tell them apart).
+  EXPECT_GT(differs_from_vec_dot, 100);
 }
 
 TEST(Gemm, EmptyRangesWriteNothing) {

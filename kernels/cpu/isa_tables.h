@@ -19,12 +19,17 @@ fp16_t fp32_to_fp16(float f);
 // All 65536 halves as floats (256 KiB, built on first use): a scale conversion in a hot loop becomes
 // a load instead of a conversion competing with the dot product for the vector ports.
 const float* fp16_table();
+// The MatmulOrder::kRepacked kernels (cpu.h): Q4_0's dot in that order, written out as its definition (the
+// reference the AVX2 kernels equal bit for bit); nullptr for other types.
+const TypeKernels* repacked_type_kernels(DType type);
 }  // namespace scalar
 
 namespace avx2 {
 // nullptr when AVX2 has no specialised kernels for the type.
 const TypeKernels* type_kernels(DType type);
 const VectorKernels& vector_kernels(GgmlOrder order);
+// The MatmulOrder::kRepacked kernels (repacked_avx2.cpp): Q4_0's dot and dot_x16; nullptr for other types.
+const TypeKernels* repacked_type_kernels(DType type);
 }  // namespace avx2
 
 namespace avx512 {

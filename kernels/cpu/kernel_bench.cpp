@@ -124,11 +124,13 @@ int bench_pages() {
     inferd::interleave_groups(type, kCols, 4, rows64.data(), groups4.data());
     for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
       if (!isa_available(isa)) continue;
-      const TypeKernels* k = type_kernels(type, isa);
+      // The kernels of the environment's matmul order (INFERD_MATMUL_ORDER, inferd/kernels/cpu.h).
+      const TypeKernels* k = type_kernels(type, isa, matmul_order_for(type, kStreamRows));
       std::vector<uint8_t> act(inferd::dtype_row_bytes(k->act_type, kCols));
       k->quantize_act(x.data(), act.data(), kCols);
       for (inferd::WeightLayout layout : {inferd::WeightLayout::kRows, inferd::WeightLayout::kInterleaved16}) {
         if (layout == inferd::WeightLayout::kInterleaved16 && k->dot_x16 == nullptr) continue;
+        if (layout == inferd::WeightLayout::kRows && k->dot_w4 == nullptr) continue;
         double gbs[2] = {0, 0};
         for (bool huge : {false, true}) {
           const int fd = memfd_create("inferd-kernel-bench", MFD_CLOEXEC);

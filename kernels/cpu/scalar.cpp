@@ -545,6 +545,27 @@ void dot_q5_k(int64_t k, const void* w, const void* a, size_t s, int nr, float* 
   dot_kq_min<BlockQ5_K, decode_q5_k>(k, w, a, s, nr, o);
 }
 
+// MatmulOrder::kRepacked (cpu.h), the definition: per block the exact integer dot (the -8 in the decoded
+// weights), then acc = fma(float(n), d_w * d_a, acc).
+void dot_q4_0_repacked(int64_t k, const void* w_row, const void* act, size_t act_stride, int nr, float* out) {
+  const auto* w = static_cast<const BlockQ4_0*>(w_row);
+  float acc[kMaxDotRows] = {};
+  int q[32];
+  for (int64_t i = 0; i < k / 32; ++i) {
+    decode_q4_0(w[i], q);
+    const float dw = h2f(w[i].d);
+    for (int r = 0; r < nr; ++r) {
+      const auto& a = reinterpret_cast<const BlockQ8_0*>(act_row(act, act_stride, r))[i];
+      int n = 0;
+      for (int j = 0; j < 32; ++j) n += q[j] * a.qs[j];
+      acc[r] = std::fma(static_cast<float>(n), dw * h2f(a.d), acc[r]);
+    }
+  }
+  for (int r = 0; r < nr; ++r) out[r] = acc[r];
+}
+
+constexpr TypeKernels kRepackedQ4_0 = {DType::kQ4_0, DType::kQ8_0, q4_0_to_float, quantize_q8_0, dot_q4_0_repacked};
+
 constexpr TypeKernels kTables[] = {
     {DType::kF32, DType::kF32, f32_to_float, copy_f32, dot_float_weights<float, load_f32>},
     {DType::kF16, DType::kF32, f16_to_float, copy_f32, dot_float_weights<fp16_t, load_f16>},
@@ -701,5 +722,7 @@ const TypeKernels* type_kernels(DType type) {
 }
 
 const VectorKernels& vector_kernels(GgmlOrder order) { return order == GgmlOrder::kAvx2 ? kVectorAvx2Order : kVector; }
+
+const TypeKernels* repacked_type_kernels(DType type) { return type == DType::kQ4_0 ? &kRepackedQ4_0 : nullptr; }
 
 }  // namespace inferd::kernels::scalar

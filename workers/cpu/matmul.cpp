@@ -37,6 +37,13 @@ void encode_row(int kind, const float* src, uint8_t* dst, int64_t k) {
   kQuantizers[kind]->quantize_act(src, dst, k);
 }
 
+const kernels::TypeKernels* matmul_kernels(const WeightView& w) {
+  return kernels::type_kernels(w.type, kernels::best_isa(), kernels::matmul_order_for(w.type, w.rows));
+}
+kernels::GemmFn matmul_gemm(const WeightView& w) {
+  return kernels::gemm_kernel_for(w.type, w.layout, kernels::best_isa(), kernels::matmul_order_for(w.type, w.rows));
+}
+
 namespace {
 
 // Rows [r, r + n) of `w` as a matrix of n rows in the row layout: the rows themselves, or for an
@@ -89,8 +96,11 @@ void matmul_rows(const MatmulJob& j, int64_t m, int max_nr, int64_t r0, int64_t 
   const bool interleaved = j.w->interleaved();
   INFERD_ASSERT(!interleaved || (r0 % kInterleaveRows == 0 && (r1 % kInterleaveRows == 0 || r1 == j.w->rows)),
                 "interleaved rows are computed in whole groups");
-  const kernels::TypeKernels* tk = kernels::type_kernels(j.w->type);
-  if (interleaved && (max_nr > 1 ? kernels::gemm_kernel_for(j.w->type, j.w->layout) == nullptr : tk->dot_x16 == nullptr)) {
+  // A gathered part of an interleaved matrix has 16 rows: the same order as the matrix (whose row count is a
+  // multiple of 16).
+  const kernels::TypeKernels* tk = matmul_kernels(*j.w);
+  const kernels::GemmFn gemm = max_nr > 1 ? matmul_gemm(*j.w) : nullptr;
+  if (interleaved && (max_nr > 1 ? gemm == nullptr : tk->dot_x16 == nullptr)) {
     return matmul_gathered(j, m, max_nr, r0, r1);
   }
   if (j.residual != nullptr && j.residual != j.out) {
@@ -102,7 +112,7 @@ void matmul_rows(const MatmulJob& j, int64_t m, int max_nr, int64_t r0, int64_t 
   const int a = act_index(tk->act_type);
   // The GEMM path uses the register-tiled kernel where one exists (same bits as `dot`).
   if (max_nr > 1) {
-    if (kernels::GemmFn gemm = kernels::gemm_kernel_for(j.w->type, j.w->layout)) {
+    if (gemm != nullptr) {
       gemm({j.w->type, j.w->cols, j.w->data, j.w->row_bytes, r0, r1, j.act[a], j.act_row_bytes[a], m, j.out,
             j.out_stride, j.accumulate, j.bias, j.w->layout});
       return;
@@ -178,8 +188,8 @@ void matmul_rows(const MatmulJob& j, int64_t m, int max_nr, int64_t r0, int64_t 
 void gate_up_rows(const WeightView& wg, const WeightView& wu, uint8_t* const* act, const size_t* act_row_bytes,
                   float* h, int64_t m, int max_nr, int64_t n_ff, int64_t r0, int64_t r1, bool geglu) {
   auto act_fn = [geglu](float g) { return geglu ? kernels::gelu(g) : ops::silu(g); };
-  const kernels::TypeKernels* tg = kernels::type_kernels(wg.type);
-  const kernels::TypeKernels* tu = kernels::type_kernels(wu.type);
+  const kernels::TypeKernels* tg = matmul_kernels(wg);
+  const kernels::TypeKernels* tu = matmul_kernels(wu);
   const int ag = act_index(tg->act_type), au = act_index(tu->act_type);
   const int64_t k = wg.cols;
   const int64_t rb = max_nr == 1 ? r1 - r0

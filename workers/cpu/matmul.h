@@ -11,6 +11,8 @@
 #include <cstdint>
 
 #include "inferd/dtype.h"
+#include "inferd/kernels/cpu.h"
+#include "inferd/kernels/gemm.h"
 #include "inferd/model.h"
 
 namespace inferd::cpu {
@@ -23,6 +25,11 @@ extern const DType kActTypes[kActKinds];
 DType act_type_of(DType weight_type);
 // Encodes `k` floats into kind `kind` (F32: a copy).
 void encode_row(int kind, const float* src, uint8_t* dst, int64_t k);
+
+// The kernels that compute matrix `w` in the process's matmul order (kernels::matmul_order_for(): llama.cpp's
+// vec_dot order, or its repacked order for the matrices it repacks), and its GEMM (nullptr: none).
+const kernels::TypeKernels* matmul_kernels(const WeightView& w);
+kernels::GemmFn matmul_gemm(const WeightView& w);
 
 // One weight matrix applied to encoded activations: out[t * out_stride + r] (+)= dot(W[r], act[t]).
 struct MatmulJob {

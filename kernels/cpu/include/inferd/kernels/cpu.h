@@ -59,6 +59,31 @@ struct TypeKernels {
 const TypeKernels* type_kernels(DType type, Isa isa);
 inline const TypeKernels* type_kernels(DType type) { return type_kernels(type, best_isa()); }
 
+// ---- Which of llama.cpp's matmul configurations the quantized matmuls follow -------------------
+// kVecDot (the default): every matmul sums as ggml's vec_dot kernels do (llama.cpp run with --no-repack and
+// GGML_CPU_TILED_MM=0), the order the GPU backends' exact modes reproduce; the kernels of type_kernels().
+// kRepacked: llama.cpp's x86 default for the matrices it repacks, which are Q4_0 matrices with a row count
+// that is a multiple of 8 (ggml's q4_0_8x8 GEMV and GEMM, the same order on AVX2 and AVX-512): per 32-element
+// block one exact integer dot n_b = sum_j w_j a_j (the weight's -8 included), and
+// acc = fma(float(n_b), d_w * d_a, acc) block after block from acc = 0: no lanes, no final reduction, the
+// same result for every batch size. It needs a third of the vector work of the vec_dot order. Other
+// matrices keep the vec_dot order. INFERD_MATMUL_ORDER=repacked in the environment selects it (worker
+// processes inherit it); set_matmul_order() in tests and tools.
+enum class MatmulOrder : int { kVecDot = 0, kRepacked = 1 };
+const char* matmul_order_name(MatmulOrder order);  // "vec_dot", "repacked"
+// Parses a matmul_order_name(); false for anything else.
+bool parse_matmul_order(const char* name, MatmulOrder* order);
+MatmulOrder matmul_order();
+// Sets the process-wide order (tests and tools; call before any computation, not concurrently with it).
+void set_matmul_order(MatmulOrder order);
+// The order a matrix of `rows` rows of `type` is computed in under `order`: kRepacked only for the
+// matrices llama.cpp repacks (above).
+MatmulOrder matmul_order_for(DType type, int64_t rows, MatmulOrder order);
+inline MatmulOrder matmul_order_for(DType type, int64_t rows) { return matmul_order_for(type, rows, matmul_order()); }
+// The kernels that compute a matrix of `type` in `order` (as returned by matmul_order_for()): type_kernels()
+// for kVecDot; for kRepacked, Q4_0 kernels in that order (AVX2 on AVX2 and AVX-512 CPUs; dot_w4 nullptr).
+const TypeKernels* type_kernels(DType type, Isa isa, MatmulOrder order);
+
 // ---- Half precision and small vector helpers used by attention ---------------------------------
 float fp16_to_fp32(fp16_t h);
 fp16_t fp32_to_fp16(float f);  // round to nearest even, as F16C

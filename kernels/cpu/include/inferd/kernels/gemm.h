@@ -64,5 +64,10 @@ inline GemmFn gemm_kernel(DType type) { return gemm_kernel(type, best_isa()); }
 // on the scalar ISA: the caller gathers rows).
 GemmFn gemm_kernel_for(DType type, WeightLayout layout, Isa isa);
 inline GemmFn gemm_kernel_for(DType type, WeightLayout layout) { return gemm_kernel_for(type, layout, best_isa()); }
+// The GEMM that computes a matrix of `type` in `order` (as matmul_order_for() gives it, inferd/kernels/cpu.h):
+// gemm_kernel_for() for kVecDot; for kRepacked Q4_0's AVX2 GEMM in that order (either layout, AVX2 and
+// AVX-512 CPUs; any m >= 1), equal bit for bit to type_kernels(kQ4_0, isa, kRepacked)->dot; nullptr on
+// the scalar ISA.
+GemmFn gemm_kernel_for(DType type, WeightLayout layout, Isa isa, MatmulOrder order);
 
 }  // namespace inferd::kernels

@@ -1,0 +1,133 @@
+// repacked_avx2.cpp — the MatmulOrder::kRepacked kernels of Q4_0 (inferd/kernels/cpu.h) for AVX2 + FMA +
+// F16C: the dot product and the decode GEMV on interleaved weights. Their GEMM is in gemm_avx2.cpp.
+//
+// The order: per 32-element block one exact integer dot n (weights -8..7 times Q8_0 activations), then
+// acc = fma(float(n), d_w * d_a, acc), block after block, one accumulator per output (llama.cpp's repacked
+// q4_0_8x8 GEMV and GEMM). Every kernel here equals scalar.cpp's dot_q4_0_repacked bit for bit.
+//
+// dot_x16 keeps the group's 16 rows in float lanes (two ymm of 8 rows), so the one fma per block and row is
+// two fmas per block column. The integer dots: a 32-byte load is two rows' 16 quant bytes; low and high
+// nibbles (elements 0..15 and 16..31) times the activation's halves (each broadcast to both 128-bit lanes)
+// by maddubs, the two added as int16, two levels of int16 hadd over four such registers and one madd leave
+// one int32 per row (lanes rows 0,2,4,6 | 1,3,5,7, put in order by one permute). The nibbles enter as 0..15;
+// the -8 is the block's -8 * sum(a), added to all rows.
+#include <immintrin.h>
+
+#include "isa_tables.h"
+#include "x86_common.h"
+#include "inferd/weight_layout.h"
+
+namespace inferd::kernels::avx2 {
+namespace {
+
+// The sum of the 8 int32 lanes (exact).
+inline int32_t hsum_i32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// -8 * the sum of an activation block's 32 quants.
+inline int32_t minus8_sum(__m256i aq) {
+  return -8 * hsum_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), aq), _mm256_set1_epi16(1)));
+}
+
+template <int NR>
+void dot_nr(int64_t k, const void* w_row, const void* act, size_t stride, float* out) {
+  const auto* w = static_cast<const BlockQ4_0*>(w_row);
+  const BlockQ8_0* a[NR];
+  for (int r = 0; r < NR; ++r) a[r] = reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(act) + r * stride);
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  float acc[NR] = {};
+  for (int64_t b = 0; b < k / 32; ++b) {
+    // Elements 0..15 in the low 128 bits, 16..31 in the high, as signed -8..7 (ggml's sign trick).
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b].qs));
+    const __m256i codes = _mm256_and_si256(
+        _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
+    const __m256i ws = _mm256_sub_epi8(codes, _mm256_set1_epi8(8));
+    const __m256i wabs = _mm256_sign_epi8(ws, ws);
+    const float dw = h2f(w[b].d);
+    for (int r = 0; r < NR; ++r) {
+      const __m256i aq = load32(a[r][b].qs);
+      const int32_t n = hsum_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(wabs, _mm256_sign_epi8(aq, ws)), ones16));
+      acc[r] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(static_cast<float>(n)), _mm_set_ss(dw * h2f(a[r][b].d)),
+                                          _mm_set_ss(acc[r])));
+    }
+  }
+  for (int r = 0; r < NR; ++r) out[r] = acc[r];
+}
+
+void dot_q4_0(int64_t k, const void* w, const void* act, size_t stride, int nr, float* out) {
+  switch (nr) {
+    case 1: return dot_nr<1>(k, w, act, stride, out);
+    case 2: return dot_nr<2>(k, w, act, stride, out);
+    case 3: return dot_nr<3>(k, w, act, stride, out);
+    default: return dot_nr<4>(k, w, act, stride, out);
+  }
+}
+
+// Rows 2j (low 128 bits) and 2j + 1 (high) of a block column: eight int16 partial dots each (codes 0..15,
+// |value| <= 2 * 2 * 15 * 127).
+inline __m256i row_pair_dots(const uint8_t* qs, __m256i a_lo, __m256i a_hi) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs));
+  const __m256i lo = _mm256_and_si256(q, low);
+  const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+  return _mm256_add_epi16(_mm256_maddubs_epi16(lo, a_lo), _mm256_maddubs_epi16(hi, a_hi));
+}
+
+// Rows 0..7 of the 128 quant bytes at qs: their integer dots (codes 0..15), in row order. Two levels of
+// int16 hadd (|sum| <= 4 * 7620 < 32768), then one madd to int32.
+inline __m256i eight_row_dots(const uint8_t* qs, __m256i a_lo, __m256i a_hi) {
+  const __m256i h0 = _mm256_hadd_epi16(row_pair_dots(qs, a_lo, a_hi), row_pair_dots(qs + 32, a_lo, a_hi));
+  const __m256i h1 = _mm256_hadd_epi16(row_pair_dots(qs + 64, a_lo, a_hi), row_pair_dots(qs + 96, a_lo, a_hi));
+  const __m256i n = _mm256_madd_epi16(_mm256_hadd_epi16(h0, h1), _mm256_set1_epi16(1));  // rows 0,2,4,6 | 1,3,5,7
+  return _mm256_permutevar8x32_epi32(n, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// Block columns ahead that dot_x16 asks for (as the vec_dot order's AVX2 GEMV of Q4_0: it is compute-bound,
+// so the hardware prefetcher alone falls behind).
+constexpr int kAheadColumns = 16;
+
+void dot_x16_q4_0(int64_t k, const void* group, const void* act, float* out) {
+  constexpr size_t kColumn = kInterleaveRows * sizeof(BlockQ4_0);  // d[16], then qs[16][16]
+  const auto* col = static_cast<const uint8_t*>(group);
+  const auto* a = static_cast<const BlockQ8_0*>(act);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (int64_t b = 0; b < k / 32; ++b, col += kColumn) {
+    for (size_t off = 0; off < kColumn; off += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(col) + kAheadColumns * kColumn + off, _MM_HINT_T0);
+    }
+    const __m256i aq = load32(a[b].qs);
+    const __m256i a_lo = _mm256_permute2x128_si256(aq, aq, 0x00);
+    const __m256i a_hi = _mm256_permute2x128_si256(aq, aq, 0x11);
+    const __m256i start = _mm256_set1_epi32(minus8_sum(aq));
+    const __m256 da = _mm256_set1_ps(h2f(a[b].d));
+    const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col)));
+    const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col + 16)));
+    const __m256i n0 = _mm256_add_epi32(eight_row_dots(col + 32, a_lo, a_hi), start);
+    const __m256i n1 = _mm256_add_epi32(eight_row_dots(col + 32 + 128, a_lo, a_hi), start);
+    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(n0), _mm256_mul_ps(d0, da), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(n1), _mm256_mul_ps(d1, da), acc1);
+  }
+  _mm256_storeu_ps(out, acc0);
+  _mm256_storeu_ps(out + 8, acc1);
+}
+
+}  // namespace
+
+const TypeKernels* repacked_type_kernels(DType type) {
+  if (type != DType::kQ4_0) return nullptr;
+  static const TypeKernels kQ4_0 = [] {
+    TypeKernels t = *type_kernels(DType::kQ4_0);  // to_float and quantize_act as in the vec_dot order
+    t.dot = dot_q4_0;
+    t.dot_w4 = nullptr;
+    t.dot_x16 = dot_x16_q4_0;
+    return t;
+  }();
+  return &kQ4_0;
+}
+
+}  // namespace inferd::kernels::avx2
