@@ -10,6 +10,10 @@
 //      buffers) against quantize_act + the engine's matmul (its GEMM from 2 rows on where the type has one,
 //      else dot), for 1..64 activation rows: this is where ggml's other kernels (llamafile's tinyBLAS,
 //      the tiled K-quant GEMM from 8 rows on) show up.
+//   4. Q4_0 as llama.cpp runs it out of the box: the weight tensor in ggml's CPU repack buffer (repacked to
+//      q4_0_8x8 when it is set), ggml_mul_mat for 1..64 activation rows (its repacked GEMV and GEMM), against
+//      the engine's kernels in MatmulOrder::kRepacked (inferd/kernels/cpu.h): the GEMM from 2 rows on, else
+//      dot, and dot_x16 on the interleaved layout. Counted in the exit status: that order claims equality.
 // Weights are quantized with ggml's own ggml_quantize_chunk. Exit status 0 when everything in (1) and
 // (2) is equal; (3) is reported, since ggml itself is not consistent across batch sizes there.
 //
@@ -28,6 +32,7 @@
 #include "inferd/kernels/cpu.h"
 #include "inferd/kernels/gemm.h"
 #include "inferd/dtype.h"
+#include "inferd/weight_layout.h"
 
 namespace {
 
@@ -60,6 +65,14 @@ struct Ggml {
   int (*graph_compute_with_ctx)(void*, void*, int);
   void (*cpu_init)();
   const GgmlTraitsCpu* (*traits_cpu)(int);
+  // ggml-backend.h, and ggml-cpu's repack buffer type (a C++ symbol).
+  void* (*repack_buft)();
+  void* (*buft_alloc_buffer)(void*, size_t);
+  void* (*buffer_get_base)(void*);
+  int (*tensor_alloc)(void*, void*, void*);
+  void (*tensor_set)(void*, const void*, size_t, size_t);
+  void (*buffer_free)(void*);
+  size_t (*nbytes)(const void*);
 };
 
 template <typename F>
@@ -81,7 +94,80 @@ bool load(const std::string& dir, Ggml& g) {
          bind(base, "ggml_new_graph", g.new_graph) && bind(base, "ggml_build_forward_expand", g.build_forward_expand) &&
          bind(base, "ggml_get_data", g.get_data) && bind(base, "ggml_quantize_chunk", g.quantize_chunk) &&
          bind(base, "ggml_row_size", g.row_size) && bind(cpu, "ggml_graph_compute_with_ctx", g.graph_compute_with_ctx) &&
-         bind(cpu, "ggml_cpu_init", g.cpu_init) && bind(cpu, "ggml_get_type_traits_cpu", g.traits_cpu);
+         bind(cpu, "ggml_cpu_init", g.cpu_init) && bind(cpu, "ggml_get_type_traits_cpu", g.traits_cpu) &&
+         bind(cpu, "_Z35ggml_backend_cpu_repack_buffer_typev", g.repack_buft) &&
+         bind(base, "ggml_backend_buft_alloc_buffer", g.buft_alloc_buffer) &&
+         bind(base, "ggml_backend_buffer_get_base", g.buffer_get_base) &&
+         bind(base, "ggml_backend_tensor_alloc", g.tensor_alloc) && bind(base, "ggml_backend_tensor_set", g.tensor_set) &&
+         bind(base, "ggml_backend_buffer_free", g.buffer_free) && bind(base, "ggml_nbytes", g.nbytes);
+}
+
+// (4): Q4_0 through ggml's repack buffer against MatmulOrder::kRepacked; prints one table row, returns
+// whether every output was equal.
+bool repacked_q4_0(Ggml& g, int threads, std::mt19937& rng) {
+  constexpr int kQ4_0 = 2;
+  constexpr int64_t kK = 1024, kRows = 256;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const k::TypeKernels* tk = k::type_kernels(DType::kQ4_0, k::best_isa(), k::MatmulOrder::kRepacked);
+  const size_t w_row = g.row_size(kQ4_0, kK), a_row = g.row_size(8 /* Q8_0 */, kK);
+  std::string cells;
+  bool all = true;
+  for (int m : {1, 3, 4, 7, 8, 64}) {
+    std::vector<float> wm(static_cast<size_t>(kK * kRows)), xm(static_cast<size_t>(kK * m));
+    for (float& v : wm) v = normal(rng);
+    for (float& v : xm) v = normal(rng);
+    std::vector<uint8_t> w(w_row * kRows);
+    g.quantize_chunk(kQ4_0, wm.data(), w.data(), 0, kRows, kK, nullptr);
+    // The weight alone in a no-alloc context, placed in a repack buffer; setting its data repacks it.
+    void* wctx = g.init(GgmlInitParams{1u << 20, nullptr, true});
+    void* W = g.new_tensor_2d(wctx, kQ4_0, kK, kRows);
+    void* buf = g.buft_alloc_buffer(g.repack_buft(), g.nbytes(W) + 4096);
+    if (buf == nullptr || g.tensor_alloc(buf, W, g.buffer_get_base(buf)) != 0) {
+      std::fprintf(stderr, "ggml-kernel-diff: cannot place a tensor in the repack buffer\n");
+      return false;
+    }
+    g.tensor_set(W, w.data(), 0, w.size());
+    void* ctx = g.init(GgmlInitParams{64u << 20, nullptr, false});
+    void* X = g.new_tensor_2d(ctx, 0 /* F32 */, kK, m);
+    std::memcpy(g.get_data(X), xm.data(), xm.size() * sizeof(float));
+    void* Y = g.mul_mat(ctx, W, X);
+    void* graph = g.new_graph(ctx);
+    g.build_forward_expand(graph, Y);
+    g.graph_compute_with_ctx(ctx, graph, threads);
+    const auto* y = static_cast<const float*>(g.get_data(Y));
+    std::vector<uint8_t> acts(a_row * static_cast<size_t>(m));
+    for (int t = 0; t < m; ++t) tk->quantize_act(xm.data() + t * kK, acts.data() + t * a_row, kK);
+    std::vector<float> ours(static_cast<size_t>(kRows * m)), x16(static_cast<size_t>(kRows * m));
+    if (m >= 2) {
+      k::gemm_kernel_for(DType::kQ4_0, inferd::WeightLayout::kRows, k::best_isa(), k::MatmulOrder::kRepacked)(
+          {DType::kQ4_0, kK, w.data(), w_row, 0, kRows, acts.data(), a_row, m, ours.data(), kRows, false, nullptr});
+    } else {
+      for (int64_t r = 0; r < kRows; ++r) tk->dot(kK, w.data() + r * w_row, acts.data(), a_row, 1, &ours[r]);
+    }
+    std::vector<uint8_t> inter(w.size());
+    inferd::interleave_groups(DType::kQ4_0, kK, kRows / inferd::kInterleaveRows, w.data(), inter.data());
+    for (int t = 0; t < m; ++t) {
+      for (int64_t r = 0; r < kRows; r += inferd::kInterleaveRows) {
+        tk->dot_x16(kK, inter.data() + r * w_row, acts.data() + t * a_row, &x16[t * kRows + r]);
+      }
+    }
+    int equal = 0, equal16 = 0;
+    for (int64_t i = 0; i < kRows * m; ++i) {
+      equal += std::memcmp(&ours[i], &y[i], sizeof(float)) == 0;
+      equal16 += std::memcmp(&x16[i], &y[i], sizeof(float)) == 0;
+    }
+    all = all && equal == kRows * m && equal16 == kRows * m;
+    char cell[64];
+    std::snprintf(cell, sizeof(cell), "%s%.1f%% (x16 %.1f%%)", cells.empty() ? "" : " / ", 100.0 * equal / (m * kRows),
+                  100.0 * equal16 / (m * kRows));
+    cells += cell;
+    g.free(ctx);
+    g.buffer_free(buf);
+    g.free(wctx);
+  }
+  std::printf("\nQ4_0 in ggml's repack buffer (llama.cpp's default) against MatmulOrder::kRepacked, rows 1 / 3 / 4 / 7 / "
+              "8 / 64: %s\n", cells.c_str());
+  return all;
 }
 
 struct TypeCase {
@@ -188,5 +274,6 @@ int main(int argc, char** argv) {
     std::printf("| %s | %d/%d | %d/%d | %s |\n", inferd::dtype_name(tc.type), quant_equal, kTrials, dot_equal, kTrials,
                 mm.c_str());
   }
+  all_equal = repacked_q4_0(g, threads, rng) && all_equal;
   return all_equal ? 0 : 1;
 }
