@@ -176,7 +176,25 @@ TEST(Numerics, MixedQuantTypesMatchLlamaCppVecDot) {
   expect_agreement("mixed-small.vec_dot.json", 0.99, kRoundingOnly);
 }
 
-// The 1.1B synthetic model is generated (not committed): models/tinyllama-q4_0-synthetic.gguf.
+// The engine in kernels::MatmulOrder::kRepacked for the scope's lifetime.
+struct RepackedOrderScope {
+  kernels::MatmulOrder saved = kernels::matmul_order();
+  RepackedOrderScope() { kernels::set_matmul_order(kernels::MatmulOrder::kRepacked); }
+  ~RepackedOrderScope() { kernels::set_matmul_order(saved); }
+};
+
+// Every matrix Q4_0 (make_synthetic_gguf.py --preset q4_0-tied-small; references made by an AVX2 build): in the
+// default matmul order bit for bit against llama.cpp's vec_dot configuration, and in the repacked order
+// (INFERD_MATMUL_ORDER=repacked) bit for bit against llama.cpp as it runs out of the box, which repacks every
+// one of these matrices into its q4_0_8x8 GEMV/GEMM.
+TEST(Numerics, RepackedQ4_0OrderMatchesLlamaCppDefault) {
+  expect_agreement("q4_0-tied-small.vec_dot.json", 0.99, kRoundingOnly);
+  RepackedOrderScope repacked;
+  expect_agreement("q4_0-tied-small.json", 0.99, kRoundingOnly);
+}
+
+// The 1.1B synthetic model is generated (not committed): models/tinyllama-q4_0-synthetic.gguf. In the repacked
+// order the engine equals llama.cpp's default configuration (made by an AVX-512 build) bit for bit too.
 TEST(Numerics, TinyLlamaQ4_0MatchesLlamaCpp) {
   const std::string model = std::string(INFERD_SOURCE_DIR) + "/models/tinyllama-q4_0-synthetic.gguf";
   if (!std::filesystem::exists(model)) {
@@ -184,6 +202,8 @@ TEST(Numerics, TinyLlamaQ4_0MatchesLlamaCpp) {
   }
   expect_agreement("tinyllama-q4_0-synthetic.json", 0.935);
   expect_agreement("tinyllama-q4_0-synthetic.vec_dot.json", 0.99, kRoundingOnly);
+  RepackedOrderScope repacked;
+  expect_agreement("tinyllama-q4_0-synthetic.json", 0.99, kRoundingOnly);
 }
 
 }  // namespace

@@ -154,6 +154,11 @@ PRESETS = {
     **{f"{qt.name.lower()}-small": Preset(f"{qt.name.lower()}-small", 256, 6, 4, 2, 1024, 49152, 10000.0, 1e-5, 2048,
                                           QT.Q8_0, QT.Q8_0, (lambda qt: lambda layer, k: qt)(qt), file_type=7)
        for qt in (QT.Q4_0, QT.Q4_K, QT.Q6_K)},
+    # Every matrix Q4_0, token_embd Q8_0 and tied to the output, 128 wide (a 10 MB committed file): llama.cpp
+    # repacks all of its matrices on x86, so its default configuration runs the repacked Q4_0 order throughout
+    # (the engine's MatmulOrder::kRepacked is tested against it).
+    "q4_0-tied-small": Preset("q4_0-tied-small", 128, 6, 4, 2, 512, 49152, 10000.0, 1e-5, 2048,
+                              QT.Q8_0, QT.Q8_0, _uniform_q4_0, file_type=2, tied=True),
     # The shapes the CUDA figures are measured on (issue 18): SmolLM2-135M's and an 8B llama's with a 49k
     # vocabulary, every matrix Q4_0 (the output Q6_K as llama.cpp's Q4_0 files have it; Q8_0 at width 576,
     # which is not a multiple of Q6_K's 256-value blocks).
