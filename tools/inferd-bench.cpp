@@ -231,11 +231,12 @@ int main(int argc, char** argv) {
   const double gb = static_cast<double>(model->weight_bytes()) / 1e9;
   if (json) {
     std::printf("{\"model\":\"%s\",\"weights_bytes\":%zu,\"threads\":%d,\"isa\":\"%s\",\"n_prompt\":%d,\"n_gen\":%d,"
-                "\"prefill_tps\":%.2f,\"decode_tps\":%.2f,\"decode_weight_gbps\":%.2f,\"plan_rebuilds\":%lld,"
+                "\"matmul_order\":\"%s\",\"prefill_tps\":%.2f,\"decode_tps\":%.2f,\"decode_weight_gbps\":%.2f,\"plan_rebuilds\":%lld,"
                 "\"arena_bytes\":%zu,\"kv_bytes\":%zu,\"vm_rss_kib\":%ld,\"rss_anon_kib\":%ld,\"rss_file_kib\":%ld,"
                 "\"weights\":\"%s\",\"huge_page_bytes\":%llu",
                 model_path.c_str(), model->weight_bytes(), eng.options().n_threads,
-                inferd::kernels::isa_name(inferd::kernels::best_isa()), n_prompt, n_gen, pp_med, tg_med, tg_med * gb,
+                inferd::kernels::isa_name(inferd::kernels::best_isa()), n_prompt, n_gen,
+                inferd::kernels::matmul_order_name(inferd::kernels::matmul_order()), pp_med, tg_med, tg_med * gb,
                 static_cast<long long>(st.plan_rebuilds), st.arena_bytes, st.kv_bytes, rss_kib("VmRSS"),
                 rss_kib("RssAnon"), rss_kib("RssFile"), weights.c_str(),
                 static_cast<unsigned long long>(loaded->segment ? loaded->segment->huge_page_bytes() : 0));
@@ -250,7 +251,9 @@ int main(int argc, char** argv) {
     std::printf("}\n");
   } else {
     std::printf("model    %s\n", eng.model().describe().c_str());
-    std::printf("threads  %d, isa %s\n", eng.options().n_threads, inferd::kernels::isa_name(inferd::kernels::best_isa()));
+    std::printf("threads  %d, isa %s, %s matmul order\n", eng.options().n_threads,
+                inferd::kernels::isa_name(inferd::kernels::best_isa()),
+                inferd::kernels::matmul_order_name(inferd::kernels::matmul_order()));
     std::printf("prefill  %6d tokens  %9.2f tok/s\n", n_prompt, pp_med);
     std::printf("decode   %6d tokens  %9.2f tok/s  (%.1f GB/s of weights)\n", n_gen, tg_med, tg_med * gb);
     std::printf("plans    %lld rebuilds, arena %.2f MiB (%.2f MiB without sharing), KV cache %.1f MiB\n",

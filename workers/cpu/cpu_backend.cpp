@@ -154,7 +154,8 @@ void CpuBackend::force_matmul_path(const MatmulPath* path) {
 }
 
 std::string CpuBackend::describe() const {
-  return std::string("CPU (") + kernels::isa_name(kernels::best_isa()) + "), " + std::to_string(impl_->opt.n_threads) +
+  return std::string("CPU (") + kernels::isa_name(kernels::best_isa()) + ", " +
+         kernels::matmul_order_name(kernels::matmul_order()) + " matmul order), " + std::to_string(impl_->opt.n_threads) +
          " threads";
 }
 

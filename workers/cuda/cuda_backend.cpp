@@ -324,9 +324,11 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const CudaOptions& give
   const bool x86 = kernels::best_isa() != kernels::Isa::kScalar;
   // The exact kernels reproduce the CPU engine in llama.cpp's AVX-512 float order (kernels::GgmlOrder).
   const bool avx512_order = kernels::ggml_order() == kernels::GgmlOrder::kAvx512;
+  // ... and its vec_dot matmul order (kernels::MatmulOrder), not the repacked one.
+  const bool vec_dot_order = kernels::matmul_order() == kernels::MatmulOrder::kVecDot;
   if (!options.numerics) {
     const bool float_asked = options.matmul != MatmulPath::kGemv || options.activations == Activations::kQ8;
-    options.numerics = x86 && avx512_order && !float_asked ? Numerics::kExact : Numerics::kFloat;
+    options.numerics = x86 && avx512_order && vec_dot_order && !float_asked ? Numerics::kExact : Numerics::kFloat;
   }
   if (options.numerics == Numerics::kExact) {
     if (options.matmul != MatmulPath::kGemv || options.activations == Activations::kQ8) {
@@ -341,6 +343,11 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const CudaOptions& give
     if (!avx512_order) {
       return Status(Code::kUnimplemented,
                     "exact CUDA numerics reproduce the CPU engine's AVX-512 float order; INFERD_GGML_ORDER=avx2 is set");
+    }
+    if (!vec_dot_order) {
+      return Status(Code::kUnimplemented,
+                    "exact CUDA numerics reproduce the CPU engine's vec_dot matmul order; INFERD_MATMUL_ORDER=repacked "
+                    "is set");
     }
   }
   // Float numerics on the GEMV default to 8-bit inputs (the integer GEMV: llama.cpp's arithmetic, and the
