@@ -32,7 +32,7 @@ constexpr std::string_view kLogLevels[] = {"trace", "debug", "info", "warn", "er
 enum class Key {
   kSocket, kWorker, kLogLevel, kThreads, kMaxRestarts, kRestartWindow,
   kContext, kParallel, kMaxQueue, kClientMaxQueue, kClientMaxSlots, kStepsInFlight, kStreamInterval, kMaxTextBytes, kStartTimeout, kStepTimeout, kStreamStallTimeout, kAdminUids, kLoad,
-  kHttpSocket, kHttpListen, kHttpKeys, kHttpNoAuth, kHttpConnectionsPerPeer, kModelDirs, kKeepAlive,
+  kHttpSocket, kHttpListen, kHttpKeys, kHttpNoAuth, kHttpConnectionsPerPeer, kModelDirs, kKeepAlive, kMatmulOrder,
 };
 
 struct KeyInfo {
@@ -106,6 +106,10 @@ constexpr KeyInfo kKeys[] = {
     {"keep-alive", Key::kKeepAlive, "SECONDS",
      "a model loaded by name is unloaded after this long without requests;\n"
      "                         0 = never (default: 300)"},
+    {"matmul-order", Key::kMatmulOrder, "vec_dot|repacked",
+     "the CPU workers' matmul arithmetic: llama.cpp's vec_dot kernels, or for\n"
+     "                         Q4_0 its repacked ones (faster prefill; CUDA exact numerics need\n"
+     "                         vec_dot) (default: $INFERD_MATMUL_ORDER, else vec_dot)"},
     {"load", Key::kLoad, "PATH [id=ID] [ctx=N] [parallel=N] [threads=N] [backend=cpu|cuda[:N]|opencl[:N]]",
      "\n                         load a model at start; repeatable (quote a PATH with spaces: \"...\")"},
 };
@@ -296,6 +300,12 @@ Status apply(Key key, std::string_view value, const Origin& origin, DaemonConfig
                        " (expected trace, debug, info, warn, error or off)" + comment_hint(value));
       }
       config.log_level = value;
+      return Status::ok();
+    case Key::kMatmulOrder:
+      if (value != "vec_dot" && value != "repacked") {
+        return invalid("unknown matmul order " + quote(value) + " (expected vec_dot or repacked)" + comment_hint(value));
+      }
+      config.matmul_order = value;
       return Status::ok();
     case Key::kThreads:
     case Key::kMaxRestarts:

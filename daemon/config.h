@@ -51,6 +51,9 @@ struct DaemonConfig {
   std::string socket_path;           // absolute; default_socket_path() unless set
   std::string worker_path;           // inferd-worker binary; default: next to /proc/self/exe
   std::string log_level = "info";    // trace, debug, info, warn, error, off
+  // The workers' kernels::MatmulOrder, passed to them as INFERD_MATMUL_ORDER: "vec_dot" or "repacked"; empty:
+  // the daemon's own environment decides.
+  std::string matmul_order;
   uint32_t threads = 0;              // default worker compute threads; 0 = all CPUs
   uint32_t max_restarts = 5;         // worker restarts allowed within restart_window_s ...
   double restart_window_s = 60;      // ... before its backend is marked failed

@@ -69,6 +69,7 @@ TEST_F(ConfigTest, DefaultsWithoutFileOrFlags) {
   EXPECT_EQ(c.default_parallel, 4u);
   EXPECT_EQ(c.max_queue, 64u);
   EXPECT_EQ(c.steps_in_flight, 2u);
+  EXPECT_EQ(c.matmul_order, "");
   EXPECT_EQ(c.stream_interval_ms, 20u);
   EXPECT_TRUE(c.admin_uids.empty());
   EXPECT_FALSE(c.admin_open());  // the daemon's own uid and root only
@@ -114,6 +115,7 @@ TEST_F(ConfigTest, ReadsEveryKeyFromFile) {
                                  "max-queue = 128\n"
                                  "steps-in-flight = 1\n"
                                  "stream-interval = 0\n"
+                                 "matmul-order = repacked\n"
                                  "admin-uids = 0, 1000 ,1001\n"
                                  "load = /models/llama-3.gguf\n"
                                  "load = /models/qwen.gguf id=qwen ctx=4096 parallel=2 threads=6 backend=cuda\n"
@@ -131,6 +133,7 @@ TEST_F(ConfigTest, ReadsEveryKeyFromFile) {
   EXPECT_EQ(c.default_parallel, 8u);
   EXPECT_EQ(c.max_queue, 128u);
   EXPECT_EQ(c.steps_in_flight, 1u);
+  EXPECT_EQ(c.matmul_order, "repacked");
   EXPECT_EQ(c.stream_interval_ms, 0u);
   EXPECT_EQ(c.admin_uids, (std::vector<uint32_t>{0, 1000, 1001}));
   EXPECT_FALSE(c.admin_open());
@@ -319,7 +322,7 @@ TEST_F(ConfigTest, UsageNamesEveryKey) {
   const std::string text = usage();
   for (const char* key : {"--config", "--help", "--socket", "--worker", "--log-level", "--threads",
                           "--max-restarts", "--restart-window", "--context", "--parallel", "--max-queue",
-                          "--steps-in-flight", "--stream-interval",
+                          "--steps-in-flight", "--stream-interval", "--matmul-order",
                           "--admin-uids", "--load"}) {
     EXPECT_NE(text.find(key), std::string::npos) << key;
   }
@@ -348,6 +351,7 @@ TEST_F(ConfigTest, FileErrorsNameFileLineAndProblem) {
       {"steps-in-flight = 0", "steps-in-flight: '0' is out of range (1..4)"},
       {"steps-in-flight = 5", "steps-in-flight: '5' is out of range (1..4)"},
       {"stream-interval = 60001", "stream-interval: '60001' is out of range (0..60000)"},
+      {"matmul-order = fast", "matmul-order: unknown matmul order 'fast' (expected vec_dot or repacked)"},
       {"restart-window = 0", "restart-window: '0' must be more than 0 seconds"},
       {"restart-window = -5", "restart-window: '-5' must be more than 0 seconds"},
       {"restart-window = inf", "restart-window: 'inf' is not a number of seconds"},

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 #include <kj/async-io.h>
@@ -50,6 +51,8 @@ void use_batch_scheduling() {
 }
 
 int run(DaemonConfig cfg) {
+  // Before any thread exists (setenv is not thread-safe); worker processes inherit the environment.
+  if (!cfg.matmul_order.empty()) ::setenv("INFERD_MATMUL_ORDER", cfg.matmul_order.c_str(), 1);
   setup_logging(cfg);
   use_batch_scheduling();
   ::signal(SIGPIPE, SIG_IGN);

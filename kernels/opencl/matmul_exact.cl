@@ -12,6 +12,7 @@
 // every product and partial sum is an integer below 2^24, so any order gives it exactly. Then hsum,
 // and for Q4_1 / Q5_1 the min chain fma(m_w, s_a, acc_min) added last.
 // The same, kScalar (scalar dot_x_q8_0 / dot_x_q8_1): sum += (d_w * d_a) * isum (+ m_w * s_a) per block.
+// Q4_0 in the repacked matmul order (either CPU order): sum = fma(d_w * d_a, isum, sum) per block.
 // F32 / F16 / BF16: the float input, as dot_float (kX86) or dot_float_weights (kScalar).
 // K-quants: the k.* sections below.
 
@@ -208,6 +209,12 @@ inline char4 inferd_nibbles_c(ushort v) {
 
 //@ q8_scalar.sum
       sum[i] = sum[i] + ws[blk] * a.x * isum[i];
+//@ end
+
+// MatmulOrder::kRepacked (inferd/kernels/cpu.h; Q4_0 only): the block's exact integer dot, then one fma
+// with d_w * d_a per block (llama.cpp's repacked q4_0_8x8 kernels), after q8_scalar, before q8_scalar.write.
+//@ q8_repacked.sum
+      sum[i] = fma(ws[blk] * a.x, isum[i], sum[i]);
 //@ end
 
 //@ q8_scalar.write

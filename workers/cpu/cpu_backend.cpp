@@ -420,7 +420,7 @@ void CpuBackend::Impl::run_step(const Step& s, int ith, int nth) {
       const bool geglu = n.op == Op::kMatmulGeglu;
       // Batches go through matmul_rows (the type's GEMM where it has one) as soon as either weight has a GEMM:
       // IQ4_NL's GEMM has llama.cpp's batch order, which its dot kernel does not.
-      const bool tiled = max_nr > 1 && (cpu::matmul_gemm(wg) != nullptr || cpu::matmul_gemm(wu) != nullptr);
+      const bool tiled = max_nr > 1 && (cpu::has_gemm(wg) || cpu::has_gemm(wu));
       for_chunks(f, [&](int64_t r0, int64_t r1) {
         if (tiled) {
           // Gate and up as matmuls (tiled GEMMs where the types have them), then the GLU over this chunk's columns.

@@ -43,6 +43,10 @@ const kernels::TypeKernels* matmul_kernels(const WeightView& w) {
 kernels::GemmFn matmul_gemm(const WeightView& w) {
   return kernels::gemm_kernel_for(w.type, w.layout, kernels::best_isa(), kernels::matmul_order_for(w.type, w.rows));
 }
+bool has_gemm(const WeightView& w) {
+  return kernels::gemm_kernel_for(w.type, WeightLayout::kRows, kernels::best_isa(),
+                                  kernels::matmul_order_for(w.type, w.rows)) != nullptr;
+}
 
 namespace {
 

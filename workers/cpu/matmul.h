@@ -30,6 +30,9 @@ void encode_row(int kind, const float* src, uint8_t* dst, int64_t k);
 // vec_dot order, or its repacked order for the matrices it repacks), and its GEMM (nullptr: none).
 const kernels::TypeKernels* matmul_kernels(const WeightView& w);
 kernels::GemmFn matmul_gemm(const WeightView& w);
+// Whether matmul_rows() runs w's batches through a GEMM: its layout's, or for an interleaved matrix without
+// one, the row layout's on gathered rows.
+bool has_gemm(const WeightView& w);
 
 // One weight matrix applied to encoded activations: out[t * out_stride + r] (+)= dot(W[r], act[t]).
 struct MatmulJob {

@@ -268,11 +268,6 @@ Result<std::unique_ptr<OpenClBackend>> OpenClBackend::create(std::unique_ptr<Run
     impl->numerics = Numerics::kFloat;
     impl->numerics_note = " (exact reproduces the CPU engine's AVX-512 order; INFERD_GGML_ORDER=avx2 is set)";
   }
-  if (impl->numerics == Numerics::kExact && kernels::matmul_order() != kernels::MatmulOrder::kVecDot) {
-    // ... and its vec_dot matmul order (kernels::MatmulOrder).
-    impl->numerics = Numerics::kFloat;
-    impl->numerics_note = " (exact reproduces the CPU engine's vec_dot matmul order; INFERD_MATMUL_ORDER=repacked is set)";
-  }
   // The activations' data type: halves only where the numerics allow them.
   const DeviceInfo& info = impl->rt->info();
   if (options.activation_type) {

@@ -1427,6 +1427,18 @@ TEST(ClEngineFiles, MixedSmallEqualsTheCpuEngine) {
   expect_file_equals_the_cpu_engine(INFERD_TEST_DATA_DIR "/models/mixed-small.gguf", 256, 16);
 }
 
+// Every matrix Q4_0 (q4_0-tied-small) with the CPU engine in llama.cpp's repacked matmul order
+// (kernels::MatmulOrder::kRepacked): the exact matmul sums those matrices in that order too, in the prefill
+// and the decode variants.
+TEST(ClEngineFiles, RepackedMatmulOrderEqualsTheCpuEngine) {
+  struct RepackedScope {
+    kernels::MatmulOrder saved = kernels::matmul_order();
+    RepackedScope() { kernels::set_matmul_order(kernels::MatmulOrder::kRepacked); }
+    ~RepackedScope() { kernels::set_matmul_order(saved); }
+  } repacked;
+  expect_file_equals_the_cpu_engine(INFERD_TEST_DATA_DIR "/models/q4_0-tied-small.gguf", 128, 8);
+}
+
 // The architectures past llama and qwen2 and the low-bit types, the committed synthetic models (make_synthetic_gguf.py):
 // gemma3 (Q/K norms per head, norms after attention and FFN, scaled embeddings, GeGLU, sliding-window
 // layers with their own RoPE base, Q scaled before its rounding), qwen3 (Q/K norms), phi3 (fused QKV and

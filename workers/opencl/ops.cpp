@@ -454,7 +454,7 @@ bool iq4nl_pairs(DType type, CpuOrder order, int32_t tokens) {
 // The exact matmul (matmul_exact.cl says what each variant sums in which order). `native_int_dot`:
 // IntDot::kInt8 through the device's dot(char4, char4); `pairs`: iq4nl_pairs().
 KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_item, TensorFormat x, TensorFormat y,
-                                     IntDot int_dot, bool native_int_dot, bool pairs,
+                                     IntDot int_dot, bool native_int_dot, bool pairs, bool repacked,
                                      const std::optional<TensorFormat>& residual) {
   if (is_k_quant(type)) return matmul_exact_k_template(type, order, tokens_per_item, x, y, residual);
   KernelTemplate k;
@@ -476,6 +476,8 @@ KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_
   const ClFile& cl = kMatmulExactCl;
   if (pairs) {
     k.body = join({cl("head"), cl("iq4nl_x86")});
+  } else if (repacked) {
+    k.body = join({cl("head"), cl("q8_scalar"), cl("q8_repacked.sum"), cl("q8_scalar.write")});
   } else if (blocks && order == CpuOrder::kX86) {
     k.body = join({cl("head"), cl("q8_x86"), q4_1 ? cl("q8_x86.min_chain") : "", cl("q8_x86.hsum"),
                    cl(q4_1 ? "q8_x86.write_with_min" : "q8_x86.write")});
@@ -1891,16 +1893,19 @@ Status Ops::matmul_exact(const MatmulWeights& w, const Tensor& x, cl_mem scales,
   // The extension's dot(char4, char4) where the device has it; emulated where the variant is forced.
   const bool native = int_dot == IntDot::kInt8 && choose_int_dot(rt_.info()) == IntDot::kInt8;
   const bool pairs = iq4nl_pairs(w.type(), order, xs.w);
+  // The matrices the CPU engine sums in llama.cpp's repacked order (kernels::MatmulOrder).
+  const bool repacked = kernels::matmul_order_for(w.type(), w.rows()) == kernels::MatmulOrder::kRepacked;
   INFERD_RETURN_IF_ERROR(check_residual("matmul_exact", y, residual));
   if (residual) INFERD_RETURN_IF_ERROR(require_exact("matmul_exact", {residual}));
   const std::optional<TensorFormat> res = residual ? std::optional(residual->format()) : std::nullopt;
   auto k = kernel(std::string("matmul_exact_") + matmul_variant_name(variant) + "_" + dtype_name(w.type()) + "_" +
                       cpu_order_name(order) + "_" + int_dot_name(int_dot) + (native ? "_native" : "") +
-                      (pairs ? "_pairs" : "") + "_t" + std::to_string(tokens_per_item) + storage_key({&x, &y}) +
+                      (pairs ? "_pairs" : "") + (repacked ? "_repacked" : "") + "_t" + std::to_string(tokens_per_item) +
+                      storage_key({&x, &y}) +
                       (residual ? "+res" + storage_key({residual}) : ""),
                   [&] {
                     return matmul_exact_template(w.type(), order, tokens_per_item, x.format(), y.format(), int_dot,
-                                                 native, pairs, res);
+                                                 native, pairs, repacked, res);
                   });
   if (!k) return k.status();
   KernelArgs args = new_args(*k.value());

@@ -61,7 +61,8 @@ inline const TypeKernels* type_kernels(DType type) { return type_kernels(type, b
 
 // ---- Which of llama.cpp's matmul configurations the quantized matmuls follow -------------------
 // kVecDot (the default): every matmul sums as ggml's vec_dot kernels do (llama.cpp run with --no-repack and
-// GGML_CPU_TILED_MM=0), the order the GPU backends' exact modes reproduce; the kernels of type_kernels().
+// GGML_CPU_TILED_MM=0), the one order CUDA's exact mode reproduces (OpenCL's follows either); the kernels of
+// type_kernels().
 // kRepacked: llama.cpp's x86 default for the matrices it repacks, which are Q4_0 matrices with a row count
 // that is a multiple of 8 (ggml's q4_0_8x8 GEMV and GEMM, the same order on AVX2 and AVX-512): per 32-element
 // block one exact integer dot n_b = sum_j w_j a_j (the weight's -8 included), and
