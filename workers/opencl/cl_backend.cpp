@@ -49,11 +49,22 @@ Result<std::unique_ptr<MatmulWeights>> upload_view(Runtime& rt, const std::strin
   return upload_matrix(rt, name, w.type, w.rows, w.cols, host.data());
 }
 
-// Several matrices of one type and width stacked into one (their rows one after the other), as one
-// matmul computes them all.
+// Whether the CPU engine computes these matrices in one matmul order (kernels::matmul_order_for() decides by
+// each one's rows), so that one stacked exact matmul can reproduce them all.
+bool same_matmul_order(std::initializer_list<const WeightView*> parts) {
+  const WeightView& first = **parts.begin();
+  for (const WeightView* p : parts) {
+    if (kernels::matmul_order_for(p->type, p->rows) != kernels::matmul_order_for(first.type, first.rows)) return false;
+  }
+  return true;
+}
+
+// Several matrices of one type, width and matmul order stacked into one (their rows one after the other), as
+// one matmul computes them all.
 Result<std::unique_ptr<MatmulWeights>> upload_stacked(Runtime& rt, const std::string& name,
                                                       std::initializer_list<const WeightView*> parts) {
   const WeightView& first = **parts.begin();
+  INFERD_ASSERT(same_matmul_order(parts), "stacked matrices of different matmul orders");
   int64_t rows = 0;
   for (const WeightView* p : parts) rows += p->rows;
   std::vector<uint8_t> host(static_cast<size_t>(rows) * first.row_bytes);
@@ -67,7 +78,9 @@ Result<std::unique_ptr<MatmulWeights>> upload_stacked(Runtime& rt, const std::st
     });
     at += bytes;
   }
-  return upload_matrix(rt, name, first.type, rows, first.cols, host.data());
+  auto w = upload_matrix(rt, name, first.type, rows, first.cols, host.data());
+  if (w) w.value()->set_order_rows(first.rows);
+  return w;
 }
 
 // What compute() does for a node (decided once, in prepare()).
@@ -508,7 +521,8 @@ Status OpenClBackend::Impl::plan_graph(const Graph& g) {
           if (k && v && k->op == Op::kMatmul && v->op == Op::kMatmul && k->in[0] == n.in[0] && v->in[0] == n.in[0] &&
               g.tensor(k->in[1]).weight_type() == t && g.tensor(v->in[1]).weight_type() == t &&
               g.use_count(n.out[0]) == 1 && g.use_count(k->out[0]) == 1 && g.use_count(v->out[0]) == 1 &&
-              static_cast<size_t>(pk) > ni && static_cast<size_t>(pv) > ni) {
+              static_cast<size_t>(pk) > ni && static_cast<size_t>(pv) > ni &&
+              same_matmul_order({g.tensor(n.in[1]).weight, g.tensor(k->in[1]).weight, g.tensor(v->in[1]).weight})) {
             const std::string name = "blk." + std::to_string(n.layer) + ".attn_q|k|v.weight";
             auto w = upload_stacked(r, name, {g.tensor(n.in[1]).weight, g.tensor(k->in[1]).weight,
                                                    g.tensor(v->in[1]).weight});

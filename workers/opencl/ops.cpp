@@ -1894,7 +1894,7 @@ Status Ops::matmul_exact(const MatmulWeights& w, const Tensor& x, cl_mem scales,
   const bool native = int_dot == IntDot::kInt8 && choose_int_dot(rt_.info()) == IntDot::kInt8;
   const bool pairs = iq4nl_pairs(w.type(), order, xs.w);
   // The matrices the CPU engine sums in llama.cpp's repacked order (kernels::MatmulOrder).
-  const bool repacked = kernels::matmul_order_for(w.type(), w.rows()) == kernels::MatmulOrder::kRepacked;
+  const bool repacked = kernels::matmul_order_for(w.type(), w.order_rows()) == kernels::MatmulOrder::kRepacked;
   INFERD_RETURN_IF_ERROR(check_residual("matmul_exact", y, residual));
   if (residual) INFERD_RETURN_IF_ERROR(require_exact("matmul_exact", {residual}));
   const std::optional<TensorFormat> res = residual ? std::optional(residual->format()) : std::nullopt;

@@ -149,12 +149,16 @@ class MatmulWeights {
   cl_mem mins() const { return mins_.get(); }      // Q4_1, Q5_1, Q4_K, Q5_K; else nullptr
   cl_mem sub_scales() const { return sub_scales_.get(); }  // K-quants; else nullptr
   cl_mem high_bits() const { return high_bits_.get(); }    // Q5_0, Q5_1, Q5_K, Q6_K; else nullptr
+  // The row count kernels::matmul_order_for() decides the exact matmul's order by: the matrix's own, or for
+  // matrices stacked into one (each of the same order) the first one's.
+  int64_t order_rows() const { return order_rows_ > 0 ? order_rows_ : rows_; }
+  void set_order_rows(int64_t rows) { order_rows_ = rows; }
 
  private:
   MatmulWeights() = default;
 
   DType type_ = DType::kF32;
-  int64_t rows_ = 0, k_ = 0;
+  int64_t rows_ = 0, k_ = 0, order_rows_ = 0;
   size_t device_bytes_ = 0;
   ClMem values_, scales_, mins_, sub_scales_, high_bits_;
 };
