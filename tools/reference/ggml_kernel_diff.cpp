@@ -102,6 +102,17 @@ bool load(const std::string& dir, Ggml& g) {
          bind(base, "ggml_backend_buffer_free", g.buffer_free) && bind(base, "ggml_nbytes", g.nbytes);
 }
 
+// y = W x through ggml's graph in `ctx` (x: m rows of k floats); the result lives in ctx.
+const float* ggml_matmul(Ggml& g, void* ctx, void* W, const std::vector<float>& x, int64_t k, int m, int threads) {
+  void* X = g.new_tensor_2d(ctx, 0 /* F32 */, k, m);
+  std::memcpy(g.get_data(X), x.data(), x.size() * sizeof(float));
+  void* Y = g.mul_mat(ctx, W, X);
+  void* graph = g.new_graph(ctx);
+  g.build_forward_expand(graph, Y);
+  g.graph_compute_with_ctx(ctx, graph, threads);
+  return static_cast<const float*>(g.get_data(Y));
+}
+
 // (4): Q4_0 through ggml's repack buffer against MatmulOrder::kRepacked; prints one table row, returns
 // whether every output was equal.
 bool repacked_q4_0(Ggml& g, int threads, std::mt19937& rng) {
@@ -128,13 +139,7 @@ bool repacked_q4_0(Ggml& g, int threads, std::mt19937& rng) {
     }
     g.tensor_set(W, w.data(), 0, w.size());
     void* ctx = g.init(GgmlInitParams{64u << 20, nullptr, false});
-    void* X = g.new_tensor_2d(ctx, 0 /* F32 */, kK, m);
-    std::memcpy(g.get_data(X), xm.data(), xm.size() * sizeof(float));
-    void* Y = g.mul_mat(ctx, W, X);
-    void* graph = g.new_graph(ctx);
-    g.build_forward_expand(graph, Y);
-    g.graph_compute_with_ctx(ctx, graph, threads);
-    const auto* y = static_cast<const float*>(g.get_data(Y));
+    const float* y = ggml_matmul(g, ctx, W, xm, kK, m, threads);
     std::vector<uint8_t> acts(a_row * static_cast<size_t>(m));
     for (int t = 0; t < m; ++t) tk->quantize_act(xm.data() + t * kK, acts.data() + t * a_row, kK);
     std::vector<float> ours(static_cast<size_t>(kRows * m)), x16(static_cast<size_t>(kRows * m));
@@ -239,17 +244,11 @@ int main(int argc, char** argv) {
       constexpr int64_t kRows = 256;
       void* ctx = g.init(GgmlInitParams{64u << 20, nullptr, false});
       void* W = g.new_tensor_2d(ctx, tc.ggml_type, kK, kRows);
-      void* X = g.new_tensor_2d(ctx, 0 /* F32 */, kK, m);
       std::vector<float> wm(static_cast<size_t>(kK * kRows)), xm(static_cast<size_t>(kK * m));
       for (float& v : wm) v = normal(rng);
       for (float& v : xm) v = normal(rng);
       g.quantize_chunk(tc.ggml_type, wm.data(), g.get_data(W), 0, kRows, kK, nullptr);
-      std::memcpy(g.get_data(X), xm.data(), xm.size() * sizeof(float));
-      void* Y = g.mul_mat(ctx, W, X);
-      void* graph = g.new_graph(ctx);
-      g.build_forward_expand(graph, Y);
-      g.graph_compute_with_ctx(ctx, graph, threads);
-      const auto* y = static_cast<const float*>(g.get_data(Y));
+      const float* y = ggml_matmul(g, ctx, W, xm, kK, m, threads);
       const size_t w_row = g.row_size(tc.ggml_type, kK);
       // As the engine computes it: the type's GEMM for two or more activation rows where there is one, else dot.
       int equal = 0;
