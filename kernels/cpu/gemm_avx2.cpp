@@ -33,6 +33,9 @@
 // which accumulates block after block into one, as here (tested against that order).
 // Float steps per lane are exactly the contract's: scale = d_w * d_a (fp32), acc = fma(scale,
 // float(n), acc), block by block; Q4_1's summs = fma(m_w, s_a, summs) block by block, added last.
+//
+// At the end of the file: Q4_0's GEMM in MatmulOrder::kRepacked (inferd/kernels/cpu.h), llama.cpp's repacked
+// order, with its own rows-in-lanes tile.
 #include <immintrin.h>
 
 #include <algorithm>

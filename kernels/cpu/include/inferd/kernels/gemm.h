@@ -12,6 +12,8 @@
 // The 256-element super-block types (Q2_K to Q6_K, IQ4_XS) and IQ4_NL follow their dot kernels the same way
 // (gemm_avx512_k.cpp, gemm_avx2_k.cpp, gemm_avx2.cpp): the results equal that ISA's TypeKernels::dot bit
 // for bit (IQ4_NL: llamafile's block order, see gemm_avx2.cpp).
+// (That is MatmulOrder::kVecDot; gemm_kernel_for(..., MatmulOrder) also gives Q4_0's GEMM in llama.cpp's
+// repacked order, inferd/kernels/cpu.h.)
 // Only the integer work is reorganised (tiles of rows x activation rows; u8 x s8 products with
 // AVX-512 VNNI, or with AVX2's maddubs where no pair of products can saturate).
 // ISAs: Q4_0/Q4_1/Q5_0/Q8_0 have an AVX-512 VNNI GEMM and an AVX2 + FMA + F16C one (gemm_avx2.cpp, also
