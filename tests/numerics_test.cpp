@@ -55,11 +55,7 @@ Agreement compare_with_reference(const std::string& ref_name) {
   // kernels the engine reproduces in kernels::MatmulOrder::kRepacked.
   a.matmul = ref["llama_cpp_settings"].value("kernels", "default") == "vec_dot" ? kernels::MatmulOrder::kVecDot
                                                                                : kernels::MatmulOrder::kRepacked;
-  struct MatmulScope {
-    kernels::MatmulOrder saved = kernels::matmul_order();
-    explicit MatmulScope(kernels::MatmulOrder o) { kernels::set_matmul_order(o); }
-    ~MatmulScope() { kernels::set_matmul_order(saved); }
-  } matmul_scope(a.matmul);
+  const kernels::ScopedMatmulOrder matmul_scope(a.matmul);
   auto model = Model::open(model_path);
   EXPECT_TRUE(model.is_ok()) << model.status().to_string();
   if (!model) return a;

@@ -384,8 +384,9 @@ const char* act_row(const void* act, size_t stride, int r) {
   return static_cast<const char*>(act) + static_cast<size_t>(r) * stride;
 }
 
-// 32-element weight blocks against Q8_0 activations: sum += d_w * d_a * isum.
-template <typename Block, void (*kDecode)(const Block&, int*)>
+// 32-element weight blocks against Q8_0 activations: sum += d_w * d_a * isum; with kRepacked (MatmulOrder::kRepacked,
+// cpu.h) its definition instead, sum = fma(float(isum), d_w * d_a, sum).
+template <typename Block, void (*kDecode)(const Block&, int*), bool kRepacked = false>
 void dot_x_q8_0(int64_t k, const void* w_row, const void* act, size_t act_stride, int nr, float* out) {
   const auto* w = static_cast<const Block*>(w_row);
   float sum[kMaxDotRows] = {};
@@ -397,7 +398,11 @@ void dot_x_q8_0(int64_t k, const void* w_row, const void* act, size_t act_stride
       const auto& a = reinterpret_cast<const BlockQ8_0*>(act_row(act, act_stride, r))[i];
       int isum = 0;
       for (int j = 0; j < 32; ++j) isum += q[j] * a.qs[j];
-      sum[r] += dw * h2f(a.d) * static_cast<float>(isum);
+      if constexpr (kRepacked) {
+        sum[r] = std::fma(static_cast<float>(isum), dw * h2f(a.d), sum[r]);
+      } else {
+        sum[r] += dw * h2f(a.d) * static_cast<float>(isum);
+      }
     }
   }
   for (int r = 0; r < nr; ++r) out[r] = sum[r];
@@ -545,23 +550,8 @@ void dot_q5_k(int64_t k, const void* w, const void* a, size_t s, int nr, float* 
   dot_kq_min<BlockQ5_K, decode_q5_k>(k, w, a, s, nr, o);
 }
 
-// MatmulOrder::kRepacked (cpu.h), the definition: per block the exact integer dot (the -8 in the decoded
-// weights), then acc = fma(float(n), d_w * d_a, acc).
-void dot_q4_0_repacked(int64_t k, const void* w_row, const void* act, size_t act_stride, int nr, float* out) {
-  const auto* w = static_cast<const BlockQ4_0*>(w_row);
-  float acc[kMaxDotRows] = {};
-  int q[32];
-  for (int64_t i = 0; i < k / 32; ++i) {
-    decode_q4_0(w[i], q);
-    const float dw = h2f(w[i].d);
-    for (int r = 0; r < nr; ++r) {
-      const auto& a = reinterpret_cast<const BlockQ8_0*>(act_row(act, act_stride, r))[i];
-      int n = 0;
-      for (int j = 0; j < 32; ++j) n += q[j] * a.qs[j];
-      acc[r] = std::fma(static_cast<float>(n), dw * h2f(a.d), acc[r]);
-    }
-  }
-  for (int r = 0; r < nr; ++r) out[r] = acc[r];
+void dot_q4_0_repacked(int64_t k, const void* w, const void* a, size_t s, int nr, float* o) {
+  dot_x_q8_0<BlockQ4_0, decode_q4_0, true>(k, w, a, s, nr, o);
 }
 
 constexpr TypeKernels kRepackedQ4_0 = {DType::kQ4_0, DType::kQ8_0, q4_0_to_float, quantize_q8_0, dot_q4_0_repacked};

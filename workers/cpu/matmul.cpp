@@ -37,16 +37,18 @@ void encode_row(int kind, const float* src, uint8_t* dst, int64_t k) {
   kQuantizers[kind]->quantize_act(src, dst, k);
 }
 
+namespace {
+// w's GEMM in its matmul order, for its weights arranged as `layout`.
+kernels::GemmFn gemm_in(const WeightView& w, WeightLayout layout) {
+  return kernels::gemm_kernel_for(w.type, layout, kernels::best_isa(), kernels::matmul_order_for(w.type, w.rows));
+}
+}  // namespace
+
 const kernels::TypeKernels* matmul_kernels(const WeightView& w) {
   return kernels::type_kernels(w.type, kernels::best_isa(), kernels::matmul_order_for(w.type, w.rows));
 }
-kernels::GemmFn matmul_gemm(const WeightView& w) {
-  return kernels::gemm_kernel_for(w.type, w.layout, kernels::best_isa(), kernels::matmul_order_for(w.type, w.rows));
-}
-bool has_gemm(const WeightView& w) {
-  return kernels::gemm_kernel_for(w.type, WeightLayout::kRows, kernels::best_isa(),
-                                  kernels::matmul_order_for(w.type, w.rows)) != nullptr;
-}
+kernels::GemmFn matmul_gemm(const WeightView& w) { return gemm_in(w, w.layout); }
+bool has_gemm(const WeightView& w) { return gemm_in(w, WeightLayout::kRows) != nullptr; }
 
 namespace {
 

@@ -1431,11 +1431,7 @@ TEST(ClEngineFiles, MixedSmallEqualsTheCpuEngine) {
 // (kernels::MatmulOrder::kRepacked): the exact matmul sums those matrices in that order too, in the prefill
 // and the decode variants.
 TEST(ClEngineFiles, RepackedMatmulOrderEqualsTheCpuEngine) {
-  struct RepackedScope {
-    kernels::MatmulOrder saved = kernels::matmul_order();
-    RepackedScope() { kernels::set_matmul_order(kernels::MatmulOrder::kRepacked); }
-    ~RepackedScope() { kernels::set_matmul_order(saved); }
-  } repacked;
+  const kernels::ScopedMatmulOrder repacked(kernels::MatmulOrder::kRepacked);
   expect_file_equals_the_cpu_engine(INFERD_TEST_DATA_DIR "/models/q4_0-tied-small.gguf", 128, 8);
 }
 

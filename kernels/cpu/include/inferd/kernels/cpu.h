@@ -77,6 +77,17 @@ bool parse_matmul_order(const char* name, MatmulOrder* order);
 MatmulOrder matmul_order();
 // Sets the process-wide order (tests and tools; call before any computation, not concurrently with it).
 void set_matmul_order(MatmulOrder order);
+// Sets the order for its lifetime and restores the previous one (tests and tools, as set_matmul_order()).
+class ScopedMatmulOrder {
+ public:
+  explicit ScopedMatmulOrder(MatmulOrder order) : saved_(matmul_order()) { set_matmul_order(order); }
+  ~ScopedMatmulOrder() { set_matmul_order(saved_); }
+  ScopedMatmulOrder(const ScopedMatmulOrder&) = delete;
+  ScopedMatmulOrder& operator=(const ScopedMatmulOrder&) = delete;
+
+ private:
+  MatmulOrder saved_;
+};
 // The order a matrix of `rows` rows of `type` is computed in under `order`: kRepacked only for the
 // matrices llama.cpp repacks (above).
 MatmulOrder matmul_order_for(DType type, int64_t rows, MatmulOrder order);
