@@ -193,6 +193,14 @@ TEST(Numerics, RepackedQ4_0OrderMatchesLlamaCppDefault) {
   expect_agreement("q4_0-tied-small.json", 0.99, kRoundingOnly);
 }
 
+// Every layer matrix Q4_K (make_synthetic_gguf.py --preset q4_k-tied-small; references made by an AVX2 build):
+// bit for bit against llama.cpp's vec_dot configuration in the vec_dot order, and against its default
+// configuration, which repacks every one of these matrices into its q4_K_8x8 GEMV/GEMM, in the repacked order.
+TEST(Numerics, RepackedQ4_KOrderMatchesLlamaCppDefault) {
+  expect_agreement("q4_k-tied-small.vec_dot.json", 0.99, kRoundingOnly);
+  expect_agreement("q4_k-tied-small.json", 0.99, kRoundingOnly);
+}
+
 // The 1.1B synthetic model is generated (not committed): models/tinyllama-q4_0-synthetic.gguf. Against llama.cpp's
 // default configuration (made by an AVX-512 build; it repacks every Q4_0 matrix) in the repacked order, bit for
 // bit too.

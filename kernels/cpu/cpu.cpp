@@ -143,9 +143,11 @@ MatmulOrder matmul_order() { return static_cast<MatmulOrder>(matmul_order_settin
 void set_matmul_order(MatmulOrder order) { matmul_order_setting().store(static_cast<int>(order), std::memory_order_relaxed); }
 
 MatmulOrder matmul_order_for(DType type, int64_t rows, MatmulOrder order) {
-  // llama.cpp's x86 repacking (ggml_repack_get_optimal_repack_type): Q4_0 -> q4_0_8x8 when rows % 8 == 0.
-  return order == MatmulOrder::kRepacked && type == DType::kQ4_0 && rows % 8 == 0 ? MatmulOrder::kRepacked
-                                                                                    : MatmulOrder::kVecDot;
+  // llama.cpp's x86 repacking with AVX2 (ggml_repack_get_optimal_repack_type): Q4_0 -> q4_0_8x8 and
+  // Q4_K -> q4_K_8x8 when rows % 8 == 0. (It also repacks IQ4_NL, and Q2_K with AVX-512, in orders the engine
+  // does not reproduce yet: those keep the vec_dot order.)
+  const bool repacks = type == DType::kQ4_0 || type == DType::kQ4_K;
+  return order == MatmulOrder::kRepacked && repacks && rows % 8 == 0 ? MatmulOrder::kRepacked : MatmulOrder::kVecDot;
 }
 
 const TypeKernels* type_kernels(DType type, Isa isa, MatmulOrder order) {

@@ -107,6 +107,56 @@ void gemm(const GemmArgs& g) {
   }
 }
 
+// MatmulOrder::kRepacked, Q4_K, row layout: llama.cpp's q4_K_8x8 GEMM for the activation rows before
+// m - m % 4 (per pair of sub-blocks the exact integers n = sc_2j * isum_2j + sc_2j+1 * isum_2j+1 and
+// m = mn_2j * asum_2j + mn_2j+1 * asum_2j+1, acc = fma(float(n), d_w * d_a, acc), accm = fma(float(m),
+// dmin_w * d_a, accm)), its GEMV for the rest (the same per super-block); the result acc - accm. The definition
+// the AVX2 GEMM equals bit for bit.
+void gemm_q4_k_repacked(const GemmArgs& g) {
+  INFERD_ASSERT(g.type == DType::kQ4_K && g.k % kQK_K == 0 && g.layout == WeightLayout::kRows,
+                "the scalar repacked GEMM is Q4_K's, on the row layout");
+  const float* half = scalar::fp16_table();
+  const int64_t nb = g.k / kQK_K;
+  const int64_t m4 = g.m - g.m % 4;
+  for (int64_t t = 0; t < g.m; ++t) {
+    const auto* a = reinterpret_cast<const BlockQ8_K*>(g.act + static_cast<size_t>(t) * g.act_stride);
+    const int steps = t < m4 ? 4 : 1;  // float steps per super-block
+    float* out = g.out + t * g.out_stride;
+    for (int64_t r = g.r0; r < g.r1; ++r) {
+      const auto* w = reinterpret_cast<const BlockQ4_K*>(g.w + static_cast<size_t>(r) * g.w_row_bytes);
+      float acc = 0.0f, accm = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* q = w[b].scales;
+        const float dd = half[w[b].d] * a[b].d, ddmin = half[w[b].dmin] * a[b].d;
+        int n = 0, m = 0;
+        for (int s = 0; s < 8; ++s) {
+          // ggml's get_scale_min_k4.
+          const int sc = s < 4 ? q[s] & 63 : (q[s + 4] & 0xF) | ((q[s - 4] >> 6) << 4);
+          const int mn = s < 4 ? q[s + 4] & 63 : (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
+          int isum = 0;
+          for (int l = 0; l < 32; ++l) {
+            const uint8_t byte = w[b].qs[32 * (s / 2) + l];
+            isum += (s % 2 == 0 ? byte & 15 : byte >> 4) * a[b].qs[32 * s + l];
+          }
+          n += sc * isum;
+          m += mn * (a[b].bsums[2 * s] + a[b].bsums[2 * s + 1]);
+          if ((s + 1) % (8 / steps) == 0) {
+            acc = std::fma(static_cast<float>(n), dd, acc);
+            accm = std::fma(static_cast<float>(m), ddmin, accm);
+            n = m = 0;
+          }
+        }
+      }
+      const float v = acc - accm;
+      if (g.accumulate) {
+        out[r] += v;
+      } else {
+        out[r] = g.bias != nullptr ? v + g.bias[r] : v;
+      }
+    }
+  }
+}
+
 }  // namespace gemm_scalar
 
 GemmFn gemm_kernel(DType type, Isa isa) {
@@ -147,7 +197,11 @@ GemmFn gemm_kernel_for(DType type, WeightLayout layout, Isa isa) {
 
 GemmFn gemm_kernel_for(DType type, WeightLayout layout, Isa isa, MatmulOrder order) {
   if (order == MatmulOrder::kVecDot) return gemm_kernel_for(type, layout, isa);
-  if (isa == Isa::kScalar || !isa_available(Isa::kAvx2)) return nullptr;
+  if (isa == Isa::kScalar || !isa_available(Isa::kAvx2)) {
+    // Q4_K's order depends on the activation row's place in the batch: the scalar ISA needs its GEMM too
+    // (Q4_0's is the same for every row, so its dot serves).
+    return type == DType::kQ4_K && layout == WeightLayout::kRows ? &gemm_scalar::gemm_q4_k_repacked : nullptr;
+  }
   if (GemmFn fn = gemm_avx2::repacked_kernel(type)) return fn;
   return gemm_kernel_for(type, layout, isa);  // a type the order does not change
 }

@@ -34,8 +34,8 @@
 // Float steps per lane are exactly the contract's: scale = d_w * d_a (fp32), acc = fma(scale,
 // float(n), acc), block by block; Q4_1's summs = fma(m_w, s_a, summs) block by block, added last.
 //
-// At the end of the file: Q4_0's GEMM in MatmulOrder::kRepacked (inferd/kernels/cpu.h), llama.cpp's repacked
-// order, with its own rows-in-lanes tile.
+// At the end of the file: Q4_0's and Q4_K's GEMMs in MatmulOrder::kRepacked (inferd/kernels/cpu.h), llama.cpp's
+// repacked orders, with their own rows-in-lanes tiles.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -597,6 +597,210 @@ void gemm_q4_0_repacked(const GemmArgs& g) {
   }
 }
 
+// ---- Q4_K in MatmulOrder::kRepacked ---------------------------------------------------------------
+//
+// llama.cpp's repacked q4_K_8x8 orders (inferd/kernels/cpu.h): its GEMV's for the last m % 4 activation rows,
+// per super-block the exact integers n = sum_s sc_s * isum_s and m = sum_s mn_s * (bsum_2s + bsum_2s+1),
+// acc = fma(float(n), d_w * d_a, acc), accm = fma(float(m), dmin_w * d_a, accm); its GEMM's for the rows before
+// them, the same per pair of sub-blocks (four steps per super-block); the result acc - accm. Rows in lanes as
+// Q4_0's tile above: lane r
+// of codes[s][i] holds row r's codes of elements 32s + 4i .. + 3 (0..15); per sub-block the eight maddubs
+// with the activation's dwords add up in int16 (16 products of |value| <= 15 * 127: < 32768) and one madd
+// with the sub-block scales (int16 lanes 2r and 2r + 1 both hold row r's sc_s) makes lane r's sc_s * isum_s.
+// Per (8 rows, activation row, sub-block): 8 maddubs + 8 adds + madd + add, against 8 x (maddubs, madd, add)
+// in the vec_dot order's tile. The min term: per super-block four madds of the 8 rows' mins with the
+// activation's sub-block sums. Equal bit for bit to gemm.cpp's scalar definition (and its GEMV rows to
+// scalar.cpp's dot_q4_k_repacked).
+
+// One super-block of 8 rows, unpacked. Rows past the matrix are zero.
+struct alignas(32) RowGroup8K {
+  uint32_t codes[8][8][8];  // [sub-block][dword][row]
+  int16_t scales[8][16];    // [sub-block]: sc of row r in int16 lanes 2r and 2r + 1
+  int16_t mins[4][16];      // [pair j]: mn_2j and mn_2j+1 of row r in int16 lanes 2r and 2r + 1
+  float d[8];
+  float dmin[8];
+};
+static_assert(sizeof(RowGroup8K) == 2496);
+
+// Rows row0 .. row0 + nr - 1 (nr <= 8) of a Q4_K matrix (either layout), all nb super-blocks, into out.
+void unpack_rows8_q4_k(const GemmArgs& g, int64_t row0, int nr, int64_t nb, RowGroup8K* out) {
+  const float* half = scalar::fp16_table();
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  gemm_tiles::KRowBlocks<BlockQ4_K> rows[8];
+  for (int r = 0; r < nr; ++r) rows[r] = gemm_tiles::k_row_blocks<BlockQ4_K>(g, row0 + r);
+  for (int64_t b = 0; b < nb; ++b) {
+    RowGroup8K& o = out[b];
+    for (int s = 0; s < 8; ++s) {
+      __m256i y[8];
+      for (int r = 0; r < 8; ++r) {
+        if (r >= nr) {
+          y[r] = _mm256_setzero_si256();
+          continue;
+        }
+        const __m256i x = load32(rows[r].qs(b, s / 2));  // low nibbles: sub-block 2c; high: 2c + 1
+        y[r] = s % 2 == 0 ? _mm256_and_si256(x, nibble) : _mm256_and_si256(_mm256_srli_epi16(x, 4), nibble);
+      }
+      transpose8(y, o.codes[s]);
+    }
+    for (int r = 0; r < 8; ++r) {
+      uint8_t sm[16] = {};  // scales 0..7, mins 8..15
+      if (r < nr) unpack_k4_scales(rows[r].scales(b), reinterpret_cast<uint32_t*>(sm));
+      for (int s = 0; s < 8; ++s) o.scales[s][2 * r] = o.scales[s][2 * r + 1] = sm[s];
+      for (int j = 0; j < 4; ++j) {
+        o.mins[j][2 * r] = sm[8 + 2 * j];
+        o.mins[j][2 * r + 1] = sm[9 + 2 * j];
+      }
+      o.d[r] = r < nr ? half[rows[r].d(b)] : 0.0f;
+      o.dmin[r] = r < nr ? half[rows[r].dmin(b)] : 0.0f;
+    }
+  }
+}
+
+// The sums bsum_2s + bsum_2s+1 (s = 0..7) of one activation super-block, as int16.
+struct alignas(16) KPairSums {
+  int16_t v[8];
+};
+
+// Activation rows per tile (their int16 sums and int32 n fill 12 ymm beside the codes, scales and a broadcast).
+constexpr int kRepackedKTokens = 6;
+
+// out[t] lane r = the order's value for row r of the group and activation row t < T (act[t]: the row's Q8_K
+// blocks, pairs[t] its KPairSums); kPairs: the GEMM's steps per pair of sub-blocks, else the GEMV's per block.
+template <int T, bool kPairs>
+void tile_q4_k_repacked(const RowGroup8K* w, int64_t nb, const BlockQ8_K* const* act, const KPairSums* const* pairs,
+                        __m256 out[]) {
+  static_assert(T >= 1 && T <= kRepackedKTokens);
+  alignas(32) float acc[T][8] = {}, accm[T][8] = {};
+  for (int64_t b = 0; b < nb; ++b) {
+    const RowGroup8K& wb = w[b];
+    const int8_t* q[T];
+    for (int t = 0; t < T; ++t) q[t] = act[t][b].qs;
+    __m256i n[T];
+    for (int t = 0; t < T; ++t) n[t] = _mm256_setzero_si256();
+    for (int s = 0; s < 8; ++s) {
+      __m256i s16[T];
+      for (int t = 0; t < T; ++t) s16[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) {
+        const __m256i codes = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb.codes[s][i]));
+#pragma GCC unroll 6
+        for (int t = 0; t < T; ++t) {
+          s16[t] = _mm256_add_epi16(
+              s16[t], _mm256_maddubs_epi16(codes, broadcast32(reinterpret_cast<const int32_t*>(q[t] + 32 * s + 4 * i))));
+          // One running sum per activation row, step by step (as tile_repacked).
+          asm("" : "+x"(s16[t]));
+        }
+      }
+      const __m256i sc = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb.scales[s]));
+      for (int t = 0; t < T; ++t) n[t] = _mm256_add_epi32(n[t], _mm256_madd_epi16(s16[t], sc));
+      if constexpr (kPairs) {
+        if (s % 2 == 1) {
+          // The pair's steps (llama.cpp's GEMM: the quant sums' fma, then the min term's).
+          const int j = s / 2;
+          const __m256 d = _mm256_load_ps(wb.d), dmin = _mm256_load_ps(wb.dmin);
+          const __m256i mins = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb.mins[j]));
+          for (int t = 0; t < T; ++t) {
+            const __m256i m = _mm256_madd_epi16(mins, broadcast32(reinterpret_cast<const int32_t*>(pairs[t][b].v) + j));
+            const __m256 da = _mm256_set1_ps(act[t][b].d);
+            _mm256_store_ps(acc[t], _mm256_fmadd_ps(_mm256_cvtepi32_ps(n[t]), _mm256_mul_ps(d, da), _mm256_load_ps(acc[t])));
+            _mm256_store_ps(accm[t], _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(dmin, da), _mm256_load_ps(accm[t])));
+            n[t] = _mm256_setzero_si256();
+          }
+        }
+      }
+    }
+    if constexpr (kPairs) continue;
+    const __m256 d = _mm256_load_ps(wb.d), dmin = _mm256_load_ps(wb.dmin);
+    for (int t = 0; t < T; ++t) {
+      const int32_t* p = reinterpret_cast<const int32_t*>(pairs[t][b].v);
+      __m256i m = _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(wb.mins[0])), broadcast32(p));
+      for (int j = 1; j < 4; ++j) {
+        m = _mm256_add_epi32(
+            m, _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(wb.mins[j])), broadcast32(p + j)));
+      }
+      const __m256 da = _mm256_set1_ps(act[t][b].d);
+      _mm256_store_ps(acc[t], _mm256_fmadd_ps(_mm256_cvtepi32_ps(n[t]), _mm256_mul_ps(d, da), _mm256_load_ps(acc[t])));
+      _mm256_store_ps(accm[t], _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(dmin, da), _mm256_load_ps(accm[t])));
+    }
+  }
+  for (int t = 0; t < T; ++t) out[t] = _mm256_sub_ps(_mm256_load_ps(acc[t]), _mm256_load_ps(accm[t]));
+}
+
+struct RepackedKScratch {
+  std::vector<KPairSums> pairs;   // [activation row][super-block]
+  std::vector<RowGroup8K> group;  // [super-block] of the current 8 rows
+};
+
+void gemm_q4_k_repacked(const GemmArgs& g) {
+  INFERD_ASSERT(g.type == DType::kQ4_K && g.k % kQK_K == 0, "this GEMM is Q4_K's");
+  INFERD_ASSERT(g.layout == WeightLayout::kRows || g.r0 % kInterleaveRows == 0, "an interleaved GEMM starts at a group");
+  if (g.m <= 0 || g.r1 <= g.r0) return;
+  const int64_t nb = g.k / kQK_K;
+  thread_local RepackedKScratch s;
+  if (s.pairs.size() < static_cast<size_t>(g.m * nb)) s.pairs.resize(static_cast<size_t>(g.m * nb));
+  if (s.group.size() < static_cast<size_t>(nb)) s.group.resize(static_cast<size_t>(nb));
+  auto act_row = [&](int64_t t) { return reinterpret_cast<const BlockQ8_K*>(g.act + static_cast<size_t>(t) * g.act_stride); };
+  for (int64_t t = 0; t < g.m; ++t) {
+    const BlockQ8_K* a = act_row(t);
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m256i bsums = load32(a[b].bsums);
+      _mm_store_si128(reinterpret_cast<__m128i*>(s.pairs[static_cast<size_t>(t * nb + b)].v),
+                      _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1)));
+    }
+  }
+  // Activation rows per pass over a group: their blocks within ~256 KiB of L2 (as gemm_lanes).
+  const int64_t token_block = std::clamp<int64_t>((256 * 1024) / (nb * static_cast<int64_t>(sizeof(BlockQ8_K))), 16, 64);
+  const int64_t m4 = g.m - g.m % 4;  // llama.cpp's GEMM takes the rows before m4, its GEMV the rest
+  __m256 res[kRepackedKTokens];
+  alignas(32) float lanes[8];
+  for (int64_t t0 = 0; t0 < g.m; t0 += token_block) {
+    const int64_t t_end = std::min(g.m, t0 + token_block);
+    for (int64_t row0 = g.r0; row0 < g.r1; row0 += 8) {
+      const int nr = static_cast<int>(std::min<int64_t>(8, g.r1 - row0));
+      unpack_rows8_q4_k(g, row0, nr, nb, s.group.data());
+      for (int64_t t = t0; t < t_end;) {
+        // A tile does not cross m4: rows before it take the GEMM's steps, the rest the GEMV's.
+        const bool gemm_rows = t < m4;
+        const int nt = static_cast<int>(std::min<int64_t>(kRepackedKTokens, (gemm_rows ? std::min(t_end, m4) : t_end) - t));
+        const BlockQ8_K* acts[kRepackedKTokens];
+        const KPairSums* tile_pairs[kRepackedKTokens];
+        for (int i = 0; i < nt; ++i) {
+          acts[i] = act_row(t + i);
+          tile_pairs[i] = s.pairs.data() + (t + i) * nb;
+        }
+        if (gemm_rows) {
+          switch (nt) {
+            case 1: tile_q4_k_repacked<1, true>(s.group.data(), nb, acts, tile_pairs, res); break;
+            case 2: tile_q4_k_repacked<2, true>(s.group.data(), nb, acts, tile_pairs, res); break;
+            case 3: tile_q4_k_repacked<3, true>(s.group.data(), nb, acts, tile_pairs, res); break;
+            case 4: tile_q4_k_repacked<4, true>(s.group.data(), nb, acts, tile_pairs, res); break;
+            case 5: tile_q4_k_repacked<5, true>(s.group.data(), nb, acts, tile_pairs, res); break;
+            default: tile_q4_k_repacked<6, true>(s.group.data(), nb, acts, tile_pairs, res); break;
+          }
+        } else {
+          switch (nt) {
+            case 1: tile_q4_k_repacked<1, false>(s.group.data(), nb, acts, tile_pairs, res); break;
+            case 2: tile_q4_k_repacked<2, false>(s.group.data(), nb, acts, tile_pairs, res); break;
+            default: tile_q4_k_repacked<3, false>(s.group.data(), nb, acts, tile_pairs, res); break;
+          }
+        }
+        for (int i = 0; i < nt; ++i) {
+          _mm256_store_ps(lanes, res[i]);
+          float* o = g.out + (t + i) * g.out_stride + row0;
+          for (int r = 0; r < nr; ++r) {
+            if (g.accumulate) {
+              o[r] += lanes[r];
+            } else {
+              o[r] = g.bias != nullptr ? lanes[r] + g.bias[row0 + r] : lanes[r];
+            }
+          }
+        }
+        t += nt;
+      }
+    }
+  }
+}
+
 template <DType kType>
 void gemm(const GemmArgs& g) {
   INFERD_ASSERT(g.k % 32 == 0, "k must be a multiple of 32");
@@ -639,7 +843,16 @@ void gemm(const GemmArgs& g) {
 
 }  // namespace
 
-GemmFn repacked_kernel(DType type) { return type == DType::kQ4_0 ? &gemm_q4_0_repacked : nullptr; }
+GemmFn repacked_kernel(DType type) {
+  switch (type) {
+    case DType::kQ4_0:
+      return &gemm_q4_0_repacked;
+    case DType::kQ4_K:
+      return &gemm_q4_k_repacked;
+    default:
+      return nullptr;
+  }
+}
 
 GemmFn kernel(DType type) {
   switch (type) {

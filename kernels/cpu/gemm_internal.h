@@ -12,12 +12,15 @@ namespace inferd::kernels {
 namespace gemm_scalar {
 // The numerics contract of gemm.h written out lane by lane; the reference every SIMD GEMM equals.
 void gemm(const GemmArgs& args);
+// MatmulOrder::kRepacked's Q4_K GEMM on the row layout, written out as its definition.
+void gemm_q4_k_repacked(const GemmArgs& args);
 }  // namespace gemm_scalar
 
 namespace gemm_avx2 {
 // AVX2 + FMA + F16C (no AVX-512): Q4_0, Q4_1 and Q8_0; nullptr for other types.
 GemmFn kernel(DType type);
-// The MatmulOrder::kRepacked GEMM (Q4_0, both layouts; on AVX2 and AVX-512 CPUs); nullptr for other types.
+// The MatmulOrder::kRepacked GEMMs (Q4_0 and Q4_K, both layouts; on AVX2 and AVX-512 CPUs); nullptr for other
+// types.
 GemmFn repacked_kernel(DType type);
 }  // namespace gemm_avx2
 

@@ -481,44 +481,79 @@ float repacked_dot(int64_t k, const uint8_t* w, const uint8_t* a) {
   return acc;
 }
 
-// Every kernel of the repacked order (dot with 1..4 activation rows, dot_x16 on interleaved weights, the GEMM
-// on both layouts for 1..70 activation rows and ragged row ranges) equals its definition bit for bit, on
-// every ISA; and the order is what matmul_order_for() applies only where llama.cpp repacks.
-TEST(Gemm, RepackedOrderQ4_0EqualsItsDefinition) {
-  EXPECT_EQ(matmul_order_for(DType::kQ4_0, 64, MatmulOrder::kRepacked), MatmulOrder::kRepacked);
-  EXPECT_EQ(matmul_order_for(DType::kQ4_0, 60, MatmulOrder::kRepacked), MatmulOrder::kVecDot);  // rows % 8 != 0
-  EXPECT_EQ(matmul_order_for(DType::kQ8_0, 64, MatmulOrder::kRepacked), MatmulOrder::kVecDot);
-  EXPECT_EQ(matmul_order_for(DType::kQ4_0, 64, MatmulOrder::kVecDot), MatmulOrder::kVecDot);
-  EXPECT_EQ(type_kernels(DType::kQ8_0, Isa::kAvx2, MatmulOrder::kRepacked), type_kernels(DType::kQ8_0, Isa::kAvx2));
-  MatmulOrder parsed = MatmulOrder::kVecDot;
-  EXPECT_TRUE(parse_matmul_order("repacked", &parsed));
-  EXPECT_EQ(parsed, MatmulOrder::kRepacked);
-  EXPECT_FALSE(parse_matmul_order("fast", &parsed));
+// llama.cpp's repacked q4_K_8x8 orders, written from the block format: its GEMV's (gemm_row false) per
+// super-block, the exact integers n = sum_s sc_s * isum_s and m = sum_s mn_s * (bsum_2s + bsum_2s+1),
+// acc = fma(float(n), d * d_a, acc), accm = fma(float(m), dmin * d_a, accm); its GEMM's (gemm_row) the same per
+// pair of sub-blocks; the result acc - accm.
+float repacked_dot_q4_k(int64_t k, const uint8_t* w, const uint8_t* a, bool gemm_row) {
+  float acc = 0.0f, accm = 0.0f;
+  for (int64_t b = 0; b < k / kQK_K; ++b) {
+    const auto& wb = reinterpret_cast<const BlockQ4_K*>(w)[b];
+    const auto& ab = reinterpret_cast<const BlockQ8_K*>(a)[b];
+    int n = 0, m = 0;
+    for (int s = 0; s < 8; ++s) {
+      const uint8_t* q = wb.scales;  // ggml's get_scale_min_k4
+      const int sc = s < 4 ? q[s] & 63 : (q[s + 4] & 0xF) | ((q[s - 4] >> 6) << 4);
+      const int mn = s < 4 ? q[s + 4] & 63 : (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
+      int isum = 0;
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t byte = wb.qs[32 * (s / 2) + l];
+        isum += (s % 2 == 0 ? byte & 15 : byte >> 4) * ab.qs[32 * s + l];
+      }
+      n += sc * isum;
+      m += mn * (ab.bsums[2 * s] + ab.bsums[2 * s + 1]);
+      if (s % 2 == 1 && gemm_row) {
+        acc = std::fma(static_cast<float>(n), fp16_to_fp32(wb.d) * ab.d, acc);
+        accm = std::fma(static_cast<float>(m), fp16_to_fp32(wb.dmin) * ab.d, accm);
+        n = m = 0;
+      }
+    }
+    if (!gemm_row) {
+      acc = std::fma(static_cast<float>(n), fp16_to_fp32(wb.d) * ab.d, acc);
+      accm = std::fma(static_cast<float>(m), fp16_to_fp32(wb.dmin) * ab.d, accm);
+    }
+  }
+  return acc - accm;
+}
 
-  std::mt19937 rng(71);
+using DotDefinition = float (*)(int64_t k, const uint8_t* w, const uint8_t* a);
+// The order's value for one row and activation row; gemm_row: the activation row is one that llama.cpp's GEMM
+// takes (one of the first m - m % 4 of a batch), else its GEMV.
+using OrderDefinition = float (*)(int64_t k, const uint8_t* w, const uint8_t* a, bool gemm_row);
+
+// Every kernel of `type`'s repacked order (dot with 1..4 activation rows, dot_w4, dot_x16 on interleaved
+// weights, the GEMM on both layouts for 1..70 activation rows and ragged row ranges) equals `definition` bit
+// for bit, on every ISA; and the order differs from vec_dot's (`vec_dot` its definition) in more than 100 outputs.
+void check_repacked_order(DType type, OrderDefinition definition, DotDefinition vec_dot, std::initializer_list<int64_t> ks,
+                          uint32_t seed) {
+  std::mt19937 rng(seed);
   int differs_from_vec_dot = 0;
-  for (int64_t k : {32, 576, 2048 + 32}) {
+  for (int64_t k : ks) {
     for (int64_t m : {1, 2, 3, 4, 5, 8, 13, 70}) {
       const int64_t rows = 48;
-      Problem p = make_problem(rng, DType::kQ4_0, k, rows, m);
-      const size_t row_bytes = dtype_row_bytes(DType::kQ4_0, k);
+      // Q4_K: random codes and scales (every code and scale reached, as the int16 bounds assume).
+      Problem p = type == DType::kQ4_K ? make_k_problem(rng, type, k, rows, m) : make_problem(rng, type, k, rows, m);
+      const size_t row_bytes = dtype_row_bytes(type, k);
       std::vector<uint8_t> packed(row_bytes * rows), inter(row_bytes * rows);
       for (int64_t r = 0; r < rows; ++r) std::memcpy(packed.data() + r * row_bytes, p.w.data() + r * p.w_row_bytes, row_bytes);
-      interleave_groups(DType::kQ4_0, k, rows / kInterleaveRows, packed.data(), inter.data());
-      std::vector<float> want(rows * m);
+      interleave_groups(type, k, rows / kInterleaveRows, packed.data(), inter.data());
+      // want: one activation row at a time (the dot kernels); want_gemm: as the m-row GEMM computes them.
+      std::vector<float> want(rows * m), want_gemm(rows * m);
       for (int64_t t = 0; t < m; ++t) {
         for (int64_t r = 0; r < rows; ++r) {
           const uint8_t* a = p.act.data() + t * p.act_stride;
-          want[t * rows + r] = repacked_dot(k, p.w.data() + r * p.w_row_bytes, a);
-          differs_from_vec_dot += want[t * rows + r] != contract_dot(DType::kQ4_0, k, p.w.data() + r * p.w_row_bytes, a);
+          want[t * rows + r] = definition(k, p.w.data() + r * p.w_row_bytes, a, false);
+          want_gemm[t * rows + r] = definition(k, p.w.data() + r * p.w_row_bytes, a, t < m - m % 4);
+          differs_from_vec_dot += want_gemm[t * rows + r] != vec_dot(k, p.w.data() + r * p.w_row_bytes, a);
         }
       }
       for (Isa isa : kAllIsas) {
         if (!isa_available(isa)) continue;
-        const TypeKernels* tk = type_kernels(DType::kQ4_0, isa, MatmulOrder::kRepacked);
+        const TypeKernels* tk = type_kernels(type, isa, MatmulOrder::kRepacked);
         ASSERT_NE(tk, nullptr);
-        ASSERT_NE(tk, type_kernels(DType::kQ4_0, isa));
-        const std::string what = std::string(isa_name(isa)) + " k " + std::to_string(k) + " m " + std::to_string(m);
+        ASSERT_NE(tk, type_kernels(type, isa));
+        const std::string what = std::string(dtype_name(type)) + " " + isa_name(isa) + " k " + std::to_string(k) +
+                                 " m " + std::to_string(m);
         // dot, up to 4 activation rows per call.
         for (int64_t r = 0; r < rows; ++r) {
           for (int64_t t0 = 0; t0 < m; t0 += kMaxDotRows) {
@@ -526,6 +561,16 @@ TEST(Gemm, RepackedOrderQ4_0EqualsItsDefinition) {
             float y[kMaxDotRows];
             tk->dot(k, p.w.data() + r * p.w_row_bytes, p.act.data() + t0 * p.act_stride, p.act_stride, nr, y);
             for (int i = 0; i < nr; ++i) ASSERT_EQ(y[i], want[(t0 + i) * rows + r]) << "dot " << what << " row " << r;
+          }
+        }
+        // dot_w4: four rows against one activation row.
+        if (tk->dot_w4 != nullptr) {
+          for (int64_t t = 0; t < m; ++t) {
+            for (int64_t r = 0; r < rows; r += 4) {
+              float y[4];
+              tk->dot_w4(k, p.w.data() + r * p.w_row_bytes, p.w_row_bytes, p.act.data() + t * p.act_stride, y);
+              for (int i = 0; i < 4; ++i) ASSERT_EQ(y[i], want[t * rows + r + i]) << "dot_w4 " << what << " row " << r + i;
+            }
           }
         }
         // dot_x16 on the interleaved groups.
@@ -542,8 +587,10 @@ TEST(Gemm, RepackedOrderQ4_0EqualsItsDefinition) {
         }
         // The GEMM, both layouts, ragged ranges.
         for (WeightLayout layout : {WeightLayout::kRows, WeightLayout::kInterleaved16}) {
-          const GemmFn fn = gemm_kernel_for(DType::kQ4_0, layout, isa, MatmulOrder::kRepacked);
-          if (isa == Isa::kScalar) {
+          const GemmFn fn = gemm_kernel_for(type, layout, isa, MatmulOrder::kRepacked);
+          // The scalar ISA: Q4_K's definition on the row layout (its rows depend on their place in the batch);
+          // none for Q4_0 (its dot serves every row) nor on the interleaved layout (the engine gathers rows).
+          if (isa == Isa::kScalar && (type != DType::kQ4_K || layout != WeightLayout::kRows)) {
             EXPECT_EQ(fn, nullptr);
             continue;
           }
@@ -552,13 +599,13 @@ TEST(Gemm, RepackedOrderQ4_0EqualsItsDefinition) {
             const int64_t out_stride = rows + 3;
             std::vector<float> got(out_stride * m, kSentinel);
             const bool inter_layout = layout == WeightLayout::kInterleaved16;
-            GemmArgs a{DType::kQ4_0, k, inter_layout ? inter.data() : p.w.data(), inter_layout ? row_bytes : p.w_row_bytes,
+            GemmArgs a{type, k, inter_layout ? inter.data() : p.w.data(), inter_layout ? row_bytes : p.w_row_bytes,
                        range.first, range.second, p.act.data(), p.act_stride, m, got.data(), out_stride, false, nullptr,
                        layout};
             fn(a);
             for (int64_t t = 0; t < m; ++t) {
               for (int64_t r = 0; r < out_stride; ++r) {
-                const float expect = r >= range.first && r < range.second ? want[t * rows + r] : kSentinel;
+                const float expect = r >= range.first && r < range.second ? want_gemm[t * rows + r] : kSentinel;
                 ASSERT_EQ(got[t * out_stride + r], expect)
                     << "gemm " << what << " " << weight_layout_name(layout) << " row " << r << " act " << t;
               }
@@ -569,7 +616,38 @@ TEST(Gemm, RepackedOrderQ4_0EqualsItsDefinition) {
     }
   }
   // The two orders are different arithmetic (else this test would not tell them apart).
-  EXPECT_GT(differs_from_vec_dot, 100);
+  EXPECT_GT(differs_from_vec_dot, 100) << dtype_name(type);
+}
+
+TEST(Gemm, RepackedOrderQ4_0EqualsItsDefinition) {
+  EXPECT_EQ(matmul_order_for(DType::kQ4_0, 64, MatmulOrder::kRepacked), MatmulOrder::kRepacked);
+  EXPECT_EQ(matmul_order_for(DType::kQ4_0, 60, MatmulOrder::kRepacked), MatmulOrder::kVecDot);  // rows % 8 != 0
+  EXPECT_EQ(matmul_order_for(DType::kQ8_0, 64, MatmulOrder::kRepacked), MatmulOrder::kVecDot);
+  EXPECT_EQ(matmul_order_for(DType::kQ4_0, 64, MatmulOrder::kVecDot), MatmulOrder::kVecDot);
+  EXPECT_EQ(type_kernels(DType::kQ8_0, Isa::kAvx2, MatmulOrder::kRepacked), type_kernels(DType::kQ8_0, Isa::kAvx2));
+  MatmulOrder parsed = MatmulOrder::kVecDot;
+  EXPECT_TRUE(parse_matmul_order("repacked", &parsed));
+  EXPECT_EQ(parsed, MatmulOrder::kRepacked);
+  EXPECT_FALSE(parse_matmul_order("fast", &parsed));
+  check_repacked_order(
+      DType::kQ4_0, [](int64_t k, const uint8_t* w, const uint8_t* a, bool) { return repacked_dot(k, w, a); },
+      [](int64_t k, const uint8_t* w, const uint8_t* a) { return contract_dot(DType::kQ4_0, k, w, a); }, {32, 576, 2048 + 32},
+      71);
+}
+
+TEST(Gemm, RepackedOrderQ4_KEqualsItsDefinition) {
+  EXPECT_EQ(matmul_order_for(DType::kQ4_K, 64, MatmulOrder::kRepacked), MatmulOrder::kRepacked);
+  EXPECT_EQ(matmul_order_for(DType::kQ4_K, 68, MatmulOrder::kRepacked), MatmulOrder::kVecDot);  // rows % 8 != 0
+  EXPECT_EQ(matmul_order_for(DType::kQ5_K, 64, MatmulOrder::kRepacked), MatmulOrder::kVecDot);
+  EXPECT_EQ(matmul_order_for(DType::kQ6_K, 64, MatmulOrder::kRepacked), MatmulOrder::kVecDot);
+  check_repacked_order(
+      DType::kQ4_K, repacked_dot_q4_k,
+      [](int64_t k, const uint8_t* w, const uint8_t* a) {
+        float y;
+        type_kernels(DType::kQ4_K, Isa::kScalar)->dot(k, w, a, 0, 1, &y);
+        return y;
+      },
+      {256, 2048 + 256}, 72);
 }
 
 TEST(Gemm, EmptyRangesWriteNothing) {

@@ -19,8 +19,8 @@ fp16_t fp32_to_fp16(float f);
 // All 65536 halves as floats (256 KiB, built on first use): a scale conversion in a hot loop becomes
 // a load instead of a conversion competing with the dot product for the vector ports.
 const float* fp16_table();
-// The MatmulOrder::kRepacked kernels (cpu.h): Q4_0's dot in that order, written out as its definition (the
-// reference the AVX2 kernels equal bit for bit); nullptr for other types.
+// The MatmulOrder::kRepacked kernels (cpu.h): Q4_0's and Q4_K's dot in that order, written out as its
+// definition (the reference the AVX2 kernels equal bit for bit); nullptr for other types.
 const TypeKernels* repacked_type_kernels(DType type);
 }  // namespace scalar
 
@@ -28,8 +28,13 @@ namespace avx2 {
 // nullptr when AVX2 has no specialised kernels for the type.
 const TypeKernels* type_kernels(DType type);
 const VectorKernels& vector_kernels(GgmlOrder order);
-// The MatmulOrder::kRepacked kernels (repacked_avx2.cpp): Q4_0's dot and dot_x16; nullptr for other types.
+// The MatmulOrder::kRepacked kernels (repacked_avx2.cpp): Q4_0's dot and dot_x16, Q4_K's dot, dot_w4 and
+// dot_x16; nullptr for other types.
 const TypeKernels* repacked_type_kernels(DType type);
+// Q4_K's kernels in that order (x86_kernels.inc, AVX2 build only), for repacked_type_kernels().
+void dot_q4_k_repacked(int64_t k, const void* w, const void* act, size_t stride, int nr, float* out);
+void dot_w4_q4_k_repacked(int64_t k, const void* w_rows, size_t row_bytes, const void* act, float* out);
+void dot_x16_q4_k_repacked(int64_t k, const void* group, const void* act, float* out);
 }  // namespace avx2
 
 namespace avx512 {

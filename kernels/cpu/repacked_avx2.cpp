@@ -1,5 +1,7 @@
 // repacked_avx2.cpp — the MatmulOrder::kRepacked kernels of Q4_0 (inferd/kernels/cpu.h) for AVX2 + FMA +
-// F16C: the dot product and the decode GEMV on interleaved weights. Their GEMM is in gemm_avx2.cpp.
+// F16C: the dot product and the decode GEMV on interleaved weights, and the table of both repacked types (Q4_K's
+// kernels are in x86_kernels.inc, beside the integer sums they share with the vec_dot order). Their GEMMs are in
+// gemm_avx2.cpp.
 //
 // The order: per 32-element block one exact integer dot n (weights -8..7 times Q8_0 activations), then
 // acc = fma(float(n), d_w * d_a, acc), block after block, one accumulator per output (llama.cpp's repacked
@@ -119,15 +121,29 @@ void dot_x16_q4_0(int64_t k, const void* group, const void* act, float* out) {
 }  // namespace
 
 const TypeKernels* repacked_type_kernels(DType type) {
-  if (type != DType::kQ4_0) return nullptr;
+  // to_float and quantize_act as in the vec_dot order.
   static const TypeKernels kQ4_0 = [] {
-    TypeKernels t = *type_kernels(DType::kQ4_0);  // to_float and quantize_act as in the vec_dot order
+    TypeKernels t = *type_kernels(DType::kQ4_0);
     t.dot = dot_q4_0;
     t.dot_w4 = nullptr;
     t.dot_x16 = dot_x16_q4_0;
     return t;
   }();
-  return &kQ4_0;
+  static const TypeKernels kQ4_K = [] {
+    TypeKernels t = *type_kernels(DType::kQ4_K);
+    t.dot = dot_q4_k_repacked;  // x86_kernels.inc
+    t.dot_w4 = dot_w4_q4_k_repacked;
+    t.dot_x16 = dot_x16_q4_k_repacked;
+    return t;
+  }();
+  switch (type) {
+    case DType::kQ4_0:
+      return &kQ4_0;
+    case DType::kQ4_K:
+      return &kQ4_K;
+    default:
+      return nullptr;
+  }
 }
 
 }  // namespace inferd::kernels::avx2

@@ -433,11 +433,15 @@ void decode_q8_0(const BlockQ8_0& b, int q[32]) {
 void decode_q5_0(const BlockQ5_0& b, int q[32]) { decode_q5(b, q, 16); }
 void decode_q5_1(const BlockQ5_1& b, int q[32]) { decode_q5(b, q, 0); }
 
-// Q4_K / Q5_K against Q8_K: sum += d_a * (d_w * sum_s sc_s * isum_s - dmin_w * sum_s mn_s * asum_s).
-template <typename Block, void (*kDecode)(const Block&, int*, int*, int*)>
+// Q4_K / Q5_K against Q8_K: sum += d_a * (d_w * sum_s sc_s * isum_s - dmin_w * sum_s mn_s * asum_s). With
+// kRepacked (MatmulOrder::kRepacked, cpu.h) its definition instead: the two integers n = sum_s sc_s * isum_s and
+// m = sum_s mn_s * asum_s, acc = fma(float(n), d_w * d_a, acc), accm = fma(float(m), dmin_w * d_a, accm), and
+// the result acc - accm.
+template <typename Block, void (*kDecode)(const Block&, int*, int*, int*), bool kRepacked = false>
 void dot_kq_min(int64_t k, const void* w_row, const void* act, size_t act_stride, int nr, float* out) {
   const auto* w = static_cast<const Block*>(w_row);
   float sum[kMaxDotRows] = {};
+  [[maybe_unused]] float sum_m[kMaxDotRows] = {};
   int q[256], sc[8], mn[8];
   for (int64_t i = 0; i < k / kQK_K; ++i) {
     kDecode(w[i], q, sc, mn);
@@ -451,10 +455,15 @@ void dot_kq_min(int64_t k, const void* w_row, const void* act, size_t act_stride
         isum += sc[s] * t;
         msum += mn[s] * (a.bsums[2 * s] + a.bsums[2 * s + 1]);
       }
-      sum[r] += a.d * (d * static_cast<float>(isum) - dmin * static_cast<float>(msum));
+      if constexpr (kRepacked) {
+        sum[r] = std::fma(static_cast<float>(isum), d * a.d, sum[r]);
+        sum_m[r] = std::fma(static_cast<float>(msum), dmin * a.d, sum_m[r]);
+      } else {
+        sum[r] += a.d * (d * static_cast<float>(isum) - dmin * static_cast<float>(msum));
+      }
     }
   }
-  for (int r = 0; r < nr; ++r) out[r] = sum[r];
+  for (int r = 0; r < nr; ++r) out[r] = kRepacked ? sum[r] - sum_m[r] : sum[r];
 }
 
 
@@ -554,7 +563,12 @@ void dot_q4_0_repacked(int64_t k, const void* w, const void* a, size_t s, int nr
   dot_x_q8_0<BlockQ4_0, decode_q4_0, true>(k, w, a, s, nr, o);
 }
 
+void dot_q4_k_repacked(int64_t k, const void* w, const void* a, size_t s, int nr, float* o) {
+  dot_kq_min<BlockQ4_K, decode_q4_k, true>(k, w, a, s, nr, o);
+}
+
 constexpr TypeKernels kRepackedQ4_0 = {DType::kQ4_0, DType::kQ8_0, q4_0_to_float, quantize_q8_0, dot_q4_0_repacked};
+constexpr TypeKernels kRepackedQ4_K = {DType::kQ4_K, DType::kQ8_K, q4_k_to_float, quantize_q8_k, dot_q4_k_repacked};
 
 constexpr TypeKernels kTables[] = {
     {DType::kF32, DType::kF32, f32_to_float, copy_f32, dot_float_weights<float, load_f32>},
@@ -713,6 +727,15 @@ const TypeKernels* type_kernels(DType type) {
 
 const VectorKernels& vector_kernels(GgmlOrder order) { return order == GgmlOrder::kAvx2 ? kVectorAvx2Order : kVector; }
 
-const TypeKernels* repacked_type_kernels(DType type) { return type == DType::kQ4_0 ? &kRepackedQ4_0 : nullptr; }
+const TypeKernels* repacked_type_kernels(DType type) {
+  switch (type) {
+    case DType::kQ4_0:
+      return &kRepackedQ4_0;
+    case DType::kQ4_K:
+      return &kRepackedQ4_K;
+    default:
+      return nullptr;
+  }
+}
 
 }  // namespace inferd::kernels::scalar

@@ -322,8 +322,8 @@ inline char4 inferd_nibbles_c(ushort v) {
 // Helpers: define_tt, quantize.cl's define_q8k_floats, exact_helpers, weights.cl's codes and
 // w_code.<type>, then k.helpers. Body: head, k.sums, k.scale_q6 or k.scale, k.dots, k.dmin (not Q6_K),
 // k.rows; Q6_K: k.q6_offsets, then k.q6_x86 or k.q6_scalar; Q4_K / Q5_K: k.mins, then k.mins_scalar,
-// or k.mins_x86, k.mins_x86_q4_k or k.mins_x86_q5_k, k.acc_x86; then k.out, one of k.out_scalar,
-// k.out_q6, k.out_q4_k, k.out_q5_k (kX86), and k.write.
+// or k.mins_x86, k.mins_x86_q4_k or k.mins_x86_q5_k, k.acc_x86, or (Q4_K repacked) k.mins_repacked; then
+// k.out, one of k.out_scalar, k.out_q6, k.out_q4_k, k.out_q5_k (kX86), k.out_repacked, and k.write.
 // Sub-block scale entries per super-block in wsub: 32 for Q2_K (its 16 scales and 16 mins), else 16.
 //@ k.subs
 #define SUBS @subs@
@@ -451,6 +451,16 @@ inline int inferd_ilane(int4 v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c 
         }
 //@ end
 
+// MatmulOrder::kRepacked (inferd/kernels/cpu.h; Q4_K, either CPU order): llama.cpp's repacked q4_K_8x8 order,
+// per super-block sum = fma((float)n, d * d_a, sum) with n = sum_l sumi_l, and accm_0 = fma((float)m, dmin *
+// d_a, accm_0) with m = p_0 + p_1 + p_2 + p_3; y = sum - accm_0 (k.out_repacked).
+//@ k.mins_repacked
+        int isum = 0;
+        for (int l = 0; l < 8; ++l) isum += sumi[i][r][l];
+        sum[i][r] = fma((float)isum, dr * da, sum[i][r]);
+        accm[i][r][0] = fma((float)(p[0] + p[1] + p[2] + p[3]), inferd_lane(dmin, r) * da, accm[i][r][0]);
+//@ end
+
 //@ k.mins_scalar
         int isum = 0;
         for (int l = 0; l < 8; ++l) isum += sumi[i][r][l];
@@ -486,6 +496,10 @@ inline int inferd_ilane(int4 v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c 
 
 //@ k.out_scalar
       o[r] = sum[i][r];
+//@ end
+
+//@ k.out_repacked
+      o[r] = sum[i][r] - accm[i][r][0];
 //@ end
 
 //@ k.out_q6

@@ -10,8 +10,8 @@
 //      buffers) against quantize_act + the engine's matmul (its GEMM from 2 rows on where the type has one,
 //      else dot), for 1..64 activation rows: this is where ggml's other kernels (llamafile's tinyBLAS,
 //      the tiled K-quant GEMM from 8 rows on) show up.
-//   4. Q4_0 as llama.cpp runs it out of the box: the weight tensor in ggml's CPU repack buffer (repacked to
-//      q4_0_8x8 when it is set), ggml_mul_mat for 1..64 activation rows (its repacked GEMV and GEMM), against
+//   4. Q4_0 and Q4_K as llama.cpp runs them out of the box: the weight tensor in ggml's CPU repack buffer
+//      (repacked to q4_0_8x8 / q4_K_8x8 when it is set), ggml_mul_mat for 1..64 activation rows (its repacked GEMV and GEMM), against
 //      the engine's kernels in MatmulOrder::kRepacked (inferd/kernels/cpu.h): the GEMM from 2 rows on, else
 //      dot, and dot_x16 on the interleaved layout. Counted in the exit status: that order claims equality.
 // Weights are quantized with ggml's own ggml_quantize_chunk. Exit status 0 when everything in (1) and
@@ -113,14 +113,13 @@ const float* ggml_matmul(Ggml& g, void* ctx, void* W, const std::vector<float>& 
   return static_cast<const float*>(g.get_data(Y));
 }
 
-// (4): Q4_0 through ggml's repack buffer against MatmulOrder::kRepacked; prints one table row, returns
-// whether every output was equal.
-bool repacked_q4_0(Ggml& g, int threads, std::mt19937& rng) {
-  constexpr int kQ4_0 = 2;
+// (4): `type` (Q4_0 or Q4_K; ggml_type its ggml type, act_ggml_type its activations') through ggml's repack
+// buffer against MatmulOrder::kRepacked; prints one table row, returns whether every output was equal.
+bool repacked(Ggml& g, int threads, std::mt19937& rng, DType type, int ggml_type, int act_ggml_type) {
   constexpr int64_t kK = 1024, kRows = 256;
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  const k::TypeKernels* tk = k::type_kernels(DType::kQ4_0, k::best_isa(), k::MatmulOrder::kRepacked);
-  const size_t w_row = g.row_size(kQ4_0, kK), a_row = g.row_size(8 /* Q8_0 */, kK);
+  const k::TypeKernels* tk = k::type_kernels(type, k::best_isa(), k::MatmulOrder::kRepacked);
+  const size_t w_row = g.row_size(ggml_type, kK), a_row = g.row_size(act_ggml_type, kK);
   std::string cells;
   bool all = true;
   for (int m : {1, 3, 4, 7, 8, 64}) {
@@ -128,10 +127,10 @@ bool repacked_q4_0(Ggml& g, int threads, std::mt19937& rng) {
     for (float& v : wm) v = normal(rng);
     for (float& v : xm) v = normal(rng);
     std::vector<uint8_t> w(w_row * kRows);
-    g.quantize_chunk(kQ4_0, wm.data(), w.data(), 0, kRows, kK, nullptr);
+    g.quantize_chunk(ggml_type, wm.data(), w.data(), 0, kRows, kK, nullptr);
     // The weight alone in a no-alloc context, placed in a repack buffer; setting its data repacks it.
     void* wctx = g.init(GgmlInitParams{1u << 20, nullptr, true});
-    void* W = g.new_tensor_2d(wctx, kQ4_0, kK, kRows);
+    void* W = g.new_tensor_2d(wctx, ggml_type, kK, kRows);
     void* buf = g.buft_alloc_buffer(g.repack_buft(), g.nbytes(W) + 4096);
     if (buf == nullptr || g.tensor_alloc(buf, W, g.buffer_get_base(buf)) != 0) {
       std::fprintf(stderr, "ggml-kernel-diff: cannot place a tensor in the repack buffer\n");
@@ -144,34 +143,42 @@ bool repacked_q4_0(Ggml& g, int threads, std::mt19937& rng) {
     for (int t = 0; t < m; ++t) tk->quantize_act(xm.data() + t * kK, acts.data() + t * a_row, kK);
     std::vector<float> ours(static_cast<size_t>(kRows * m)), x16(static_cast<size_t>(kRows * m));
     if (m >= 2) {
-      k::gemm_kernel_for(DType::kQ4_0, inferd::WeightLayout::kRows, k::best_isa(), k::MatmulOrder::kRepacked)(
-          {DType::kQ4_0, kK, w.data(), w_row, 0, kRows, acts.data(), a_row, m, ours.data(), kRows, false, nullptr});
+      k::gemm_kernel_for(type, inferd::WeightLayout::kRows, k::best_isa(), k::MatmulOrder::kRepacked)(
+          {type, kK, w.data(), w_row, 0, kRows, acts.data(), a_row, m, ours.data(), kRows, false, nullptr});
     } else {
       for (int64_t r = 0; r < kRows; ++r) tk->dot(kK, w.data() + r * w_row, acts.data(), a_row, 1, &ours[r]);
     }
     std::vector<uint8_t> inter(w.size());
-    inferd::interleave_groups(DType::kQ4_0, kK, kRows / inferd::kInterleaveRows, w.data(), inter.data());
+    inferd::interleave_groups(type, kK, kRows / inferd::kInterleaveRows, w.data(), inter.data());
     for (int t = 0; t < m; ++t) {
       for (int64_t r = 0; r < kRows; r += inferd::kInterleaveRows) {
         tk->dot_x16(kK, inter.data() + r * w_row, acts.data() + t * a_row, &x16[t * kRows + r]);
       }
     }
+    // dot_x16 computes one activation row as ggml's GEMV does: Q4_K's rows past m - m % 4 (the others take
+    // its GEMM's steps); every row for Q4_0, whose GEMV and GEMM sum alike.
+    const int first16 = type == DType::kQ4_K ? m - m % 4 : 0;
     int equal = 0, equal16 = 0;
     for (int64_t i = 0; i < kRows * m; ++i) {
       equal += std::memcmp(&ours[i], &y[i], sizeof(float)) == 0;
-      equal16 += std::memcmp(&x16[i], &y[i], sizeof(float)) == 0;
+      if (i >= first16 * kRows) equal16 += std::memcmp(&x16[i], &y[i], sizeof(float)) == 0;
     }
-    all = all && equal == kRows * m && equal16 == kRows * m;
+    const int64_t n16 = (m - first16) * kRows;
+    all = all && equal == kRows * m && equal16 == n16;
     char cell[64];
-    std::snprintf(cell, sizeof(cell), "%s%.1f%% (x16 %.1f%%)", cells.empty() ? "" : " / ", 100.0 * equal / (m * kRows),
-                  100.0 * equal16 / (m * kRows));
+    if (n16 > 0) {
+      std::snprintf(cell, sizeof(cell), "%s%.1f%% (x16 %.1f%%)", cells.empty() ? "" : " / ", 100.0 * equal / (m * kRows),
+                    100.0 * equal16 / n16);
+    } else {
+      std::snprintf(cell, sizeof(cell), "%s%.1f%%", cells.empty() ? "" : " / ", 100.0 * equal / (m * kRows));
+    }
     cells += cell;
     g.free(ctx);
     g.buffer_free(buf);
     g.free(wctx);
   }
-  std::printf("\nQ4_0 in ggml's repack buffer (llama.cpp's default) against MatmulOrder::kRepacked, rows 1 / 3 / 4 / 7 / "
-              "8 / 64: %s\n", cells.c_str());
+  std::printf("\n%s in ggml's repack buffer (llama.cpp's default) against MatmulOrder::kRepacked, rows 1 / 3 / 4 / 7 / "
+              "8 / 64: %s\n", inferd::dtype_name(type), cells.c_str());
   return all;
 }
 
@@ -273,6 +280,7 @@ int main(int argc, char** argv) {
     std::printf("| %s | %d/%d | %d/%d | %s |\n", inferd::dtype_name(tc.type), quant_equal, kTrials, dot_equal, kTrials,
                 mm.c_str());
   }
-  all_equal = repacked_q4_0(g, threads, rng) && all_equal;
+  all_equal = repacked(g, threads, rng, DType::kQ4_0, 2, 8 /* Q8_0 */) && all_equal;
+  all_equal = repacked(g, threads, rng, DType::kQ4_K, 12, 15 /* Q8_K */) && all_equal;
   return all_equal ? 0 : 1;
 }

@@ -159,6 +159,10 @@ PRESETS = {
     # (the engine's MatmulOrder::kRepacked is tested against it).
     "q4_0-tied-small": Preset("q4_0-tied-small", 128, 6, 4, 2, 512, 49152, 10000.0, 1e-5, 2048,
                               QT.Q8_0, QT.Q8_0, _uniform_q4_0, file_type=2, tied=True),
+    # Every layer matrix Q4_K (256 wide: Q4_K's super-blocks are 256 values), token_embd Q8_0 tied to the output:
+    # llama.cpp on x86 repacks every layer matrix into q4_K_8x8 (all have a multiple of 8 rows).
+    "q4_k-tied-small": Preset("q4_k-tied-small", 256, 6, 4, 2, 1024, 49152, 10000.0, 1e-5, 2048,
+                              QT.Q8_0, QT.Q8_0, lambda layer, k: QT.Q4_K, file_type=14, tied=True),
     # The shapes the CUDA figures are measured on (issue 18): SmolLM2-135M's and an 8B llama's with a 49k
     # vocabulary, every matrix Q4_0 (the output Q6_K as llama.cpp's Q4_0 files have it; Q8_0 at width 576,
     # which is not a multiple of Q6_K's 256-value blocks).

@@ -443,7 +443,7 @@ std::string define_q8k_floats() {
 }
 
 KernelTemplate matmul_exact_k_template(DType type, CpuOrder order, int tokens_per_item, TensorFormat x, TensorFormat y,
-                                       const std::optional<TensorFormat>& residual);
+                                       bool repacked, const std::optional<TensorFormat>& residual);
 
 // Whether the exact matmul of `type` in `order` for a pass of `tokens` sums IQ4_NL's blocks in pairs
 // (ggml's vec_dot, which the CPU engine runs for one token; more go through its GEMM's single chain).
@@ -456,7 +456,7 @@ bool iq4nl_pairs(DType type, CpuOrder order, int32_t tokens) {
 KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_item, TensorFormat x, TensorFormat y,
                                      IntDot int_dot, bool native_int_dot, bool pairs, bool repacked,
                                      const std::optional<TensorFormat>& residual) {
-  if (is_k_quant(type)) return matmul_exact_k_template(type, order, tokens_per_item, x, y, residual);
+  if (is_k_quant(type)) return matmul_exact_k_template(type, order, tokens_per_item, x, y, repacked, residual);
   KernelTemplate k;
   k.name = "matmul_exact";
   k.tensors = {{"x", x, Access::kRead}, {"y", y, Access::kWrite}};
@@ -493,7 +493,8 @@ KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_
 
 // The exact matmul of K-quant weights against quantize_q8_k()'s blocks (matmul_exact.cl's k.*).
 KernelTemplate matmul_exact_k_template(DType type, CpuOrder order, int tokens_per_item, TensorFormat x, TensorFormat y,
-                                       const std::optional<TensorFormat>& residual) {
+                                       bool repacked, const std::optional<TensorFormat>& residual) {
+  INFERD_ASSERT(!repacked || type == DType::kQ4_K, "the repacked order of the K-quants is Q4_K's");
   KernelTemplate k;
   k.name = "matmul_exact_k";
   k.tensors = {{"x", x, Access::kRead}, {"y", y, Access::kWrite}};
@@ -515,13 +516,16 @@ KernelTemplate matmul_exact_k_template(DType type, CpuOrder order, int tokens_pe
     body += join({cl(q6 ? "k.q6_offsets" : "k.no_offsets"), cl(x86 ? "k.q6_x86" : "k.q6_scalar")});
   } else if (q2) {
     body += cl(x86 ? "k.q2_x86" : "k.q2_scalar");
+  } else if (repacked) {
+    body += join({cl("k.mins"), cl("k.mins_repacked")});
   } else if (!x86) {
     body += join({cl("k.mins"), cl("k.mins_scalar")});
   } else {
     body += join({cl("k.mins"), cl("k.mins_x86"), cl(type == DType::kQ4_K ? "k.mins_x86_q4_k" : "k.mins_x86_q5_k"),
                   cl("k.acc_x86")});
   }
-  const char* out = !x86                          ? "k.out_scalar"
+  const char* out = repacked                      ? "k.out_repacked"
+                    : !x86                          ? "k.out_scalar"
                     : q6 || q2 || signed_values     ? "k.out_q6"
                     : type == DType::kQ4_K          ? "k.out_q4_k"
                                                     : "k.out_q5_k";
