@@ -321,8 +321,9 @@ inline char4 inferd_nibbles_c(ushort v) {
 //
 // Helpers: define_tt, quantize.cl's define_q8k_floats, exact_helpers, weights.cl's codes and
 // w_code.<type>, then k.helpers. Body: head, k.sums, k.scale_q6 or k.scale, k.dots, k.dmin (not Q6_K),
-// k.rows; Q6_K: k.q6_offsets, then k.q6_x86 or k.q6_scalar; Q4_K / Q5_K: k.mins, then k.mins_scalar,
-// or k.mins_x86, k.mins_x86_q4_k or k.mins_x86_q5_k, k.acc_x86, or (Q4_K repacked) k.mins_repacked; then
+// k.rows (Q4_K repacked: k.dots_repacked for k.dots); Q6_K: k.q6_offsets, then k.q6_x86 or k.q6_scalar; Q4_K /
+// Q5_K: k.mins, then k.mins_scalar, or k.mins_x86, k.mins_x86_q4_k or k.mins_x86_q5_k, k.acc_x86, or (Q4_K
+// repacked) k.mins_repacked; then
 // k.out, one of k.out_scalar, k.out_q6, k.out_q4_k, k.out_q5_k (kX86), k.out_repacked, and k.write.
 // Sub-block scale entries per super-block in wsub: 32 for Q2_K (its 16 scales and 16 mins), else 16.
 //@ k.subs
@@ -375,6 +376,23 @@ inline int inferd_ilane(int4 v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c 
           sumi[i][1][l] += sc.y * inferd_idot(w[1], a);
           sumi[i][2][l] += sc.z * inferd_idot(w[2], a);
           sumi[i][3][l] += sc.w * inferd_idot(w[3], a);
+        }
+      }
+    }
+    int4 ssc[SUBS];  // Q4_K / Q5_K: sc_0..7, mn_0..7; Q6_K: the 16 scales; Q2_K: the 16 scales, the 16 mins
+    for (int g = 0; g < SUBS; ++g) ssc[g] = convert_int4(wsub[blk * SUBS + g]);
+    const float4 d = ws[blk];
+//@ end
+
+// Q4_K in the repacked order: the sums per pair of sub-blocks j = s / 2 (sumi[i][r][j], j = 0..3) instead of
+// per lane.
+//@ k.dots_repacked
+        for (int i = 0; i < TT; ++i) {
+          const int4 a = convert_int4($x.Read(tt[i], 0, 64 * b + 8 * s + l));
+          sumi[i][0][s / 2] += sc.x * inferd_idot(w[0], a);
+          sumi[i][1][s / 2] += sc.y * inferd_idot(w[1], a);
+          sumi[i][2][s / 2] += sc.z * inferd_idot(w[2], a);
+          sumi[i][3][s / 2] += sc.w * inferd_idot(w[3], a);
         }
       }
     }
@@ -451,14 +469,21 @@ inline int inferd_ilane(int4 v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c 
         }
 //@ end
 
-// MatmulOrder::kRepacked (inferd/kernels/cpu.h; Q4_K, either CPU order): llama.cpp's repacked q4_K_8x8 order,
-// per super-block sum = fma((float)n, d * d_a, sum) with n = sum_l sumi_l, and accm_0 = fma((float)m, dmin *
-// d_a, accm_0) with m = p_0 + p_1 + p_2 + p_3; y = sum - accm_0 (k.out_repacked).
+// MatmulOrder::kRepacked (inferd/kernels/cpu.h; Q4_K, either CPU order; after k.dots_repacked and k.mins):
+// llama.cpp's repacked q4_K_8x8 orders. Its GEMM's for the tokens before n_t - n_t % 4, per pair j of sub-blocks
+// sum = fma((float)sumi_j, d * d_a, sum) and accm_0 = fma((float)p_j, dmin * d_a, accm_0); its GEMV's for the
+// rest, the same once per super-block with n = sum_j sumi_j and m = sum_j p_j; y = sum - accm_0 (k.out_repacked).
 //@ k.mins_repacked
-        int isum = 0;
-        for (int l = 0; l < 8; ++l) isum += sumi[i][r][l];
-        sum[i][r] = fma((float)isum, dr * da, sum[i][r]);
-        accm[i][r][0] = fma((float)(p[0] + p[1] + p[2] + p[3]), inferd_lane(dmin, r) * da, accm[i][r][0]);
+        if (tt[i] < n_t - n_t % 4) {
+          for (int j = 0; j < 4; ++j) {
+            sum[i][r] = fma((float)sumi[i][r][j], dr * da, sum[i][r]);
+            accm[i][r][0] = fma((float)p[j], inferd_lane(dmin, r) * da, accm[i][r][0]);
+          }
+        } else {
+          const int isum = sumi[i][r][0] + sumi[i][r][1] + sumi[i][r][2] + sumi[i][r][3];
+          sum[i][r] = fma((float)isum, dr * da, sum[i][r]);
+          accm[i][r][0] = fma((float)(p[0] + p[1] + p[2] + p[3]), inferd_lane(dmin, r) * da, accm[i][r][0]);
+        }
 //@ end
 
 //@ k.mins_scalar

@@ -1433,6 +1433,9 @@ TEST(ClEngineFiles, MixedSmallEqualsTheCpuEngine) {
 TEST(ClEngineFiles, RepackedMatmulOrderEqualsTheCpuEngine) {
   const kernels::ScopedMatmulOrder repacked(kernels::MatmulOrder::kRepacked);
   expect_file_equals_the_cpu_engine(INFERD_TEST_DATA_DIR "/models/q4_0-tied-small.gguf", 128, 8);
+  // Every layer matrix Q4_K: 130 prompt tokens, so that the last two take llama.cpp's GEMV steps, the others its
+  // GEMM's.
+  expect_file_equals_the_cpu_engine(INFERD_TEST_DATA_DIR "/models/q4_k-tied-small.gguf", 130, 8);
 }
 
 // The architectures past llama and qwen2 and the low-bit types, the committed synthetic models (make_synthetic_gguf.py):

@@ -510,7 +510,8 @@ KernelTemplate matmul_exact_k_template(DType type, CpuOrder order, int tokens_pe
                     weight_loader("w_code", type),
                     cl("k.subs", {{"subs", std::to_string(sub_scales_per_block(type))}}), cl("k.helpers")});
   const bool has_dmin = !q6 && !signed_values;
-  std::string body = join({cl("head"), cl("k.sums"), cl(groups16 ? "k.scale_q6" : "k.scale"), cl("k.dots"),
+  std::string body = join({cl("head"), cl("k.sums"), cl(groups16 ? "k.scale_q6" : "k.scale"),
+                           cl(repacked ? "k.dots_repacked" : "k.dots"),
                            has_dmin ? cl("k.dmin") : "", cl("k.rows")});
   if (q6 || signed_values) {
     body += join({cl(q6 ? "k.q6_offsets" : "k.no_offsets"), cl(x86 ? "k.q6_x86" : "k.q6_scalar")});
