@@ -671,56 +671,76 @@ void tile_q4_k_repacked(const RowGroup8K* w, int64_t nb, const BlockQ8_K* const*
                         __m256 out[]) {
   static_assert(T >= 1 && T <= kRepackedKTokens);
   alignas(32) float acc[T][8] = {}, accm[T][8] = {};
+  // Named registers, not arrays (arrays of sums were kept on the stack), each int16 sum pinned after every
+  // step as in tile_repacked.
+  const int8_t* q0 = act[0]->qs;
+  const int8_t* q1 = act[T > 1 ? 1 : 0]->qs;
+  const int8_t* q2 = act[T > 2 ? 2 : 0]->qs;
+  const int8_t* q3 = act[T > 3 ? 3 : 0]->qs;
+  const int8_t* q4 = act[T > 4 ? 4 : 0]->qs;
+  const int8_t* q5 = act[T > 5 ? 5 : 0]->qs;
+  auto bq = [](const int8_t* q, int64_t off) { return broadcast32(reinterpret_cast<const int32_t*>(q + off)); };
   for (int64_t b = 0; b < nb; ++b) {
     const RowGroup8K& wb = w[b];
-    const int8_t* q[T];
-    for (int t = 0; t < T; ++t) q[t] = act[t][b].qs;
-    __m256i n[T];
-    for (int t = 0; t < T; ++t) n[t] = _mm256_setzero_si256();
+    const int64_t base = b * static_cast<int64_t>(sizeof(BlockQ8_K));
+    __m256i n0 = _mm256_setzero_si256(), n1 = n0, n2 = n0, n3 = n0, n4 = n0, n5 = n0;
+    auto finish = [&](int t, __m256i& n, int j) {  // kPairs: pair j's steps; else the block's
+      const __m256 d = _mm256_load_ps(wb.d), dmin = _mm256_load_ps(wb.dmin);
+      const int32_t* p = reinterpret_cast<const int32_t*>(pairs[t][b].v);
+      __m256i m;
+      if (kPairs) {
+        m = _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(wb.mins[j])), broadcast32(p + j));
+      } else {
+        m = _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(wb.mins[0])), broadcast32(p));
+        for (int jj = 1; jj < 4; ++jj) {
+          m = _mm256_add_epi32(
+              m, _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(wb.mins[jj])), broadcast32(p + jj)));
+        }
+      }
+      const __m256 da = _mm256_set1_ps(act[t][b].d);
+      _mm256_store_ps(acc[t], _mm256_fmadd_ps(_mm256_cvtepi32_ps(n), _mm256_mul_ps(d, da), _mm256_load_ps(acc[t])));
+      _mm256_store_ps(accm[t], _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(dmin, da), _mm256_load_ps(accm[t])));
+      n = _mm256_setzero_si256();
+    };
     for (int s = 0; s < 8; ++s) {
-      __m256i s16[T];
-      for (int t = 0; t < T; ++t) s16[t] = _mm256_setzero_si256();
+      const int64_t off = base + 32 * s;
+      __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0;
 #pragma GCC unroll 8
       for (int i = 0; i < 8; ++i) {
         const __m256i codes = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb.codes[s][i]));
-#pragma GCC unroll 6
-        for (int t = 0; t < T; ++t) {
-          s16[t] = _mm256_add_epi16(
-              s16[t], _mm256_maddubs_epi16(codes, broadcast32(reinterpret_cast<const int32_t*>(q[t] + 32 * s + 4 * i))));
-          // One running sum per activation row, step by step (as tile_repacked).
-          asm("" : "+x"(s16[t]));
-        }
+        const int64_t o = off + 4 * i;
+        s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(codes, bq(q0, o)));
+        if constexpr (T > 1) s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(codes, bq(q1, o)));
+        if constexpr (T > 2) s2 = _mm256_add_epi16(s2, _mm256_maddubs_epi16(codes, bq(q2, o)));
+        if constexpr (T > 3) s3 = _mm256_add_epi16(s3, _mm256_maddubs_epi16(codes, bq(q3, o)));
+        if constexpr (T > 4) s4 = _mm256_add_epi16(s4, _mm256_maddubs_epi16(codes, bq(q4, o)));
+        if constexpr (T > 5) s5 = _mm256_add_epi16(s5, _mm256_maddubs_epi16(codes, bq(q5, o)));
+        asm("" : "+x"(s0), "+x"(s1), "+x"(s2), "+x"(s3), "+x"(s4), "+x"(s5));
       }
       const __m256i sc = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb.scales[s]));
-      for (int t = 0; t < T; ++t) n[t] = _mm256_add_epi32(n[t], _mm256_madd_epi16(s16[t], sc));
-      if constexpr (kPairs) {
-        if (s % 2 == 1) {
-          // The pair's steps (llama.cpp's GEMM: the quant sums' fma, then the min term's).
-          const int j = s / 2;
-          const __m256 d = _mm256_load_ps(wb.d), dmin = _mm256_load_ps(wb.dmin);
-          const __m256i mins = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb.mins[j]));
-          for (int t = 0; t < T; ++t) {
-            const __m256i m = _mm256_madd_epi16(mins, broadcast32(reinterpret_cast<const int32_t*>(pairs[t][b].v) + j));
-            const __m256 da = _mm256_set1_ps(act[t][b].d);
-            _mm256_store_ps(acc[t], _mm256_fmadd_ps(_mm256_cvtepi32_ps(n[t]), _mm256_mul_ps(d, da), _mm256_load_ps(acc[t])));
-            _mm256_store_ps(accm[t], _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(dmin, da), _mm256_load_ps(accm[t])));
-            n[t] = _mm256_setzero_si256();
-          }
-        }
+      n0 = _mm256_add_epi32(n0, _mm256_madd_epi16(s0, sc));
+      if constexpr (T > 1) n1 = _mm256_add_epi32(n1, _mm256_madd_epi16(s1, sc));
+      if constexpr (T > 2) n2 = _mm256_add_epi32(n2, _mm256_madd_epi16(s2, sc));
+      if constexpr (T > 3) n3 = _mm256_add_epi32(n3, _mm256_madd_epi16(s3, sc));
+      if constexpr (T > 4) n4 = _mm256_add_epi32(n4, _mm256_madd_epi16(s4, sc));
+      if constexpr (T > 5) n5 = _mm256_add_epi32(n5, _mm256_madd_epi16(s5, sc));
+      if (kPairs && s % 2 == 1) {
+        // The pair's steps (llama.cpp's GEMM: the quant sums' fma and the min term's).
+        finish(0, n0, s / 2);
+        if constexpr (T > 1) finish(1, n1, s / 2);
+        if constexpr (T > 2) finish(2, n2, s / 2);
+        if constexpr (T > 3) finish(3, n3, s / 2);
+        if constexpr (T > 4) finish(4, n4, s / 2);
+        if constexpr (T > 5) finish(5, n5, s / 2);
       }
     }
-    if constexpr (kPairs) continue;
-    const __m256 d = _mm256_load_ps(wb.d), dmin = _mm256_load_ps(wb.dmin);
-    for (int t = 0; t < T; ++t) {
-      const int32_t* p = reinterpret_cast<const int32_t*>(pairs[t][b].v);
-      __m256i m = _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(wb.mins[0])), broadcast32(p));
-      for (int j = 1; j < 4; ++j) {
-        m = _mm256_add_epi32(
-            m, _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(wb.mins[j])), broadcast32(p + j)));
-      }
-      const __m256 da = _mm256_set1_ps(act[t][b].d);
-      _mm256_store_ps(acc[t], _mm256_fmadd_ps(_mm256_cvtepi32_ps(n[t]), _mm256_mul_ps(d, da), _mm256_load_ps(acc[t])));
-      _mm256_store_ps(accm[t], _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(dmin, da), _mm256_load_ps(accm[t])));
+    if (!kPairs) {
+      finish(0, n0, 0);
+      if constexpr (T > 1) finish(1, n1, 0);
+      if constexpr (T > 2) finish(2, n2, 0);
+      if constexpr (T > 3) finish(3, n3, 0);
+      if constexpr (T > 4) finish(4, n4, 0);
+      if constexpr (T > 5) finish(5, n5, 0);
     }
   }
   for (int t = 0; t < T; ++t) out[t] = _mm256_sub_ps(_mm256_load_ps(acc[t]), _mm256_load_ps(accm[t]));
