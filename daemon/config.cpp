@@ -108,7 +108,7 @@ constexpr KeyInfo kKeys[] = {
      "                         0 = never (default: 300)"},
     {"matmul-order", Key::kMatmulOrder, "vec_dot|repacked",
      "the CPU workers' matmul arithmetic: llama.cpp's vec_dot kernels, or for\n"
-     "                         Q4_0 its repacked ones (faster prefill; CUDA exact numerics need\n"
+     "                         Q4_0 and Q4_K its repacked ones (faster prefill; CUDA exact numerics need\n"
      "                         vec_dot) (default: $INFERD_MATMUL_ORDER, else vec_dot)"},
     {"load", Key::kLoad, "PATH [id=ID] [ctx=N] [parallel=N] [threads=N] [backend=cpu|cuda[:N]|opencl[:N]]",
      "\n                         load a model at start; repeatable (quote a PATH with spaces: \"...\")"},

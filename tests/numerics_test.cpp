@@ -51,8 +51,8 @@ Agreement compare_with_reference(const std::string& ref_name) {
     ~OrderScope() { kernels::set_ggml_order(saved); }
   } order_scope(a.order);
   // The matmul configuration that made the reference (llama_cpp_settings.kernels; the files made before the
-  // setting existed ran llama.cpp's default): its vec_dot kernels, or its default one, whose repacked Q4_0
-  // kernels the engine reproduces in kernels::MatmulOrder::kRepacked.
+  // setting existed ran llama.cpp's default): its vec_dot kernels, or its default one, whose repacked Q4_0 and
+  // Q4_K kernels the engine reproduces in kernels::MatmulOrder::kRepacked.
   a.matmul = ref["llama_cpp_settings"].value("kernels", "default") == "vec_dot" ? kernels::MatmulOrder::kVecDot
                                                                                : kernels::MatmulOrder::kRepacked;
   const kernels::ScopedMatmulOrder matmul_scope(a.matmul);
@@ -113,7 +113,8 @@ Agreement compare_with_reference(const std::string& ref_name) {
 //    row-interleaved GEMM kernels and runs Q6_K (and Q4_K when not repacked) batches of 8+ rows through a
 //    tiled GEMM; those sum in other float orders, which on these random-weight models moves 4-6% of the
 //    top-1 choices. The engine runs these references in kernels::MatmulOrder::kRepacked, which reproduces
-//    the repacked Q4_0 kernels (exact where every repacked matrix is Q4_0); for the other types llama.cpp's
+//    the repacked Q4_0 and Q4_K kernels (exact where no other type meets a tiled or repacked kernel
+//    there); for the other types llama.cpp's
 //    default and vec_dot configurations agree with each other at 94-96% on these files, and we are held to
 //    that level against the default and to 99% against vec_dot.
 // max_logit_err: the largest |top-1 logit - llama.cpp's|, < 0 to skip the check.

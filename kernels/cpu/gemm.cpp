@@ -202,6 +202,9 @@ GemmFn gemm_kernel_for(DType type, WeightLayout layout, Isa isa, MatmulOrder ord
     // (Q4_0's is the same for every row, so its dot serves).
     return type == DType::kQ4_K && layout == WeightLayout::kRows ? &gemm_scalar::gemm_q4_k_repacked : nullptr;
   }
+  if (isa == Isa::kAvx512 && isa_available(Isa::kAvx512)) {
+    if (GemmFn fn = gemm_avx512::repacked_kernel(type)) return fn;
+  }
   if (GemmFn fn = gemm_avx2::repacked_kernel(type)) return fn;
   return gemm_kernel_for(type, layout, isa);  // a type the order does not change
 }

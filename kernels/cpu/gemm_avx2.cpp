@@ -79,6 +79,7 @@ Scratch& scratch() {
 }
 
 using gemm_tiles::Traits;
+using gemm_tiles::transpose8;
 
 template <DType kType>
 void pack_acts(const GemmArgs& g, int64_t nb, int64_t rows, ActBlock* out, float* scales) {
@@ -349,25 +350,6 @@ inline __m256i row_codes(const gemm_tiles::RowBlocks<typename Traits<kType>::WBl
   }
 }
 
-// out[i] lane r = dword i of y[r] (an 8 x 8 transpose of dwords).
-inline void transpose8(const __m256i y[8], uint32_t (*out)[8]) {
-  __m256i t[8], u[8];
-  for (int p = 0; p < 4; ++p) {
-    t[2 * p] = _mm256_unpacklo_epi32(y[2 * p], y[2 * p + 1]);
-    t[2 * p + 1] = _mm256_unpackhi_epi32(y[2 * p], y[2 * p + 1]);
-  }
-  for (int h = 0; h < 2; ++h) {
-    u[4 * h + 0] = _mm256_unpacklo_epi64(t[4 * h + 0], t[4 * h + 2]);
-    u[4 * h + 1] = _mm256_unpackhi_epi64(t[4 * h + 0], t[4 * h + 2]);
-    u[4 * h + 2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
-    u[4 * h + 3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
-  }
-  for (int i = 0; i < 4; ++i) {
-    _mm256_store_si256(reinterpret_cast<__m256i*>(out[i]), _mm256_permute2x128_si256(u[i], u[4 + i], 0x20));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(out[i + 4]), _mm256_permute2x128_si256(u[i], u[4 + i], 0x31));
-  }
-}
-
 // Rows row0 .. row0 + nr - 1 (nr <= 8) of g's matrix, all nb blocks, into out.
 template <DType kType>
 void unpack_rows8(const GemmArgs& g, int64_t row0, int nr, int64_t nb, GroupOf<kType>* out) {
@@ -394,6 +376,20 @@ void unpack_rows8(const GemmArgs& g, int64_t row0, int nr, int64_t nb, GroupOf<k
 // The 32-bit value at p in all 8 lanes (vbroadcastss: a load-port operation).
 inline __m256i broadcast32(const int32_t* p) {
   return _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(p)));
+}
+
+// Lane r of v -> output row row0 + r (r < nr) of activation row t, as the GemmArgs ask (accumulate, bias).
+inline void store_rows8(const GemmArgs& g, int64_t t, int64_t row0, int nr, __m256 v) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, v);
+  float* o = g.out + t * g.out_stride + row0;
+  for (int r = 0; r < nr; ++r) {
+    if (g.accumulate) {
+      o[r] += lanes[r];
+    } else {
+      o[r] = g.bias != nullptr ? lanes[r] + g.bias[row0 + r] : lanes[r];
+    }
+  }
 }
 
 // Lane r of the result: the contract's value for row r of the group and activation row `act`.
@@ -439,23 +435,12 @@ void gemm_lanes(const GemmArgs& g) {
   // Activation rows per pass over a group: their blocks (72 bytes each) within ~256 KiB of L2.
   const int64_t token_block =
       std::clamp<int64_t>((256 * 1024) / (nb * static_cast<int64_t>(sizeof(LaneActBlock))), 16, 64);
-  alignas(32) float res[8];
   for (int64_t t0 = 0; t0 < g.m; t0 += token_block) {
     const int64_t t_end = std::min(g.m, t0 + token_block);
     for (int64_t row0 = g.r0; row0 < g.r1; row0 += 8) {
       const int nr = static_cast<int>(std::min<int64_t>(8, g.r1 - row0));
       unpack_rows8<kType>(g, row0, nr, nb, group);
-      for (int64_t t = t0; t < t_end; ++t) {
-        _mm256_store_ps(res, tile_lanes<kType>(group, nb, s.acts.data() + t * nb));
-        float* o = g.out + t * g.out_stride + row0;
-        for (int r = 0; r < nr; ++r) {
-          if (g.accumulate) {
-            o[r] += res[r];
-          } else {
-            o[r] = g.bias != nullptr ? res[r] + g.bias[row0 + r] : res[r];
-          }
-        }
-      }
+      for (int64_t t = t0; t < t_end; ++t) store_rows8(g, t, row0, nr, tile_lanes<kType>(group, nb, s.acts.data() + t * nb));
     }
   }
 }
@@ -564,7 +549,6 @@ void gemm_q4_0_repacked(const GemmArgs& g) {
   const int64_t token_block =
       std::clamp<int64_t>((256 * 1024) / (nb * static_cast<int64_t>(sizeof(RepackedActBlock))), 16, 64);
   __m256 res[kRepackedTokens];
-  alignas(32) float lanes[8];
   for (int64_t t0 = 0; t0 < g.m; t0 += token_block) {
     const int64_t t_end = std::min(g.m, t0 + token_block);
     for (int64_t row0 = g.r0; row0 < g.r1; row0 += 8) {
@@ -581,17 +565,7 @@ void gemm_q4_0_repacked(const GemmArgs& g) {
           case 5: tile_repacked<5>(s.group.data(), nb, act, nb, res); break;
           default: tile_repacked<6>(s.group.data(), nb, act, nb, res); break;
         }
-        for (int i = 0; i < nt; ++i) {
-          _mm256_store_ps(lanes, res[i]);
-          float* o = g.out + (t + i) * g.out_stride + row0;
-          for (int r = 0; r < nr; ++r) {
-            if (g.accumulate) {
-              o[r] += lanes[r];
-            } else {
-              o[r] = g.bias != nullptr ? lanes[r] + g.bias[row0 + r] : lanes[r];
-            }
-          }
-        }
+        for (int i = 0; i < nt; ++i) store_rows8(g, t + i, row0, nr, res[i]);
       }
     }
   }
@@ -625,7 +599,6 @@ static_assert(sizeof(RowGroup8K) == 2496);
 // Rows row0 .. row0 + nr - 1 (nr <= 8) of a Q4_K matrix (either layout), all nb super-blocks, into out.
 void unpack_rows8_q4_k(const GemmArgs& g, int64_t row0, int nr, int64_t nb, RowGroup8K* out) {
   const float* half = scalar::fp16_table();
-  const __m256i nibble = _mm256_set1_epi8(0x0F);
   gemm_tiles::KRowBlocks<BlockQ4_K> rows[8];
   for (int r = 0; r < nr; ++r) rows[r] = gemm_tiles::k_row_blocks<BlockQ4_K>(g, row0 + r);
   for (int64_t b = 0; b < nb; ++b) {
@@ -637,8 +610,7 @@ void unpack_rows8_q4_k(const GemmArgs& g, int64_t row0, int nr, int64_t nb, RowG
           y[r] = _mm256_setzero_si256();
           continue;
         }
-        const __m256i x = load32(rows[r].qs(b, s / 2));  // low nibbles: sub-block 2c; high: 2c + 1
-        y[r] = s % 2 == 0 ? _mm256_and_si256(x, nibble) : _mm256_and_si256(_mm256_srli_epi16(x, 4), nibble);
+        y[r] = gemm_tiles::q4_k_sub_block_codes(rows[r], b, s);
       }
       transpose8(y, o.codes[s]);
     }
@@ -656,10 +628,7 @@ void unpack_rows8_q4_k(const GemmArgs& g, int64_t row0, int nr, int64_t nb, RowG
   }
 }
 
-// The sums bsum_2s + bsum_2s+1 (s = 0..7) of one activation super-block, as int16.
-struct alignas(16) KPairSums {
-  int16_t v[8];
-};
+using gemm_tiles::KPairSums;
 
 // Activation rows per tile (their int16 sums and int32 n fill 12 ymm beside the codes, scales and a broadcast).
 constexpr int kRepackedKTokens = 6;
@@ -760,19 +729,11 @@ void gemm_q4_k_repacked(const GemmArgs& g) {
   if (s.pairs.size() < static_cast<size_t>(g.m * nb)) s.pairs.resize(static_cast<size_t>(g.m * nb));
   if (s.group.size() < static_cast<size_t>(nb)) s.group.resize(static_cast<size_t>(nb));
   auto act_row = [&](int64_t t) { return reinterpret_cast<const BlockQ8_K*>(g.act + static_cast<size_t>(t) * g.act_stride); };
-  for (int64_t t = 0; t < g.m; ++t) {
-    const BlockQ8_K* a = act_row(t);
-    for (int64_t b = 0; b < nb; ++b) {
-      const __m256i bsums = load32(a[b].bsums);
-      _mm_store_si128(reinterpret_cast<__m128i*>(s.pairs[static_cast<size_t>(t * nb + b)].v),
-                      _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1)));
-    }
-  }
+  for (int64_t t = 0; t < g.m; ++t) gemm_tiles::k_pair_sums(act_row(t), nb, s.pairs.data() + t * nb);
   // Activation rows per pass over a group: their blocks within ~256 KiB of L2 (as gemm_lanes).
   const int64_t token_block = std::clamp<int64_t>((256 * 1024) / (nb * static_cast<int64_t>(sizeof(BlockQ8_K))), 16, 64);
   const int64_t m4 = g.m - g.m % 4;  // llama.cpp's GEMM takes the rows before m4, its GEMV the rest
   __m256 res[kRepackedKTokens];
-  alignas(32) float lanes[8];
   for (int64_t t0 = 0; t0 < g.m; t0 += token_block) {
     const int64_t t_end = std::min(g.m, t0 + token_block);
     for (int64_t row0 = g.r0; row0 < g.r1; row0 += 8) {
@@ -804,17 +765,7 @@ void gemm_q4_k_repacked(const GemmArgs& g) {
             default: tile_q4_k_repacked<3, false>(s.group.data(), nb, acts, tile_pairs, res); break;
           }
         }
-        for (int i = 0; i < nt; ++i) {
-          _mm256_store_ps(lanes, res[i]);
-          float* o = g.out + (t + i) * g.out_stride + row0;
-          for (int r = 0; r < nr; ++r) {
-            if (g.accumulate) {
-              o[r] += lanes[r];
-            } else {
-              o[r] = g.bias != nullptr ? lanes[r] + g.bias[row0 + r] : lanes[r];
-            }
-          }
-        }
+        for (int i = 0; i < nt; ++i) store_rows8(g, t + i, row0, nr, res[i]);
         t += nt;
       }
     }

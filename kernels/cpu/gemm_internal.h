@@ -32,6 +32,9 @@ GemmFn kernel(DType type);
 namespace gemm_avx512 {
 // nullptr when the type has no AVX-512 GEMM.
 GemmFn kernel(DType type);
+// The MatmulOrder::kRepacked GEMMs with AVX-512 VNNI (gemm_avx512_repacked.cpp: Q4_0 and Q4_K, both layouts), equal
+// bit for bit to gemm_avx2::repacked_kernel()'s; nullptr for other types.
+GemmFn repacked_kernel(DType type);
 }  // namespace gemm_avx512
 
 namespace gemm_avx512_k {

@@ -25,6 +25,25 @@
 namespace inferd::kernels::gemm_tiles {
 namespace {
 
+// out[i] lane r = dword i of y[r] (an 8 x 8 transpose of dwords).
+inline void transpose8(const __m256i y[8], uint32_t (*out)[8]) {
+  __m256i t[8], u[8];
+  for (int p = 0; p < 4; ++p) {
+    t[2 * p] = _mm256_unpacklo_epi32(y[2 * p], y[2 * p + 1]);
+    t[2 * p + 1] = _mm256_unpackhi_epi32(y[2 * p], y[2 * p + 1]);
+  }
+  for (int h = 0; h < 2; ++h) {
+    u[4 * h + 0] = _mm256_unpacklo_epi64(t[4 * h + 0], t[4 * h + 2]);
+    u[4 * h + 1] = _mm256_unpackhi_epi64(t[4 * h + 0], t[4 * h + 2]);
+    u[4 * h + 2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+    u[4 * h + 3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out[i]), _mm256_permute2x128_si256(u[i], u[4 + i], 0x20));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out[i + 4]), _mm256_permute2x128_si256(u[i], u[4 + i], 0x31));
+  }
+}
+
 // ggml's reduction of 8 lanes: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
 inline float reduce8(__m256 v) {
   __m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
@@ -152,6 +171,28 @@ KRowBlocks<Block> k_row_blocks(const GemmArgs& g, int64_t row) {
   if (g.layout == WeightLayout::kRows) return {g.w + static_cast<size_t>(row) * g.w_row_bytes, false, 0};
   const int64_t j = row % kInterleaveRows;
   return {g.w + static_cast<size_t>(row - j) * g.w_row_bytes, true, j};
+}
+
+// Sub-block s (32 elements, in order) of super-block b of a Q4_K row: its codes 0..15 as bytes (chunk s / 2's low
+// nibbles for even s, high nibbles for odd s).
+inline __m256i q4_k_sub_block_codes(const KRowBlocks<BlockQ4_K>& row, int64_t b, int s) {
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row.qs(b, s / 2)));
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  return s % 2 == 0 ? _mm256_and_si256(x, nibble) : _mm256_and_si256(_mm256_srli_epi16(x, 4), nibble);
+}
+
+// The sums bsum_2s + bsum_2s+1 (s = 0..7) of one activation super-block, as int16 (the repacked Q4_K GEMMs).
+struct alignas(16) KPairSums {
+  int16_t v[8];
+};
+
+// out[b] = the KPairSums of the nb super-blocks of activation row a.
+inline void k_pair_sums(const BlockQ8_K* a, int64_t nb, KPairSums* out) {
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].bsums));
+    _mm_store_si128(reinterpret_cast<__m128i*>(out[b].v),
+                    _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1)));
+  }
 }
 
 // Row `row` of a Q6_K matrix, block by block, in either layout (Q6KColumn when interleaved).

@@ -12,8 +12,8 @@
 // The 256-element super-block types (Q2_K to Q6_K, IQ4_XS) and IQ4_NL follow their dot kernels the same way
 // (gemm_avx512_k.cpp, gemm_avx2_k.cpp, gemm_avx2.cpp): the results equal that ISA's TypeKernels::dot bit
 // for bit (IQ4_NL: llamafile's block order, see gemm_avx2.cpp).
-// (That is MatmulOrder::kVecDot; gemm_kernel_for(..., MatmulOrder) also gives Q4_0's GEMM in llama.cpp's
-// repacked order, inferd/kernels/cpu.h.)
+// (That is MatmulOrder::kVecDot; gemm_kernel_for(..., MatmulOrder) also gives Q4_0's and Q4_K's GEMMs in
+// llama.cpp's repacked orders, inferd/kernels/cpu.h.)
 // Only the integer work is reorganised (tiles of rows x activation rows; u8 x s8 products with
 // AVX-512 VNNI, or with AVX2's maddubs where no pair of products can saturate).
 // ISAs: Q4_0/Q4_1/Q5_0/Q8_0 have an AVX-512 VNNI GEMM and an AVX2 + FMA + F16C one (gemm_avx2.cpp, also
@@ -67,9 +67,10 @@ inline GemmFn gemm_kernel(DType type) { return gemm_kernel(type, best_isa()); }
 GemmFn gemm_kernel_for(DType type, WeightLayout layout, Isa isa);
 inline GemmFn gemm_kernel_for(DType type, WeightLayout layout) { return gemm_kernel_for(type, layout, best_isa()); }
 // The GEMM that computes a matrix of `type` in `order` (as matmul_order_for() gives it, inferd/kernels/cpu.h):
-// gemm_kernel_for() for kVecDot; for kRepacked Q4_0's AVX2 GEMM in that order (either layout, AVX2 and
-// AVX-512 CPUs; any m >= 1), equal bit for bit to type_kernels(kQ4_0, isa, kRepacked)->dot; nullptr on
-// the scalar ISA.
+// gemm_kernel_for() for kVecDot; for kRepacked the AVX2 GEMMs of Q4_0 and Q4_K in that order (either layout,
+// AVX2 and AVX-512 CPUs; any m >= 1). Q4_0's equals type_kernels(kQ4_0, isa, kRepacked)->dot bit for bit; Q4_K's
+// equals that dot for the last m % 4 activation rows and llama.cpp's GEMM steps for the others (cpu.h). On the
+// scalar ISA: Q4_K's scalar definition on the row layout, else nullptr.
 GemmFn gemm_kernel_for(DType type, WeightLayout layout, Isa isa, MatmulOrder order);
 
 }  // namespace inferd::kernels

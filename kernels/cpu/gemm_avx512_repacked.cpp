@@ -1,0 +1,358 @@
+// AVX-512 VNNI GEMMs of MatmulOrder::kRepacked (inferd/kernels/cpu.h): Q4_0 and Q4_K in llama.cpp's repacked
+// orders, for CPUs with AVX-512 F/BW/VL/DQ and VNNI. Equal bit for bit to the AVX2 ones (gemm_avx2.cpp) and to
+// the definitions; only the integer work differs.
+//
+// Rows in lanes, as the AVX2 tiles, but 16 weight rows per register: lane r of codes[i] holds row r's codes of
+// elements 4i..4i+3 (0..15, unsigned), and one vpdpbusd with an activation dword broadcast adds that dword's four
+// exact products to each row's int32 sum (no int16 stage, nothing can saturate). Per 32 elements, 16 rows and one
+// activation row: 8 vpdpbusd, against 8 maddubs + 8 adds + a madd for 8 rows on AVX2.
+//  - Q4_0: per block n = sum code * a - 8 * sum a (the start value), acc = fma(float(n), d_w * d_a, acc).
+//  - Q4_K: per sub-block s the row's isum_s, times its scale (vpmulld), into n; the min term by vpmaddwd of the
+//    int16 mins with the activation's sub-block sums; the float steps per pair of sub-blocks for the first
+//    m - m % 4 activation rows (llama.cpp's GEMM), per super-block for the rest (its GEMV).
+// GCC 12's 512-bit intrinsics pass _mm512_undefined_*() as the unused merge source, which its own
+// -Wuninitialized flags once inlined (GCC bug 105593, fixed in GCC 13).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "gemm_internal.h"
+#include "gemm_tiles.h"
+#include "inferd/status.h"
+#include "isa_tables.h"
+#include "x86_common.h"
+
+namespace inferd::kernels::gemm_avx512 {
+namespace {
+
+using gemm_tiles::KPairSums;
+
+// The 32-bit value at p in all 16 lanes (vpbroadcastd from memory: a load-port operation).
+inline __m512i broadcast32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return _mm512_set1_epi32(v);
+}
+
+// Writes 8 rows' dwords (transpose8's rows) into lanes lane0 .. lane0 + 7 of 8 rows of 16 lanes.
+inline void transpose_into(const __m256i y[8], uint32_t (*out)[16], int lane0) {
+  alignas(32) uint32_t t[8][8];
+  gemm_tiles::transpose8(y, t);
+  for (int i = 0; i < 8; ++i) std::memcpy(&out[i][lane0], t[i], sizeof(t[i]));
+}
+
+// Lane r of v -> output row row0 + r (r < nr) of activation row t, as the GemmArgs ask.
+inline void store_rows16(const GemmArgs& g, int64_t t, int64_t row0, int nr, __m512 v) {
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, v);
+  float* o = g.out + t * g.out_stride + row0;
+  for (int r = 0; r < nr; ++r) {
+    if (g.accumulate) {
+      o[r] += lanes[r];
+    } else {
+      o[r] = g.bias != nullptr ? lanes[r] + g.bias[row0 + r] : lanes[r];
+    }
+  }
+}
+
+// Activation rows per pass over a group of 16 rows: their blocks within ~256 KiB of L2.
+int64_t token_block(int64_t act_row_bytes) { return std::clamp<int64_t>((256 * 1024) / act_row_bytes, 16, 64); }
+
+// ---- Q4_0 ----------------------------------------------------------------------------------------
+
+// One block column of 16 rows, unpacked. Rows past the matrix are zero.
+struct alignas(64) RowGroup16 {
+  uint32_t codes[8][16];  // [dword][row]
+  float d[16];
+};
+static_assert(sizeof(RowGroup16) == 576);
+
+void unpack_rows16_q4_0(const GemmArgs& g, int64_t row0, int nr, int64_t nb, RowGroup16* out) {
+  const float* half = scalar::fp16_table();
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  gemm_tiles::RowBlocks<BlockQ4_0> rows[16];
+  for (int r = 0; r < nr; ++r) rows[r] = gemm_tiles::row_blocks<BlockQ4_0>(g, row0 + r);
+  for (int64_t b = 0; b < nb; ++b) {
+    RowGroup16& o = out[b];
+    for (int h = 0; h < 2; ++h) {
+      __m256i y[8];
+      for (int j = 0; j < 8; ++j) {
+        const int r = 8 * h + j;
+        if (r >= nr) {
+          y[j] = _mm256_setzero_si256();
+          continue;
+        }
+        // Elements 0..15 are the low nibbles, 16..31 the high ones.
+        const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[r].qs(b)));
+        y[j] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), nibble);
+      }
+      alignas(32) uint32_t t[8][8];
+      gemm_tiles::transpose8(y, t);
+      for (int i = 0; i < 8; ++i) std::memcpy(&o.codes[i][8 * h], t[i], sizeof(t[i]));
+    }
+    for (int r = 0; r < 16; ++r) {
+      o.d[r] = r < nr ? half[rows[r].d(b)] : 0.0f;
+    }
+  }
+}
+
+// One activation row's block: its 32 quants, -8 times their sum, its scale.
+struct alignas(8) ActBlock40 {
+  int8_t q[32];
+  int32_t start;
+  float d;
+};
+static_assert(sizeof(ActBlock40) == 40);
+
+constexpr int kQ4_0Tokens = 12;
+
+template <int T>
+void tile16_q4_0(const RowGroup16* w, int64_t nb, const ActBlock40* act, int64_t act_rows_apart, __m512 out[]) {
+  __m512 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const RowGroup16& wb = w[b];
+    __m512i n[T];
+    for (int t = 0; t < T; ++t) n[t] = _mm512_set1_epi32(act[t * act_rows_apart + b].start);
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {
+      const __m512i codes = _mm512_load_si512(wb.codes[i]);
+#pragma GCC unroll 12
+      for (int t = 0; t < T; ++t) n[t] = _mm512_dpbusd_epi32(n[t], codes, broadcast32(act[t * act_rows_apart + b].q + 4 * i));
+    }
+    const __m512 d = _mm512_load_ps(wb.d);
+    for (int t = 0; t < T; ++t) {
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(n[t]), _mm512_mul_ps(d, _mm512_set1_ps(act[t * act_rows_apart + b].d)), acc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) out[t] = acc[t];
+}
+
+struct Q4_0Scratch {
+  std::vector<ActBlock40> acts;   // [activation row][block]
+  std::vector<RowGroup16> group;  // [block] of the current 16 rows
+};
+
+void gemm_q4_0_repacked(const GemmArgs& g) {
+  INFERD_ASSERT(g.type == DType::kQ4_0 && g.k % 32 == 0, "this GEMM is Q4_0's");
+  INFERD_ASSERT(g.layout == WeightLayout::kRows || g.r0 % kInterleaveRows == 0, "an interleaved GEMM starts at a group");
+  if (g.m <= 0 || g.r1 <= g.r0) return;
+  const int64_t nb = g.k / 32;
+  thread_local Q4_0Scratch s;
+  if (s.acts.size() < static_cast<size_t>(g.m * nb)) s.acts.resize(static_cast<size_t>(g.m * nb));
+  if (s.group.size() < static_cast<size_t>(nb)) s.group.resize(static_cast<size_t>(nb));
+  const float* half = scalar::fp16_table();
+  for (int64_t t = 0; t < g.m; ++t) {
+    const auto* a = reinterpret_cast<const BlockQ8_0*>(g.act + static_cast<size_t>(t) * g.act_stride);
+    ActBlock40* dst = s.acts.data() + t * nb;
+    for (int64_t b = 0; b < nb; ++b) {
+      std::memcpy(dst[b].q, a[b].qs, 32);
+      int32_t sum = 0;
+      for (int j = 0; j < 32; ++j) sum += a[b].qs[j];
+      dst[b].start = -8 * sum;
+      dst[b].d = half[a[b].d];
+    }
+  }
+  const int64_t tb = token_block(nb * static_cast<int64_t>(sizeof(ActBlock40)));
+  __m512 res[kQ4_0Tokens];
+  for (int64_t t0 = 0; t0 < g.m; t0 += tb) {
+    const int64_t t_end = std::min(g.m, t0 + tb);
+    for (int64_t row0 = g.r0; row0 < g.r1; row0 += 16) {
+      const int nr = static_cast<int>(std::min<int64_t>(16, g.r1 - row0));
+      unpack_rows16_q4_0(g, row0, nr, nb, s.group.data());
+      for (int64_t t = t0; t < t_end; t += kQ4_0Tokens) {
+        const int nt = static_cast<int>(std::min<int64_t>(kQ4_0Tokens, t_end - t));
+        const ActBlock40* act = s.acts.data() + t * nb;
+        switch (nt) {
+          case 1: tile16_q4_0<1>(s.group.data(), nb, act, nb, res); break;
+          case 2: tile16_q4_0<2>(s.group.data(), nb, act, nb, res); break;
+          case 3: tile16_q4_0<3>(s.group.data(), nb, act, nb, res); break;
+          case 4: tile16_q4_0<4>(s.group.data(), nb, act, nb, res); break;
+          case 5: tile16_q4_0<5>(s.group.data(), nb, act, nb, res); break;
+          case 6: tile16_q4_0<6>(s.group.data(), nb, act, nb, res); break;
+          case 7: tile16_q4_0<7>(s.group.data(), nb, act, nb, res); break;
+          case 8: tile16_q4_0<8>(s.group.data(), nb, act, nb, res); break;
+          case 9: tile16_q4_0<9>(s.group.data(), nb, act, nb, res); break;
+          case 10: tile16_q4_0<10>(s.group.data(), nb, act, nb, res); break;
+          case 11: tile16_q4_0<11>(s.group.data(), nb, act, nb, res); break;
+          default: tile16_q4_0<12>(s.group.data(), nb, act, nb, res); break;
+        }
+        for (int i = 0; i < nt; ++i) store_rows16(g, t + i, row0, nr, res[i]);
+      }
+    }
+  }
+}
+
+// ---- Q4_K ----------------------------------------------------------------------------------------
+
+// One super-block of 16 rows, unpacked. Rows past the matrix are zero.
+struct alignas(64) RowGroup16K {
+  uint32_t codes[8][8][16];  // [sub-block][dword][row]
+  int32_t scales[8][16];     // [sub-block][row]
+  int16_t mins[4][32];       // [pair j]: mn_2j and mn_2j+1 of row r in int16 lanes 2r and 2r + 1
+  float d[16];
+  float dmin[16];
+};
+static_assert(sizeof(RowGroup16K) == 4992);
+
+void unpack_rows16_q4_k(const GemmArgs& g, int64_t row0, int nr, int64_t nb, RowGroup16K* out) {
+  const float* half = scalar::fp16_table();
+  gemm_tiles::KRowBlocks<BlockQ4_K> rows[16];
+  for (int r = 0; r < nr; ++r) rows[r] = gemm_tiles::k_row_blocks<BlockQ4_K>(g, row0 + r);
+  for (int64_t b = 0; b < nb; ++b) {
+    RowGroup16K& o = out[b];
+    for (int s = 0; s < 8; ++s) {
+      for (int h = 0; h < 2; ++h) {
+        __m256i y[8];
+        for (int j = 0; j < 8; ++j) {
+          const int r = 8 * h + j;
+          y[j] = r < nr ? gemm_tiles::q4_k_sub_block_codes(rows[r], b, s) : _mm256_setzero_si256();
+        }
+        transpose_into(y, o.codes[s], 8 * h);
+      }
+    }
+    for (int r = 0; r < 16; ++r) {
+      uint8_t sm[16] = {};  // scales 0..7, mins 8..15
+      if (r < nr) unpack_k4_scales(rows[r].scales(b), reinterpret_cast<uint32_t*>(sm));
+      for (int s = 0; s < 8; ++s) o.scales[s][r] = sm[s];
+      for (int j = 0; j < 4; ++j) {
+        o.mins[j][2 * r] = sm[8 + 2 * j];
+        o.mins[j][2 * r + 1] = sm[9 + 2 * j];
+      }
+      o.d[r] = r < nr ? half[rows[r].d(b)] : 0.0f;
+      o.dmin[r] = r < nr ? half[rows[r].dmin(b)] : 0.0f;
+    }
+  }
+}
+
+constexpr int kQ4KTokens = 8;
+
+// out[t] lane r = the order's value for row r of the group and activation row t < T; kPairs: llama.cpp's GEMM
+// steps (per pair of sub-blocks), else its GEMV's (per super-block).
+template <int T, bool kPairs>
+void tile16_q4_k(const RowGroup16K* w, int64_t nb, const BlockQ8_K* const* act, const KPairSums* const* pairs,
+                 __m512 out[]) {
+  alignas(64) float acc[T][16] = {}, accm[T][16] = {};
+  const int8_t* q[T];
+  for (int t = 0; t < T; ++t) q[t] = act[t]->qs;
+  for (int64_t b = 0; b < nb; ++b) {
+    const RowGroup16K& wb = w[b];
+    const int64_t base = b * static_cast<int64_t>(sizeof(BlockQ8_K));
+    __m512i n[T];
+    for (int t = 0; t < T; ++t) n[t] = _mm512_setzero_si512();
+    auto finish = [&](int t, int j) {  // kPairs: pair j's steps; else the super-block's
+      const int32_t* p = reinterpret_cast<const int32_t*>(pairs[t][b].v);
+      __m512i m;
+      if (kPairs) {
+        m = _mm512_madd_epi16(_mm512_load_si512(wb.mins[j]), broadcast32(p + j));
+      } else {
+        m = _mm512_madd_epi16(_mm512_load_si512(wb.mins[0]), broadcast32(p));
+        for (int jj = 1; jj < 4; ++jj) m = _mm512_add_epi32(m, _mm512_madd_epi16(_mm512_load_si512(wb.mins[jj]), broadcast32(p + jj)));
+      }
+      const __m512 da = _mm512_set1_ps(act[t][b].d);
+      _mm512_store_ps(acc[t], _mm512_fmadd_ps(_mm512_cvtepi32_ps(n[t]), _mm512_mul_ps(_mm512_load_ps(wb.d), da),
+                                             _mm512_load_ps(acc[t])));
+      _mm512_store_ps(accm[t], _mm512_fmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(_mm512_load_ps(wb.dmin), da),
+                                              _mm512_load_ps(accm[t])));
+      n[t] = _mm512_setzero_si512();
+    };
+    for (int s = 0; s < 8; ++s) {
+      const int64_t off = base + 32 * s;
+      __m512i sum[T];
+      for (int t = 0; t < T; ++t) sum[t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) {
+        const __m512i codes = _mm512_load_si512(wb.codes[s][i]);
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t) sum[t] = _mm512_dpbusd_epi32(sum[t], codes, broadcast32(q[t] + off + 4 * i));
+      }
+      const __m512i sc = _mm512_load_si512(wb.scales[s]);
+      for (int t = 0; t < T; ++t) n[t] = _mm512_add_epi32(n[t], _mm512_mullo_epi32(sum[t], sc));
+      if (kPairs && s % 2 == 1) {
+        for (int t = 0; t < T; ++t) finish(t, s / 2);
+      }
+    }
+    if (!kPairs) {
+      for (int t = 0; t < T; ++t) finish(t, 0);
+    }
+  }
+  for (int t = 0; t < T; ++t) out[t] = _mm512_sub_ps(_mm512_load_ps(acc[t]), _mm512_load_ps(accm[t]));
+}
+
+template <bool kPairs>
+void run_tile16_q4_k(int nt, const RowGroup16K* w, int64_t nb, const BlockQ8_K* const* act, const KPairSums* const* pairs,
+                     __m512 out[]) {
+  switch (nt) {
+    case 1: return tile16_q4_k<1, kPairs>(w, nb, act, pairs, out);
+    case 2: return tile16_q4_k<2, kPairs>(w, nb, act, pairs, out);
+    case 3: return tile16_q4_k<3, kPairs>(w, nb, act, pairs, out);
+    case 4: return tile16_q4_k<4, kPairs>(w, nb, act, pairs, out);
+    case 5: return tile16_q4_k<5, kPairs>(w, nb, act, pairs, out);
+    case 6: return tile16_q4_k<6, kPairs>(w, nb, act, pairs, out);
+    case 7: return tile16_q4_k<7, kPairs>(w, nb, act, pairs, out);
+    default: return tile16_q4_k<8, kPairs>(w, nb, act, pairs, out);
+  }
+}
+
+struct Q4KScratch {
+  std::vector<KPairSums> pairs;    // [activation row][super-block]
+  std::vector<RowGroup16K> group;  // [super-block] of the current 16 rows
+};
+
+void gemm_q4_k_repacked(const GemmArgs& g) {
+  INFERD_ASSERT(g.type == DType::kQ4_K && g.k % kQK_K == 0, "this GEMM is Q4_K's");
+  INFERD_ASSERT(g.layout == WeightLayout::kRows || g.r0 % kInterleaveRows == 0, "an interleaved GEMM starts at a group");
+  if (g.m <= 0 || g.r1 <= g.r0) return;
+  const int64_t nb = g.k / kQK_K;
+  thread_local Q4KScratch s;
+  if (s.pairs.size() < static_cast<size_t>(g.m * nb)) s.pairs.resize(static_cast<size_t>(g.m * nb));
+  if (s.group.size() < static_cast<size_t>(nb)) s.group.resize(static_cast<size_t>(nb));
+  auto act_row = [&](int64_t t) { return reinterpret_cast<const BlockQ8_K*>(g.act + static_cast<size_t>(t) * g.act_stride); };
+  for (int64_t t = 0; t < g.m; ++t) gemm_tiles::k_pair_sums(act_row(t), nb, s.pairs.data() + t * nb);
+  const int64_t tb = token_block(nb * static_cast<int64_t>(sizeof(BlockQ8_K)));
+  const int64_t m4 = g.m - g.m % 4;  // llama.cpp's GEMM takes the rows before m4, its GEMV the rest
+  __m512 res[kQ4KTokens];
+  for (int64_t t0 = 0; t0 < g.m; t0 += tb) {
+    const int64_t t_end = std::min(g.m, t0 + tb);
+    for (int64_t row0 = g.r0; row0 < g.r1; row0 += 16) {
+      const int nr = static_cast<int>(std::min<int64_t>(16, g.r1 - row0));
+      unpack_rows16_q4_k(g, row0, nr, nb, s.group.data());
+      for (int64_t t = t0; t < t_end;) {
+        const bool gemm_rows = t < m4;  // a tile does not cross m4
+        const int nt = static_cast<int>(std::min<int64_t>(kQ4KTokens, (gemm_rows ? std::min(t_end, m4) : t_end) - t));
+        const BlockQ8_K* acts[kQ4KTokens];
+        const KPairSums* tile_pairs[kQ4KTokens];
+        for (int i = 0; i < nt; ++i) {
+          acts[i] = act_row(t + i);
+          tile_pairs[i] = s.pairs.data() + (t + i) * nb;
+        }
+        if (gemm_rows) {
+          run_tile16_q4_k<true>(nt, s.group.data(), nb, acts, tile_pairs, res);
+        } else {
+          run_tile16_q4_k<false>(nt, s.group.data(), nb, acts, tile_pairs, res);
+        }
+        for (int i = 0; i < nt; ++i) store_rows16(g, t + i, row0, nr, res[i]);
+        t += nt;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+GemmFn repacked_kernel(DType type) {
+  switch (type) {
+    case DType::kQ4_0:
+      return &gemm_q4_0_repacked;
+    case DType::kQ4_K:
+      return &gemm_q4_k_repacked;
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace inferd::kernels::gemm_avx512
