@@ -67,8 +67,8 @@ inline GemmFn gemm_kernel(DType type) { return gemm_kernel(type, best_isa()); }
 GemmFn gemm_kernel_for(DType type, WeightLayout layout, Isa isa);
 inline GemmFn gemm_kernel_for(DType type, WeightLayout layout) { return gemm_kernel_for(type, layout, best_isa()); }
 // The GEMM that computes a matrix of `type` in `order` (as matmul_order_for() gives it, inferd/kernels/cpu.h):
-// gemm_kernel_for() for kVecDot; for kRepacked the AVX2 GEMMs of Q4_0 and Q4_K in that order (either layout,
-// AVX2 and AVX-512 CPUs; any m >= 1). Q4_0's equals type_kernels(kQ4_0, isa, kRepacked)->dot bit for bit; Q4_K's
+// gemm_kernel_for() for kVecDot; for kRepacked the GEMMs of Q4_0 and Q4_K in that order (either layout; AVX2, or
+// AVX-512 VNNI where isa asks for it and the CPU has it; any m >= 1). Q4_0's equals type_kernels(kQ4_0, isa, kRepacked)->dot bit for bit; Q4_K's
 // equals that dot for the last m % 4 activation rows and llama.cpp's GEMM steps for the others (cpu.h). On the
 // scalar ISA: Q4_K's scalar definition on the row layout, else nullptr.
 GemmFn gemm_kernel_for(DType type, WeightLayout layout, Isa isa, MatmulOrder order);
