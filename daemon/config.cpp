@@ -109,7 +109,7 @@ constexpr KeyInfo kKeys[] = {
     {"matmul-order", Key::kMatmulOrder, "vec_dot|repacked",
      "the CPU workers' matmul arithmetic: llama.cpp's vec_dot kernels, or for\n"
      "                         Q4_0 and Q4_K its repacked ones (faster prefill; CUDA exact numerics need\n"
-     "                         vec_dot) (default: $INFERD_MATMUL_ORDER, else vec_dot)"},
+     "                         vec_dot) (default: $INFERD_MATMUL_ORDER, else repacked)"},
     {"load", Key::kLoad, "PATH [id=ID] [ctx=N] [parallel=N] [threads=N] [backend=cpu|cuda[:N]|opencl[:N]]",
      "\n                         load a model at start; repeatable (quote a PATH with spaces: \"...\")"},
 };

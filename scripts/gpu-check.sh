@@ -82,6 +82,9 @@ run() {
   say() { echo "$*" | tee -a "$summary"; }
   export LD_LIBRARY_PATH="$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export PYTHONPATH="$PWD/$B/py"
+  # CUDA's exact numerics reproduce the CPU engine's vec_dot matmul order, not the default repacked one: every
+  # CPU/CUDA comparison here runs in that order (the OpenCL exact checks follow either).
+  export INFERD_MATMUL_ORDER=${INFERD_MATMUL_ORDER:-vec_dot}
   local bin="$PWD/$B/bin" t0=$SECONDS
   local src
   src=$(cat "$B/source_dir")

@@ -30,6 +30,11 @@
 namespace inferd {
 namespace {
 
+// The backends are held to the CPU reference in the vec_dot matmul order (kernels::MatmulOrder), the one CUDA's
+// exact numerics reproduce; the repacked order's kernels have tests of their own (kernels/cpu/gemm_test.cpp,
+// ClEngineFiles.RepackedMatmulOrderEqualsTheCpuEngine, the numerics tests).
+const kernels::ScopedMatmulOrder kVecDotOrder(kernels::MatmulOrder::kVecDot);
+
 using graph::Elem;
 using graph::Graph;
 using graph::Node;

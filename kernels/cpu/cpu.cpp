@@ -61,7 +61,7 @@ GgmlOrder detect_ggml_order() {
 }
 
 MatmulOrder detect_matmul_order() {
-  MatmulOrder order = MatmulOrder::kVecDot;
+  MatmulOrder order = MatmulOrder::kRepacked;  // llama.cpp's out-of-the-box arithmetic
   if (const char* env = std::getenv("INFERD_MATMUL_ORDER")) parse_matmul_order(env, &order);
   return order;
 }

@@ -7,7 +7,8 @@
 // and once the way the engine runs prefill without it: for each block of 32 rows, for each group of
 // kMaxDotRows activation rows, for each row, TypeKernels::dot. Best of N repetitions. Types with an
 // interleaved layout (inferd/weight_layout.h, as the weights segment stores them) are also run from
-// that layout: the "x16" column. INFERD_MATMUL_ORDER=repacked measures that order's kernels (Q4_0).
+// that layout: the "x16" column. INFERD_MATMUL_ORDER=vec_dot|repacked picks the order measured (Q4_0, Q4_K;
+// default repacked).
 #include <algorithm>
 #include <cstddef>
 #include <chrono>

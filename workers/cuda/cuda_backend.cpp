@@ -346,8 +346,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const CudaOptions& give
     }
     if (!vec_dot_order) {
       return Status(Code::kUnimplemented,
-                    "exact CUDA numerics reproduce the CPU engine's vec_dot matmul order; INFERD_MATMUL_ORDER=repacked "
-                    "is set");
+                    "exact CUDA numerics reproduce the CPU engine's vec_dot matmul order, and the matmul order is "
+                    "'repacked' (the default): set INFERD_MATMUL_ORDER=vec_dot (daemon: matmul-order = vec_dot)");
     }
   }
   // Float numerics on the GEMV default to 8-bit inputs (the integer GEMV: llama.cpp's arithmetic, and the

@@ -36,6 +36,10 @@ const BackendFactory& cuda_backend_factory();
 namespace inferd::cuda {
 namespace {
 
+// Exact CUDA numerics reproduce the CPU engine in the vec_dot matmul order (kernels::MatmulOrder), not in the
+// default repacked one: every test here runs the CPU side in that order.
+const kernels::ScopedMatmulOrder kVecDotOrder(kernels::MatmulOrder::kVecDot);
+
 const char* kText = INFERD_TEST_DATA_DIR "/text/english.txt";
 
 int argmax(std::span<const float> v) { return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin()); }

@@ -60,20 +60,21 @@ const TypeKernels* type_kernels(DType type, Isa isa);
 inline const TypeKernels* type_kernels(DType type) { return type_kernels(type, best_isa()); }
 
 // ---- Which of llama.cpp's matmul configurations the quantized matmuls follow -------------------
-// kVecDot (the default): every matmul sums as ggml's vec_dot kernels do (llama.cpp run with --no-repack and
-// GGML_CPU_TILED_MM=0), the one order CUDA's exact mode reproduces (OpenCL's follows either); the kernels of
-// type_kernels().
-// kRepacked: llama.cpp's x86 default (with AVX2) for the matrices it repacks, Q4_0 and Q4_K matrices with a row
-// count that is a multiple of 8 (ggml's q4_0_8x8 and q4_K_8x8 GEMV and GEMM, the same orders on AVX2 and
-// AVX-512). Q4_0: per 32-element block one exact integer dot n_b = sum_j w_j a_j (the weight's -8 included), and
-// acc = fma(float(n_b), d_w * d_a, acc) block after block from acc = 0: no lanes, no final reduction, the
+// kRepacked (the default): llama.cpp's x86 default (with AVX2) for the matrices it repacks, Q4_0 and Q4_K matrices
+// with a row count that is a multiple of 8 (ggml's q4_0_8x8 and q4_K_8x8 GEMV and GEMM, the same orders on AVX2
+// and AVX-512). Q4_0: per 32-element block one exact integer dot n_b = sum_j w_j a_j (the weight's -8 included),
+// and acc = fma(float(n_b), d_w * d_a, acc) block after block from acc = 0: no lanes, no final reduction, the
 // same result for every batch size. Q4_K: the exact integers n = sum_s sc_s * isum_s and
 // m = sum_s mn_s * (bsum_2s + bsum_2s+1), acc = fma(float(n), d_w * d_a, acc), accm = fma(float(m),
 // dmin_w * d_a, accm), result acc - accm; per super-block for one activation row (the kernels of
 // type_kernels(), llama.cpp's GEMV), per pair of sub-blocks for the first m - m % 4 rows of an m-row GEMM
-// (llama.cpp's GEMM; the rest of the batch as its GEMV). It needs about a third of the vector work of the
-// vec_dot order on AVX2. Other matrices keep the vec_dot order. INFERD_MATMUL_ORDER=repacked in the environment selects it (worker
-// processes inherit it); set_matmul_order() in tests and tools.
+// (llama.cpp's GEMM; the rest of the batch as its GEMV). It needs a third to a half of the vector work of the
+// vec_dot order. Other matrices keep the vec_dot order.
+// kVecDot: every matmul sums as ggml's vec_dot kernels do (llama.cpp run with --no-repack and
+// GGML_CPU_TILED_MM=0), the one order CUDA's exact mode reproduces (OpenCL's follows either); the kernels of
+// type_kernels().
+// INFERD_MATMUL_ORDER=vec_dot|repacked in the environment selects one (worker processes inherit it);
+// set_matmul_order() in tests and tools.
 enum class MatmulOrder : int { kVecDot = 0, kRepacked = 1 };
 const char* matmul_order_name(MatmulOrder order);  // "vec_dot", "repacked"
 // Parses a matmul_order_name(); false for anything else.
