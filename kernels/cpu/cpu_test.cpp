@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <cstdio>
 #include <cstddef>
@@ -276,6 +277,19 @@ TEST(Dispatch, TablesExistAndFallBack) {
   EXPECT_EQ(type_kernels(DType::kQ4_K)->act_type, DType::kQ8_K);
   EXPECT_EQ(type_kernels(DType::kQ6_K)->act_type, DType::kQ8_K);
   EXPECT_EQ(type_kernels(DType::kBF16)->act_type, DType::kF32);
+}
+
+// The matmul order is llama.cpp's out-of-the-box one unless the environment asks for the other (this test binary
+// runs with INFERD_MATMUL_ORDER unset in CI; a set one must parse, or the default stays).
+TEST(Dispatch, MatmulOrderDefaultsToRepacked) {
+  const char* env = std::getenv("INFERD_MATMUL_ORDER");
+  MatmulOrder from_env = MatmulOrder::kRepacked;
+  if (env != nullptr) parse_matmul_order(env, &from_env);
+  EXPECT_EQ(matmul_order(), from_env) << (env != nullptr ? env : "(unset)");
+  // Repacked kernels exist for the two types the order changes, the others keep their vec_dot kernels.
+  EXPECT_NE(type_kernels(DType::kQ4_0, best_isa(), MatmulOrder::kRepacked), type_kernels(DType::kQ4_0, best_isa()));
+  EXPECT_NE(type_kernels(DType::kQ4_K, best_isa(), MatmulOrder::kRepacked), type_kernels(DType::kQ4_K, best_isa()));
+  EXPECT_EQ(type_kernels(DType::kQ6_K, best_isa(), MatmulOrder::kRepacked), type_kernels(DType::kQ6_K, best_isa()));
 }
 
 // ---- fp16 / bf16 --------------------------------------------------------------------------
