@@ -549,13 +549,9 @@ void gemm_q4_0_repacked(const GemmArgs& g) {
   const int64_t token_block =
       std::clamp<int64_t>((256 * 1024) / (nb * static_cast<int64_t>(sizeof(RepackedActBlock))), 16, 64);
   __m256 res[kRepackedTokens];
-  for (int64_t t0 = 0; t0 < g.m; t0 += token_block) {
-    const int64_t t_end = std::min(g.m, t0 + token_block);
-    for (int64_t row0 = g.r0; row0 < g.r1; row0 += 8) {
-      const int nr = static_cast<int>(std::min<int64_t>(8, g.r1 - row0));
-      unpack_rows8<DType::kQ4_0>(g, row0, nr, nb, s.group.data());
-      for (int64_t t = t0; t < t_end; t += kRepackedTokens) {
-        const int nt = static_cast<int>(std::min<int64_t>(kRepackedTokens, t_end - t));
+  gemm_tiles::repacked_walk<8>(
+      g, token_block, kRepackedTokens, false, [&](int64_t row0, int nr) { unpack_rows8<DType::kQ4_0>(g, row0, nr, nb, s.group.data()); },
+      [&](int64_t t, int nt, bool, int64_t row0, int nr) {
         const RepackedActBlock* act = s.acts.data() + t * nb;
         switch (nt) {
           case 1: tile_repacked<1>(s.group.data(), nb, act, nb, res); break;
@@ -566,9 +562,7 @@ void gemm_q4_0_repacked(const GemmArgs& g) {
           default: tile_repacked<6>(s.group.data(), nb, act, nb, res); break;
         }
         for (int i = 0; i < nt; ++i) store_rows8(g, t + i, row0, nr, res[i]);
-      }
-    }
-  }
+      });
 }
 
 // ---- Q4_K in MatmulOrder::kRepacked ---------------------------------------------------------------
@@ -715,41 +709,24 @@ void tile_q4_k_repacked(const RowGroup8K* w, int64_t nb, const BlockQ8_K* const*
   for (int t = 0; t < T; ++t) out[t] = _mm256_sub_ps(_mm256_load_ps(acc[t]), _mm256_load_ps(accm[t]));
 }
 
-struct RepackedKScratch {
-  std::vector<KPairSums> pairs;   // [activation row][super-block]
-  std::vector<RowGroup8K> group;  // [super-block] of the current 8 rows
-};
-
 void gemm_q4_k_repacked(const GemmArgs& g) {
-  INFERD_ASSERT(g.type == DType::kQ4_K && g.k % kQK_K == 0, "this GEMM is Q4_K's");
-  INFERD_ASSERT(g.layout == WeightLayout::kRows || g.r0 % kInterleaveRows == 0, "an interleaved GEMM starts at a group");
-  if (g.m <= 0 || g.r1 <= g.r0) return;
+  thread_local gemm_tiles::RepackedKScratch<RowGroup8K> s;
+  if (!s.prepare(g)) return;
   const int64_t nb = g.k / kQK_K;
-  thread_local RepackedKScratch s;
-  if (s.pairs.size() < static_cast<size_t>(g.m * nb)) s.pairs.resize(static_cast<size_t>(g.m * nb));
-  if (s.group.size() < static_cast<size_t>(nb)) s.group.resize(static_cast<size_t>(nb));
-  auto act_row = [&](int64_t t) { return reinterpret_cast<const BlockQ8_K*>(g.act + static_cast<size_t>(t) * g.act_stride); };
-  for (int64_t t = 0; t < g.m; ++t) gemm_tiles::k_pair_sums(act_row(t), nb, s.pairs.data() + t * nb);
+  auto act_row = [&](int64_t t) { return s.act_row(g, t); };
   // Activation rows per pass over a group: their blocks within ~256 KiB of L2 (as gemm_lanes).
   const int64_t token_block = std::clamp<int64_t>((256 * 1024) / (nb * static_cast<int64_t>(sizeof(BlockQ8_K))), 16, 64);
-  const int64_t m4 = g.m - g.m % 4;  // llama.cpp's GEMM takes the rows before m4, its GEMV the rest
   __m256 res[kRepackedKTokens];
-  for (int64_t t0 = 0; t0 < g.m; t0 += token_block) {
-    const int64_t t_end = std::min(g.m, t0 + token_block);
-    for (int64_t row0 = g.r0; row0 < g.r1; row0 += 8) {
-      const int nr = static_cast<int>(std::min<int64_t>(8, g.r1 - row0));
-      unpack_rows8_q4_k(g, row0, nr, nb, s.group.data());
-      for (int64_t t = t0; t < t_end;) {
-        // A tile does not cross m4: rows before it take the GEMM's steps, the rest the GEMV's.
-        const bool gemm_rows = t < m4;
-        const int nt = static_cast<int>(std::min<int64_t>(kRepackedKTokens, (gemm_rows ? std::min(t_end, m4) : t_end) - t));
+  gemm_tiles::repacked_walk<8>(
+      g, token_block, kRepackedKTokens, true, [&](int64_t row0, int nr) { unpack_rows8_q4_k(g, row0, nr, nb, s.group.data()); },
+      [&](int64_t t, int nt, bool gemm_row, int64_t row0, int nr) {
         const BlockQ8_K* acts[kRepackedKTokens];
         const KPairSums* tile_pairs[kRepackedKTokens];
         for (int i = 0; i < nt; ++i) {
           acts[i] = act_row(t + i);
           tile_pairs[i] = s.pairs.data() + (t + i) * nb;
         }
-        if (gemm_rows) {
+        if (gemm_row) {
           switch (nt) {
             case 1: tile_q4_k_repacked<1, true>(s.group.data(), nb, acts, tile_pairs, res); break;
             case 2: tile_q4_k_repacked<2, true>(s.group.data(), nb, acts, tile_pairs, res); break;
@@ -758,7 +735,7 @@ void gemm_q4_k_repacked(const GemmArgs& g) {
             case 5: tile_q4_k_repacked<5, true>(s.group.data(), nb, acts, tile_pairs, res); break;
             default: tile_q4_k_repacked<6, true>(s.group.data(), nb, acts, tile_pairs, res); break;
           }
-        } else {
+        } else {  // at most 3 rows: the GEMV's
           switch (nt) {
             case 1: tile_q4_k_repacked<1, false>(s.group.data(), nb, acts, tile_pairs, res); break;
             case 2: tile_q4_k_repacked<2, false>(s.group.data(), nb, acts, tile_pairs, res); break;
@@ -766,10 +743,7 @@ void gemm_q4_k_repacked(const GemmArgs& g) {
           }
         }
         for (int i = 0; i < nt; ++i) store_rows8(g, t + i, row0, nr, res[i]);
-        t += nt;
-      }
-    }
-  }
+      });
 }
 
 template <DType kType>

@@ -157,15 +157,11 @@ void gemm_q4_0_repacked(const GemmArgs& g) {
       dst[b].d = half[a[b].d];
     }
   }
-  const int64_t tb = token_block(nb * static_cast<int64_t>(sizeof(ActBlock40)));
   __m512 res[kQ4_0Tokens];
-  for (int64_t t0 = 0; t0 < g.m; t0 += tb) {
-    const int64_t t_end = std::min(g.m, t0 + tb);
-    for (int64_t row0 = g.r0; row0 < g.r1; row0 += 16) {
-      const int nr = static_cast<int>(std::min<int64_t>(16, g.r1 - row0));
-      unpack_rows16_q4_0(g, row0, nr, nb, s.group.data());
-      for (int64_t t = t0; t < t_end; t += kQ4_0Tokens) {
-        const int nt = static_cast<int>(std::min<int64_t>(kQ4_0Tokens, t_end - t));
+  gemm_tiles::repacked_walk<16>(
+      g, token_block(nb * static_cast<int64_t>(sizeof(ActBlock40))), kQ4_0Tokens, false,
+      [&](int64_t row0, int nr) { unpack_rows16_q4_0(g, row0, nr, nb, s.group.data()); },
+      [&](int64_t t, int nt, bool, int64_t row0, int nr) {
         const ActBlock40* act = s.acts.data() + t * nb;
         switch (nt) {
           case 1: tile16_q4_0<1>(s.group.data(), nb, act, nb, res); break;
@@ -182,9 +178,7 @@ void gemm_q4_0_repacked(const GemmArgs& g) {
           default: tile16_q4_0<12>(s.group.data(), nb, act, nb, res); break;
         }
         for (int i = 0; i < nt; ++i) store_rows16(g, t + i, row0, nr, res[i]);
-      }
-    }
-  }
+      });
 }
 
 // ---- Q4_K ----------------------------------------------------------------------------------------
@@ -298,48 +292,29 @@ void run_tile16_q4_k(int nt, const RowGroup16K* w, int64_t nb, const BlockQ8_K* 
   }
 }
 
-struct Q4KScratch {
-  std::vector<KPairSums> pairs;    // [activation row][super-block]
-  std::vector<RowGroup16K> group;  // [super-block] of the current 16 rows
-};
-
 void gemm_q4_k_repacked(const GemmArgs& g) {
-  INFERD_ASSERT(g.type == DType::kQ4_K && g.k % kQK_K == 0, "this GEMM is Q4_K's");
-  INFERD_ASSERT(g.layout == WeightLayout::kRows || g.r0 % kInterleaveRows == 0, "an interleaved GEMM starts at a group");
-  if (g.m <= 0 || g.r1 <= g.r0) return;
+  thread_local gemm_tiles::RepackedKScratch<RowGroup16K> s;
+  if (!s.prepare(g)) return;
   const int64_t nb = g.k / kQK_K;
-  thread_local Q4KScratch s;
-  if (s.pairs.size() < static_cast<size_t>(g.m * nb)) s.pairs.resize(static_cast<size_t>(g.m * nb));
-  if (s.group.size() < static_cast<size_t>(nb)) s.group.resize(static_cast<size_t>(nb));
-  auto act_row = [&](int64_t t) { return reinterpret_cast<const BlockQ8_K*>(g.act + static_cast<size_t>(t) * g.act_stride); };
-  for (int64_t t = 0; t < g.m; ++t) gemm_tiles::k_pair_sums(act_row(t), nb, s.pairs.data() + t * nb);
-  const int64_t tb = token_block(nb * static_cast<int64_t>(sizeof(BlockQ8_K)));
-  const int64_t m4 = g.m - g.m % 4;  // llama.cpp's GEMM takes the rows before m4, its GEMV the rest
+  auto act_row = [&](int64_t t) { return s.act_row(g, t); };
   __m512 res[kQ4KTokens];
-  for (int64_t t0 = 0; t0 < g.m; t0 += tb) {
-    const int64_t t_end = std::min(g.m, t0 + tb);
-    for (int64_t row0 = g.r0; row0 < g.r1; row0 += 16) {
-      const int nr = static_cast<int>(std::min<int64_t>(16, g.r1 - row0));
-      unpack_rows16_q4_k(g, row0, nr, nb, s.group.data());
-      for (int64_t t = t0; t < t_end;) {
-        const bool gemm_rows = t < m4;  // a tile does not cross m4
-        const int nt = static_cast<int>(std::min<int64_t>(kQ4KTokens, (gemm_rows ? std::min(t_end, m4) : t_end) - t));
+  gemm_tiles::repacked_walk<16>(
+      g, token_block(nb * static_cast<int64_t>(sizeof(BlockQ8_K))), kQ4KTokens, true,
+      [&](int64_t row0, int nr) { unpack_rows16_q4_k(g, row0, nr, nb, s.group.data()); },
+      [&](int64_t t, int nt, bool gemm_row, int64_t row0, int nr) {
         const BlockQ8_K* acts[kQ4KTokens];
         const KPairSums* tile_pairs[kQ4KTokens];
         for (int i = 0; i < nt; ++i) {
           acts[i] = act_row(t + i);
           tile_pairs[i] = s.pairs.data() + (t + i) * nb;
         }
-        if (gemm_rows) {
+        if (gemm_row) {
           run_tile16_q4_k<true>(nt, s.group.data(), nb, acts, tile_pairs, res);
         } else {
           run_tile16_q4_k<false>(nt, s.group.data(), nb, acts, tile_pairs, res);
         }
         for (int i = 0; i < nt; ++i) store_rows16(g, t + i, row0, nr, res[i]);
-        t += nt;
-      }
-    }
-  }
+      });
 }
 
 }  // namespace

@@ -14,9 +14,11 @@
 #include <cstring>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "inferd/dtype.h"
 #include "inferd/kernels/gemm.h"
+#include "inferd/status.h"
 #include "inferd/weight_layout.h"
 #include "isa_tables.h"
 
@@ -192,6 +194,52 @@ inline void k_pair_sums(const BlockQ8_K* a, int64_t nb, KPairSums* out) {
     const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].bsums));
     _mm_store_si128(reinterpret_cast<__m128i*>(out[b].v),
                     _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1)));
+  }
+}
+
+// The activation side and weight scratch of a repacked Q4_K GEMM (Group: one super-block of its rows, unpacked):
+// each activation row's KPairSums, computed by prepare(), which also checks the arguments and says false when
+// there is nothing to do.
+template <typename Group>
+struct RepackedKScratch {
+  std::vector<KPairSums> pairs;  // [activation row][super-block]
+  std::vector<Group> group;      // [super-block] of the current rows
+
+  static const BlockQ8_K* act_row(const GemmArgs& g, int64_t t) {
+    return reinterpret_cast<const BlockQ8_K*>(g.act + static_cast<size_t>(t) * g.act_stride);
+  }
+  bool prepare(const GemmArgs& g) {
+    INFERD_ASSERT(g.type == DType::kQ4_K && g.k % kQK_K == 0, "this GEMM is Q4_K's");
+    INFERD_ASSERT(g.layout == WeightLayout::kRows || g.r0 % kInterleaveRows == 0, "an interleaved GEMM starts at a group");
+    if (g.m <= 0 || g.r1 <= g.r0) return false;
+    const int64_t nb = g.k / kQK_K;
+    if (pairs.size() < static_cast<size_t>(g.m * nb)) pairs.resize(static_cast<size_t>(g.m * nb));
+    if (group.size() < static_cast<size_t>(nb)) group.resize(static_cast<size_t>(nb));
+    for (int64_t t = 0; t < g.m; ++t) k_pair_sums(act_row(g, t), nb, pairs.data() + t * nb);
+    return true;
+  }
+};
+
+// The walk of the rows-in-lanes GEMMs of MatmulOrder::kRepacked (gemm_avx2.cpp, gemm_avx512_repacked.cpp): the
+// activation rows in blocks of token_block; in each, the weight rows in groups of kRows, unpacked once per group
+// (unpack(row0, nr), nr <= kRows rows); then tiles of at most max_tokens activation rows, none crossing
+// m4 = m - m % 4 when split_m4 (llama.cpp's Q4_K GEMM takes the rows before m4, its GEMV the rest):
+// tile(t, nt, gemm_row, row0, nr), gemm_row = t < m4.
+template <int kRows, typename Unpack, typename Tile>
+void repacked_walk(const GemmArgs& g, int64_t token_block, int max_tokens, bool split_m4, Unpack&& unpack, Tile&& tile) {
+  const int64_t m4 = split_m4 ? g.m - g.m % 4 : g.m;
+  for (int64_t t0 = 0; t0 < g.m; t0 += token_block) {
+    const int64_t t_end = std::min(g.m, t0 + token_block);
+    for (int64_t row0 = g.r0; row0 < g.r1; row0 += kRows) {
+      const int nr = static_cast<int>(std::min<int64_t>(kRows, g.r1 - row0));
+      unpack(row0, nr);
+      for (int64_t t = t0; t < t_end;) {
+        const bool gemm_row = t < m4;
+        const int nt = static_cast<int>(std::min<int64_t>(max_tokens, (gemm_row ? std::min(t_end, m4) : t_end) - t));
+        tile(t, nt, gemm_row, row0, nr);
+        t += nt;
+      }
+    }
   }
 }
 
