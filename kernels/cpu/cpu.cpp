@@ -146,7 +146,9 @@ MatmulOrder matmul_order_for(DType type, int64_t rows, MatmulOrder order) {
   // llama.cpp's x86 repacking with AVX2 (ggml_repack_get_optimal_repack_type): Q4_0 -> q4_0_8x8 and
   // Q4_K -> q4_K_8x8 when rows % 8 == 0. (It also repacks IQ4_NL, and Q2_K with AVX-512, in orders the engine
   // does not reproduce yet: those keep the vec_dot order.)
+  // Q6_K is not repacked but goes through its tiled K-quant GEMM from kTiledMinRows activation rows on (gemm.h).
   const bool repacks = type == DType::kQ4_0 || type == DType::kQ4_K;
+  if (order == MatmulOrder::kRepacked && type == DType::kQ6_K) return MatmulOrder::kRepacked;
   return order == MatmulOrder::kRepacked && repacks && rows % 8 == 0 ? MatmulOrder::kRepacked : MatmulOrder::kVecDot;
 }
 

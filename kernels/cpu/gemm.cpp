@@ -157,6 +157,55 @@ void gemm_q4_k_repacked(const GemmArgs& g) {
   }
 }
 
+// MatmulOrder::kRepacked, Q6_K, row layout: below kTiledMinRows activation rows the vec_dot order (the scalar
+// dot); from there llama.cpp's tiled K-quant GEMM: per super-block the exact total t = sum_e sc_(e/16) * q_e * a_e
+// (q_e = code - 32), y = fma(float(t) * d_w, d_a, y), super-block after super-block from 0. The definition the
+// AVX2 and AVX-512 GEMMs equal bit for bit.
+void gemm_q6_k_repacked(const GemmArgs& g) {
+  INFERD_ASSERT(g.type == DType::kQ6_K && g.k % kQK_K == 0 && g.layout == WeightLayout::kRows,
+                "the scalar repacked Q6_K GEMM is on the row layout");
+  const TypeKernels* tk = scalar::type_kernels(DType::kQ6_K);
+  const float* half = scalar::fp16_table();
+  const int64_t nb = g.k / kQK_K;
+  for (int64_t t = 0; t < g.m; ++t) {
+    const uint8_t* act = g.act + static_cast<size_t>(t) * g.act_stride;
+    const auto* a = reinterpret_cast<const BlockQ8_K*>(act);
+    float* out = g.out + t * g.out_stride;
+    for (int64_t r = g.r0; r < g.r1; ++r) {
+      const uint8_t* row = g.w + static_cast<size_t>(r) * g.w_row_bytes;
+      float y = 0.0f;
+      if (g.m < kTiledMinRows) {
+        tk->dot(g.k, row, act, 0, 1, &y);
+      } else {
+        const auto* w = reinterpret_cast<const BlockQ6_K*>(row);
+        for (int64_t b = 0; b < nb; ++b) {
+          int total = 0;
+          for (int n = 0; n < 2; ++n) {  // ggml's element order: halves of 128, four runs of 32 in each
+            const uint8_t* ql = w[b].ql + 64 * n;
+            const uint8_t* qh = w[b].qh + 32 * n;
+            for (int l = 0; l < 32; ++l) {
+              const int q[4] = {((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32,
+                                ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32,
+                                ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32,
+                                ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32};
+              for (int j = 0; j < 4; ++j) {
+                const int e = 128 * n + 32 * j + l;
+                total += w[b].scales[e / 16] * q[j] * a[b].qs[e];
+              }
+            }
+          }
+          y = std::fma(static_cast<float>(total) * half[w[b].d], a[b].d, y);
+        }
+      }
+      if (g.accumulate) {
+        out[r] += y;
+      } else {
+        out[r] = g.bias != nullptr ? y + g.bias[r] : y;
+      }
+    }
+  }
+}
+
 }  // namespace gemm_scalar
 
 GemmFn gemm_kernel(DType type, Isa isa) {
@@ -198,13 +247,16 @@ GemmFn gemm_kernel_for(DType type, WeightLayout layout, Isa isa) {
 GemmFn gemm_kernel_for(DType type, WeightLayout layout, Isa isa, MatmulOrder order) {
   if (order == MatmulOrder::kVecDot) return gemm_kernel_for(type, layout, isa);
   if (isa == Isa::kScalar || !isa_available(Isa::kAvx2)) {
-    // Q4_K's order depends on the activation row's place in the batch: the scalar ISA needs its GEMM too
-    // (Q4_0's is the same for every row, so its dot serves).
-    return type == DType::kQ4_K && layout == WeightLayout::kRows ? &gemm_scalar::gemm_q4_k_repacked : nullptr;
+    // Q4_K's and Q6_K's orders depend on the batch: the scalar ISA needs their GEMMs too (Q4_0's is the same for
+    // every row, so its dot serves).
+    if (layout != WeightLayout::kRows) return nullptr;
+    if (type == DType::kQ4_K) return &gemm_scalar::gemm_q4_k_repacked;
+    return type == DType::kQ6_K ? &gemm_scalar::gemm_q6_k_repacked : nullptr;
   }
   if (isa == Isa::kAvx512 && isa_available(Isa::kAvx512)) {
     if (GemmFn fn = gemm_avx512::repacked_kernel(type)) return fn;
   }
+  if (GemmFn fn = gemm_avx2_k::repacked_kernel(type)) return fn;
   if (GemmFn fn = gemm_avx2::repacked_kernel(type)) return fn;
   return gemm_kernel_for(type, layout, isa);  // a type the order does not change
 }

@@ -203,12 +203,15 @@ void tile_k_min_rows(const RowIo& io) {
 }
 
 // Q6_K chunk by chunk: chunk c = 4 * half + j's codes (+32, 0..63) and its 16 int16 scales in registers.
-template <int R, int P>
+// kTiled: MatmulOrder::kRepacked's order from kTiledMinRows activation rows on (llama.cpp's tiled K-quant GEMM): per
+// super-block y = fma(float(total) * d_w, d_a, y), total the exact sum of the lanes.
+template <int R, int P, bool kTiled = false>
 void tile_q6_k_rows(const RowIo& io) {
   static_assert(R == 1, "one weight row per tile");
   constexpr int T = 2 * P;
   const gemm_tiles::Q6RowBlocks b = gemm_tiles::q6_row_blocks(*io.g, io.row0);
   __m256 acc[T];
+  [[maybe_unused]] float tiled[T] = {};
   for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t i = 0; i < io.nb; ++i) {
     prefetch_ahead(b.ql(i, 0), sizeof(BlockQ6_K));
@@ -234,11 +237,26 @@ void tile_q6_k_rows(const RowIo& io) {
       // q6_k_float_step, operation for operation.
       const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(sc16, load32(a.bsums)), 5);
       const __m256i total = _mm256_sub_epi32(sumi[t], offset);
-      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(total), acc[t]);
+      if constexpr (kTiled) {
+        __m128i s = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+        tiled[t] = std::fma(static_cast<float>(_mm_cvtsi128_si32(s)) * d, a.d, tiled[t]);
+      } else {
+        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(total), acc[t]);
+      }
     }
   }
-  for (int t = 0; t < T; ++t) io.res[0][t] = gemm_tiles::reduce8(acc[t]);
+  for (int t = 0; t < T; ++t) io.res[0][t] = kTiled ? tiled[t] : gemm_tiles::reduce8(acc[t]);
 }
+
+// The tiled order's tile (tile_q6_k_rows<R, P, true>) for TileTable.
+struct TiledQ6K {
+  template <int R, int P>
+  static void fn(const RowIo& io) {
+    tile_q6_k_rows<R, P, true>(io);
+  }
+};
 
 // IQ4_XS: sub-block s's 32 non-linear values and their |x| in registers; per activation row ggml's sign
 // trick (mul_add_i8), madd with the sub-block scale, add; then IQ4XS::step's one float step per block.
@@ -288,7 +306,7 @@ struct RowTile {
   }
 };
 
-template <DType kType>
+template <DType kType, typename Tile = RowTile<kType>>
 void gemm_rows(const GemmArgs& g) {
   INFERD_ASSERT(g.k % kQK_K == 0, "k must be a multiple of 256");
   INFERD_ASSERT(g.layout == WeightLayout::kRows || (interleavable(kType) && g.r0 % kInterleaveRows == 0),
@@ -317,12 +335,20 @@ void gemm_rows(const GemmArgs& g) {
     if constexpr (kMinPairs) {
       for (int t = 0; t < 2 * np; ++t) tile_pairs[t] = pairs.data() + std::min(2 * p0 + t, g.m - 1) * nb;
     }
-    gemm_tiles::TileTable<RowTile<kType>, 1, kRowPairs>::kTable[nr - 1][np - 1](
+    gemm_tiles::TileTable<Tile, 1, kRowPairs>::kTable[nr - 1][np - 1](
         RowIo{&g, r, acts, nb, res, tile_pairs});
   });
 }
 
+// MatmulOrder::kRepacked for Q6_K: the vec_dot order below kTiledMinRows activation rows, the tiled order from there.
+void gemm_q6_k_repacked(const GemmArgs& g) {
+  if (g.m < kTiledMinRows) return gemm_rows<DType::kQ6_K>(g);
+  gemm_rows<DType::kQ6_K, TiledQ6K>(g);
+}
+
 }  // namespace
+
+GemmFn repacked_kernel(DType type) { return type == DType::kQ6_K ? &gemm_q6_k_repacked : nullptr; }
 
 GemmFn kernel(DType type) {
   switch (type) {

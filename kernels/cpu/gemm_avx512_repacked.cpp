@@ -317,6 +317,121 @@ void gemm_q4_k_repacked(const GemmArgs& g) {
       });
 }
 
+// ---- Q6_K from kTiledMinRows activation rows on (llama.cpp's tiled K-quant GEMM) ----------------------
+
+// One super-block of 16 rows, unpacked: lane r of codes[g][i] holds row r's codes (+32, 0..63) of elements
+// 16g + 4i .. + 3; scales[g] its group scales as int32; scale_pairs[j] sc_2j and sc_2j+1 in int16 lanes 2r, 2r + 1
+// (the -32 offset's madd with the activation's group sums). Rows past the matrix are zero.
+struct alignas(64) RowGroup16Q6 {
+  uint32_t codes[16][4][16];
+  int32_t scales[16][16];
+  int16_t scale_pairs[8][32];
+  float d[16];
+};
+static_assert(sizeof(RowGroup16Q6) == 5696);
+
+void unpack_rows16_q6_k(const GemmArgs& g, int64_t row0, int nr, int64_t nb, RowGroup16Q6* out) {
+  const float* half = scalar::fp16_table();
+  gemm_tiles::Q6RowBlocks rows[16];
+  for (int r = 0; r < nr; ++r) rows[r] = gemm_tiles::q6_row_blocks(g, row0 + r);
+  for (int64_t b = 0; b < nb; ++b) {
+    RowGroup16Q6& o = out[b];
+    for (int c = 0; c < 8; ++c) {  // chunk c = 4 * half + j: groups 2c and 2c + 1
+      const int hf = c / 4;
+      for (int h = 0; h < 2; ++h) {
+        __m256i y[8];
+        for (int jr = 0; jr < 8; ++jr) {
+          const int r = 8 * h + jr;
+          y[jr] = r < nr ? q6_k_codes(load32(rows[r].ql(b, 2 * hf)), load32(rows[r].ql(b, 2 * hf + 1)),
+                                      load32(rows[r].qh(b, hf)), c % 4)
+                         : _mm256_setzero_si256();
+        }
+        alignas(32) uint32_t t[8][8];
+        gemm_tiles::transpose8(y, t);
+        for (int i = 0; i < 8; ++i) std::memcpy(&o.codes[2 * c + i / 4][i % 4][8 * h], t[i], sizeof(t[i]));
+      }
+    }
+    for (int r = 0; r < 16; ++r) {
+      const int8_t* sc = r < nr ? rows[r].scales(b) : nullptr;
+      for (int gg = 0; gg < 16; ++gg) o.scales[gg][r] = sc != nullptr ? sc[gg] : 0;
+      for (int j = 0; j < 8; ++j) {
+        o.scale_pairs[j][2 * r] = static_cast<int16_t>(sc != nullptr ? sc[2 * j] : 0);
+        o.scale_pairs[j][2 * r + 1] = static_cast<int16_t>(sc != nullptr ? sc[2 * j + 1] : 0);
+      }
+      o.d[r] = r < nr ? half[rows[r].d(b)] : 0.0f;
+    }
+  }
+}
+
+constexpr int kQ6KTokens = 8;
+
+// out[t] lane r = the tiled order's value for row r of the group and activation row t < T.
+template <int T>
+void tile16_q6_k(const RowGroup16Q6* w, int64_t nb, const BlockQ8_K* const* act, __m512 out[]) {
+  __m512 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const RowGroup16Q6& wb = w[b];
+    __m512i n[T];
+    for (int t = 0; t < T; ++t) n[t] = _mm512_setzero_si512();
+    for (int gg = 0; gg < 16; ++gg) {
+      __m512i sum[T];
+      for (int t = 0; t < T; ++t) sum[t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        const __m512i codes = _mm512_load_si512(wb.codes[gg][i]);
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t) sum[t] = _mm512_dpbusd_epi32(sum[t], codes, broadcast32(act[t][b].qs + 16 * gg + 4 * i));
+      }
+      const __m512i sc = _mm512_load_si512(wb.scales[gg]);
+      for (int t = 0; t < T; ++t) n[t] = _mm512_add_epi32(n[t], _mm512_mullo_epi32(sum[t], sc));
+    }
+    const __m512 d = _mm512_load_ps(wb.d);
+    for (int t = 0; t < T; ++t) {
+      // The codes' +32: 32 * sum_g sc_g * bsum_g, by pairs of groups.
+      __m512i off = _mm512_setzero_si512();
+      for (int j = 0; j < 8; ++j) {
+        off = _mm512_add_epi32(off, _mm512_madd_epi16(_mm512_load_si512(wb.scale_pairs[j]), broadcast32(act[t][b].bsums + 2 * j)));
+      }
+      const __m512i total = _mm512_sub_epi32(n[t], _mm512_slli_epi32(off, 5));
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(total), d), _mm512_set1_ps(act[t][b].d), acc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) out[t] = acc[t];
+}
+
+// MatmulOrder::kRepacked for Q6_K: the vec_dot order's GEMM below kTiledMinRows activation rows, the tiled order
+// from there.
+void gemm_q6_k_repacked(const GemmArgs& g) {
+  INFERD_ASSERT(g.type == DType::kQ6_K && g.k % kQK_K == 0, "this GEMM is Q6_K's");
+  INFERD_ASSERT(g.layout == WeightLayout::kRows || g.r0 % kInterleaveRows == 0, "an interleaved GEMM starts at a group");
+  if (g.m < kTiledMinRows) return gemm_avx512_k::kernel(DType::kQ6_K)(g);
+  if (g.r1 <= g.r0) return;
+  const int64_t nb = g.k / kQK_K;
+  thread_local std::vector<RowGroup16Q6> group;
+  if (group.size() < static_cast<size_t>(nb)) group.resize(static_cast<size_t>(nb));
+  auto act_row = [&](int64_t t) { return reinterpret_cast<const BlockQ8_K*>(g.act + static_cast<size_t>(t) * g.act_stride); };
+  __m512 res[kQ6KTokens];
+  gemm_tiles::repacked_walk<16>(
+      g, token_block(nb * static_cast<int64_t>(sizeof(BlockQ8_K))), kQ6KTokens, false,
+      [&](int64_t row0, int nr) { unpack_rows16_q6_k(g, row0, nr, nb, group.data()); },
+      [&](int64_t t, int nt, bool, int64_t row0, int nr) {
+        const BlockQ8_K* acts[kQ6KTokens];
+        for (int i = 0; i < nt; ++i) acts[i] = act_row(t + i);
+        switch (nt) {
+          case 1: tile16_q6_k<1>(group.data(), nb, acts, res); break;
+          case 2: tile16_q6_k<2>(group.data(), nb, acts, res); break;
+          case 3: tile16_q6_k<3>(group.data(), nb, acts, res); break;
+          case 4: tile16_q6_k<4>(group.data(), nb, acts, res); break;
+          case 5: tile16_q6_k<5>(group.data(), nb, acts, res); break;
+          case 6: tile16_q6_k<6>(group.data(), nb, acts, res); break;
+          case 7: tile16_q6_k<7>(group.data(), nb, acts, res); break;
+          default: tile16_q6_k<8>(group.data(), nb, acts, res); break;
+        }
+        for (int i = 0; i < nt; ++i) store_rows16(g, t + i, row0, nr, res[i]);
+      });
+}
+
 }  // namespace
 
 GemmFn repacked_kernel(DType type) {
@@ -325,6 +440,8 @@ GemmFn repacked_kernel(DType type) {
       return &gemm_q4_0_repacked;
     case DType::kQ4_K:
       return &gemm_q4_k_repacked;
+    case DType::kQ6_K:
+      return &gemm_q6_k_repacked;
     default:
       return nullptr;
   }

@@ -12,8 +12,9 @@ namespace inferd::kernels {
 namespace gemm_scalar {
 // The numerics contract of gemm.h written out lane by lane; the reference every SIMD GEMM equals.
 void gemm(const GemmArgs& args);
-// MatmulOrder::kRepacked's Q4_K GEMM on the row layout, written out as its definition.
+// MatmulOrder::kRepacked's Q4_K and Q6_K GEMMs on the row layout, written out as their definitions.
 void gemm_q4_k_repacked(const GemmArgs& args);
+void gemm_q6_k_repacked(const GemmArgs& args);
 }  // namespace gemm_scalar
 
 namespace gemm_avx2 {
@@ -27,13 +28,15 @@ GemmFn repacked_kernel(DType type);
 namespace gemm_avx2_k {
 // AVX2 + FMA + F16C: Q4_K, Q5_K and Q6_K, bit-identical to the AVX2 dot kernels; nullptr for other types.
 GemmFn kernel(DType type);
+// MatmulOrder::kRepacked: Q6_K (kTiledMinRows); nullptr for other types.
+GemmFn repacked_kernel(DType type);
 }  // namespace gemm_avx2_k
 
 namespace gemm_avx512 {
 // nullptr when the type has no AVX-512 GEMM.
 GemmFn kernel(DType type);
-// The MatmulOrder::kRepacked GEMMs with AVX-512 VNNI (gemm_avx512_repacked.cpp: Q4_0 and Q4_K, both layouts), equal
-// bit for bit to gemm_avx2::repacked_kernel()'s; nullptr for other types.
+// The MatmulOrder::kRepacked GEMMs with AVX-512 VNNI (gemm_avx512_repacked.cpp: Q4_0, Q4_K and Q6_K, both layouts),
+// equal bit for bit to the AVX2 ones; nullptr for other types.
 GemmFn repacked_kernel(DType type);
 }  // namespace gemm_avx512
 

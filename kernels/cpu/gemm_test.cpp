@@ -639,7 +639,6 @@ TEST(Gemm, RepackedOrderQ4_KEqualsItsDefinition) {
   EXPECT_EQ(matmul_order_for(DType::kQ4_K, 64, MatmulOrder::kRepacked), MatmulOrder::kRepacked);
   EXPECT_EQ(matmul_order_for(DType::kQ4_K, 68, MatmulOrder::kRepacked), MatmulOrder::kVecDot);  // rows % 8 != 0
   EXPECT_EQ(matmul_order_for(DType::kQ5_K, 64, MatmulOrder::kRepacked), MatmulOrder::kVecDot);
-  EXPECT_EQ(matmul_order_for(DType::kQ6_K, 64, MatmulOrder::kRepacked), MatmulOrder::kVecDot);
   check_repacked_order(
       DType::kQ4_K, repacked_dot_q4_k,
       [](int64_t k, const uint8_t* w, const uint8_t* a) {
@@ -648,6 +647,86 @@ TEST(Gemm, RepackedOrderQ4_KEqualsItsDefinition) {
         return y;
       },
       {256, 2048 + 256}, 72);
+}
+
+// llama.cpp's tiled K-quant GEMM for Q6_K, written from the block format: per super-block the exact total
+// t = sum_e sc_(e/16) * (code_e - 32) * a_e and y = fma(float(t) * d, d_a, y).
+float tiled_dot_q6_k(int64_t k, const uint8_t* w, const uint8_t* a) {
+  float y = 0.0f;
+  for (int64_t b = 0; b < k / kQK_K; ++b) {
+    const auto& x = reinterpret_cast<const BlockQ6_K*>(w)[b];
+    const auto& q8 = reinterpret_cast<const BlockQ8_K*>(a)[b];
+    int total = 0;
+    for (int e = 0; e < 256; ++e) {
+      // ggml's dequantize_row_q6_K: element e of half n = e / 128, run j = (e % 128) / 32, position l = e % 32.
+      const int n = e / 128, j = (e % 128) / 32, l = e % 32;
+      const uint8_t lo = x.ql[64 * n + l + 32 * (j % 2)];
+      const int code = (j < 2 ? lo & 0xF : lo >> 4) | (((x.qh[32 * n + l] >> (2 * j)) & 3) << 4);
+      total += x.scales[e / 16] * (code - 32) * q8.qs[e];
+    }
+    y = std::fma(static_cast<float>(total) * fp16_to_fp32(x.d), q8.d, y);
+  }
+  return y;
+}
+
+// Q6_K in the repacked order: from kTiledMinRows activation rows on every GEMM (each ISA, both layouts, ragged row
+// ranges) equals the tiled definition bit for bit; below, it equals that ISA's vec_dot kernel, as llama.cpp does.
+TEST(Gemm, RepackedOrderQ6_KIsTheTiledGemmFrom8Rows) {
+  EXPECT_EQ(matmul_order_for(DType::kQ6_K, 60, MatmulOrder::kRepacked), MatmulOrder::kRepacked);
+  EXPECT_EQ(matmul_order_for(DType::kQ6_K, 64, MatmulOrder::kVecDot), MatmulOrder::kVecDot);
+  EXPECT_EQ(type_kernels(DType::kQ6_K, Isa::kAvx2, MatmulOrder::kRepacked), type_kernels(DType::kQ6_K, Isa::kAvx2));
+  std::mt19937 rng(73);
+  int differs_from_vec_dot = 0;
+  for (int64_t k : {256, 2048 + 256}) {
+    for (int64_t m : {2, 3, 7, 8, 9, 13, 70}) {
+      const int64_t rows = 48;
+      const Problem p = make_k_problem(rng, DType::kQ6_K, k, rows, m);
+      const size_t row_bytes = dtype_row_bytes(DType::kQ6_K, k);
+      std::vector<uint8_t> packed(row_bytes * rows), inter(row_bytes * rows);
+      for (int64_t r = 0; r < rows; ++r) std::memcpy(packed.data() + r * row_bytes, p.w.data() + r * p.w_row_bytes, row_bytes);
+      interleave_groups(DType::kQ6_K, k, rows / kInterleaveRows, packed.data(), inter.data());
+      for (Isa isa : kAllIsas) {
+        if (!isa_available(isa)) continue;
+        std::vector<float> want(rows * m);
+        for (int64_t t = 0; t < m; ++t) {
+          for (int64_t r = 0; r < rows; ++r) {
+            const uint8_t* w = p.w.data() + r * p.w_row_bytes;
+            const uint8_t* a = p.act.data() + t * p.act_stride;
+            float vd;
+            type_kernels(DType::kQ6_K, isa)->dot(k, w, a, 0, 1, &vd);
+            want[t * rows + r] = m >= kTiledMinRows ? tiled_dot_q6_k(k, w, a) : vd;
+            differs_from_vec_dot += tiled_dot_q6_k(k, w, a) != vd;
+          }
+        }
+        for (WeightLayout layout : {WeightLayout::kRows, WeightLayout::kInterleaved16}) {
+          const GemmFn fn = gemm_kernel_for(DType::kQ6_K, layout, isa, MatmulOrder::kRepacked);
+          if (isa == Isa::kScalar && layout != WeightLayout::kRows) {
+            EXPECT_EQ(fn, nullptr);  // the engine gathers rows for the scalar ISA
+            continue;
+          }
+          ASSERT_NE(fn, nullptr);
+          const std::string what = std::string(isa_name(isa)) + " " + weight_layout_name(layout) + " k " +
+                                   std::to_string(k) + " m " + std::to_string(m);
+          for (const auto& range : {std::pair<int64_t, int64_t>{0, rows}, {16, 37}, {32, 33}}) {
+            const int64_t out_stride = rows + 3;
+            std::vector<float> got(out_stride * m, kSentinel);
+            const bool inter_layout = layout == WeightLayout::kInterleaved16;
+            GemmArgs a{DType::kQ6_K, k, inter_layout ? inter.data() : p.w.data(), inter_layout ? row_bytes : p.w_row_bytes,
+                       range.first, range.second, p.act.data(), p.act_stride, m, got.data(), out_stride, false, nullptr,
+                       layout};
+            fn(a);
+            for (int64_t t = 0; t < m; ++t) {
+              for (int64_t r = 0; r < out_stride; ++r) {
+                const float expect = r >= range.first && r < range.second ? want[t * rows + r] : kSentinel;
+                ASSERT_EQ(got[t * out_stride + r], expect) << what << " row " << r << " act " << t;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(differs_from_vec_dot, 100);
 }
 
 TEST(Gemm, EmptyRangesWriteNothing) {

@@ -433,6 +433,16 @@ inline int inferd_ilane(int4 v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c 
         sum[i][r] = sum[i][r] + (dr * da) * (float)isum;
 //@ end
 
+// MatmulOrder::kRepacked, Q6_K (inferd/kernels/gemm.h kTiledMinRows): from that many tokens on, llama.cpp's tiled
+// K-quant GEMM, per super-block sum = fma((float)total * d, d_a, sum) with total = sum_l (sumi_l - off_l); ops.cpp
+// puts it under `if (n_t >= kTiledMinRows)`, with k.q6_x86 or k.q6_scalar in the else branch, and writes
+// k.out_q6_tiled (kX86) or k.out_scalar.
+//@ k.q6_tiled
+        int total = 0;
+        for (int l = 0; l < 8; ++l) total += sumi[i][r][l] - off[l];
+        sum[i][r] = fma((float)total * dr, da, sum[i][r]);
+//@ end
+
 // Q3_K and IQ4_XS: signed values and scales, no offset; then k.q6_x86 or k.q6_scalar as Q6_K (ggml's
 // Q3_K and IQ4_XS kernels: acc_l = fma(d_a * d, (float)sumi_l, acc_l); scalar dot_kq_scaled).
 //@ k.no_offsets
@@ -529,6 +539,10 @@ inline int inferd_ilane(int4 v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c 
 
 //@ k.out_q6
       o[r] = inferd_hsum8(vload4(0, acc[i][r]), vload4(1, acc[i][r]));
+//@ end
+
+//@ k.out_q6_tiled
+      o[r] = n_t >= TILED_MIN_ROWS ? sum[i][r] : inferd_hsum8(vload4(0, acc[i][r]), vload4(1, acc[i][r]));
 //@ end
 
 //@ k.out_q4_k

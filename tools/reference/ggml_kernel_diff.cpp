@@ -9,7 +9,8 @@
 //   3. a matmul through ggml's graph (ggml_mul_mat, the path llama.cpp takes for weights in plain CPU
 //      buffers) against quantize_act + the engine's matmul (its GEMM from 2 rows on where the type has one,
 //      else dot), for 1..64 activation rows: this is where ggml's other kernels (llamafile's tinyBLAS,
-//      the tiled K-quant GEMM from 8 rows on) show up.
+//      the tiled K-quant GEMM from 8 rows on) show up. The engine runs its default (repacked) order there,
+//      which has Q6_K's tiled order, except for Q4_0 and Q4_K (the vec_dot order; their repacked one is (4)).
 //   4. Q4_0 and Q4_K as llama.cpp runs them out of the box: the weight tensor in ggml's CPU repack buffer
 //      (repacked to q4_0_8x8 / q4_K_8x8 when it is set), ggml_mul_mat for 1..64 activation rows (its repacked GEMV and GEMM), against
 //      the engine's kernels in MatmulOrder::kRepacked (inferd/kernels/cpu.h): the GEMM from 2 rows on, else
@@ -264,7 +265,14 @@ int main(int argc, char** argv) {
       for (int t = 0; t < m; ++t) tk->quantize_act(xm.data() + t * kK, acts.data() + t * a_row, kK);
       std::vector<float> ours(static_cast<size_t>(kRows * m));
       const auto* wdata = static_cast<const uint8_t*>(g.get_data(W));
-      if (k::GemmFn gemm = m >= 2 ? k::gemm_kernel(tc.type) : nullptr) {
+      // A plain buffer is what llama.cpp multiplies a matrix it does not repack from: the engine's default order
+      // for the other types (Q6_K's tiled order from 8 rows on), the vec_dot order for Q4_0 and Q4_K, whose
+      // repacked order (4) checks.
+      const bool repackable = tc.type == DType::kQ4_0 || tc.type == DType::kQ4_K;
+      const k::GemmFn gemm = m >= 2 ? k::gemm_kernel_for(tc.type, inferd::WeightLayout::kRows, k::best_isa(),
+                                                         repackable ? k::MatmulOrder::kVecDot : k::MatmulOrder::kRepacked)
+                                    : nullptr;
+      if (gemm != nullptr) {
         gemm({tc.type, kK, wdata, w_row, 0, kRows, acts.data(), a_row, m, ours.data(), kRows, false, nullptr});
       } else {
         for (int t = 0; t < m; ++t) {

@@ -66,6 +66,11 @@ inline GemmFn gemm_kernel(DType type) { return gemm_kernel(type, best_isa()); }
 // on the scalar ISA: the caller gathers rows).
 GemmFn gemm_kernel_for(DType type, WeightLayout layout, Isa isa);
 inline GemmFn gemm_kernel_for(DType type, WeightLayout layout) { return gemm_kernel_for(type, layout, best_isa()); }
+// MatmulOrder::kRepacked sums a Q6_K matmul of at least this many activation rows as llama.cpp's tiled K-quant
+// GEMM does (per 256-element super-block the exact integer total t, y = fma(float(t) * d_w, d_a, y)); fewer
+// rows keep the vec_dot order, as in llama.cpp.
+inline constexpr int64_t kTiledMinRows = 8;
+
 // The GEMM that computes a matrix of `type` in `order` (as matmul_order_for() gives it, inferd/kernels/cpu.h):
 // gemm_kernel_for() for kVecDot; for kRepacked the GEMMs of Q4_0 and Q4_K in that order (either layout; AVX2, or
 // AVX-512 VNNI where isa asks for it and the CPU has it; any m >= 1). Q4_0's equals type_kernels(kQ4_0, isa, kRepacked)->dot bit for bit; Q4_K's
