@@ -39,6 +39,10 @@
 namespace inferd::opencl {
 namespace {
 
+// The ops are held to the CPU kernels in the vec_dot matmul order (kernels::MatmulOrder); the repacked order's exact
+// matmuls are tested through whole models (cl_engine_test.cpp: ClEngineFiles.*).
+const kernels::ScopedMatmulOrder kVecDotOrder(kernels::MatmulOrder::kVecDot);
+
 constexpr float kSentinel = -1234.0f;
 constexpr int32_t kGuardTexels = 64;  // 1 KiB each side: room for a kernel that overshoots by a slice row
 
