@@ -1,6 +1,6 @@
 // AVX-512 VNNI GEMMs of MatmulOrder::kRepacked (inferd/kernels/cpu.h): Q4_0 and Q4_K in llama.cpp's repacked
-// orders, for CPUs with AVX-512 F/BW/VL/DQ and VNNI. Equal bit for bit to the AVX2 ones (gemm_avx2.cpp) and to
-// the definitions; only the integer work differs.
+// orders and Q6_K in its tiled K-quant GEMM's, for CPUs with AVX-512 F/BW/VL/DQ and VNNI. Equal bit for bit to the
+// AVX2 ones (gemm_avx2.cpp, gemm_avx2_k.cpp) and to the definitions (gemm.cpp); only the integer work differs.
 //
 // Rows in lanes, as the AVX2 tiles, but 16 weight rows per register: lane r of codes[i] holds row r's codes of
 // elements 4i..4i+3 (0..15, unsigned), and one vpdpbusd with an activation dword broadcast adds that dword's four
@@ -10,6 +10,9 @@
 //  - Q4_K: per sub-block s the row's isum_s, times its scale (vpmulld), into n; the min term by vpmaddwd of the
 //    int16 mins with the activation's sub-block sums; the float steps per pair of sub-blocks for the first
 //    m - m % 4 activation rows (llama.cpp's GEMM), per super-block for the rest (its GEMV).
+//  - Q6_K (from kTiledMinRows activation rows on): per 16-element group the rows' sums of codes (+32) times the
+//    activations, times the group scale (vpmulld), into n; the +32 as a vpmaddwd of the scale pairs with the
+//    activation's group sums; per super-block y = fma(float(n - 32 * that) * d_w, d_a, y).
 // GCC 12's 512-bit intrinsics pass _mm512_undefined_*() as the unused merge source, which its own
 // -Wuninitialized flags once inlined (GCC bug 105593, fixed in GCC 13).
 #pragma GCC diagnostic ignored "-Wuninitialized"
