@@ -107,47 +107,18 @@ void gemm(const GemmArgs& g) {
   }
 }
 
-// MatmulOrder::kRepacked, Q4_K, row layout: llama.cpp's q4_K_8x8 GEMM for the activation rows before
-// m - m % 4 (per pair of sub-blocks the exact integers n = sc_2j * isum_2j + sc_2j+1 * isum_2j+1 and
-// m = mn_2j * asum_2j + mn_2j+1 * asum_2j+1, acc = fma(float(n), d_w * d_a, acc), accm = fma(float(m),
-// dmin_w * d_a, accm)), its GEMV for the rest (the same per super-block); the result acc - accm. The definition
-// the AVX2 GEMM equals bit for bit.
-void gemm_q4_k_repacked(const GemmArgs& g) {
-  INFERD_ASSERT(g.type == DType::kQ4_K && g.k % kQK_K == 0 && g.layout == WeightLayout::kRows,
-                "the scalar repacked GEMM is Q4_K's, on the row layout");
-  const float* half = scalar::fp16_table();
-  const int64_t nb = g.k / kQK_K;
-  const int64_t m4 = g.m - g.m % 4;
+// The repacked order's scalar GEMMs, whose activation rows take different definitions by their place in the batch:
+// row t of g through dot_for(t) (TypeKernels::dot's signature), stored as the GemmArgs ask. Row layout.
+template <typename DotFor>
+void gemm_by_rows(const GemmArgs& g, DotFor dot_for) {
+  INFERD_ASSERT(g.k % kQK_K == 0 && g.layout == WeightLayout::kRows, "the scalar repacked GEMMs read the row layout");
   for (int64_t t = 0; t < g.m; ++t) {
-    const auto* a = reinterpret_cast<const BlockQ8_K*>(g.act + static_cast<size_t>(t) * g.act_stride);
-    const int steps = t < m4 ? 4 : 1;  // float steps per super-block
+    const auto dot = dot_for(t);
+    const uint8_t* act = g.act + static_cast<size_t>(t) * g.act_stride;
     float* out = g.out + t * g.out_stride;
     for (int64_t r = g.r0; r < g.r1; ++r) {
-      const auto* w = reinterpret_cast<const BlockQ4_K*>(g.w + static_cast<size_t>(r) * g.w_row_bytes);
-      float acc = 0.0f, accm = 0.0f;
-      for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* q = w[b].scales;
-        const float dd = half[w[b].d] * a[b].d, ddmin = half[w[b].dmin] * a[b].d;
-        int n = 0, m = 0;
-        for (int s = 0; s < 8; ++s) {
-          // ggml's get_scale_min_k4.
-          const int sc = s < 4 ? q[s] & 63 : (q[s + 4] & 0xF) | ((q[s - 4] >> 6) << 4);
-          const int mn = s < 4 ? q[s + 4] & 63 : (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
-          int isum = 0;
-          for (int l = 0; l < 32; ++l) {
-            const uint8_t byte = w[b].qs[32 * (s / 2) + l];
-            isum += (s % 2 == 0 ? byte & 15 : byte >> 4) * a[b].qs[32 * s + l];
-          }
-          n += sc * isum;
-          m += mn * (a[b].bsums[2 * s] + a[b].bsums[2 * s + 1]);
-          if ((s + 1) % (8 / steps) == 0) {
-            acc = std::fma(static_cast<float>(n), dd, acc);
-            accm = std::fma(static_cast<float>(m), ddmin, accm);
-            n = m = 0;
-          }
-        }
-      }
-      const float v = acc - accm;
+      float v;
+      dot(g.k, g.w + static_cast<size_t>(r) * g.w_row_bytes, act, 0, 1, &v);
       if (g.accumulate) {
         out[r] += v;
       } else {
@@ -157,53 +128,21 @@ void gemm_q4_k_repacked(const GemmArgs& g) {
   }
 }
 
-// MatmulOrder::kRepacked, Q6_K, row layout: below kTiledMinRows activation rows the vec_dot order (the scalar
-// dot); from there llama.cpp's tiled K-quant GEMM: per super-block the exact total t = sum_e sc_(e/16) * q_e * a_e
-// (q_e = code - 32), y = fma(float(t) * d_w, d_a, y), super-block after super-block from 0. The definition the
-// AVX2 and AVX-512 GEMMs equal bit for bit.
+// MatmulOrder::kRepacked, Q4_K: llama.cpp's q4_K_8x8 GEMM steps for the activation rows before m - m % 4, its
+// GEMV's (the repacked dot) for the rest.
+void gemm_q4_k_repacked(const GemmArgs& g) {
+  INFERD_ASSERT(g.type == DType::kQ4_K, "this GEMM is Q4_K's");
+  const int64_t m4 = g.m - g.m % 4;
+  const auto gemv = scalar::repacked_type_kernels(DType::kQ4_K)->dot;
+  gemm_by_rows(g, [&](int64_t t) { return t < m4 ? &scalar::dot_q4_k_repacked_gemm : gemv; });
+}
+
+// MatmulOrder::kRepacked, Q6_K: vec_dot's order (the scalar dot) below kTiledMinRows activation rows, llama.cpp's
+// tiled K-quant GEMM from there.
 void gemm_q6_k_repacked(const GemmArgs& g) {
-  INFERD_ASSERT(g.type == DType::kQ6_K && g.k % kQK_K == 0 && g.layout == WeightLayout::kRows,
-                "the scalar repacked Q6_K GEMM is on the row layout");
-  const TypeKernels* tk = scalar::type_kernels(DType::kQ6_K);
-  const float* half = scalar::fp16_table();
-  const int64_t nb = g.k / kQK_K;
-  for (int64_t t = 0; t < g.m; ++t) {
-    const uint8_t* act = g.act + static_cast<size_t>(t) * g.act_stride;
-    const auto* a = reinterpret_cast<const BlockQ8_K*>(act);
-    float* out = g.out + t * g.out_stride;
-    for (int64_t r = g.r0; r < g.r1; ++r) {
-      const uint8_t* row = g.w + static_cast<size_t>(r) * g.w_row_bytes;
-      float y = 0.0f;
-      if (g.m < kTiledMinRows) {
-        tk->dot(g.k, row, act, 0, 1, &y);
-      } else {
-        const auto* w = reinterpret_cast<const BlockQ6_K*>(row);
-        for (int64_t b = 0; b < nb; ++b) {
-          int total = 0;
-          for (int n = 0; n < 2; ++n) {  // ggml's element order: halves of 128, four runs of 32 in each
-            const uint8_t* ql = w[b].ql + 64 * n;
-            const uint8_t* qh = w[b].qh + 32 * n;
-            for (int l = 0; l < 32; ++l) {
-              const int q[4] = {((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32,
-                                ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32,
-                                ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32,
-                                ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32};
-              for (int j = 0; j < 4; ++j) {
-                const int e = 128 * n + 32 * j + l;
-                total += w[b].scales[e / 16] * q[j] * a[b].qs[e];
-              }
-            }
-          }
-          y = std::fma(static_cast<float>(total) * half[w[b].d], a[b].d, y);
-        }
-      }
-      if (g.accumulate) {
-        out[r] += y;
-      } else {
-        out[r] = g.bias != nullptr ? y + g.bias[r] : y;
-      }
-    }
-  }
+  INFERD_ASSERT(g.type == DType::kQ6_K, "this GEMM is Q6_K's");
+  const auto vec_dot = scalar::type_kernels(DType::kQ6_K)->dot;
+  gemm_by_rows(g, [&](int64_t) { return g.m >= kTiledMinRows ? &scalar::dot_q6_k_tiled : vec_dot; });
 }
 
 }  // namespace gemm_scalar

@@ -553,14 +553,7 @@ void gemm_q4_0_repacked(const GemmArgs& g) {
       g, token_block, kRepackedTokens, false, [&](int64_t row0, int nr) { unpack_rows8<DType::kQ4_0>(g, row0, nr, nb, s.group.data()); },
       [&](int64_t t, int nt, bool, int64_t row0, int nr) {
         const RepackedActBlock* act = s.acts.data() + t * nb;
-        switch (nt) {
-          case 1: tile_repacked<1>(s.group.data(), nb, act, nb, res); break;
-          case 2: tile_repacked<2>(s.group.data(), nb, act, nb, res); break;
-          case 3: tile_repacked<3>(s.group.data(), nb, act, nb, res); break;
-          case 4: tile_repacked<4>(s.group.data(), nb, act, nb, res); break;
-          case 5: tile_repacked<5>(s.group.data(), nb, act, nb, res); break;
-          default: tile_repacked<6>(s.group.data(), nb, act, nb, res); break;
-        }
+        gemm_tiles::with_count<kRepackedTokens>(nt, [&](auto n) { tile_repacked<n>(s.group.data(), nb, act, nb, res); });
         for (int i = 0; i < nt; ++i) store_rows8(g, t + i, row0, nr, res[i]);
       });
 }
@@ -582,45 +575,16 @@ void gemm_q4_0_repacked(const GemmArgs& g) {
 
 // One super-block of 8 rows, unpacked. Rows past the matrix are zero.
 struct alignas(32) RowGroup8K {
+  static constexpr int kRows = 8;
   uint32_t codes[8][8][8];  // [sub-block][dword][row]
-  int16_t scales[8][16];    // [sub-block]: sc of row r in int16 lanes 2r and 2r + 1
+  int16_t scales[8][16];    // [sub-block]: sc of row r in int16 lanes 2r and 2r + 1 (for madd)
   int16_t mins[4][16];      // [pair j]: mn_2j and mn_2j+1 of row r in int16 lanes 2r and 2r + 1
   float d[8];
   float dmin[8];
+
+  void set_scale(int s, int r, int sc) { scales[s][2 * r] = scales[s][2 * r + 1] = static_cast<int16_t>(sc); }
 };
 static_assert(sizeof(RowGroup8K) == 2496);
-
-// Rows row0 .. row0 + nr - 1 (nr <= 8) of a Q4_K matrix (either layout), all nb super-blocks, into out.
-void unpack_rows8_q4_k(const GemmArgs& g, int64_t row0, int nr, int64_t nb, RowGroup8K* out) {
-  const float* half = scalar::fp16_table();
-  gemm_tiles::KRowBlocks<BlockQ4_K> rows[8];
-  for (int r = 0; r < nr; ++r) rows[r] = gemm_tiles::k_row_blocks<BlockQ4_K>(g, row0 + r);
-  for (int64_t b = 0; b < nb; ++b) {
-    RowGroup8K& o = out[b];
-    for (int s = 0; s < 8; ++s) {
-      __m256i y[8];
-      for (int r = 0; r < 8; ++r) {
-        if (r >= nr) {
-          y[r] = _mm256_setzero_si256();
-          continue;
-        }
-        y[r] = gemm_tiles::q4_k_sub_block_codes(rows[r], b, s);
-      }
-      transpose8(y, o.codes[s]);
-    }
-    for (int r = 0; r < 8; ++r) {
-      uint8_t sm[16] = {};  // scales 0..7, mins 8..15
-      if (r < nr) unpack_k4_scales(rows[r].scales(b), reinterpret_cast<uint32_t*>(sm));
-      for (int s = 0; s < 8; ++s) o.scales[s][2 * r] = o.scales[s][2 * r + 1] = sm[s];
-      for (int j = 0; j < 4; ++j) {
-        o.mins[j][2 * r] = sm[8 + 2 * j];
-        o.mins[j][2 * r + 1] = sm[9 + 2 * j];
-      }
-      o.d[r] = r < nr ? half[rows[r].d(b)] : 0.0f;
-      o.dmin[r] = r < nr ? half[rows[r].dmin(b)] : 0.0f;
-    }
-  }
-}
 
 using gemm_tiles::KPairSums;
 
@@ -718,29 +682,19 @@ void gemm_q4_k_repacked(const GemmArgs& g) {
   const int64_t token_block = std::clamp<int64_t>((256 * 1024) / (nb * static_cast<int64_t>(sizeof(BlockQ8_K))), 16, 64);
   __m256 res[kRepackedKTokens];
   gemm_tiles::repacked_walk<8>(
-      g, token_block, kRepackedKTokens, true, [&](int64_t row0, int nr) { unpack_rows8_q4_k(g, row0, nr, nb, s.group.data()); },
+      g, token_block, kRepackedKTokens, true, [&](int64_t row0, int nr) { gemm_tiles::unpack_q4_k_rows(g, row0, nr, nb, s.group.data()); },
       [&](int64_t t, int nt, bool gemm_row, int64_t row0, int nr) {
-        const BlockQ8_K* acts[kRepackedKTokens];
-        const KPairSums* tile_pairs[kRepackedKTokens];
+        const BlockQ8_K* acts[kRepackedKTokens] = {};
+        const KPairSums* tile_pairs[kRepackedKTokens] = {};
         for (int i = 0; i < nt; ++i) {
           acts[i] = act_row(t + i);
           tile_pairs[i] = s.pairs.data() + (t + i) * nb;
         }
         if (gemm_row) {
-          switch (nt) {
-            case 1: tile_q4_k_repacked<1, true>(s.group.data(), nb, acts, tile_pairs, res); break;
-            case 2: tile_q4_k_repacked<2, true>(s.group.data(), nb, acts, tile_pairs, res); break;
-            case 3: tile_q4_k_repacked<3, true>(s.group.data(), nb, acts, tile_pairs, res); break;
-            case 4: tile_q4_k_repacked<4, true>(s.group.data(), nb, acts, tile_pairs, res); break;
-            case 5: tile_q4_k_repacked<5, true>(s.group.data(), nb, acts, tile_pairs, res); break;
-            default: tile_q4_k_repacked<6, true>(s.group.data(), nb, acts, tile_pairs, res); break;
-          }
+          gemm_tiles::with_count<kRepackedKTokens>(
+              nt, [&](auto n) { tile_q4_k_repacked<n, true>(s.group.data(), nb, acts, tile_pairs, res); });
         } else {  // at most 3 rows: the GEMV's
-          switch (nt) {
-            case 1: tile_q4_k_repacked<1, false>(s.group.data(), nb, acts, tile_pairs, res); break;
-            case 2: tile_q4_k_repacked<2, false>(s.group.data(), nb, acts, tile_pairs, res); break;
-            default: tile_q4_k_repacked<3, false>(s.group.data(), nb, acts, tile_pairs, res); break;
-          }
+          gemm_tiles::with_count<3>(nt, [&](auto n) { tile_q4_k_repacked<n, false>(s.group.data(), nb, acts, tile_pairs, res); });
         }
         for (int i = 0; i < nt; ++i) store_rows8(g, t + i, row0, nr, res[i]);
       });

@@ -238,10 +238,7 @@ void tile_q6_k_rows(const RowIo& io) {
       const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(sc16, load32(a.bsums)), 5);
       const __m256i total = _mm256_sub_epi32(sumi[t], offset);
       if constexpr (kTiled) {
-        __m128i s = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
-        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-        tiled[t] = std::fma(static_cast<float>(_mm_cvtsi128_si32(s)) * d, a.d, tiled[t]);
+        tiled[t] = std::fma(static_cast<float>(hsum_i32(total)) * d, a.d, tiled[t]);
       } else {
         acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(total), acc[t]);
       }

@@ -41,13 +41,6 @@ inline __m512i broadcast32(const void* p) {
   return _mm512_set1_epi32(v);
 }
 
-// Writes 8 rows' dwords (transpose8's rows) into lanes lane0 .. lane0 + 7 of 8 rows of 16 lanes.
-inline void transpose_into(const __m256i y[8], uint32_t (*out)[16], int lane0) {
-  alignas(32) uint32_t t[8][8];
-  gemm_tiles::transpose8(y, t);
-  for (int i = 0; i < 8; ++i) std::memcpy(&out[i][lane0], t[i], sizeof(t[i]));
-}
-
 // Lane r of v -> output row row0 + r (r < nr) of activation row t, as the GemmArgs ask.
 inline void store_rows16(const GemmArgs& g, int64_t t, int64_t row0, int nr, __m512 v) {
   alignas(64) float lanes[16];
@@ -93,9 +86,7 @@ void unpack_rows16_q4_0(const GemmArgs& g, int64_t row0, int nr, int64_t nb, Row
         const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[r].qs(b)));
         y[j] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), nibble);
       }
-      alignas(32) uint32_t t[8][8];
-      gemm_tiles::transpose8(y, t);
-      for (int i = 0; i < 8; ++i) std::memcpy(&o.codes[i][8 * h], t[i], sizeof(t[i]));
+      gemm_tiles::transpose8_into<16>(y, o.codes, 8 * h);
     }
     for (int r = 0; r < 16; ++r) {
       o.d[r] = r < nr ? half[rows[r].d(b)] : 0.0f;
@@ -166,20 +157,7 @@ void gemm_q4_0_repacked(const GemmArgs& g) {
       [&](int64_t row0, int nr) { unpack_rows16_q4_0(g, row0, nr, nb, s.group.data()); },
       [&](int64_t t, int nt, bool, int64_t row0, int nr) {
         const ActBlock40* act = s.acts.data() + t * nb;
-        switch (nt) {
-          case 1: tile16_q4_0<1>(s.group.data(), nb, act, nb, res); break;
-          case 2: tile16_q4_0<2>(s.group.data(), nb, act, nb, res); break;
-          case 3: tile16_q4_0<3>(s.group.data(), nb, act, nb, res); break;
-          case 4: tile16_q4_0<4>(s.group.data(), nb, act, nb, res); break;
-          case 5: tile16_q4_0<5>(s.group.data(), nb, act, nb, res); break;
-          case 6: tile16_q4_0<6>(s.group.data(), nb, act, nb, res); break;
-          case 7: tile16_q4_0<7>(s.group.data(), nb, act, nb, res); break;
-          case 8: tile16_q4_0<8>(s.group.data(), nb, act, nb, res); break;
-          case 9: tile16_q4_0<9>(s.group.data(), nb, act, nb, res); break;
-          case 10: tile16_q4_0<10>(s.group.data(), nb, act, nb, res); break;
-          case 11: tile16_q4_0<11>(s.group.data(), nb, act, nb, res); break;
-          default: tile16_q4_0<12>(s.group.data(), nb, act, nb, res); break;
-        }
+        gemm_tiles::with_count<kQ4_0Tokens>(nt, [&](auto n) { tile16_q4_0<n>(s.group.data(), nb, act, nb, res); });
         for (int i = 0; i < nt; ++i) store_rows16(g, t + i, row0, nr, res[i]);
       });
 }
@@ -188,43 +166,16 @@ void gemm_q4_0_repacked(const GemmArgs& g) {
 
 // One super-block of 16 rows, unpacked. Rows past the matrix are zero.
 struct alignas(64) RowGroup16K {
+  static constexpr int kRows = 16;
   uint32_t codes[8][8][16];  // [sub-block][dword][row]
-  int32_t scales[8][16];     // [sub-block][row]
+  int32_t scales[8][16];     // [sub-block][row] (for vpmulld)
   int16_t mins[4][32];       // [pair j]: mn_2j and mn_2j+1 of row r in int16 lanes 2r and 2r + 1
   float d[16];
   float dmin[16];
+
+  void set_scale(int s, int r, int sc) { scales[s][r] = sc; }
 };
 static_assert(sizeof(RowGroup16K) == 4992);
-
-void unpack_rows16_q4_k(const GemmArgs& g, int64_t row0, int nr, int64_t nb, RowGroup16K* out) {
-  const float* half = scalar::fp16_table();
-  gemm_tiles::KRowBlocks<BlockQ4_K> rows[16];
-  for (int r = 0; r < nr; ++r) rows[r] = gemm_tiles::k_row_blocks<BlockQ4_K>(g, row0 + r);
-  for (int64_t b = 0; b < nb; ++b) {
-    RowGroup16K& o = out[b];
-    for (int s = 0; s < 8; ++s) {
-      for (int h = 0; h < 2; ++h) {
-        __m256i y[8];
-        for (int j = 0; j < 8; ++j) {
-          const int r = 8 * h + j;
-          y[j] = r < nr ? gemm_tiles::q4_k_sub_block_codes(rows[r], b, s) : _mm256_setzero_si256();
-        }
-        transpose_into(y, o.codes[s], 8 * h);
-      }
-    }
-    for (int r = 0; r < 16; ++r) {
-      uint8_t sm[16] = {};  // scales 0..7, mins 8..15
-      if (r < nr) unpack_k4_scales(rows[r].scales(b), reinterpret_cast<uint32_t*>(sm));
-      for (int s = 0; s < 8; ++s) o.scales[s][r] = sm[s];
-      for (int j = 0; j < 4; ++j) {
-        o.mins[j][2 * r] = sm[8 + 2 * j];
-        o.mins[j][2 * r + 1] = sm[9 + 2 * j];
-      }
-      o.d[r] = r < nr ? half[rows[r].d(b)] : 0.0f;
-      o.dmin[r] = r < nr ? half[rows[r].dmin(b)] : 0.0f;
-    }
-  }
-}
 
 constexpr int kQ4KTokens = 8;
 
@@ -280,20 +231,6 @@ void tile16_q4_k(const RowGroup16K* w, int64_t nb, const BlockQ8_K* const* act, 
   for (int t = 0; t < T; ++t) out[t] = _mm512_sub_ps(_mm512_load_ps(acc[t]), _mm512_load_ps(accm[t]));
 }
 
-template <bool kPairs>
-void run_tile16_q4_k(int nt, const RowGroup16K* w, int64_t nb, const BlockQ8_K* const* act, const KPairSums* const* pairs,
-                     __m512 out[]) {
-  switch (nt) {
-    case 1: return tile16_q4_k<1, kPairs>(w, nb, act, pairs, out);
-    case 2: return tile16_q4_k<2, kPairs>(w, nb, act, pairs, out);
-    case 3: return tile16_q4_k<3, kPairs>(w, nb, act, pairs, out);
-    case 4: return tile16_q4_k<4, kPairs>(w, nb, act, pairs, out);
-    case 5: return tile16_q4_k<5, kPairs>(w, nb, act, pairs, out);
-    case 6: return tile16_q4_k<6, kPairs>(w, nb, act, pairs, out);
-    case 7: return tile16_q4_k<7, kPairs>(w, nb, act, pairs, out);
-    default: return tile16_q4_k<8, kPairs>(w, nb, act, pairs, out);
-  }
-}
 
 void gemm_q4_k_repacked(const GemmArgs& g) {
   thread_local gemm_tiles::RepackedKScratch<RowGroup16K> s;
@@ -303,18 +240,18 @@ void gemm_q4_k_repacked(const GemmArgs& g) {
   __m512 res[kQ4KTokens];
   gemm_tiles::repacked_walk<16>(
       g, token_block(nb * static_cast<int64_t>(sizeof(BlockQ8_K))), kQ4KTokens, true,
-      [&](int64_t row0, int nr) { unpack_rows16_q4_k(g, row0, nr, nb, s.group.data()); },
+      [&](int64_t row0, int nr) { gemm_tiles::unpack_q4_k_rows(g, row0, nr, nb, s.group.data()); },
       [&](int64_t t, int nt, bool gemm_row, int64_t row0, int nr) {
-        const BlockQ8_K* acts[kQ4KTokens];
-        const KPairSums* tile_pairs[kQ4KTokens];
+        const BlockQ8_K* acts[kQ4KTokens] = {};
+        const KPairSums* tile_pairs[kQ4KTokens] = {};
         for (int i = 0; i < nt; ++i) {
           acts[i] = act_row(t + i);
           tile_pairs[i] = s.pairs.data() + (t + i) * nb;
         }
         if (gemm_row) {
-          run_tile16_q4_k<true>(nt, s.group.data(), nb, acts, tile_pairs, res);
-        } else {
-          run_tile16_q4_k<false>(nt, s.group.data(), nb, acts, tile_pairs, res);
+          gemm_tiles::with_count<kQ4KTokens>(nt, [&](auto n) { tile16_q4_k<n, true>(s.group.data(), nb, acts, tile_pairs, res); });
+        } else {  // at most 3 rows: the GEMV's
+          gemm_tiles::with_count<3>(nt, [&](auto n) { tile16_q4_k<n, false>(s.group.data(), nb, acts, tile_pairs, res); });
         }
         for (int i = 0; i < nt; ++i) store_rows16(g, t + i, row0, nr, res[i]);
       });
@@ -349,7 +286,7 @@ void unpack_rows16_q6_k(const GemmArgs& g, int64_t row0, int nr, int64_t nb, Row
                                       load32(rows[r].qh(b, hf)), c % 4)
                          : _mm256_setzero_si256();
         }
-        alignas(32) uint32_t t[8][8];
+        alignas(32) uint32_t t[8][8];  // dwords 0..3 of chunk c are group 2c's, 4..7 group 2c + 1's
         gemm_tiles::transpose8(y, t);
         for (int i = 0; i < 8; ++i) std::memcpy(&o.codes[2 * c + i / 4][i % 4][8 * h], t[i], sizeof(t[i]));
       }
@@ -419,18 +356,9 @@ void gemm_q6_k_repacked(const GemmArgs& g) {
       g, token_block(nb * static_cast<int64_t>(sizeof(BlockQ8_K))), kQ6KTokens, false,
       [&](int64_t row0, int nr) { unpack_rows16_q6_k(g, row0, nr, nb, group.data()); },
       [&](int64_t t, int nt, bool, int64_t row0, int nr) {
-        const BlockQ8_K* acts[kQ6KTokens];
+        const BlockQ8_K* acts[kQ6KTokens] = {};
         for (int i = 0; i < nt; ++i) acts[i] = act_row(t + i);
-        switch (nt) {
-          case 1: tile16_q6_k<1>(group.data(), nb, acts, res); break;
-          case 2: tile16_q6_k<2>(group.data(), nb, acts, res); break;
-          case 3: tile16_q6_k<3>(group.data(), nb, acts, res); break;
-          case 4: tile16_q6_k<4>(group.data(), nb, acts, res); break;
-          case 5: tile16_q6_k<5>(group.data(), nb, acts, res); break;
-          case 6: tile16_q6_k<6>(group.data(), nb, acts, res); break;
-          case 7: tile16_q6_k<7>(group.data(), nb, acts, res); break;
-          default: tile16_q6_k<8>(group.data(), nb, acts, res); break;
-        }
+        gemm_tiles::with_count<kQ6KTokens>(nt, [&](auto n) { tile16_q6_k<n>(group.data(), nb, acts, res); });
         for (int i = 0; i < nt; ++i) store_rows16(g, t + i, row0, nr, res[i]);
       });
 }

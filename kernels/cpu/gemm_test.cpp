@@ -516,6 +516,39 @@ float repacked_dot_q4_k(int64_t k, const uint8_t* w, const uint8_t* a, bool gemm
   return acc - accm;
 }
 
+// The repacked order's GEMM of `isa` on p's weights in `layout` (inter: the same rows interleaved, row_bytes
+// apart) over the row ranges [0, rows), [16, 37) and [32, 33): every output of the range equals want[t][r]
+// bit for bit, every other one is untouched. The scalar ISA has a GEMM only where scalar_gemm (on the row
+// layout; the engine gathers interleaved rows): none is checked to be absent.
+void expect_repacked_gemm(const Problem& p, const std::vector<uint8_t>& inter, size_t row_bytes, Isa isa,
+                          bool scalar_gemm, const std::vector<float>& want, const std::string& what) {
+  const int64_t rows = p.rows, m = p.m;
+  for (WeightLayout layout : {WeightLayout::kRows, WeightLayout::kInterleaved16}) {
+    const GemmFn fn = gemm_kernel_for(p.type, layout, isa, MatmulOrder::kRepacked);
+    if (isa == Isa::kScalar && (!scalar_gemm || layout != WeightLayout::kRows)) {
+      EXPECT_EQ(fn, nullptr) << what;
+      continue;
+    }
+    ASSERT_NE(fn, nullptr) << what;
+    for (const auto& range : {std::pair<int64_t, int64_t>{0, rows}, {16, 37}, {32, 33}}) {
+      const int64_t out_stride = rows + 3;
+      std::vector<float> got(out_stride * m, kSentinel);
+      const bool inter_layout = layout == WeightLayout::kInterleaved16;
+      GemmArgs a{p.type, p.k, inter_layout ? inter.data() : p.w.data(), inter_layout ? row_bytes : p.w_row_bytes,
+                 range.first, range.second, p.act.data(), p.act_stride, m, got.data(), out_stride, false, nullptr,
+                 layout};
+      fn(a);
+      for (int64_t t = 0; t < m; ++t) {
+        for (int64_t r = 0; r < out_stride; ++r) {
+          const float expect = r >= range.first && r < range.second ? want[t * rows + r] : kSentinel;
+          ASSERT_EQ(got[t * out_stride + r], expect)
+              << "gemm " << what << " " << weight_layout_name(layout) << " row " << r << " act " << t;
+        }
+      }
+    }
+  }
+}
+
 using DotDefinition = float (*)(int64_t k, const uint8_t* w, const uint8_t* a);
 // The order's value for one row and activation row; gemm_row: the activation row is one that llama.cpp's GEMM
 // takes (one of the first m - m % 4 of a batch), else its GEMV.
@@ -585,33 +618,9 @@ void check_repacked_order(DType type, OrderDefinition definition, DotDefinition 
             }
           }
         }
-        // The GEMM, both layouts, ragged ranges.
-        for (WeightLayout layout : {WeightLayout::kRows, WeightLayout::kInterleaved16}) {
-          const GemmFn fn = gemm_kernel_for(type, layout, isa, MatmulOrder::kRepacked);
-          // The scalar ISA: Q4_K's definition on the row layout (its rows depend on their place in the batch);
-          // none for Q4_0 (its dot serves every row) nor on the interleaved layout (the engine gathers rows).
-          if (isa == Isa::kScalar && (type != DType::kQ4_K || layout != WeightLayout::kRows)) {
-            EXPECT_EQ(fn, nullptr);
-            continue;
-          }
-          ASSERT_NE(fn, nullptr);
-          for (const auto& range : {std::pair<int64_t, int64_t>{0, rows}, {16, 37}, {32, 33}}) {
-            const int64_t out_stride = rows + 3;
-            std::vector<float> got(out_stride * m, kSentinel);
-            const bool inter_layout = layout == WeightLayout::kInterleaved16;
-            GemmArgs a{type, k, inter_layout ? inter.data() : p.w.data(), inter_layout ? row_bytes : p.w_row_bytes,
-                       range.first, range.second, p.act.data(), p.act_stride, m, got.data(), out_stride, false, nullptr,
-                       layout};
-            fn(a);
-            for (int64_t t = 0; t < m; ++t) {
-              for (int64_t r = 0; r < out_stride; ++r) {
-                const float expect = r >= range.first && r < range.second ? want_gemm[t * rows + r] : kSentinel;
-                ASSERT_EQ(got[t * out_stride + r], expect)
-                    << "gemm " << what << " " << weight_layout_name(layout) << " row " << r << " act " << t;
-              }
-            }
-          }
-        }
+        // The GEMM, both layouts, ragged ranges. The scalar ISA: Q4_K's definition (its rows depend on their place
+        // in the batch); none for Q4_0 (its dot serves every row).
+        expect_repacked_gemm(p, inter, row_bytes, isa, type == DType::kQ4_K, want_gemm, what);
       }
     }
   }
@@ -698,31 +707,8 @@ TEST(Gemm, RepackedOrderQ6_KIsTheTiledGemmFrom8Rows) {
             differs_from_vec_dot += tiled_dot_q6_k(k, w, a) != vd;
           }
         }
-        for (WeightLayout layout : {WeightLayout::kRows, WeightLayout::kInterleaved16}) {
-          const GemmFn fn = gemm_kernel_for(DType::kQ6_K, layout, isa, MatmulOrder::kRepacked);
-          if (isa == Isa::kScalar && layout != WeightLayout::kRows) {
-            EXPECT_EQ(fn, nullptr);  // the engine gathers rows for the scalar ISA
-            continue;
-          }
-          ASSERT_NE(fn, nullptr);
-          const std::string what = std::string(isa_name(isa)) + " " + weight_layout_name(layout) + " k " +
-                                   std::to_string(k) + " m " + std::to_string(m);
-          for (const auto& range : {std::pair<int64_t, int64_t>{0, rows}, {16, 37}, {32, 33}}) {
-            const int64_t out_stride = rows + 3;
-            std::vector<float> got(out_stride * m, kSentinel);
-            const bool inter_layout = layout == WeightLayout::kInterleaved16;
-            GemmArgs a{DType::kQ6_K, k, inter_layout ? inter.data() : p.w.data(), inter_layout ? row_bytes : p.w_row_bytes,
-                       range.first, range.second, p.act.data(), p.act_stride, m, got.data(), out_stride, false, nullptr,
-                       layout};
-            fn(a);
-            for (int64_t t = 0; t < m; ++t) {
-              for (int64_t r = 0; r < out_stride; ++r) {
-                const float expect = r >= range.first && r < range.second ? want[t * rows + r] : kSentinel;
-                ASSERT_EQ(got[t * out_stride + r], expect) << what << " row " << r << " act " << t;
-              }
-            }
-          }
-        }
+        expect_repacked_gemm(p, inter, row_bytes, isa, true, want,
+                             std::string(isa_name(isa)) + " k " + std::to_string(k) + " m " + std::to_string(m));
       }
     }
   }

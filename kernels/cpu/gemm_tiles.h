@@ -21,6 +21,7 @@
 #include "inferd/status.h"
 #include "inferd/weight_layout.h"
 #include "isa_tables.h"
+#include "x86_common.h"
 
 // Internal linkage (see x86_common.h): the including translation units are compiled for different
 // instruction sets.
@@ -44,6 +45,25 @@ inline void transpose8(const __m256i y[8], uint32_t (*out)[8]) {
     _mm256_store_si256(reinterpret_cast<__m256i*>(out[i]), _mm256_permute2x128_si256(u[i], u[4 + i], 0x20));
     _mm256_store_si256(reinterpret_cast<__m256i*>(out[i + 4]), _mm256_permute2x128_si256(u[i], u[4 + i], 0x31));
   }
+}
+
+// out[i][lane0 + r] = dword i of y[r], r < 8: transpose8 into 8 of the kLanes lanes of each out row (the 16-row
+// groups of the AVX-512 repacked GEMMs take two of these).
+template <int kLanes>
+inline void transpose8_into(const __m256i y[8], uint32_t (*out)[kLanes], int lane0) {
+  alignas(32) uint32_t t[8][8];
+  transpose8(y, t);
+  for (int i = 0; i < 8; ++i) std::memcpy(&out[i][lane0], t[i], sizeof(t[i]));
+}
+
+// f(std::integral_constant<int, n>{}) for n = clamp(count, 1, kMax): a tile's activation-row count as the template
+// argument its registers are sized by.
+template <int kMax, typename F>
+inline void with_count(int count, F&& f) {
+  if constexpr (kMax > 1) {
+    if (count < kMax) return with_count<kMax - 1>(count, f);
+  }
+  f(std::integral_constant<int, kMax>{});
 }
 
 // ggml's reduction of 8 lanes: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
@@ -194,6 +214,44 @@ inline void k_pair_sums(const BlockQ8_K* a, int64_t nb, KPairSums* out) {
     const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].bsums));
     _mm_store_si128(reinterpret_cast<__m128i*>(out[b].v),
                     _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1)));
+  }
+}
+
+// Rows row0 .. row0 + nr - 1 (nr <= Group::kRows, a multiple of 8) of a Q4_K matrix (either layout), all nb
+// super-blocks, into the rows-in-lanes groups of a repacked Q4_K GEMM: lane r of codes[s][i] holds row r's codes of
+// elements 32s + 4i .. + 3 (0..15); mins[j] holds mn_2j and mn_2j+1 of row r in int16 lanes 2r and 2r + 1; d and
+// dmin; the sub-block scales go through Group::set_scale(s, r, sc), in the form each GEMM's multiply reads. Rows
+// past nr are zero.
+template <typename Group>
+void unpack_q4_k_rows(const GemmArgs& g, int64_t row0, int nr, int64_t nb, Group* out) {
+  constexpr int kRows = Group::kRows;
+  static_assert(kRows % 8 == 0);
+  const float* half = scalar::fp16_table();
+  KRowBlocks<BlockQ4_K> rows[kRows];
+  for (int r = 0; r < nr; ++r) rows[r] = k_row_blocks<BlockQ4_K>(g, row0 + r);
+  for (int64_t b = 0; b < nb; ++b) {
+    Group& o = out[b];
+    for (int s = 0; s < 8; ++s) {
+      for (int h = 0; h < kRows / 8; ++h) {
+        __m256i y[8];
+        for (int j = 0; j < 8; ++j) {
+          const int r = 8 * h + j;
+          y[j] = r < nr ? q4_k_sub_block_codes(rows[r], b, s) : _mm256_setzero_si256();
+        }
+        transpose8_into<kRows>(y, o.codes[s], 8 * h);
+      }
+    }
+    for (int r = 0; r < kRows; ++r) {
+      uint8_t sm[16] = {};  // scales 0..7, mins 8..15
+      if (r < nr) unpack_k4_scales(rows[r].scales(b), reinterpret_cast<uint32_t*>(sm));
+      for (int s = 0; s < 8; ++s) o.set_scale(s, r, sm[s]);
+      for (int j = 0; j < 4; ++j) {
+        o.mins[j][2 * r] = sm[8 + 2 * j];
+        o.mins[j][2 * r + 1] = sm[9 + 2 * j];
+      }
+      o.d[r] = r < nr ? half[rows[r].d(b)] : 0.0f;
+      o.dmin[r] = r < nr ? half[rows[r].dmin(b)] : 0.0f;
+    }
   }
 }
 

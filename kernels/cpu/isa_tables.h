@@ -22,6 +22,11 @@ const float* fp16_table();
 // The MatmulOrder::kRepacked kernels (cpu.h): Q4_0's and Q4_K's dot in that order, written out as its
 // definition (the reference the AVX2 kernels equal bit for bit); nullptr for other types.
 const TypeKernels* repacked_type_kernels(DType type);
+// The activation rows of a batch whose values in that order are not those of repacked_type_kernels()' dot (the
+// definitions of gemm.cpp's scalar GEMMs): Q4_K's in llama.cpp's GEMM (the first m - m % 4 of m rows) and Q6_K's
+// in its tiled K-quant GEMM (batches of kTiledMinRows rows and more).
+void dot_q4_k_repacked_gemm(int64_t k, const void* w, const void* act, size_t stride, int nr, float* out);
+void dot_q6_k_tiled(int64_t k, const void* w, const void* act, size_t stride, int nr, float* out);
 }  // namespace scalar
 
 namespace avx2 {

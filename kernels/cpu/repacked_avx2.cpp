@@ -22,14 +22,6 @@
 namespace inferd::kernels::avx2 {
 namespace {
 
-// The sum of the 8 int32 lanes (exact).
-inline int32_t hsum_i32(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-  return _mm_cvtsi128_si32(s);
-}
-
 // -8 * the sum of an activation block's 32 quants.
 inline int32_t minus8_sum(__m256i aq) {
   return -8 * hsum_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), aq), _mm256_set1_epi16(1)));

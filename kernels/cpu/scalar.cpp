@@ -434,10 +434,11 @@ void decode_q5_0(const BlockQ5_0& b, int q[32]) { decode_q5(b, q, 16); }
 void decode_q5_1(const BlockQ5_1& b, int q[32]) { decode_q5(b, q, 0); }
 
 // Q4_K / Q5_K against Q8_K: sum += d_a * (d_w * sum_s sc_s * isum_s - dmin_w * sum_s mn_s * asum_s). With
-// kRepacked (MatmulOrder::kRepacked, cpu.h) its definition instead: the two integers n = sum_s sc_s * isum_s and
-// m = sum_s mn_s * asum_s, acc = fma(float(n), d_w * d_a, acc), accm = fma(float(m), dmin_w * d_a, accm), and
-// the result acc - accm.
-template <typename Block, void (*kDecode)(const Block&, int*, int*, int*), bool kRepacked = false>
+// kSteps > 0 (MatmulOrder::kRepacked, cpu.h) llama.cpp's repacked order instead: kSteps times per super-block
+// (1: its GEMV, 4: its GEMM, once per pair of sub-blocks) the two integers n = sum sc_s * isum_s and
+// m = sum mn_s * asum_s over the step's sub-blocks, acc = fma(float(n), d_w * d_a, acc),
+// accm = fma(float(m), dmin_w * d_a, accm); the result acc - accm.
+template <typename Block, void (*kDecode)(const Block&, int*, int*, int*), int kSteps = 0>
 void dot_kq_min(int64_t k, const void* w_row, const void* act, size_t act_stride, int nr, float* out) {
   const auto* w = static_cast<const Block*>(w_row);
   float sum[kMaxDotRows] = {};
@@ -454,16 +455,18 @@ void dot_kq_min(int64_t k, const void* w_row, const void* act, size_t act_stride
         for (int l = 0; l < 32; ++l) t += q[32 * s + l] * a.qs[32 * s + l];
         isum += sc[s] * t;
         msum += mn[s] * (a.bsums[2 * s] + a.bsums[2 * s + 1]);
+        if constexpr (kSteps > 0) {
+          if ((s + 1) % (8 / kSteps) == 0) {
+            sum[r] = std::fma(static_cast<float>(isum), d * a.d, sum[r]);
+            sum_m[r] = std::fma(static_cast<float>(msum), dmin * a.d, sum_m[r]);
+            isum = msum = 0;
+          }
+        }
       }
-      if constexpr (kRepacked) {
-        sum[r] = std::fma(static_cast<float>(isum), d * a.d, sum[r]);
-        sum_m[r] = std::fma(static_cast<float>(msum), dmin * a.d, sum_m[r]);
-      } else {
-        sum[r] += a.d * (d * static_cast<float>(isum) - dmin * static_cast<float>(msum));
-      }
+      if constexpr (kSteps == 0) sum[r] += a.d * (d * static_cast<float>(isum) - dmin * static_cast<float>(msum));
     }
   }
-  for (int r = 0; r < nr; ++r) out[r] = kRepacked ? sum[r] - sum_m[r] : sum[r];
+  for (int r = 0; r < nr; ++r) out[r] = kSteps > 0 ? sum[r] - sum_m[r] : sum[r];
 }
 
 
@@ -491,8 +494,10 @@ void dot_q2_k(int64_t k, const void* w_row, const void* act, size_t act_stride, 
 }
 
 // Q3_K, Q6_K and IQ4_XS against Q8_K: sum += d_w * d_a * sum_g sc_g * isum_g over groups of kGroup elements
-// with signed integer scales (kDecode gives the quants and the scales).
-template <typename Block, int kGroup, void (*kDecode)(const Block&, int*, int*)>
+// with signed integer scales (kDecode gives the quants and the scales). kTiled (MatmulOrder::kRepacked from
+// kTiledMinRows activation rows on, gemm.h): llama.cpp's tiled K-quant GEMM instead, sum = fma(float(isum) * d_w,
+// d_a, sum).
+template <typename Block, int kGroup, void (*kDecode)(const Block&, int*, int*), bool kTiled = false>
 void dot_kq_scaled(int64_t k, const void* w_row, const void* act, size_t act_stride, int nr, float* out) {
   const auto* w = static_cast<const Block*>(w_row);
   float sum[kMaxDotRows] = {};
@@ -508,7 +513,11 @@ void dot_kq_scaled(int64_t k, const void* w_row, const void* act, size_t act_str
         for (int l = 0; l < kGroup; ++l) t += q[kGroup * g + l] * a.qs[kGroup * g + l];
         isum += sc[g] * t;
       }
-      sum[r] += d * a.d * static_cast<float>(isum);
+      if constexpr (kTiled) {
+        sum[r] = std::fma(static_cast<float>(isum) * d, a.d, sum[r]);
+      } else {
+        sum[r] += d * a.d * static_cast<float>(isum);
+      }
     }
   }
   for (int r = 0; r < nr; ++r) out[r] = sum[r];
@@ -564,7 +573,7 @@ void dot_q4_0_repacked(int64_t k, const void* w, const void* a, size_t s, int nr
 }
 
 void dot_q4_k_repacked(int64_t k, const void* w, const void* a, size_t s, int nr, float* o) {
-  dot_kq_min<BlockQ4_K, decode_q4_k, true>(k, w, a, s, nr, o);
+  dot_kq_min<BlockQ4_K, decode_q4_k, 1>(k, w, a, s, nr, o);
 }
 
 constexpr TypeKernels kRepackedQ4_0 = {DType::kQ4_0, DType::kQ8_0, q4_0_to_float, quantize_q8_0, dot_q4_0_repacked};
@@ -726,6 +735,13 @@ const TypeKernels* type_kernels(DType type) {
 }
 
 const VectorKernels& vector_kernels(GgmlOrder order) { return order == GgmlOrder::kAvx2 ? kVectorAvx2Order : kVector; }
+
+void dot_q4_k_repacked_gemm(int64_t k, const void* w, const void* a, size_t s, int nr, float* o) {
+  dot_kq_min<BlockQ4_K, decode_q4_k, 4>(k, w, a, s, nr, o);
+}
+void dot_q6_k_tiled(int64_t k, const void* w, const void* a, size_t s, int nr, float* o) {
+  dot_kq_scaled<BlockQ6_K, 16, decode_q6_k_scaled, true>(k, w, a, s, nr, o);
+}
 
 const TypeKernels* repacked_type_kernels(DType type) {
   switch (type) {
