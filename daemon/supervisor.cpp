@@ -160,8 +160,8 @@ void Supervisor::load(LoadSpec spec, std::shared_ptr<LoadProgressSink> client_pr
   // io_context through the load channel (dropped if the supervisor is gone by then).
   std::thread([this, channel = loads_, spec, progress, done, t0, id, serial]() mutable {
     if (progress) progress->update("copying", 0, 1);
-    auto weights = ipc::WeightsSegment::create(spec.path, [&](uint64_t d, uint64_t t) {
-      if (progress) progress->update("copying", d, t);
+    auto weights = ipc::WeightsSegment::create(spec.path, [&](std::string_view stage, uint64_t d, uint64_t t) {
+      if (progress) progress->update(std::string(stage), d, t);
     });
     Result<std::shared_ptr<const Model>> model = Status(Code::kFailed, "not loaded");
     Result<std::unique_ptr<Tokenizer>> tokenizer = Status(Code::kFailed, "not loaded");

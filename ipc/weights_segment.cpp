@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <ctime>
+#include <utility>
 #include <cstdio>
 #include <cstdlib>
 #include <cerrno>
@@ -75,6 +77,45 @@ Result<const uint8_t*> map_huge_aligned(int fd, size_t size) {
   const uintptr_t map_end = aligned + (size + page - 1) / page * page;
   if (start + span > map_end) ::munmap(reinterpret_cast<void*>(map_end), start + span - map_end);
   return static_cast<const uint8_t*>(p);
+}
+
+// A writable shared mapping of part of the segment while create() writes it, unmapped on destruction and
+// never inherited by a child process. The supervisor forks workers on another thread while a load runs; a
+// child forked while a writable mapping exists holds it until its exec, and F_SEAL_WRITE fails with EBUSY
+// as long as any writable mapping of the memfd exists anywhere (MADV_DONTFORK keeps it out of children;
+// seal_segment() covers the instant between mmap and madvise).
+class WritableMapping {
+ public:
+  static Result<WritableMapping> map(int fd, size_t bytes, off_t offset, const char* what) {
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, offset);
+    if (p == MAP_FAILED) return errno_error(std::string("mmap of ") + what);
+    WritableMapping m(static_cast<uint8_t*>(p), bytes);
+    if (::madvise(p, bytes, MADV_DONTFORK) != 0) return errno_error(std::string("madvise(MADV_DONTFORK) of ") + what);
+    return m;
+  }
+  WritableMapping(WritableMapping&& o) noexcept : base_(std::exchange(o.base_, nullptr)), bytes_(o.bytes_) {}
+  WritableMapping& operator=(WritableMapping&&) = delete;
+  ~WritableMapping() {
+    if (base_ != nullptr) ::munmap(base_, bytes_);
+  }
+  uint8_t* data() const { return base_; }
+
+ private:
+  WritableMapping(uint8_t* base, size_t bytes) : base_(base), bytes_(bytes) {}
+  uint8_t* base_;
+  size_t bytes_;
+};
+
+// Adds kSeals. EBUSY means a writable mapping still exists: only a child forked in the instant between a
+// WritableMapping's mmap and its madvise can hold one, and only until it execs, so the seal is retried for
+// up to a second before the error is reported.
+Status seal_segment(int fd) {
+  for (int attempt = 0;; ++attempt) {
+    if (::fcntl(fd, F_ADD_SEALS, kSeals) == 0) return Status();
+    if (errno != EBUSY || attempt == 1000) return errno_error("sealing the weights segment");
+    const timespec one_ms{0, 1000000};
+    ::nanosleep(&one_ms, nullptr);
+  }
 }
 
 // The layout create() gives a tensor: interleaved where the type and shape allow and `interleave` is on.
@@ -181,10 +222,11 @@ Result<std::shared_ptr<const WeightsSegment>> WeightsSegment::create(const std::
   };
   std::vector<Interleaved> to_interleave;
   {
-    const size_t head_bytes = align_up(table_offset + table_bytes, 4096);
-    void* p = ::mmap(nullptr, head_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-    if (p == MAP_FAILED) return errno_error("mmap of the weights segment header");
-    auto* h = static_cast<WeightsHeader*>(p);
+    auto head = WritableMapping::map(fd.get(), align_up(table_offset + table_bytes, 4096), 0,
+                                     "the weights segment header");
+    if (!head) return head.status();
+    uint8_t* p = head.value().data();
+    auto* h = reinterpret_cast<WeightsHeader*>(p);
     std::memcpy(h->magic, kWeightsMagic, sizeof(kWeightsMagic));
     h->version = kWeightsVersion;
     h->header_bytes = sizeof(WeightsHeader);
@@ -202,7 +244,7 @@ Result<std::shared_ptr<const WeightsSegment>> WeightsSegment::create(const std::
     copy_cstr(h->source_path, sizeof(h->source_path), path);
     auto name = src.get_string("general.name");
     copy_cstr(h->model_name, sizeof(h->model_name), name ? name.value() : std::string_view());
-    auto* table = reinterpret_cast<TensorEntry*>(static_cast<uint8_t*>(p) + table_offset);
+    auto* table = reinterpret_cast<TensorEntry*>(p + table_offset);
     for (size_t i = 0; i < n_tensors; ++i) {
       const gguf::TensorInfo& t = src.tensors()[i];
       TensorEntry& e = table[i];
@@ -217,7 +259,6 @@ Result<std::shared_ptr<const WeightsSegment>> WeightsSegment::create(const std::
       if (layout != WeightLayout::kRows) to_interleave.push_back({e.offset, t.type, t.ne[1], t.ne[0]});
     }
     h->table_checksum = fnv1a64(table, table_bytes);
-    ::munmap(p, head_bytes);
   }
   parsed = Status(Code::kFailed, "released");  // unmap the source's metadata pages
 
@@ -234,7 +275,7 @@ Result<std::shared_ptr<const WeightsSegment>> WeightsSegment::create(const std::
     }
     if (n == 0) return Status(Code::kFailed, path + ": the file shrank while loading");
     done += static_cast<uint64_t>(n);
-    if (progress) progress(done, gguf_bytes);
+    if (progress) progress("copying", done, gguf_bytes);
   }
   struct stat after {};
   if (::fstat(file.get(), &after) != 0) return errno_error(path + ": cannot stat");
@@ -243,18 +284,21 @@ Result<std::shared_ptr<const WeightsSegment>> WeightsSegment::create(const std::
   // 5. The matrices the CPU kernels read interleaved, rewritten in place (a permutation of their bytes).
   if (!to_interleave.empty()) {
     // Through a writable mapping of the tensor data (2 MiB-aligned), unmapped again before sealing.
-    void* p = ::mmap(nullptr, segment_bytes - data_offset, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(),
-                     static_cast<off_t>(data_offset));
-    if (p == MAP_FAILED) return errno_error("mmap of the weights segment's tensor data");
+    auto data = WritableMapping::map(fd.get(), segment_bytes - data_offset, static_cast<off_t>(data_offset),
+                                     "the weights segment's tensor data");
+    if (!data) return data.status();
+    uint64_t total = 0, rewritten = 0;
+    for (const Interleaved& m : to_interleave) total += static_cast<uint64_t>(m.rows) * dtype_row_bytes(m.type, m.cols);
     std::vector<uint8_t> plain;
     for (const Interleaved& m : to_interleave) {
-      interleave_in_place(static_cast<uint8_t*>(p) + (m.offset - data_offset), m.type, m.rows, m.cols, plain);
+      interleave_in_place(data.value().data() + (m.offset - data_offset), m.type, m.rows, m.cols, plain);
+      rewritten += static_cast<uint64_t>(m.rows) * dtype_row_bytes(m.type, m.cols);
+      if (progress) progress("interleaving", rewritten, total);
     }
-    ::munmap(p, segment_bytes - data_offset);
   }
 
   // 6. Seal: from here on nobody can write or resize it, and every mapping is read-only.
-  if (::fcntl(fd.get(), F_ADD_SEALS, kSeals) != 0) return errno_error("sealing the weights segment");
+  INFERD_RETURN_IF_ERROR(seal_segment(fd.get()));
   auto seg = attach(std::move(fd));
   if (!seg) return seg.status().with_context(path + ": the copy in shared memory does not validate");
   return seg;

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -53,7 +54,8 @@ void expect_valid_copy(const WeightsSegment& s, const std::vector<uint8_t>& file
 TEST(WeightsSegment, WithRowsLayoutCopiesTheFileByteForByteWithHugePageAlignedData) {
   ScopedEnv rows("INFERD_WEIGHTS_LAYOUT", "rows");
   uint64_t last_done = 0, calls = 0;
-  auto seg = WeightsSegment::create(kModel, [&](uint64_t done, uint64_t total) {
+  auto seg = WeightsSegment::create(kModel, [&](std::string_view stage, uint64_t done, uint64_t total) {
+    EXPECT_EQ(stage, "copying");
     EXPECT_GT(done, last_done);
     EXPECT_LE(done, total);
     last_done = done;
@@ -91,6 +93,37 @@ TEST(WeightsSegment, InterleavesTheMatricesItCanAndKeepsEverythingElse) {
   }
   EXPECT_GT(interleaved, 0);
   EXPECT_EQ(0, std::memcmp(image.data(), file.data(), file.size()));
+}
+
+// The daemon forks workers on one thread while another creates a segment. A child forked while create() writes
+// through its writable mappings (here: in the middle of the interleaving, and kept alive until create() has
+// returned) must not inherit them, or sealing fails with EBUSY for as long as the child lives.
+TEST(WeightsSegment, AChildForkedDuringCreationDoesNotBlockTheSeal) {
+  int release[2];
+  ASSERT_EQ(0, ::pipe2(release, O_CLOEXEC));
+  pid_t child = -1;
+  uint64_t interleaving_calls = 0;
+  auto seg = WeightsSegment::create(kModel, [&](std::string_view stage, uint64_t done, uint64_t total) {
+    EXPECT_LE(done, total);
+    if (stage != "interleaving") return;
+    ++interleaving_calls;
+    if (child >= 0) return;
+    child = ::fork();
+    if (child == 0) {  // only async-signal-safe calls: wait for the parent, then leave
+      char c;
+      (void)!::read(release[0], &c, 1);
+      ::_exit(0);
+    }
+  });
+  ASSERT_GT(child, 0) << "create() reported no interleaving stage";
+  (void)!::write(release[1], "x", 1);
+  int status = 0;
+  ASSERT_EQ(child, ::waitpid(child, &status, 0));
+  ::close(release[0]);
+  ::close(release[1]);
+  EXPECT_GT(interleaving_calls, 0u);
+  ASSERT_TRUE(seg) << seg.status().to_string();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
 TEST(WeightsSegment, RefusesAnUnknownLayoutSetting) {

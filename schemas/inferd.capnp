@@ -143,8 +143,8 @@ struct ModelInfo {
   weightsHugePageBytes @14 :UInt64;  # of weightsBytes, backed by 2 MiB pages (0: 4 KiB pages only)
   keepAliveS @15 :Float64;  # unloaded after this many idle seconds; 0: never
   unloadInS @16 :Float64;   # seconds until that idle unload; -1: not scheduled (never, or busy)
-  loadStage @17 :Text;      # while loading: "copying", "validating", "starting workers"
-  loadDone @18 :UInt64;     # progress of that stage: loadDone of loadTotal (bytes, for the copy)
+  loadStage @17 :Text;      # while loading: "copying", "interleaving", "validating", "starting workers"
+  loadDone @18 :UInt64;     # progress of that stage: loadDone of loadTotal (bytes, for the copy and the interleaving)
   loadTotal @19 :UInt64;
 }
 
@@ -189,7 +189,7 @@ struct DaemonStatus {
 
 interface LoadProgress {
   update @0 (stage :Text, done :UInt64, total :UInt64) -> stream;
-  # stage: "validating", "copying", "starting workers"; done/total in bytes or workers.
+  # stage: "copying", "interleaving", "validating", "starting workers"; done/total in bytes or workers.
 }
 
 interface Admin {

@@ -48,7 +48,7 @@ class BasicTest(harness.DaemonTestCase):
             self.assertEqual(info.state, "ready", f"load returned a model that is not ready: {info}")
             self.assertTrue(progress.updates, "load reported no progress through the LoadProgress capability")
             stages = {u[0] for u in progress.updates}
-            self.assertLessEqual(stages, {"validating", "copying", "starting workers"},
+            self.assertLessEqual(stages, {"copying", "interleaving", "validating", "starting workers"},
                                  f"unknown progress stages: {progress.updates}")
             for stage, done, total in progress.updates:
                 self.assertLessEqual(done, total, f"progress went past its total: {progress.updates}")

@@ -88,8 +88,10 @@ static_assert(offsetof(TensorEntry, type) == 64);
 static_assert(offsetof(TensorEntry, offset) == 104);
 static_assert(offsetof(TensorEntry, layout) == 120);
 
-// Reports copy progress: bytes done of total. Called from the creating thread.
-using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
+// Reports progress of create(): `stage` "copying" (the file into the segment: bytes done of the file's) then,
+// where matrices are interleaved, "interleaving" (bytes of interleaved matrices rewritten of their total).
+// Called from the creating thread.
+using ProgressFn = std::function<void(std::string_view stage, uint64_t done, uint64_t total)>;
 
 class WeightsSegment {
  public:
