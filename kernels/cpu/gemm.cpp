@@ -137,15 +137,47 @@ void gemm_q4_k_repacked(const GemmArgs& g) {
   gemm_by_rows(g, [&](int64_t t) { return t < m4 ? &scalar::dot_q4_k_repacked_gemm : gemv; });
 }
 
-// MatmulOrder::kRepacked, Q6_K: vec_dot's order (the scalar dot) below kTiledMinRows activation rows, llama.cpp's
-// tiled K-quant GEMM from there.
-void gemm_q6_k_repacked(const GemmArgs& g) {
-  INFERD_ASSERT(g.type == DType::kQ6_K, "this GEMM is Q6_K's");
-  const auto vec_dot = scalar::type_kernels(DType::kQ6_K)->dot;
-  gemm_by_rows(g, [&](int64_t) { return g.m >= kTiledMinRows ? &scalar::dot_q6_k_tiled : vec_dot; });
+// MatmulOrder::kRepacked for the types llama.cpp sends through its tiled K-quant GEMM: vec_dot's order (the scalar
+// dot) below kTiledMinRows activation rows, the tiled GEMM's from there.
+void gemm_tiled(const GemmArgs& g) {
+  const scalar::DotFn tiled = scalar::tiled_dot(g.type);
+  INFERD_ASSERT(tiled != nullptr, "%s has no tiled order", dtype_name(g.type));
+  const scalar::DotFn vec_dot = scalar::type_kernels(g.type)->dot;
+  gemm_by_rows(g, [&](int64_t) { return g.m >= kTiledMinRows ? tiled : vec_dot; });
 }
 
 }  // namespace gemm_scalar
+
+namespace {
+
+// MatmulOrder::kRepacked for the types llama.cpp sends through its tiled K-quant GEMM, on AVX2 and AVX-512 CPUs:
+// the tiled GEMM from kTiledMinRows activation rows on (exact integers and the same float steps on every ISA, so
+// one AVX2 kernel serves both), below that the vec_dot order's GEMM of kIsa, as llama.cpp does.
+template <DType kType, Isa kIsa>
+void gemm_tiled_simd(const GemmArgs& g) {
+  const GemmFn fn = g.m >= kTiledMinRows ? gemm_avx2_k::tiled_kernel(kType) : gemm_kernel_for(kType, g.layout, kIsa);
+  fn(g);
+}
+
+template <Isa kIsa>
+GemmFn tiled_gemm(DType type) {
+  switch (type) {
+    case DType::kQ2_K:
+      return &gemm_tiled_simd<DType::kQ2_K, kIsa>;
+    case DType::kQ3_K:
+      return &gemm_tiled_simd<DType::kQ3_K, kIsa>;
+    case DType::kQ5_K:
+      return &gemm_tiled_simd<DType::kQ5_K, kIsa>;
+    case DType::kQ6_K:
+      return &gemm_tiled_simd<DType::kQ6_K, kIsa>;
+    case DType::kIQ4_XS:
+      return &gemm_tiled_simd<DType::kIQ4_XS, kIsa>;
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace
 
 GemmFn gemm_kernel(DType type, Isa isa) {
   if (type == DType::kQ4_K || type == DType::kQ5_K || type == DType::kQ6_K) {
@@ -185,17 +217,19 @@ GemmFn gemm_kernel_for(DType type, WeightLayout layout, Isa isa) {
 
 GemmFn gemm_kernel_for(DType type, WeightLayout layout, Isa isa, MatmulOrder order) {
   if (order == MatmulOrder::kVecDot) return gemm_kernel_for(type, layout, isa);
+  if (layout != WeightLayout::kRows && !interleavable(type)) return nullptr;
   if (isa == Isa::kScalar || !isa_available(Isa::kAvx2)) {
-    // Q4_K's and Q6_K's orders depend on the batch: the scalar ISA needs their GEMMs too (Q4_0's is the same for
-    // every row, so its dot serves).
+    // Q4_K's and the tiled types' orders depend on the batch: the scalar ISA needs their GEMMs too (Q4_0's is the
+    // same for every row, so its dot serves).
     if (layout != WeightLayout::kRows) return nullptr;
     if (type == DType::kQ4_K) return &gemm_scalar::gemm_q4_k_repacked;
-    return type == DType::kQ6_K ? &gemm_scalar::gemm_q6_k_repacked : nullptr;
+    return scalar::tiled_dot(type) != nullptr ? &gemm_scalar::gemm_tiled : nullptr;
   }
-  if (isa == Isa::kAvx512 && isa_available(Isa::kAvx512)) {
-    if (GemmFn fn = gemm_avx512::repacked_kernel(type)) return fn;
+  const bool avx512 = isa == Isa::kAvx512 && isa_available(Isa::kAvx512);
+  if (avx512) {
+    if (GemmFn fn = gemm_avx512::repacked_kernel(type)) return fn;  // Q6_K's tiled GEMM among them
   }
-  if (GemmFn fn = gemm_avx2_k::repacked_kernel(type)) return fn;
+  if (GemmFn fn = avx512 ? tiled_gemm<Isa::kAvx512>(type) : tiled_gemm<Isa::kAvx2>(type)) return fn;
   if (GemmFn fn = gemm_avx2::repacked_kernel(type)) return fn;
   return gemm_kernel_for(type, layout, isa);  // a type the order does not change
 }

@@ -46,6 +46,14 @@ inline void prefetch_ahead(const void* block, size_t bytes) {
   _mm_prefetch(ahead + bytes - 1, _MM_HINT_T0);
 }
 
+// One super-block of llama.cpp's tiled K-quant GEMM (MatmulOrder::kRepacked from kTiledMinRows activation rows on,
+// gemm.h; scalar.cpp's tiled_step): the exact totals n = sum sc * isum and m = sum mn * bsum, then
+// y = fma(fma(-dmin, float(m), d * float(n)), d_a, y); without a min y = fma(float(n) * d, d_a, y).
+inline float tiled_step(float d, float dmin, int32_t n, int32_t m, float d_a, float y) {
+  return std::fma(std::fma(-dmin, static_cast<float>(m), d * static_cast<float>(n)), d_a, y);
+}
+inline float tiled_step(float d, int32_t n, float d_a, float y) { return std::fma(static_cast<float>(n) * d, d_a, y); }
+
 // Activation pairs per tile: T = 2 * kRowPairs activation rows' integer sums in registers, beside a
 // chunk's codes and scales (3 and 6 pairs measured no better on Q2_K and Q3_K).
 constexpr int kRowPairs = 4;
@@ -72,14 +80,17 @@ inline __m128i k_min_pair_sums(const BlockQ8_K& a) {
 }
 
 // Q2_K (kThree = false) and Q3_K (kThree = true): Q2_K's min term goes first, then the quant sums, as in
-// Q2K::step.
-template <bool kThree, int R, int P>
+// Q2K::step. kTiled: the tiled order's step per super-block (tiled_step) on the same exact integers.
+template <bool kThree, int R, int P, bool kTiled = false>
 void tile_low_bit(const RowIo& io) {
   static_assert(R == 1, "one weight row per tile");
   using Block = std::conditional_t<kThree, BlockQ3_K, BlockQ2_K>;
   constexpr int T = 2 * P;
   const auto* w = reinterpret_cast<const Block*>(io.g->w + static_cast<size_t>(io.row0) * io.g->w_row_bytes);
   __m256 acc[T];
+  [[maybe_unused]] float tiled[T] = {};
+  [[maybe_unused]] int32_t msum[T] = {};
+  [[maybe_unused]] float dmin_w = 0.0f;
   for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t i = 0; i < io.nb; ++i) {
     const Block& b = w[i];
@@ -93,12 +104,16 @@ void tile_low_bit(const RowIo& io) {
       // Q2K::step's min term, before the quant sums.
       __m256i mins16;
       q2_k_scales_mins(b, sc8, mins16);
-      const float dmin_w = h2f(b.dmin);
+      dmin_w = h2f(b.dmin);
       for (int t = 0; t < T; ++t) {
         const BlockQ8_K& a = io.acts[t][i];
-        const float dmin = -a.d * dmin_w;
         const __m256i prod = _mm256_madd_epi16(mins16, load32(a.bsums));
-        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc[t]);
+        if constexpr (kTiled) {
+          msum[t] = hsum_i32(prod);
+        } else {
+          const float dmin = -a.d * dmin_w;
+          acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(prod), acc[t]);
+        }
       }
     }
     const ChunkScales scales(sc8);
@@ -120,14 +135,21 @@ void tile_low_bit(const RowIo& io) {
     }
     const float d = h2f(b.d);
     for (int t = 0; t < T; ++t) {
-      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(io.acts[t][i].d * d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+      if constexpr (kTiled && kThree) {
+        tiled[t] = tiled_step(d, hsum_i32(sumi[t]), io.acts[t][i].d, tiled[t]);
+      } else if constexpr (kTiled) {
+        tiled[t] = tiled_step(d, dmin_w, hsum_i32(sumi[t]), msum[t], io.acts[t][i].d, tiled[t]);
+      } else {
+        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(io.acts[t][i].d * d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+      }
     }
   }
-  for (int t = 0; t < T; ++t) io.res[0][t] = gemm_tiles::reduce8(acc[t]);
+  for (int t = 0; t < T; ++t) io.res[0][t] = kTiled ? tiled[t] : gemm_tiles::reduce8(acc[t]);
 }
 
 // Q4_K / Q5_K: a 32-byte quant chunk holds two sub-blocks (low and high nibbles), each with its own scale.
-template <bool kHigh, int R, int P>
+// kTiled: the tiled order's step per super-block (tiled_step) on the same exact integers.
+template <bool kHigh, int R, int P, bool kTiled = false>
 void tile_k_min_rows(const RowIo& io) {
   static_assert(R == 1, "one weight row per tile");
   using Block = std::conditional_t<kHigh, BlockQ5_K, BlockQ4_K>;
@@ -137,6 +159,7 @@ void tile_k_min_rows(const RowIo& io) {
   __m256 acc[T];
   __m128 acc_m[T];
   float summs[T];
+  [[maybe_unused]] int32_t msum[T];
   for (int t = 0; t < T; ++t) {
     acc[t] = _mm256_setzero_ps();
     acc_m[t] = _mm_setzero_ps();
@@ -155,7 +178,11 @@ void tile_k_min_rows(const RowIo& io) {
       const BlockQ8_K& a = io.acts[t][i];
       const __m128i prod = _mm_madd_epi16(mins, _mm_load_si128(reinterpret_cast<const __m128i*>(io.pairs[t][i].v)));
       const float neg_dmin = -(a.d * dmin);
-      if constexpr (kHigh) {
+      if constexpr (kTiled) {
+        __m128i s = _mm_add_epi32(prod, _mm_unpackhi_epi64(prod, prod));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+        msum[t] = _mm_cvtsi128_si32(s);
+      } else if constexpr (kHigh) {
         __m128i s = _mm_add_epi32(prod, _mm_unpackhi_epi64(prod, prod));
         s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
         summs[t] = std::fma(neg_dmin, static_cast<float>(_mm_cvtsi128_si32(s)), summs[t]);
@@ -187,12 +214,18 @@ void tile_k_min_rows(const RowIo& io) {
       }
     }
     for (int t = 0; t < T; ++t) {
-      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(io.acts[t][i].d * d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+      if constexpr (kTiled) {
+        summs[t] = tiled_step(d, dmin, hsum_i32(sumi[t]), msum[t], io.acts[t][i].d, summs[t]);
+      } else {
+        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(io.acts[t][i].d * d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+      }
     }
   }
   // k_min_result.
   for (int t = 0; t < T; ++t) {
-    if constexpr (kHigh) {
+    if constexpr (kTiled) {
+      io.res[0][t] = summs[t];
+    } else if constexpr (kHigh) {
       io.res[0][t] = gemm_tiles::reduce8(acc[t]) + summs[t];
     } else {
       __m128 m = _mm_add_ps(acc_m[t], _mm_movehl_ps(acc_m[t], acc_m[t]));
@@ -247,22 +280,16 @@ void tile_q6_k_rows(const RowIo& io) {
   for (int t = 0; t < T; ++t) io.res[0][t] = kTiled ? tiled[t] : gemm_tiles::reduce8(acc[t]);
 }
 
-// The tiled order's tile (tile_q6_k_rows<R, P, true>) for TileTable.
-struct TiledQ6K {
-  template <int R, int P>
-  static void fn(const RowIo& io) {
-    tile_q6_k_rows<R, P, true>(io);
-  }
-};
-
 // IQ4_XS: sub-block s's 32 non-linear values and their |x| in registers; per activation row ggml's sign
-// trick (mul_add_i8), madd with the sub-block scale, add; then IQ4XS::step's one float step per block.
-template <int R, int P>
+// trick (mul_add_i8), madd with the sub-block scale, add; then IQ4XS::step's one float step per block (kTiled: the
+// tiled order's, tiled_step).
+template <int R, int P, bool kTiled = false>
 void tile_iq4_xs(const RowIo& io) {
   static_assert(R == 1, "one weight row per tile");
   constexpr int T = 2 * P;
   const auto* w = reinterpret_cast<const BlockIQ4_XS*>(io.g->w + static_cast<size_t>(io.row0) * io.g->w_row_bytes);
   __m256 acc[T];
+  [[maybe_unused]] float tiled[T] = {};
   for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t i = 0; i < io.nb; ++i) {
     const BlockIQ4_XS& b = w[i];
@@ -281,24 +308,29 @@ void tile_iq4_xs(const RowIo& io) {
     }
     const float d = h2f(b.d);
     for (int t = 0; t < T; ++t) {
-      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * io.acts[t][i].d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+      if constexpr (kTiled) {
+        tiled[t] = tiled_step(d, hsum_i32(sumi[t]), io.acts[t][i].d, tiled[t]);
+      } else {
+        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * io.acts[t][i].d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+      }
     }
   }
-  for (int t = 0; t < T; ++t) io.res[0][t] = gemm_tiles::reduce8(acc[t]);
+  for (int t = 0; t < T; ++t) io.res[0][t] = kTiled ? tiled[t] : gemm_tiles::reduce8(acc[t]);
 }
 
-template <DType kType>
+// The tile of kType for TileTable: the vec_dot order's, or (kTiled) the tiled order's.
+template <DType kType, bool kTiled = false>
 struct RowTile {
   template <int R, int P>
   static void fn(const RowIo& io) {
     if constexpr (kType == DType::kQ2_K || kType == DType::kQ3_K) {
-      tile_low_bit<kType == DType::kQ3_K, R, P>(io);
+      tile_low_bit<kType == DType::kQ3_K, R, P, kTiled>(io);
     } else if constexpr (kType == DType::kIQ4_XS) {
-      tile_iq4_xs<R, P>(io);
+      tile_iq4_xs<R, P, kTiled>(io);
     } else if constexpr (kType == DType::kQ4_K || kType == DType::kQ5_K) {
-      tile_k_min_rows<kType == DType::kQ5_K, R, P>(io);
+      tile_k_min_rows<kType == DType::kQ5_K, R, P, kTiled>(io);
     } else {
-      tile_q6_k_rows<R, P>(io);
+      tile_q6_k_rows<R, P, kTiled>(io);
     }
   }
 };
@@ -337,15 +369,24 @@ void gemm_rows(const GemmArgs& g) {
   });
 }
 
-// MatmulOrder::kRepacked for Q6_K: the vec_dot order below kTiledMinRows activation rows, the tiled order from there.
-void gemm_q6_k_repacked(const GemmArgs& g) {
-  if (g.m < kTiledMinRows) return gemm_rows<DType::kQ6_K>(g);
-  gemm_rows<DType::kQ6_K, TiledQ6K>(g);
-}
-
 }  // namespace
 
-GemmFn repacked_kernel(DType type) { return type == DType::kQ6_K ? &gemm_q6_k_repacked : nullptr; }
+GemmFn tiled_kernel(DType type) {
+  switch (type) {
+    case DType::kQ2_K:
+      return &gemm_rows<DType::kQ2_K, RowTile<DType::kQ2_K, true>>;
+    case DType::kQ3_K:
+      return &gemm_rows<DType::kQ3_K, RowTile<DType::kQ3_K, true>>;
+    case DType::kQ5_K:
+      return &gemm_rows<DType::kQ5_K, RowTile<DType::kQ5_K, true>>;
+    case DType::kQ6_K:
+      return &gemm_rows<DType::kQ6_K, RowTile<DType::kQ6_K, true>>;
+    case DType::kIQ4_XS:
+      return &gemm_rows<DType::kIQ4_XS, RowTile<DType::kIQ4_XS, true>>;
+    default:
+      return nullptr;
+  }
+}
 
 GemmFn kernel(DType type) {
   switch (type) {

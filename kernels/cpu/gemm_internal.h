@@ -12,9 +12,10 @@ namespace inferd::kernels {
 namespace gemm_scalar {
 // The numerics contract of gemm.h written out lane by lane; the reference every SIMD GEMM equals.
 void gemm(const GemmArgs& args);
-// MatmulOrder::kRepacked's Q4_K and Q6_K GEMMs on the row layout, written out as their definitions.
+// MatmulOrder::kRepacked's GEMMs on the row layout, written out as their definitions: Q4_K's, and that of the
+// types llama.cpp sends through its tiled K-quant GEMM (scalar::tiled_dot(): Q2_K, Q3_K, Q5_K, Q6_K, IQ4_XS).
 void gemm_q4_k_repacked(const GemmArgs& args);
-void gemm_q6_k_repacked(const GemmArgs& args);
+void gemm_tiled(const GemmArgs& args);
 }  // namespace gemm_scalar
 
 namespace gemm_avx2 {
@@ -26,10 +27,12 @@ GemmFn repacked_kernel(DType type);
 }  // namespace gemm_avx2
 
 namespace gemm_avx2_k {
-// AVX2 + FMA + F16C: Q4_K, Q5_K and Q6_K, bit-identical to the AVX2 dot kernels; nullptr for other types.
+// AVX2 + FMA + F16C: Q2_K to Q6_K and IQ4_XS, bit-identical to the AVX2 dot kernels; nullptr for other types.
 GemmFn kernel(DType type);
-// MatmulOrder::kRepacked: Q6_K (kTiledMinRows); nullptr for other types.
-GemmFn repacked_kernel(DType type);
+// llama.cpp's tiled K-quant GEMM (MatmulOrder::kRepacked from kTiledMinRows activation rows on) for Q2_K, Q3_K,
+// Q5_K, Q6_K and IQ4_XS, on AVX2 and AVX-512 CPUs alike (exact integers, then the same float steps as on every
+// ISA), for any m; nullptr for other types.
+GemmFn tiled_kernel(DType type);
 }  // namespace gemm_avx2_k
 
 namespace gemm_avx512 {

@@ -23,10 +23,13 @@ const float* fp16_table();
 // definition (the reference the AVX2 kernels equal bit for bit); nullptr for other types.
 const TypeKernels* repacked_type_kernels(DType type);
 // The activation rows of a batch whose values in that order are not those of repacked_type_kernels()' dot (the
-// definitions of gemm.cpp's scalar GEMMs): Q4_K's in llama.cpp's GEMM (the first m - m % 4 of m rows) and Q6_K's
-// in its tiled K-quant GEMM (batches of kTiledMinRows rows and more).
+// definitions of gemm.cpp's scalar GEMMs): Q4_K's in llama.cpp's GEMM (the first m - m % 4 of m rows), and in its
+// tiled K-quant GEMM (batches of kTiledMinRows rows and more) those of Q2_K, Q3_K, Q5_K, Q6_K and IQ4_XS
+// (tiled_dot(); nullptr for other types; llama.cpp's tiled GEMM also takes the Q4_K matrices it cannot repack, whose
+// row count is not a multiple of 8: the engine keeps those in the vec_dot order).
+using DotFn = void (*)(int64_t k, const void* w, const void* act, size_t stride, int nr, float* out);
 void dot_q4_k_repacked_gemm(int64_t k, const void* w, const void* act, size_t stride, int nr, float* out);
-void dot_q6_k_tiled(int64_t k, const void* w, const void* act, size_t stride, int nr, float* out);
+DotFn tiled_dot(DType type);
 }  // namespace scalar
 
 namespace avx2 {

@@ -433,12 +433,21 @@ void decode_q8_0(const BlockQ8_0& b, int q[32]) {
 void decode_q5_0(const BlockQ5_0& b, int q[32]) { decode_q5(b, q, 16); }
 void decode_q5_1(const BlockQ5_1& b, int q[32]) { decode_q5(b, q, 0); }
 
+// One super-block of llama.cpp's tiled K-quant GEMM with a min (ggml-cpu/tiled: fnmadd then fmadd, the same on its
+// AVX2 and AVX-512 builds): the exact integers n = sum sc * isum and m = sum mn * bsum, the weight's d and dmin,
+// the activation's d_a.
+inline float tiled_step(float d, float dmin, int n, int m, float d_a, float sum) {
+  return std::fma(std::fma(-dmin, static_cast<float>(m), d * static_cast<float>(n)), d_a, sum);
+}
+
 // Q4_K / Q5_K against Q8_K: sum += d_a * (d_w * sum_s sc_s * isum_s - dmin_w * sum_s mn_s * asum_s). With
 // kSteps > 0 (MatmulOrder::kRepacked, cpu.h) llama.cpp's repacked order instead: kSteps times per super-block
 // (1: its GEMV, 4: its GEMM, once per pair of sub-blocks) the two integers n = sum sc_s * isum_s and
 // m = sum mn_s * asum_s over the step's sub-blocks, acc = fma(float(n), d_w * d_a, acc),
-// accm = fma(float(m), dmin_w * d_a, accm); the result acc - accm.
-template <typename Block, void (*kDecode)(const Block&, int*, int*, int*), int kSteps = 0>
+// accm = fma(float(m), dmin_w * d_a, accm); the result acc - accm. kTiled (MatmulOrder::kRepacked from
+// kTiledMinRows activation rows on, gemm.h): llama.cpp's tiled K-quant GEMM, per super-block
+// sum = fma(fma(-dmin_w, float(m), d_w * float(n)), d_a, sum) with n and m over the whole super-block.
+template <typename Block, void (*kDecode)(const Block&, int*, int*, int*), int kSteps = 0, bool kTiled = false>
 void dot_kq_min(int64_t k, const void* w_row, const void* act, size_t act_stride, int nr, float* out) {
   const auto* w = static_cast<const Block*>(w_row);
   float sum[kMaxDotRows] = {};
@@ -463,15 +472,20 @@ void dot_kq_min(int64_t k, const void* w_row, const void* act, size_t act_stride
           }
         }
       }
-      if constexpr (kSteps == 0) sum[r] += a.d * (d * static_cast<float>(isum) - dmin * static_cast<float>(msum));
+      if constexpr (kTiled) {
+        sum[r] = tiled_step(d, dmin, isum, msum, a.d, sum[r]);
+      } else if constexpr (kSteps == 0) {
+        sum[r] += a.d * (d * static_cast<float>(isum) - dmin * static_cast<float>(msum));
+      }
     }
   }
   for (int r = 0; r < nr; ++r) out[r] = kSteps > 0 ? sum[r] - sum_m[r] : sum[r];
 }
 
 
-// Q2_K against Q8_K: sum += d_a * (d_w * sum_g sc_g * isum_g - dmin_w * sum_g mn_g * bsum_g).
-void dot_q2_k(int64_t k, const void* w_row, const void* act, size_t act_stride, int nr, float* out) {
+// Q2_K against Q8_K: sum += d_a * (d_w * sum_g sc_g * isum_g - dmin_w * sum_g mn_g * bsum_g); kTiled: tiled_step().
+template <bool kTiled = false>
+void dot_q2_k_in(int64_t k, const void* w_row, const void* act, size_t act_stride, int nr, float* out) {
   const auto* w = static_cast<const BlockQ2_K*>(w_row);
   float sum[kMaxDotRows] = {};
   int q[256];
@@ -487,7 +501,11 @@ void dot_q2_k(int64_t k, const void* w_row, const void* act, size_t act_stride, 
         isum += (w[i].scales[g] & 0xF) * t;
         msum += (w[i].scales[g] >> 4) * a.bsums[g];
       }
-      sum[r] += a.d * (d * static_cast<float>(isum) - dmin * static_cast<float>(msum));
+      if constexpr (kTiled) {
+        sum[r] = tiled_step(d, dmin, isum, msum, a.d, sum[r]);
+      } else {
+        sum[r] += a.d * (d * static_cast<float>(isum) - dmin * static_cast<float>(msum));
+      }
     }
   }
   for (int r = 0; r < nr; ++r) out[r] = sum[r];
@@ -533,6 +551,7 @@ void decode_q6_k_scaled(const BlockQ6_K& b, int q[256], int sc[16]) {
   for (int g = 0; g < 16; ++g) sc[g] = b.scales[g];
 }
 
+void dot_q2_k(int64_t k, const void* w, const void* a, size_t s, int nr, float* o) { dot_q2_k_in(k, w, a, s, nr, o); }
 void dot_q3_k(int64_t k, const void* w, const void* a, size_t s, int nr, float* o) {
   dot_kq_scaled<BlockQ3_K, 16, decode_q3_k_scaled>(k, w, a, s, nr, o);
 }
@@ -739,8 +758,31 @@ const VectorKernels& vector_kernels(GgmlOrder order) { return order == GgmlOrder
 void dot_q4_k_repacked_gemm(int64_t k, const void* w, const void* a, size_t s, int nr, float* o) {
   dot_kq_min<BlockQ4_K, decode_q4_k, 4>(k, w, a, s, nr, o);
 }
+void dot_q2_k_tiled(int64_t k, const void* w, const void* a, size_t s, int nr, float* o) {
+  dot_q2_k_in<true>(k, w, a, s, nr, o);
+}
+void dot_q3_k_tiled(int64_t k, const void* w, const void* a, size_t s, int nr, float* o) {
+  dot_kq_scaled<BlockQ3_K, 16, decode_q3_k_scaled, true>(k, w, a, s, nr, o);
+}
+void dot_q5_k_tiled(int64_t k, const void* w, const void* a, size_t s, int nr, float* o) {
+  dot_kq_min<BlockQ5_K, decode_q5_k, 0, true>(k, w, a, s, nr, o);
+}
 void dot_q6_k_tiled(int64_t k, const void* w, const void* a, size_t s, int nr, float* o) {
   dot_kq_scaled<BlockQ6_K, 16, decode_q6_k_scaled, true>(k, w, a, s, nr, o);
+}
+void dot_iq4_xs_tiled(int64_t k, const void* w, const void* a, size_t s, int nr, float* o) {
+  dot_kq_scaled<BlockIQ4_XS, 32, decode_iq4_xs, true>(k, w, a, s, nr, o);
+}
+
+DotFn tiled_dot(DType type) {
+  switch (type) {
+    case DType::kQ2_K: return &dot_q2_k_tiled;
+    case DType::kQ3_K: return &dot_q3_k_tiled;
+    case DType::kQ5_K: return &dot_q5_k_tiled;
+    case DType::kQ6_K: return &dot_q6_k_tiled;
+    case DType::kIQ4_XS: return &dot_iq4_xs_tiled;
+    default: return nullptr;
+  }
 }
 
 const TypeKernels* repacked_type_kernels(DType type) {

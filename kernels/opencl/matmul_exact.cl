@@ -433,14 +433,31 @@ inline int inferd_ilane(int4 v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c 
         sum[i][r] = sum[i][r] + (dr * da) * (float)isum;
 //@ end
 
-// MatmulOrder::kRepacked, Q6_K (inferd/kernels/gemm.h kTiledMinRows): from that many tokens on, llama.cpp's tiled
-// K-quant GEMM, per super-block sum = fma((float)total * d, d_a, sum) with total = sum_l (sumi_l - off_l); ops.cpp
-// puts it under `if (n_t >= kTiledMinRows)`, with k.q6_x86 or k.q6_scalar in the else branch, and writes
-// k.out_q6_tiled (kX86) or k.out_scalar.
-//@ k.q6_tiled
+// MatmulOrder::kRepacked for Q2_K, Q3_K, Q5_K, Q6_K and IQ4_XS (inferd/kernels/gemm.h kTiledMinRows): from that
+// many tokens on, llama.cpp's tiled K-quant GEMM; ops.cpp puts one of these under `if (n_t >= TILED_MIN_ROWS)`, the
+// vec_dot order's steps in the else branch, and writes k.out_scalar in the first case.
+// Q3_K, Q6_K, IQ4_XS (after k.q6_offsets or k.no_offsets): sum = fma((float)total * d, d_a, sum) with
+// total = sum_l (sumi_l - off_l).
+//@ k.tiled
         int total = 0;
         for (int l = 0; l < 8; ++l) total += sumi[i][r][l] - off[l];
         sum[i][r] = fma((float)total * dr, da, sum[i][r]);
+//@ end
+
+// Q2_K: n = sum_l sumi_l, m = sum_g mn_g * bsum_g, sum = fma(fma(-dmin, (float)m, d * (float)n), d_a, sum).
+//@ k.tiled_q2
+        int isum = 0, msum = 0;
+        for (int l = 0; l < 8; ++l) isum += sumi[i][r][l];
+        for (int g = 0; g < 16; ++g) msum += inferd_ilane(ssc[16 + g], r) * bs[g];
+        sum[i][r] = fma(fma(-inferd_lane(dmin, r), (float)msum, dr * (float)isum), da, sum[i][r]);
+//@ end
+
+// Q5_K (after k.mins): as Q2_K with m = p_0 + p_1 + p_2 + p_3.
+//@ k.tiled_mins
+        int isum = 0;
+        for (int l = 0; l < 8; ++l) isum += sumi[i][r][l];
+        const int msum = p[0] + p[1] + p[2] + p[3];
+        sum[i][r] = fma(fma(-inferd_lane(dmin, r), (float)msum, dr * (float)isum), da, sum[i][r]);
 //@ end
 
 // Q3_K and IQ4_XS: signed values and scales, no offset; then k.q6_x86 or k.q6_scalar as Q6_K (ggml's
@@ -539,10 +556,6 @@ inline int inferd_ilane(int4 v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c 
 
 //@ k.out_q6
       o[r] = inferd_hsum8(vload4(0, acc[i][r]), vload4(1, acc[i][r]));
-//@ end
-
-//@ k.out_q6_tiled
-      o[r] = n_t >= TILED_MIN_ROWS ? sum[i][r] : inferd_hsum8(vload4(0, acc[i][r]), vload4(1, acc[i][r]));
 //@ end
 
 //@ k.out_q4_k

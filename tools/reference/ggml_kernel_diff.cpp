@@ -74,6 +74,7 @@ struct Ggml {
   void (*tensor_set)(void*, const void*, size_t, size_t);
   void (*buffer_free)(void*);
   size_t (*nbytes)(const void*);
+  int (*cpu_has_avx512)();  // whether this ggml was built with AVX-512 (then its repack buffer takes Q2_K too)
 };
 
 template <typename F>
@@ -100,7 +101,8 @@ bool load(const std::string& dir, Ggml& g) {
          bind(base, "ggml_backend_buft_alloc_buffer", g.buft_alloc_buffer) &&
          bind(base, "ggml_backend_buffer_get_base", g.buffer_get_base) &&
          bind(base, "ggml_backend_tensor_alloc", g.tensor_alloc) && bind(base, "ggml_backend_tensor_set", g.tensor_set) &&
-         bind(base, "ggml_backend_buffer_free", g.buffer_free) && bind(base, "ggml_nbytes", g.nbytes);
+         bind(base, "ggml_backend_buffer_free", g.buffer_free) && bind(base, "ggml_nbytes", g.nbytes) &&
+         bind(cpu, "ggml_cpu_has_avx512", g.cpu_has_avx512);
 }
 
 // y = W x through ggml's graph in `ctx` (x: m rows of k floats); the result lives in ctx.
@@ -210,7 +212,8 @@ int main(int argc, char** argv) {
   Ggml g{};
   if (lib.empty() || !load(lib, g)) return 2;
   g.cpu_init();
-  std::printf("inferd kernels: %s\n", k::isa_name(k::best_isa()));
+  std::printf("inferd kernels: %s; ggml built %s AVX-512\n", k::isa_name(k::best_isa()),
+              g.cpu_has_avx512() ? "with" : "without");
   std::printf("| type | act. quantization equal | vec_dot equal | ggml_mul_mat equal, rows 1 / 3 / 7 / 8 / 64 |\n");
   std::printf("|---|---|---|---|\n");
   std::mt19937 rng(1);
@@ -266,8 +269,8 @@ int main(int argc, char** argv) {
       std::vector<float> ours(static_cast<size_t>(kRows * m));
       const auto* wdata = static_cast<const uint8_t*>(g.get_data(W));
       // A plain buffer is what llama.cpp multiplies a matrix it does not repack from: the engine's default order
-      // for the other types (Q6_K's tiled order from 8 rows on), the vec_dot order for Q4_0 and Q4_K, whose
-      // repacked order (4) checks.
+      // for the other types (the tiled order of Q2_K, Q3_K, Q5_K, Q6_K and IQ4_XS from 8 rows on: that of their
+      // kRepacked GEMMs, whichever build), the vec_dot order for Q4_0 and Q4_K, whose repacked order (4) checks.
       const bool repackable = tc.type == DType::kQ4_0 || tc.type == DType::kQ4_K;
       const k::GemmFn gemm = m >= 2 ? k::gemm_kernel_for(tc.type, inferd::WeightLayout::kRows, k::best_isa(),
                                                          repackable ? k::MatmulOrder::kVecDot : k::MatmulOrder::kRepacked)

@@ -727,6 +727,17 @@ class MatmulExactCase final : public OpCase {
     const size_t act_bytes = act.size() / static_cast<size_t>(tokens_);
     const size_t row_bytes = dtype_row_bytes(type_, k_);
     std::vector<float> y(static_cast<size_t>(tokens_ * rows_));
+    // In the repacked matmul order the CPU engine's GEMMs (whose values depend on the batch) and dots of that order.
+    if (kernels::matmul_order_for(type_, rows_) == kernels::MatmulOrder::kRepacked) {
+      const kernels::GemmFn gemm =
+          kernels::gemm_kernel_for(type_, WeightLayout::kRows, isa_, kernels::MatmulOrder::kRepacked);
+      if (tokens_ > 1 && gemm != nullptr) {
+        gemm({type_, k_, w_.bytes.data(), row_bytes, 0, rows_, act.data(), act_bytes, tokens_, y.data(), rows_, false,
+              nullptr});
+        return y;
+      }
+      tk = kernels::type_kernels(type_, isa_, kernels::MatmulOrder::kRepacked);
+    }
     // The CPU engine runs two or more tokens of IQ4_NL through its GEMM, whose order (llamafile's) is not
     // the dot kernel's; every other type's GEMM gives its dot kernel's bits.
     if (type_ == DType::kIQ4_NL && tokens_ > 1) {
@@ -1832,6 +1843,17 @@ TEST(BackendOps, MatmulExactLowBitTypesEqualTheCpuKernels) {
   if (!Ops(*rt).exact_supported()) GTEST_SKIP() << rt->info().name << " has no cl_khr_fp64 for the exact ops";
   constexpr StorageType kStorages[] = {StorageType::kBuffer, StorageType::kTexture2DSplit};
   run_matmul_exact(*rt, {DType::kQ2_K, DType::kQ3_K, DType::kIQ4_NL, DType::kIQ4_XS}, {DType::kIQ4_NL}, 1300, kStorages);
+}
+
+// The repacked (llama.cpp's default) matmul order: Q2_K, Q3_K, Q5_K, Q6_K and IQ4_XS through the tiled K-quant
+// GEMM's steps at 8 tokens, vec_dot's below (the dims' row counts are not multiples of 8, so Q2_K is tiled in either
+// llama.cpp build's order and Q4_K keeps the vec_dot order). In a buffer and a split texture only.
+TEST(BackendOps, MatmulExactTiledOrderEqualsTheCpuGemms) {
+  INFERD_OPENCL_RUNTIME_OR_SKIP(rt);
+  if (!Ops(*rt).exact_supported()) GTEST_SKIP() << rt->info().name << " has no cl_khr_fp64 for the exact ops";
+  const kernels::ScopedMatmulOrder repacked(kernels::MatmulOrder::kRepacked);
+  constexpr StorageType kStorages[] = {StorageType::kBuffer, StorageType::kTexture2DSplit};
+  run_matmul_exact(*rt, {DType::kQ2_K, DType::kQ3_K, DType::kQ5_K, DType::kQ6_K, DType::kIQ4_XS}, {}, 1400, kStorages);
 }
 
 TEST(BackendOps, RopeKvAndAttention) {

@@ -494,7 +494,8 @@ KernelTemplate matmul_exact_template(DType type, CpuOrder order, int tokens_per_
 // The exact matmul of K-quant weights against quantize_q8_k()'s blocks (matmul_exact.cl's k.*).
 KernelTemplate matmul_exact_k_template(DType type, CpuOrder order, int tokens_per_item, TensorFormat x, TensorFormat y,
                                        bool repacked, const std::optional<TensorFormat>& residual) {
-  INFERD_ASSERT(!repacked || type == DType::kQ4_K || type == DType::kQ6_K, "the repacked order of the K-quants is Q4_K's and Q6_K's");
+  // MatmulOrder::kRepacked: Q4_K's repacked order, or llama.cpp's tiled K-quant GEMM (the other K-quants, IQ4_XS).
+  const bool tiled = repacked && type != DType::kQ4_K;
   KernelTemplate k;
   k.name = "matmul_exact_k";
   k.tensors = {{"x", x, Access::kRead}, {"y", y, Access::kWrite}};
@@ -511,32 +512,40 @@ KernelTemplate matmul_exact_k_template(DType type, CpuOrder order, int tokens_pe
                     cl("k.subs", {{"subs", std::to_string(sub_scales_per_block(type))}}), cl("k.helpers")});
   const bool has_dmin = !q6 && !signed_values;
   std::string body = join({cl("head"), cl("k.sums"), cl(groups16 ? "k.scale_q6" : "k.scale"),
-                           cl(repacked && !q6 ? "k.dots_repacked" : "k.dots"),  // Q6_K: its vec_dot branch needs the lanes
+                           cl(repacked && !tiled ? "k.dots_repacked" : "k.dots"),  // the tiled branch's vec_dot order needs the lanes
                            has_dmin ? cl("k.dmin") : "", cl("k.rows")});
-  if (q6 && repacked) {
-    // Q6_K in the repacked order: the tiled GEMM's steps from kTiledMinRows tokens on, the vec_dot order below.
-    body += join({cl("k.q6_offsets"), "        if (n_t >= TILED_MIN_ROWS) {\n", cl("k.q6_tiled"), "        } else {\n",
-                  cl(x86 ? "k.q6_x86" : "k.q6_scalar"), "        }\n"});
-    k.helpers += "#define TILED_MIN_ROWS " + std::to_string(kernels::kTiledMinRows) + "\n";
-  } else if (q6 || signed_values) {
-    body += join({cl(q6 ? "k.q6_offsets" : "k.no_offsets"), cl(x86 ? "k.q6_x86" : "k.q6_scalar")});
+  // The vec_dot order's steps (the tiled order's below kTiledMinRows tokens).
+  std::string vec_dot;
+  if (q6 || signed_values) {
+    body += cl(q6 ? "k.q6_offsets" : "k.no_offsets");
+    vec_dot = cl(x86 ? "k.q6_x86" : "k.q6_scalar");
   } else if (q2) {
-    body += cl(x86 ? "k.q2_x86" : "k.q2_scalar");
-  } else if (repacked) {
-    body += join({cl("k.mins"), cl("k.mins_repacked")});
-  } else if (!x86) {
-    body += join({cl("k.mins"), cl("k.mins_scalar")});
+    vec_dot = cl(x86 ? "k.q2_x86" : "k.q2_scalar");
   } else {
-    body += join({cl("k.mins"), cl("k.mins_x86"), cl(type == DType::kQ4_K ? "k.mins_x86_q4_k" : "k.mins_x86_q5_k"),
-                  cl("k.acc_x86")});
+    body += cl("k.mins");
+    if (!x86) {
+      vec_dot = cl("k.mins_scalar");
+    } else {
+      vec_dot = join({cl("k.mins_x86"), cl(type == DType::kQ4_K ? "k.mins_x86_q4_k" : "k.mins_x86_q5_k"), cl("k.acc_x86")});
+    }
   }
-  const char* out = repacked && q6                ? (x86 ? "k.out_q6_tiled" : "k.out_scalar")
-                    : repacked                      ? "k.out_repacked"
-                    : !x86                          ? "k.out_scalar"
+  const char* out = !x86                          ? "k.out_scalar"
                     : q6 || q2 || signed_values     ? "k.out_q6"
                     : type == DType::kQ4_K          ? "k.out_q4_k"
                                                     : "k.out_q5_k";
-  k.body = body + join({cl("k.out"), cl(out), cl("k.write")});
+  if (tiled) {
+    // llama.cpp's tiled K-quant GEMM from kTiledMinRows tokens on (a branch uniform over the launch), the vec_dot
+    // order below.
+    const char* step = q6 || signed_values ? "k.tiled" : q2 ? "k.tiled_q2" : "k.tiled_mins";
+    body += join({"        if (n_t >= TILED_MIN_ROWS) {\n", cl(step), "        } else {\n", vec_dot, "        }\n"});
+    k.helpers += "#define TILED_MIN_ROWS " + std::to_string(kernels::kTiledMinRows) + "\n";
+    k.body = body + join({cl("k.out"), "      if (n_t >= TILED_MIN_ROWS) {\n", cl("k.out_scalar"), "      } else {\n",
+                          cl(out), "      }\n", cl("k.write")});
+  } else if (repacked) {
+    k.body = body + join({cl("k.mins_repacked"), cl("k.out"), cl("k.out_repacked"), cl("k.write")});
+  } else {
+    k.body = body + join({vec_dot, cl("k.out"), cl(out), cl("k.write")});
+  }
   with_residual(k, residual);
   return k;
 }

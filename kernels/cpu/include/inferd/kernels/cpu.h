@@ -68,10 +68,14 @@ inline const TypeKernels* type_kernels(DType type) { return type_kernels(type, b
 // m = sum_s mn_s * (bsum_2s + bsum_2s+1), acc = fma(float(n), d_w * d_a, acc), accm = fma(float(m),
 // dmin_w * d_a, accm), result acc - accm; per super-block for one activation row (the kernels of
 // type_kernels(), llama.cpp's GEMV), per pair of sub-blocks for the first m - m % 4 rows of an m-row GEMM
-// (llama.cpp's GEMM; the rest of the batch as its GEMV). Q6_K (any row count; llama.cpp's tiled K-quant GEMM):
-// vec_dot's order below kTiledMinRows activation rows (gemm.h), from there per super-block the exact total t and
-// y = fma(float(t) * d_w, d_a, y). These need a third to a half of the vector work of the vec_dot order. Other
-// matrices keep the vec_dot order.
+// (llama.cpp's GEMM; the rest of the batch as its GEMV). Q3_K, Q5_K, Q6_K and IQ4_XS (any row count; llama.cpp's
+// tiled K-quant GEMM, the same in its AVX2 and AVX-512 builds): vec_dot's order below kTiledMinRows activation
+// rows (gemm.h), from there per super-block the exact totals n = sum_s sc_s * isum_s (and for Q5_K
+// m = sum_s mn_s * bsum_s) and y = fma(float(n) * d_w, d_a, y), resp. y = fma(fma(-dmin_w, float(m),
+// d_w * float(n)), d_a, y). Q2_K the same (with its min) where the llama.cpp build that the float order follows
+// (ggml_order(), below) does not repack it: its AVX2 build, or a row count that is not a multiple of 8. These need a
+// third to a half of the vector work of the vec_dot order. Other matrices (IQ4_NL; Q2_K where the AVX-512 build
+// repacks it) keep the vec_dot order.
 // kVecDot: every matmul sums as ggml's vec_dot kernels do (llama.cpp run with --no-repack and
 // GGML_CPU_TILED_MM=0), the one order CUDA's exact mode reproduces (OpenCL's follows either); the kernels of
 // type_kernels().
