@@ -143,15 +143,16 @@ MatmulOrder matmul_order() { return static_cast<MatmulOrder>(matmul_order_settin
 void set_matmul_order(MatmulOrder order) { matmul_order_setting().store(static_cast<int>(order), std::memory_order_relaxed); }
 
 MatmulOrder matmul_order_for(DType type, int64_t rows, MatmulOrder order) {
-  // llama.cpp's x86 repacking with AVX2 (ggml_repack_get_optimal_repack_type): Q4_0 -> q4_0_8x8 and
-  // Q4_K -> q4_K_8x8 when rows % 8 == 0. (It also repacks IQ4_NL, and Q2_K in its AVX-512 build, in orders the
-  // engine does not reproduce yet: those keep the vec_dot order.)
+  // llama.cpp's x86 repacking with AVX2 (ggml_repack_get_optimal_repack_type): Q4_0 -> q4_0_8x8, Q4_K -> q4_K_8x8
+  // and IQ4_NL -> iq4_nl_8x8 when rows % 8 == 0. (It also repacks Q2_K in its AVX-512 build, in an order the engine
+  // does not reproduce yet: those matrices keep the vec_dot order.)
   // Q3_K, Q5_K, Q6_K and IQ4_XS (and Q2_K where that build does not repack it) are not repacked but go through its
   // tiled K-quant GEMM from kTiledMinRows activation rows on (gemm.h), the order of their kRepacked GEMMs.
   if (order != MatmulOrder::kRepacked) return MatmulOrder::kVecDot;
   switch (type) {
     case DType::kQ4_0:
     case DType::kQ4_K:
+    case DType::kIQ4_NL:
       return rows % 8 == 0 ? MatmulOrder::kRepacked : MatmulOrder::kVecDot;
     case DType::kQ2_K:
       return ggml_order() == GgmlOrder::kAvx2 || rows % 8 != 0 ? MatmulOrder::kRepacked : MatmulOrder::kVecDot;

@@ -242,6 +242,8 @@ Problem make_k_problem(std::mt19937& rng, DType type, int64_t k, int64_t rows, i
         reinterpret_cast<BlockQ3_K*>(row)[b].d = fp32_to_fp16(scale(rng));
       } else if (type == DType::kIQ4_XS) {
         reinterpret_cast<BlockIQ4_XS*>(row)[b].d = fp32_to_fp16(scale(rng));
+      } else if (type == DType::kIQ4_NL) {
+        for (int64_t j = 0; j < kQK_K / 32; ++j) reinterpret_cast<BlockIQ4_NL*>(row)[b * kQK_K / 32 + j].d = fp32_to_fp16(scale(rng));
       } else {
         reinterpret_cast<BlockQ6_K*>(row)[b].d = fp32_to_fp16(scale(rng));
       }
@@ -482,6 +484,21 @@ float repacked_dot(int64_t k, const uint8_t* w, const uint8_t* a) {
   return acc;
 }
 
+// llama.cpp's repacked iq4_nl_8x8 order (q4_0_8x8's kernels with the non-linear values), from the block format.
+float repacked_dot_iq4_nl(int64_t k, const uint8_t* w, const uint8_t* a) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < k / 32; ++b) {
+    const auto& wb = reinterpret_cast<const BlockIQ4_NL*>(w)[b];
+    const auto& ab = reinterpret_cast<const BlockQ8_0*>(a)[b];
+    int n = 0;
+    for (int j = 0; j < 16; ++j) {
+      n += kIq4nlValues[wb.qs[j] & 15] * ab.qs[j] + kIq4nlValues[wb.qs[j] >> 4] * ab.qs[j + 16];
+    }
+    acc = std::fma(static_cast<float>(n), fp16_to_fp32(wb.d) * fp16_to_fp32(ab.d), acc);
+  }
+  return acc;
+}
+
 // llama.cpp's repacked q4_K_8x8 orders, written from the block format: its GEMV's (gemm_row false) per
 // super-block, the exact integers n = sum_s sc_s * isum_s and m = sum_s mn_s * (bsum_2s + bsum_2s+1),
 // acc = fma(float(n), d * d_a, acc), accm = fma(float(m), dmin * d_a, accm); its GEMM's (gemm_row) the same per
@@ -566,12 +583,14 @@ void check_repacked_order(DType type, OrderDefinition definition, DotDefinition 
   for (int64_t k : ks) {
     for (int64_t m : {1, 2, 3, 4, 5, 8, 13, 70}) {
       const int64_t rows = 48;
-      // Q4_K: random codes and scales (every code and scale reached, as the int16 bounds assume).
-      Problem p = type == DType::kQ4_K ? make_k_problem(rng, type, k, rows, m) : make_problem(rng, type, k, rows, m);
+      // Q4_K: random codes and scales (every code and scale reached, as the int16 bounds assume); IQ4_NL: random
+      // codes too (no reference quantizer), k a multiple of 256.
+      Problem p = type == DType::kQ4_K || type == DType::kIQ4_NL ? make_k_problem(rng, type, k, rows, m)
+                                                                  : make_problem(rng, type, k, rows, m);
       const size_t row_bytes = dtype_row_bytes(type, k);
       std::vector<uint8_t> packed(row_bytes * rows), inter(row_bytes * rows);
       for (int64_t r = 0; r < rows; ++r) std::memcpy(packed.data() + r * row_bytes, p.w.data() + r * p.w_row_bytes, row_bytes);
-      interleave_groups(type, k, rows / kInterleaveRows, packed.data(), inter.data());
+      if (interleavable(type)) interleave_groups(type, k, rows / kInterleaveRows, packed.data(), inter.data());
       // want: one activation row at a time (the dot kernels); want_gemm: as the m-row GEMM computes them.
       std::vector<float> want(rows * m), want_gemm(rows * m);
       for (int64_t t = 0; t < m; ++t) {
@@ -621,8 +640,12 @@ void check_repacked_order(DType type, OrderDefinition definition, DotDefinition 
           }
         }
         // The GEMM, both layouts, ragged ranges. The scalar ISA: Q4_K's definition (its rows depend on their place
-        // in the batch); none for Q4_0 (its dot serves every row).
-        expect_repacked_gemm(p, inter, row_bytes, isa, type == DType::kQ4_K, want_gemm, what);
+        // in the batch); none for Q4_0 (its dot serves every row). IQ4_NL has none: its batches take the dot.
+        if (type == DType::kIQ4_NL) {
+          EXPECT_EQ(gemm_kernel_for(type, WeightLayout::kRows, isa, MatmulOrder::kRepacked), nullptr) << what;
+        } else {
+          expect_repacked_gemm(p, inter, row_bytes, isa, type == DType::kQ4_K, want_gemm, what);
+        }
       }
     }
   }
@@ -644,6 +667,19 @@ TEST(Gemm, RepackedOrderQ4_0EqualsItsDefinition) {
       DType::kQ4_0, [](int64_t k, const uint8_t* w, const uint8_t* a, bool) { return repacked_dot(k, w, a); },
       [](int64_t k, const uint8_t* w, const uint8_t* a) { return contract_dot(DType::kQ4_0, k, w, a); }, {32, 576, 2048 + 32},
       71);
+}
+
+TEST(Gemm, RepackedOrderIQ4_NLEqualsItsDefinition) {
+  EXPECT_EQ(matmul_order_for(DType::kIQ4_NL, 64, MatmulOrder::kRepacked), MatmulOrder::kRepacked);
+  EXPECT_EQ(matmul_order_for(DType::kIQ4_NL, 60, MatmulOrder::kRepacked), MatmulOrder::kVecDot);  // rows % 8 != 0
+  check_repacked_order(
+      DType::kIQ4_NL, [](int64_t k, const uint8_t* w, const uint8_t* a, bool) { return repacked_dot_iq4_nl(k, w, a); },
+      [](int64_t k, const uint8_t* w, const uint8_t* a) {
+        float y;
+        type_kernels(DType::kIQ4_NL, Isa::kScalar)->dot(k, w, a, 0, 1, &y);
+        return y;
+      },
+      {256, 2048 + 256}, 74);
 }
 
 TEST(Gemm, RepackedOrderQ4_KEqualsItsDefinition) {
@@ -689,7 +725,6 @@ TEST(Gemm, RepackedOrderOfTheTiledTypesIsTheTiledGemmFrom8Rows) {
     EXPECT_EQ(matmul_order_for(type, 60, MatmulOrder::kRepacked), MatmulOrder::kRepacked) << dtype_name(type);
   }
   EXPECT_EQ(matmul_order_for(DType::kQ6_K, 64, MatmulOrder::kVecDot), MatmulOrder::kVecDot);
-  EXPECT_EQ(matmul_order_for(DType::kIQ4_NL, 64, MatmulOrder::kRepacked), MatmulOrder::kVecDot);
   // Q2_K: llama.cpp's AVX-512 build repacks the matrices whose row count is a multiple of 8 (not reproduced).
   {
     const GgmlOrder saved = ggml_order();

@@ -1,11 +1,12 @@
-// repacked_avx2.cpp — the MatmulOrder::kRepacked kernels of Q4_0 (inferd/kernels/cpu.h) for AVX2 + FMA +
-// F16C: the dot product and the decode GEMV on interleaved weights, and the table of both repacked types (Q4_K's
-// kernels are in x86_kernels.inc, beside the integer sums they share with the vec_dot order). Their GEMMs are in
-// gemm_avx2.cpp.
+// repacked_avx2.cpp — the MatmulOrder::kRepacked kernels of Q4_0 and IQ4_NL (inferd/kernels/cpu.h) for AVX2 + FMA
+// + F16C: the dot product, Q4_0's decode GEMV on interleaved weights, and the table of the repacked types (Q4_K's
+// kernels are in x86_kernels.inc, beside the integer sums they share with the vec_dot order). Q4_0's and Q4_K's
+// GEMMs are in gemm_avx2.cpp; IQ4_NL's batches take the dot (its order is the same for every activation row).
 //
-// The order: per 32-element block one exact integer dot n (weights -8..7 times Q8_0 activations), then
-// acc = fma(float(n), d_w * d_a, acc), block after block, one accumulator per output (llama.cpp's repacked
-// q4_0_8x8 GEMV and GEMM). Every kernel here equals scalar.cpp's dot_q4_0_repacked bit for bit.
+// The order: per 32-element block one exact integer dot n (weights -8..7, IQ4_NL's -127..113, times Q8_0
+// activations), then acc = fma(float(n), d_w * d_a, acc), block after block, one accumulator per output (llama.cpp's
+// repacked q4_0_8x8 and iq4_nl_8x8 GEMV and GEMM). Every kernel here equals scalar.cpp's dot_q4_0_repacked or
+// dot_iq4_nl_repacked bit for bit.
 //
 // dot_x16 keeps the group's 16 rows in float lanes (two ymm of 8 rows), so the one fma per block and row is
 // two fmas per block column. The integer dots: a 32-byte load is two rows' 16 quant bytes; low and high
@@ -27,20 +28,26 @@ inline int32_t minus8_sum(__m256i aq) {
   return -8 * hsum_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), aq), _mm256_set1_epi16(1)));
 }
 
-template <int NR>
+// The block's 32 weights as signed bytes, elements 0..15 in the low 128 bits, 16..31 in the high: Q4_0's codes - 8,
+// IQ4_NL's non-linear values.
+inline __m256i block_values(const BlockQ4_0& b) {
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
+  const __m256i codes = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), _mm256_set1_epi8(0x0F));
+  return _mm256_sub_epi8(codes, _mm256_set1_epi8(8));
+}
+inline __m256i block_values(const BlockIQ4_NL& b) { return iq4_values(b.qs); }
+
+// Q4_0 and IQ4_NL (the same order in llama.cpp: q4_0_8x8 and iq4_nl_8x8 share one kernel): per block the exact
+// integer dot by ggml's sign trick (|w| <= 127 and |a| <= 127: the int16 pair sums cannot saturate).
+template <typename Block, int NR>
 void dot_nr(int64_t k, const void* w_row, const void* act, size_t stride, float* out) {
-  const auto* w = static_cast<const BlockQ4_0*>(w_row);
+  const auto* w = static_cast<const Block*>(w_row);
   const BlockQ8_0* a[NR];
   for (int r = 0; r < NR; ++r) a[r] = reinterpret_cast<const BlockQ8_0*>(static_cast<const uint8_t*>(act) + r * stride);
   const __m256i ones16 = _mm256_set1_epi16(1);
-  const __m256i low = _mm256_set1_epi8(0x0F);
   float acc[NR] = {};
   for (int64_t b = 0; b < k / 32; ++b) {
-    // Elements 0..15 in the low 128 bits, 16..31 in the high, as signed -8..7 (ggml's sign trick).
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b].qs));
-    const __m256i codes = _mm256_and_si256(
-        _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
-    const __m256i ws = _mm256_sub_epi8(codes, _mm256_set1_epi8(8));
+    const __m256i ws = block_values(w[b]);
     const __m256i wabs = _mm256_sign_epi8(ws, ws);
     const float dw = h2f(w[b].d);
     for (int r = 0; r < NR; ++r) {
@@ -53,12 +60,13 @@ void dot_nr(int64_t k, const void* w_row, const void* act, size_t stride, float*
   for (int r = 0; r < NR; ++r) out[r] = acc[r];
 }
 
-void dot_q4_0(int64_t k, const void* w, const void* act, size_t stride, int nr, float* out) {
+template <typename Block>
+void dot_block32(int64_t k, const void* w, const void* act, size_t stride, int nr, float* out) {
   switch (nr) {
-    case 1: return dot_nr<1>(k, w, act, stride, out);
-    case 2: return dot_nr<2>(k, w, act, stride, out);
-    case 3: return dot_nr<3>(k, w, act, stride, out);
-    default: return dot_nr<4>(k, w, act, stride, out);
+    case 1: return dot_nr<Block, 1>(k, w, act, stride, out);
+    case 2: return dot_nr<Block, 2>(k, w, act, stride, out);
+    case 3: return dot_nr<Block, 3>(k, w, act, stride, out);
+    default: return dot_nr<Block, 4>(k, w, act, stride, out);
   }
 }
 
@@ -116,7 +124,7 @@ const TypeKernels* repacked_type_kernels(DType type) {
   // to_float and quantize_act as in the vec_dot order.
   static const TypeKernels kQ4_0 = [] {
     TypeKernels t = *type_kernels(DType::kQ4_0);
-    t.dot = dot_q4_0;
+    t.dot = dot_block32<BlockQ4_0>;
     t.dot_w4 = nullptr;
     t.dot_x16 = dot_x16_q4_0;
     return t;
@@ -128,11 +136,20 @@ const TypeKernels* repacked_type_kernels(DType type) {
     t.dot_x16 = dot_x16_q4_k_repacked;
     return t;
   }();
+  static const TypeKernels kIQ4_NL = [] {
+    TypeKernels t = *type_kernels(DType::kIQ4_NL);
+    t.dot = dot_block32<BlockIQ4_NL>;
+    t.dot_w4 = nullptr;
+    t.dot_x16 = nullptr;  // IQ4_NL is not interleaved
+    return t;
+  }();
   switch (type) {
     case DType::kQ4_0:
       return &kQ4_0;
     case DType::kQ4_K:
       return &kQ4_K;
+    case DType::kIQ4_NL:
+      return &kIQ4_NL;
     default:
       return nullptr;
   }

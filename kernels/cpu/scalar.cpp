@@ -590,6 +590,9 @@ void dot_q5_k(int64_t k, const void* w, const void* a, size_t s, int nr, float* 
 void dot_q4_0_repacked(int64_t k, const void* w, const void* a, size_t s, int nr, float* o) {
   dot_x_q8_0<BlockQ4_0, decode_q4_0, true>(k, w, a, s, nr, o);
 }
+void dot_iq4_nl_repacked(int64_t k, const void* w, const void* a, size_t s, int nr, float* o) {
+  dot_x_q8_0<BlockIQ4_NL, decode_iq4_nl, true>(k, w, a, s, nr, o);
+}
 
 void dot_q4_k_repacked(int64_t k, const void* w, const void* a, size_t s, int nr, float* o) {
   dot_kq_min<BlockQ4_K, decode_q4_k, 1>(k, w, a, s, nr, o);
@@ -597,6 +600,8 @@ void dot_q4_k_repacked(int64_t k, const void* w, const void* a, size_t s, int nr
 
 constexpr TypeKernels kRepackedQ4_0 = {DType::kQ4_0, DType::kQ8_0, q4_0_to_float, quantize_q8_0, dot_q4_0_repacked};
 constexpr TypeKernels kRepackedQ4_K = {DType::kQ4_K, DType::kQ8_K, q4_k_to_float, quantize_q8_k, dot_q4_k_repacked};
+constexpr TypeKernels kRepackedIQ4_NL = {DType::kIQ4_NL, DType::kQ8_0, iq4_nl_to_float, quantize_q8_0,
+                                         dot_iq4_nl_repacked};
 
 constexpr TypeKernels kTables[] = {
     {DType::kF32, DType::kF32, f32_to_float, copy_f32, dot_float_weights<float, load_f32>},
@@ -791,6 +796,8 @@ const TypeKernels* repacked_type_kernels(DType type) {
       return &kRepackedQ4_0;
     case DType::kQ4_K:
       return &kRepackedQ4_K;
+    case DType::kIQ4_NL:
+      return &kRepackedIQ4_NL;
     default:
       return nullptr;
   }

@@ -211,8 +211,9 @@ inline char4 inferd_nibbles_c(ushort v) {
       sum[i] = sum[i] + ws[blk] * a.x * isum[i];
 //@ end
 
-// MatmulOrder::kRepacked (inferd/kernels/cpu.h; Q4_0 only): the block's exact integer dot, then one fma
-// with d_w * d_a per block (llama.cpp's repacked q4_0_8x8 kernels), after q8_scalar, before q8_scalar.write.
+// MatmulOrder::kRepacked (inferd/kernels/cpu.h; Q4_0 and IQ4_NL): the block's exact integer dot, then one fma
+// with d_w * d_a per block (llama.cpp's repacked q4_0_8x8 and iq4_nl_8x8 kernels), after q8_scalar, before
+// q8_scalar.write.
 //@ q8_repacked.sum
       sum[i] = fma(ws[blk] * a.x, isum[i], sum[i]);
 //@ end

@@ -728,7 +728,8 @@ class MatmulExactCase final : public OpCase {
     const size_t row_bytes = dtype_row_bytes(type_, k_);
     std::vector<float> y(static_cast<size_t>(tokens_ * rows_));
     // In the repacked matmul order the CPU engine's GEMMs (whose values depend on the batch) and dots of that order.
-    if (kernels::matmul_order_for(type_, rows_) == kernels::MatmulOrder::kRepacked) {
+    const bool repacked = kernels::matmul_order_for(type_, rows_) == kernels::MatmulOrder::kRepacked;
+    if (repacked) {
       const kernels::GemmFn gemm =
           kernels::gemm_kernel_for(type_, WeightLayout::kRows, isa_, kernels::MatmulOrder::kRepacked);
       if (tokens_ > 1 && gemm != nullptr) {
@@ -740,7 +741,7 @@ class MatmulExactCase final : public OpCase {
     }
     // The CPU engine runs two or more tokens of IQ4_NL through its GEMM, whose order (llamafile's) is not
     // the dot kernel's; every other type's GEMM gives its dot kernel's bits.
-    if (type_ == DType::kIQ4_NL && tokens_ > 1) {
+    if (type_ == DType::kIQ4_NL && tokens_ > 1 && !repacked) {
       if (kernels::GemmFn gemm = kernels::gemm_kernel(type_, isa_)) {
         gemm({type_, k_, w_.bytes.data(), row_bytes, 0, rows_, act.data(), act_bytes, tokens_, y.data(), rows_, false,
               nullptr});

@@ -1912,9 +1912,9 @@ Status Ops::matmul_exact(const MatmulWeights& w, const Tensor& x, cl_mem scales,
   const IntDot int_dot = kind == MatmulActivations::kQ8 ? int_dot_ : IntDot::kFloat;  // block types only
   // The extension's dot(char4, char4) where the device has it; emulated where the variant is forced.
   const bool native = int_dot == IntDot::kInt8 && choose_int_dot(rt_.info()) == IntDot::kInt8;
-  const bool pairs = iq4nl_pairs(w.type(), order, xs.w);
   // The matrices the CPU engine sums in llama.cpp's repacked order (kernels::MatmulOrder).
   const bool repacked = kernels::matmul_order_for(w.type(), w.order_rows()) == kernels::MatmulOrder::kRepacked;
+  const bool pairs = !repacked && iq4nl_pairs(w.type(), order, xs.w);
   INFERD_RETURN_IF_ERROR(check_residual("matmul_exact", y, residual));
   if (residual) INFERD_RETURN_IF_ERROR(require_exact("matmul_exact", {residual}));
   const std::optional<TensorFormat> res = residual ? std::optional(residual->format()) : std::nullopt;

@@ -74,8 +74,9 @@ inline const TypeKernels* type_kernels(DType type) { return type_kernels(type, b
 // m = sum_s mn_s * bsum_s) and y = fma(float(n) * d_w, d_a, y), resp. y = fma(fma(-dmin_w, float(m),
 // d_w * float(n)), d_a, y). Q2_K the same (with its min) where the llama.cpp build that the float order follows
 // (ggml_order(), below) does not repack it: its AVX2 build, or a row count that is not a multiple of 8. These need a
-// third to a half of the vector work of the vec_dot order. Other matrices (IQ4_NL; Q2_K where the AVX-512 build
-// repacks it) keep the vec_dot order.
+// third to a half of the vector work of the vec_dot order. IQ4_NL matrices with a multiple of 8 rows: Q4_0's order
+// with its non-linear values (llama.cpp's iq4_nl_8x8 shares q4_0_8x8's kernels). Other matrices (Q2_K where the
+// AVX-512 build repacks it) keep the vec_dot order.
 // kVecDot: every matmul sums as ggml's vec_dot kernels do (llama.cpp run with --no-repack and
 // GGML_CPU_TILED_MM=0), the one order CUDA's exact mode reproduces (OpenCL's follows either); the kernels of
 // type_kernels().
