@@ -145,22 +145,32 @@ bool repacked(Ggml& g, int threads, std::mt19937& rng, DType type, int ggml_type
     std::vector<uint8_t> acts(a_row * static_cast<size_t>(m));
     for (int t = 0; t < m; ++t) tk->quantize_act(xm.data() + t * kK, acts.data() + t * a_row, kK);
     std::vector<float> ours(static_cast<size_t>(kRows * m)), x16(static_cast<size_t>(kRows * m));
-    if (m >= 2) {
-      k::gemm_kernel_for(type, inferd::WeightLayout::kRows, k::best_isa(), k::MatmulOrder::kRepacked)(
-          {type, kK, w.data(), w_row, 0, kRows, acts.data(), a_row, m, ours.data(), kRows, false, nullptr});
+    // As the engine computes it: the order's GEMM for two or more activation rows where there is one (IQ4_NL has
+    // none: its dot serves every row), else its dot.
+    const k::GemmFn gemm =
+        m >= 2 ? k::gemm_kernel_for(type, inferd::WeightLayout::kRows, k::best_isa(), k::MatmulOrder::kRepacked) : nullptr;
+    if (gemm != nullptr) {
+      gemm({type, kK, w.data(), w_row, 0, kRows, acts.data(), a_row, m, ours.data(), kRows, false, nullptr});
     } else {
-      for (int64_t r = 0; r < kRows; ++r) tk->dot(kK, w.data() + r * w_row, acts.data(), a_row, 1, &ours[r]);
-    }
-    std::vector<uint8_t> inter(w.size());
-    inferd::interleave_groups(type, kK, kRows / inferd::kInterleaveRows, w.data(), inter.data());
-    for (int t = 0; t < m; ++t) {
-      for (int64_t r = 0; r < kRows; r += inferd::kInterleaveRows) {
-        tk->dot_x16(kK, inter.data() + r * w_row, acts.data() + t * a_row, &x16[t * kRows + r]);
+      for (int t = 0; t < m; ++t) {
+        for (int64_t r = 0; r < kRows; ++r) {
+          tk->dot(kK, w.data() + r * w_row, acts.data() + t * a_row, a_row, 1, &ours[t * kRows + r]);
+        }
       }
     }
-    // dot_x16 computes one activation row as ggml's GEMV does: Q4_K's rows past m - m % 4 (the others take
-    // its GEMM's steps); every row for Q4_0, whose GEMV and GEMM sum alike.
-    const int first16 = type == DType::kQ4_K ? m - m % 4 : 0;
+    // dot_x16 (interleaved types) computes one activation row as ggml's GEMV does: Q4_K's rows past m - m % 4 (the
+    // others take its GEMM's steps); every row for Q4_0, whose GEMV and GEMM sum alike.
+    const bool has_x16 = inferd::interleavable(type) && tk->dot_x16 != nullptr;
+    if (has_x16) {
+      std::vector<uint8_t> inter(w.size());
+      inferd::interleave_groups(type, kK, kRows / inferd::kInterleaveRows, w.data(), inter.data());
+      for (int t = 0; t < m; ++t) {
+        for (int64_t r = 0; r < kRows; r += inferd::kInterleaveRows) {
+          tk->dot_x16(kK, inter.data() + r * w_row, acts.data() + t * a_row, &x16[t * kRows + r]);
+        }
+      }
+    }
+    const int first16 = !has_x16 ? m : type == DType::kQ4_K ? m - m % 4 : 0;
     int equal = 0, equal16 = 0;
     for (int64_t i = 0; i < kRows * m; ++i) {
       equal += std::memcmp(&ours[i], &y[i], sizeof(float)) == 0;
@@ -270,8 +280,11 @@ int main(int argc, char** argv) {
       const auto* wdata = static_cast<const uint8_t*>(g.get_data(W));
       // A plain buffer is what llama.cpp multiplies a matrix it does not repack from: the engine's default order
       // for the other types (the tiled order of Q2_K, Q3_K, Q5_K, Q6_K and IQ4_XS from 8 rows on: that of their
-      // kRepacked GEMMs, whichever build), the vec_dot order for Q4_0 and Q4_K, whose repacked order (4) checks.
-      const bool repackable = tc.type == DType::kQ4_0 || tc.type == DType::kQ4_K;
+      // kRepacked GEMMs, whichever build), the vec_dot order for Q4_0, Q4_K and IQ4_NL, whose repacked orders (4)
+      // checks. (A plain Q4_K buffer goes through the tiled GEMM from 8 rows on, as llama.cpp multiplies the Q4_K
+      // matrices it cannot repack, those whose row count is not a multiple of 8: the engine keeps the vec_dot order
+      // for them, so that column differs.)
+      const bool repackable = tc.type == DType::kQ4_0 || tc.type == DType::kQ4_K || tc.type == DType::kIQ4_NL;
       const k::GemmFn gemm = m >= 2 ? k::gemm_kernel_for(tc.type, inferd::WeightLayout::kRows, k::best_isa(),
                                                          repackable ? k::MatmulOrder::kVecDot : k::MatmulOrder::kRepacked)
                                     : nullptr;
@@ -293,5 +306,6 @@ int main(int argc, char** argv) {
   }
   all_equal = repacked(g, threads, rng, DType::kQ4_0, 2, 8 /* Q8_0 */) && all_equal;
   all_equal = repacked(g, threads, rng, DType::kQ4_K, 12, 15 /* Q8_K */) && all_equal;
+  all_equal = repacked(g, threads, rng, DType::kIQ4_NL, 20, 8 /* Q8_0 */) && all_equal;
   return all_equal ? 0 : 1;
 }
