@@ -66,16 +66,18 @@ inline GemmFn gemm_kernel(DType type) { return gemm_kernel(type, best_isa()); }
 // on the scalar ISA: the caller gathers rows).
 GemmFn gemm_kernel_for(DType type, WeightLayout layout, Isa isa);
 inline GemmFn gemm_kernel_for(DType type, WeightLayout layout) { return gemm_kernel_for(type, layout, best_isa()); }
-// MatmulOrder::kRepacked sums a Q6_K matmul of at least this many activation rows as llama.cpp's tiled K-quant
-// GEMM does (per 256-element super-block the exact integer total t, y = fma(float(t) * d_w, d_a, y)); fewer
-// rows keep the vec_dot order, as in llama.cpp.
+// MatmulOrder::kRepacked sums a Q2_K, Q3_K, Q5_K, Q6_K or IQ4_XS matmul of at least this many activation rows as
+// llama.cpp's tiled K-quant GEMM does (per 256-element super-block the exact integer totals, then one float step:
+// inferd/kernels/cpu.h); fewer rows keep the vec_dot order, as in llama.cpp.
 inline constexpr int64_t kTiledMinRows = 8;
 
 // The GEMM that computes a matrix of `type` in `order` (as matmul_order_for() gives it, inferd/kernels/cpu.h):
 // gemm_kernel_for() for kVecDot; for kRepacked the GEMMs of Q4_0 and Q4_K in that order (either layout; AVX2, or
-// AVX-512 VNNI where isa asks for it and the CPU has it; any m >= 1). Q4_0's equals type_kernels(kQ4_0, isa, kRepacked)->dot bit for bit; Q4_K's
-// equals that dot for the last m % 4 activation rows and llama.cpp's GEMM steps for the others (cpu.h). On the
-// scalar ISA: Q4_K's scalar definition on the row layout, else nullptr.
+// AVX-512 VNNI where isa asks for it and the CPU has it; any m >= 1), and of the tiled types (the tiled GEMM from
+// kTiledMinRows rows, the vec_dot order's GEMM of `isa` below). Q4_0's equals type_kernels(kQ4_0, isa,
+// kRepacked)->dot bit for bit; Q4_K's equals that dot for the last m % 4 activation rows and llama.cpp's GEMM steps
+// for the others (cpu.h). IQ4_NL has none in this order (its dot serves every row: nullptr). On the scalar ISA:
+// the scalar definitions of Q4_K and the tiled types on the row layout, else nullptr.
 GemmFn gemm_kernel_for(DType type, WeightLayout layout, Isa isa, MatmulOrder order);
 
 }  // namespace inferd::kernels
