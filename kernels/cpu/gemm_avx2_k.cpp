@@ -18,6 +18,10 @@
 // 1.2-1.4x faster than the dot kernels with 4 activation rows (Q2_K, Q3_K, IQ4_XS), single thread on a
 // Zen 3 EPYC. Activation rows are read in place (Q8_K rows at act_stride); the tile walk counts them in pairs
 // and an odd last row is simply computed twice.
+//
+// tiled_kernel(): MatmulOrder::kRepacked's GEMMs from kTiledMinRows activation rows on (llama.cpp's tiled K-quant
+// GEMM, the same on AVX2 and AVX-512 CPUs): Q2_K, Q3_K and IQ4_XS as the tiles above with the tiled float step
+// (TiledRows), Q5_K and Q6_K with 8 weight rows in lanes (gemm_tiled_lanes, at the end).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -185,8 +189,8 @@ void tile_low_bit(const RowIo& io) {
 }
 
 // Q4_K / Q5_K: a 32-byte quant chunk holds two sub-blocks (low and high nibbles), each with its own scale.
-// kTiled: the tiled order's step per super-block (tiled_step) on the same exact integers.
-template <bool kHigh, int R, int P, bool kTiled = false>
+// (Q5_K's tiled order has a GEMM of its own, gemm_tiled_lanes below.)
+template <bool kHigh, int R, int P>
 void tile_k_min_rows(const RowIo& io) {
   static_assert(R == 1, "one weight row per tile");
   using Block = std::conditional_t<kHigh, BlockQ5_K, BlockQ4_K>;
@@ -196,8 +200,6 @@ void tile_k_min_rows(const RowIo& io) {
   __m256 acc[T];
   __m128 acc_m[T];
   float summs[T];
-  [[maybe_unused]] TiledRows<T> tiled;
-  [[maybe_unused]] __m256i msum[T];
   for (int t = 0; t < T; ++t) {
     acc[t] = _mm256_setzero_ps();
     acc_m[t] = _mm_setzero_ps();
@@ -216,9 +218,7 @@ void tile_k_min_rows(const RowIo& io) {
       const BlockQ8_K& a = io.acts[t][i];
       const __m128i prod = _mm_madd_epi16(mins, _mm_load_si128(reinterpret_cast<const __m128i*>(io.pairs[t][i].v)));
       const float neg_dmin = -(a.d * dmin);
-      if constexpr (kTiled) {
-        msum[t] = _mm256_zextsi128_si256(prod);
-      } else if constexpr (kHigh) {
+      if constexpr (kHigh) {
         __m128i s = _mm_add_epi32(prod, _mm_unpackhi_epi64(prod, prod));
         s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
         summs[t] = std::fma(neg_dmin, static_cast<float>(_mm_cvtsi128_si32(s)), summs[t]);
@@ -249,17 +249,9 @@ void tile_k_min_rows(const RowIo& io) {
         sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(n_lo, n_hi));
       }
     }
-    if constexpr (kTiled) {
-      tiled.step(sumi, msum, d, dmin, io.acts, i);
-    } else {
-      for (int t = 0; t < T; ++t) {
-        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(io.acts[t][i].d * d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
-      }
+    for (int t = 0; t < T; ++t) {
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(io.acts[t][i].d * d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
     }
-  }
-  if constexpr (kTiled) {
-    tiled.store(io.res[0]);
-    return;
   }
   // k_min_result.
   for (int t = 0; t < T; ++t) {
@@ -364,7 +356,8 @@ struct RowTile {
     } else if constexpr (kType == DType::kIQ4_XS) {
       tile_iq4_xs<R, P, kTiled>(io);
     } else if constexpr (kType == DType::kQ4_K || kType == DType::kQ5_K) {
-      tile_k_min_rows<kType == DType::kQ5_K, R, P, kTiled>(io);
+      static_assert(!kTiled, "Q5_K's tiled order is gemm_tiled_lanes'");
+      tile_k_min_rows<kType == DType::kQ5_K, R, P>(io);
     } else {
       static_assert(!kTiled, "Q6_K's tiled order is gemm_q6_k_tiled's");
       tile_q6_k_rows<R, P>(io);
@@ -406,32 +399,34 @@ void gemm_rows(const GemmArgs& g) {
   });
 }
 
-// ---- Q6_K in the tiled order, 8 rows in lanes ------------------------------------------------------------
+// ---- Q5_K and Q6_K in the tiled order, 8 rows in lanes ----------------------------------------------------
 //
 // The tiled order sums a super-block exactly before any float step, so the rows can sit in the lanes (as the
 // AVX-512 GEMM's, gemm_avx512_repacked.cpp) instead of the vec_dot tile's one row per register: per 16-element
 // group and activation row, 4 broadcast activation dwords meet the 8 rows' codes by maddubs (pair sums <= 2 * 63 *
 // 127; two of them added in int16 stay below 32768), two madds with the group's scales make int32, two adds: 14
-// operations per 8 x 16 products against about 20 in tile_q6_k_rows. 6 activation rows share each codes load.
+// operations per 8 x 16 products against about 20 in the vec_dot tiles. 6 activation rows share each codes load.
 
-// One super-block of 8 rows, unpacked: lane r of codes[g][i] holds row r's codes (0..63) of elements
-// 16g + 4i .. + 3; scales[g] row r's scale of group g in int16 lanes 2r and 2r + 1; scale_pairs[j] sc_2j and
-// sc_2j+1 in int16 lanes 2r, 2r + 1 (the codes' +32, by a madd with the activation's group sums). Rows past the
-// matrix are zero.
-struct alignas(32) RowGroup8Q6 {
+// One super-block of 8 rows, unpacked: lane r of codes[g][i] holds row r's codes (Q6_K 0..63, Q5_K 0..31) of
+// elements 16g + 4i .. + 3; scales[g] row r's scale of group g (Q5_K: of its sub-block g / 2) in int16 lanes 2r and
+// 2r + 1; pairs[j] in int16 lanes 2r, 2r + 1 the weights of the activation's group sums bsum_2j and bsum_2j+1 (Q6_K:
+// sc_2j and sc_2j+1, for the codes' +32; Q5_K: mn_j twice, the min term m); d and dmin the rows' scales. Rows past
+// the matrix are zero.
+struct alignas(32) RowGroup8K {
   uint32_t codes[16][4][8];
   int16_t scales[16][16];
-  int16_t scale_pairs[8][16];
+  int16_t pairs[8][16];
   float d[8];
+  float dmin[8];
 };
-static_assert(sizeof(RowGroup8Q6) == 2848);
+static_assert(sizeof(RowGroup8K) == 2880);
 
-void unpack_rows8_q6_k(const GemmArgs& g, int64_t row0, int nr, int64_t nb, RowGroup8Q6* out) {
+void unpack_rows8_q6_k(const GemmArgs& g, int64_t row0, int nr, int64_t nb, RowGroup8K* out) {
   const float* half = scalar::fp16_table();
   gemm_tiles::Q6RowBlocks rows[8];
   for (int r = 0; r < nr; ++r) rows[r] = gemm_tiles::q6_row_blocks(g, row0 + r);
   for (int64_t b = 0; b < nb; ++b) {
-    RowGroup8Q6& o = out[b];
+    RowGroup8K& o = out[b];
     for (int c = 0; c < 8; ++c) {  // chunk c = 4 * half + j: groups 2c and 2c + 1
       const int hf = c / 4;
       __m256i y[8];
@@ -448,10 +443,46 @@ void unpack_rows8_q6_k(const GemmArgs& g, int64_t row0, int nr, int64_t nb, RowG
       const int8_t* sc = r < nr ? rows[r].scales(b) : nullptr;
       for (int gg = 0; gg < 16; ++gg) o.scales[gg][2 * r] = o.scales[gg][2 * r + 1] = sc != nullptr ? sc[gg] : 0;
       for (int j = 0; j < 8; ++j) {
-        o.scale_pairs[j][2 * r] = static_cast<int16_t>(sc != nullptr ? sc[2 * j] : 0);
-        o.scale_pairs[j][2 * r + 1] = static_cast<int16_t>(sc != nullptr ? sc[2 * j + 1] : 0);
+        o.pairs[j][2 * r] = static_cast<int16_t>(sc != nullptr ? sc[2 * j] : 0);
+        o.pairs[j][2 * r + 1] = static_cast<int16_t>(sc != nullptr ? sc[2 * j + 1] : 0);
       }
       o.d[r] = r < nr ? half[rows[r].d(b)] : 0.0f;
+      o.dmin[r] = 0.0f;
+    }
+  }
+}
+
+void unpack_rows8_q5_k(const GemmArgs& g, int64_t row0, int nr, int64_t nb, RowGroup8K* out) {
+  const float* half = scalar::fp16_table();
+  gemm_tiles::KRowBlocks<BlockQ5_K> rows[8];
+  for (int r = 0; r < nr; ++r) rows[r] = gemm_tiles::k_row_blocks<BlockQ5_K>(g, row0 + r);
+  const __m256i nibble = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+  for (int64_t b = 0; b < nb; ++b) {
+    RowGroup8K& o = out[b];
+    for (int s = 0; s < 8; ++s) {  // sub-block s: groups 2s and 2s + 1 (tile_k_min_rows' decoding)
+      __m256i y[8];
+      for (int r = 0; r < 8; ++r) {
+        if (r >= nr) {
+          y[r] = _mm256_setzero_si256();
+          continue;
+        }
+        const __m256i x = load32(rows[r].qs(b, s / 2));
+        const __m256i low4 = s % 2 == 0 ? _mm256_and_si256(x, nibble) : _mm256_and_si256(_mm256_srli_epi16(x, 4), nibble);
+        const __m256i fifth = _mm256_and_si256(_mm256_srli_epi16(load32(rows[r].qh(b)), s), one);
+        y[r] = _mm256_or_si256(low4, _mm256_slli_epi16(fifth, 4));
+      }
+      alignas(32) uint32_t t[8][8];
+      gemm_tiles::transpose8(y, t);
+      for (int i = 0; i < 8; ++i) std::memcpy(o.codes[2 * s + i / 4][i % 4], t[i], sizeof(t[i]));
+    }
+    for (int r = 0; r < 8; ++r) {
+      uint32_t sm[4] = {};
+      if (r < nr) unpack_k4_scales(rows[r].scales(b), sm);
+      const auto* bytes = reinterpret_cast<const uint8_t*>(sm);  // scales 0..7, mins 8..15
+      for (int gg = 0; gg < 16; ++gg) o.scales[gg][2 * r] = o.scales[gg][2 * r + 1] = bytes[gg / 2];
+      for (int j = 0; j < 8; ++j) o.pairs[j][2 * r] = o.pairs[j][2 * r + 1] = bytes[8 + j];
+      o.d[r] = r < nr ? half[rows[r].d(b)] : 0.0f;
+      o.dmin[r] = r < nr ? half[rows[r].dmin(b)] : 0.0f;
     }
   }
 }
@@ -461,16 +492,17 @@ inline __m256i broadcast32(const void* p) {
   return _mm256_castps_si256(_mm256_broadcast_ss(static_cast<const float*>(p)));
 }
 
+// Activation rows per tile: 6 accumulators beside 4 codes registers, the scales and the temporaries.
 constexpr int kQ6KTokens = 6;
 
 // out[t] lane r = the tiled order's value for row r of the group and activation row t < T.
-template <int T>
-void tile8_q6_k(const RowGroup8Q6* w, int64_t nb, const BlockQ8_K* const* act, __m256 out[]) {
+template <DType kType, int T>
+void tile8_k(const RowGroup8K* w, int64_t nb, const BlockQ8_K* const* act, __m256 out[]) {
   static_assert(T >= 1 && T <= kQ6KTokens);
   __m256 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const RowGroup8Q6& wb = w[b];
+    const RowGroup8K& wb = w[b];
     __m256i n[T];
     for (int t = 0; t < T; ++t) n[t] = _mm256_setzero_si256();
     for (int gg = 0; gg < 16; ++gg) {
@@ -489,14 +521,22 @@ void tile8_q6_k(const RowGroup8Q6* w, int64_t nb, const BlockQ8_K* const* act, _
     }
     const __m256 d = _mm256_load_ps(wb.d);
     for (int t = 0; t < T; ++t) {
-      // The codes' +32: 32 * sum_g sc_g * bsum_g, by pairs of groups.
-      __m256i off = _mm256_setzero_si256();
+      // Q6_K: the codes' +32, 32 * sum_g sc_g * bsum_g; Q5_K: the min term m = sum_j mn_j * (bsum_2j + bsum_2j+1).
+      __m256i p = _mm256_setzero_si256();
       for (int j = 0; j < 8; ++j) {
-        off = _mm256_add_epi32(off, _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(wb.scale_pairs[j])),
-                                                      broadcast32(act[t][b].bsums + 2 * j)));
+        p = _mm256_add_epi32(p, _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(wb.pairs[j])),
+                                                  broadcast32(act[t][b].bsums + 2 * j)));
       }
-      const __m256i total = _mm256_sub_epi32(n[t], _mm256_slli_epi32(off, 5));
-      acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(total), d), _mm256_set1_ps(act[t][b].d), acc[t]);
+      const __m256 da = _mm256_set1_ps(act[t][b].d);
+      if constexpr (kType == DType::kQ6_K) {
+        const __m256i total = _mm256_sub_epi32(n[t], _mm256_slli_epi32(p, 5));
+        acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(total), d), da, acc[t]);
+      } else {
+        // fma(fma(-dmin, float(m), d * float(n)), d_a, y), lane by lane (TiledRows::step).
+        const __m256 neg_dmin = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_load_ps(wb.dmin));
+        const __m256 res = _mm256_fmadd_ps(neg_dmin, _mm256_cvtepi32_ps(p), _mm256_mul_ps(d, _mm256_cvtepi32_ps(n[t])));
+        acc[t] = _mm256_fmadd_ps(res, da, acc[t]);
+      }
     }
   }
   for (int t = 0; t < T; ++t) out[t] = acc[t];
@@ -516,12 +556,14 @@ inline void store_rows8(const GemmArgs& g, int64_t t, int64_t row0, int nr, __m2
   }
 }
 
-void gemm_q6_k_tiled(const GemmArgs& g) {
-  INFERD_ASSERT(g.type == DType::kQ6_K && g.k % kQK_K == 0, "this GEMM is Q6_K's");
+template <DType kType>
+void gemm_tiled_lanes(const GemmArgs& g) {
+  static_assert(kType == DType::kQ5_K || kType == DType::kQ6_K);
+  INFERD_ASSERT(g.type == kType && g.k % kQK_K == 0, "this GEMM is %s's", dtype_name(kType));
   INFERD_ASSERT(g.layout == WeightLayout::kRows || g.r0 % kInterleaveRows == 0, "an interleaved GEMM starts at a group");
   if (g.m <= 0 || g.r1 <= g.r0) return;
   const int64_t nb = g.k / kQK_K;
-  thread_local std::vector<RowGroup8Q6> group;
+  thread_local std::vector<RowGroup8K> group;
   if (group.size() < static_cast<size_t>(nb)) group.resize(static_cast<size_t>(nb));
   auto act_row = [&](int64_t t) { return reinterpret_cast<const BlockQ8_K*>(g.act + static_cast<size_t>(t) * g.act_stride); };
   // Activation rows per pass over a group: their blocks within ~256 KiB of L2.
@@ -529,11 +571,18 @@ void gemm_q6_k_tiled(const GemmArgs& g) {
       std::clamp<int64_t>((256 * 1024) / (nb * static_cast<int64_t>(sizeof(BlockQ8_K))), 16, 64);
   __m256 res[kQ6KTokens];
   gemm_tiles::repacked_walk<8>(
-      g, token_block, kQ6KTokens, false, [&](int64_t row0, int nr) { unpack_rows8_q6_k(g, row0, nr, nb, group.data()); },
+      g, token_block, kQ6KTokens, false,
+      [&](int64_t row0, int nr) {
+        if constexpr (kType == DType::kQ6_K) {
+          unpack_rows8_q6_k(g, row0, nr, nb, group.data());
+        } else {
+          unpack_rows8_q5_k(g, row0, nr, nb, group.data());
+        }
+      },
       [&](int64_t t, int nt, bool, int64_t row0, int nr) {
         const BlockQ8_K* acts[kQ6KTokens] = {};
         for (int i = 0; i < nt; ++i) acts[i] = act_row(t + i);
-        gemm_tiles::with_count<kQ6KTokens>(nt, [&](auto cnt) { tile8_q6_k<cnt>(group.data(), nb, acts, res); });
+        gemm_tiles::with_count<kQ6KTokens>(nt, [&](auto cnt) { tile8_k<kType, cnt>(group.data(), nb, acts, res); });
         for (int i = 0; i < nt; ++i) store_rows8(g, t + i, row0, nr, res[i]);
       });
 }
@@ -547,9 +596,9 @@ GemmFn tiled_kernel(DType type) {
     case DType::kQ3_K:
       return &gemm_rows<DType::kQ3_K, RowTile<DType::kQ3_K, true>>;
     case DType::kQ5_K:
-      return &gemm_rows<DType::kQ5_K, RowTile<DType::kQ5_K, true>>;
+      return &gemm_tiled_lanes<DType::kQ5_K>;  // rows in lanes: 1.5x the vec_dot tile with the tiled step (44 -> 67 GMAC/s)
     case DType::kQ6_K:
-      return &gemm_q6_k_tiled;  // rows in lanes: 1.5x the vec_dot tile with the tiled step (45.6 -> 67.5 GMAC/s)
+      return &gemm_tiled_lanes<DType::kQ6_K>;  // likewise 45.6 -> 67.5 GMAC/s
     case DType::kIQ4_XS:
       return &gemm_rows<DType::kIQ4_XS, RowTile<DType::kIQ4_XS, true>>;
     default:
