@@ -107,9 +107,10 @@ constexpr KeyInfo kKeys[] = {
      "a model loaded by name is unloaded after this long without requests;\n"
      "                         0 = never (default: 300)"},
     {"matmul-order", Key::kMatmulOrder, "vec_dot|repacked",
-     "the CPU workers' matmul arithmetic: llama.cpp's vec_dot kernels, or for\n"
-     "                         Q4_0 and Q4_K its repacked ones (faster prefill; CUDA exact numerics need\n"
-     "                         vec_dot) (default: $INFERD_MATMUL_ORDER, else repacked)"},
+     "the CPU workers' matmul arithmetic: llama.cpp's vec_dot kernels, or its\n"
+     "                         default: repacked Q4_0/Q4_K/IQ4_NL, tiled K-quant GEMM for the other\n"
+     "                         K-quants and IQ4_XS (faster prefill; CUDA exact numerics need vec_dot)\n"
+     "                         (default: $INFERD_MATMUL_ORDER, else repacked)"},
     {"load", Key::kLoad, "PATH [id=ID] [ctx=N] [parallel=N] [threads=N] [backend=cpu|cuda[:N]|opencl[:N]]",
      "\n                         load a model at start; repeatable (quote a PATH with spaces: \"...\")"},
 };
