@@ -79,6 +79,8 @@ Scratch& scratch() {
 }
 
 using gemm_tiles::Traits;
+using gemm_tiles::broadcast32;
+using gemm_tiles::store_rows8;
 using gemm_tiles::transpose8;
 
 template <DType kType>
@@ -355,24 +357,7 @@ void unpack_rows8(const GemmArgs& g, int64_t row0, int nr, int64_t nb, GroupOf<k
   }
 }
 
-// The 32-bit value at p in all 8 lanes (vbroadcastss: a load-port operation).
-inline __m256i broadcast32(const int32_t* p) {
-  return _mm256_castps_si256(_mm256_broadcast_ss(reinterpret_cast<const float*>(p)));
-}
 
-// Lane r of v -> output row row0 + r (r < nr) of activation row t, as the GemmArgs ask (accumulate, bias).
-inline void store_rows8(const GemmArgs& g, int64_t t, int64_t row0, int nr, __m256 v) {
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, v);
-  float* o = g.out + t * g.out_stride + row0;
-  for (int r = 0; r < nr; ++r) {
-    if (g.accumulate) {
-      o[r] += lanes[r];
-    } else {
-      o[r] = g.bias != nullptr ? lanes[r] + g.bias[row0 + r] : lanes[r];
-    }
-  }
-}
 
 // Lane r of the result: the contract's value for row r of the group and activation row `act`.
 template <DType kType>

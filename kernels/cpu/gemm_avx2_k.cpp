@@ -407,50 +407,23 @@ void gemm_rows(const GemmArgs& g) {
 // 127; two of them added in int16 stay below 32768), two madds with the group's scales make int32, two adds: 14
 // operations per 8 x 16 products against about 20 in the vec_dot tiles. 6 activation rows share each codes load.
 
-// One super-block of 8 rows, unpacked: lane r of codes[g][i] holds row r's codes (Q6_K 0..63, Q5_K 0..31) of
+// One super-block of 8 rows, unpacked (Q6_K: gemm_tiles::unpack_q6_k_rows): lane r of codes[g][i] holds row r's codes (Q6_K 0..63, Q5_K 0..31) of
 // elements 16g + 4i .. + 3; scales[g] row r's scale of group g (Q5_K: of its sub-block g / 2) in int16 lanes 2r and
 // 2r + 1; pairs[j] in int16 lanes 2r, 2r + 1 the weights of the activation's group sums bsum_2j and bsum_2j+1 (Q6_K:
 // sc_2j and sc_2j+1, for the codes' +32; Q5_K: mn_j twice, the min term m); d and dmin the rows' scales. Rows past
 // the matrix are zero.
 struct alignas(32) RowGroup8K {
+  static constexpr int kRows = 8;
   uint32_t codes[16][4][8];
   int16_t scales[16][16];
   int16_t pairs[8][16];
   float d[8];
-  float dmin[8];
+  float dmin[8];  // Q5_K
+
+  void set_scale(int g, int r, int16_t sc) { scales[g][2 * r] = scales[g][2 * r + 1] = sc; }
 };
 static_assert(sizeof(RowGroup8K) == 2880);
 
-void unpack_rows8_q6_k(const GemmArgs& g, int64_t row0, int nr, int64_t nb, RowGroup8K* out) {
-  const float* half = scalar::fp16_table();
-  gemm_tiles::Q6RowBlocks rows[8];
-  for (int r = 0; r < nr; ++r) rows[r] = gemm_tiles::q6_row_blocks(g, row0 + r);
-  for (int64_t b = 0; b < nb; ++b) {
-    RowGroup8K& o = out[b];
-    for (int c = 0; c < 8; ++c) {  // chunk c = 4 * half + j: groups 2c and 2c + 1
-      const int hf = c / 4;
-      __m256i y[8];
-      for (int r = 0; r < 8; ++r) {
-        y[r] = r < nr ? q6_k_codes(load32(rows[r].ql(b, 2 * hf)), load32(rows[r].ql(b, 2 * hf + 1)),
-                                   load32(rows[r].qh(b, hf)), c % 4)
-                      : _mm256_setzero_si256();
-      }
-      alignas(32) uint32_t t[8][8];  // dwords 0..3 of chunk c are group 2c's, 4..7 group 2c + 1's
-      gemm_tiles::transpose8(y, t);
-      for (int i = 0; i < 8; ++i) std::memcpy(o.codes[2 * c + i / 4][i % 4], t[i], sizeof(t[i]));
-    }
-    for (int r = 0; r < 8; ++r) {
-      const int8_t* sc = r < nr ? rows[r].scales(b) : nullptr;
-      for (int gg = 0; gg < 16; ++gg) o.scales[gg][2 * r] = o.scales[gg][2 * r + 1] = sc != nullptr ? sc[gg] : 0;
-      for (int j = 0; j < 8; ++j) {
-        o.pairs[j][2 * r] = static_cast<int16_t>(sc != nullptr ? sc[2 * j] : 0);
-        o.pairs[j][2 * r + 1] = static_cast<int16_t>(sc != nullptr ? sc[2 * j + 1] : 0);
-      }
-      o.d[r] = r < nr ? half[rows[r].d(b)] : 0.0f;
-      o.dmin[r] = 0.0f;
-    }
-  }
-}
 
 void unpack_rows8_q5_k(const GemmArgs& g, int64_t row0, int nr, int64_t nb, RowGroup8K* out) {
   const float* half = scalar::fp16_table();
@@ -487,10 +460,6 @@ void unpack_rows8_q5_k(const GemmArgs& g, int64_t row0, int nr, int64_t nb, RowG
   }
 }
 
-// The 32-bit value at p in all 8 lanes (vbroadcastss: a load-port operation).
-inline __m256i broadcast32(const void* p) {
-  return _mm256_castps_si256(_mm256_broadcast_ss(static_cast<const float*>(p)));
-}
 
 // Activation rows per tile: 6 accumulators beside 4 codes registers, the scales and the temporaries.
 constexpr int kQ6KTokens = 6;
@@ -514,8 +483,8 @@ void tile8_k(const RowGroup8K* w, int64_t nb, const BlockQ8_K* const* act, __m25
 #pragma GCC unroll 6
       for (int t = 0; t < T; ++t) {
         const int8_t* a = act[t][b].qs + 16 * gg;
-        const __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(c0, broadcast32(a)), _mm256_maddubs_epi16(c1, broadcast32(a + 4)));
-        const __m256i s23 = _mm256_add_epi16(_mm256_maddubs_epi16(c2, broadcast32(a + 8)), _mm256_maddubs_epi16(c3, broadcast32(a + 12)));
+        const __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(c0, gemm_tiles::broadcast32(a)), _mm256_maddubs_epi16(c1, gemm_tiles::broadcast32(a + 4)));
+        const __m256i s23 = _mm256_add_epi16(_mm256_maddubs_epi16(c2, gemm_tiles::broadcast32(a + 8)), _mm256_maddubs_epi16(c3, gemm_tiles::broadcast32(a + 12)));
         n[t] = _mm256_add_epi32(n[t], _mm256_add_epi32(_mm256_madd_epi16(s01, sc), _mm256_madd_epi16(s23, sc)));
       }
     }
@@ -525,7 +494,7 @@ void tile8_k(const RowGroup8K* w, int64_t nb, const BlockQ8_K* const* act, __m25
       __m256i p = _mm256_setzero_si256();
       for (int j = 0; j < 8; ++j) {
         p = _mm256_add_epi32(p, _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(wb.pairs[j])),
-                                                  broadcast32(act[t][b].bsums + 2 * j)));
+                                                  gemm_tiles::broadcast32(act[t][b].bsums + 2 * j)));
       }
       const __m256 da = _mm256_set1_ps(act[t][b].d);
       if constexpr (kType == DType::kQ6_K) {
@@ -542,19 +511,6 @@ void tile8_k(const RowGroup8K* w, int64_t nb, const BlockQ8_K* const* act, __m25
   for (int t = 0; t < T; ++t) out[t] = acc[t];
 }
 
-// Lane r of v -> output row row0 + r (r < nr) of activation row t, as the GemmArgs ask (accumulate, bias).
-inline void store_rows8(const GemmArgs& g, int64_t t, int64_t row0, int nr, __m256 v) {
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, v);
-  float* o = g.out + t * g.out_stride + row0;
-  for (int r = 0; r < nr; ++r) {
-    if (g.accumulate) {
-      o[r] += lanes[r];
-    } else {
-      o[r] = g.bias != nullptr ? lanes[r] + g.bias[row0 + r] : lanes[r];
-    }
-  }
-}
 
 template <DType kType>
 void gemm_tiled_lanes(const GemmArgs& g) {
@@ -574,7 +530,7 @@ void gemm_tiled_lanes(const GemmArgs& g) {
       g, token_block, kQ6KTokens, false,
       [&](int64_t row0, int nr) {
         if constexpr (kType == DType::kQ6_K) {
-          unpack_rows8_q6_k(g, row0, nr, nb, group.data());
+          gemm_tiles::unpack_q6_k_rows(g, row0, nr, nb, group.data());
         } else {
           unpack_rows8_q5_k(g, row0, nr, nb, group.data());
         }
@@ -583,7 +539,7 @@ void gemm_tiled_lanes(const GemmArgs& g) {
         const BlockQ8_K* acts[kQ6KTokens] = {};
         for (int i = 0; i < nt; ++i) acts[i] = act_row(t + i);
         gemm_tiles::with_count<kQ6KTokens>(nt, [&](auto cnt) { tile8_k<kType, cnt>(group.data(), nb, acts, res); });
-        for (int i = 0; i < nt; ++i) store_rows8(g, t + i, row0, nr, res[i]);
+        for (int i = 0; i < nt; ++i) gemm_tiles::store_rows8(g, t + i, row0, nr, res[i]);
       });
 }
 

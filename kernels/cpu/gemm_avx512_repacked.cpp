@@ -45,14 +45,7 @@ inline __m512i broadcast32(const void* p) {
 inline void store_rows16(const GemmArgs& g, int64_t t, int64_t row0, int nr, __m512 v) {
   alignas(64) float lanes[16];
   _mm512_store_ps(lanes, v);
-  float* o = g.out + t * g.out_stride + row0;
-  for (int r = 0; r < nr; ++r) {
-    if (g.accumulate) {
-      o[r] += lanes[r];
-    } else {
-      o[r] = g.bias != nullptr ? lanes[r] + g.bias[row0 + r] : lanes[r];
-    }
-  }
+  gemm_tiles::store_lanes(g, t, row0, nr, lanes);
 }
 
 // Activation rows per pass over a group of 16 rows: their blocks within ~256 KiB of L2.
@@ -259,49 +252,20 @@ void gemm_q4_k_repacked(const GemmArgs& g) {
 
 // ---- Q6_K from kTiledMinRows activation rows on (llama.cpp's tiled K-quant GEMM) ----------------------
 
-// One super-block of 16 rows, unpacked: lane r of codes[g][i] holds row r's codes (+32, 0..63) of elements
-// 16g + 4i .. + 3; scales[g] its group scales as int32; scale_pairs[j] sc_2j and sc_2j+1 in int16 lanes 2r, 2r + 1
-// (the -32 offset's madd with the activation's group sums). Rows past the matrix are zero.
+// One super-block of 16 rows, unpacked by gemm_tiles::unpack_q6_k_rows: lane r of codes[g][i] holds row r's codes
+// (+32, 0..63) of elements 16g + 4i .. + 3; scales[g] its group scales as int32; pairs[j] sc_2j and sc_2j+1 in int16
+// lanes 2r, 2r + 1 (the -32 offset's madd with the activation's group sums). Rows past the matrix are zero.
 struct alignas(64) RowGroup16Q6 {
+  static constexpr int kRows = 16;
   uint32_t codes[16][4][16];
   int32_t scales[16][16];
-  int16_t scale_pairs[8][32];
+  int16_t pairs[8][32];
   float d[16];
+
+  void set_scale(int g, int r, int8_t sc) { scales[g][r] = sc; }
 };
 static_assert(sizeof(RowGroup16Q6) == 5696);
 
-void unpack_rows16_q6_k(const GemmArgs& g, int64_t row0, int nr, int64_t nb, RowGroup16Q6* out) {
-  const float* half = scalar::fp16_table();
-  gemm_tiles::Q6RowBlocks rows[16];
-  for (int r = 0; r < nr; ++r) rows[r] = gemm_tiles::q6_row_blocks(g, row0 + r);
-  for (int64_t b = 0; b < nb; ++b) {
-    RowGroup16Q6& o = out[b];
-    for (int c = 0; c < 8; ++c) {  // chunk c = 4 * half + j: groups 2c and 2c + 1
-      const int hf = c / 4;
-      for (int h = 0; h < 2; ++h) {
-        __m256i y[8];
-        for (int jr = 0; jr < 8; ++jr) {
-          const int r = 8 * h + jr;
-          y[jr] = r < nr ? q6_k_codes(load32(rows[r].ql(b, 2 * hf)), load32(rows[r].ql(b, 2 * hf + 1)),
-                                      load32(rows[r].qh(b, hf)), c % 4)
-                         : _mm256_setzero_si256();
-        }
-        alignas(32) uint32_t t[8][8];  // dwords 0..3 of chunk c are group 2c's, 4..7 group 2c + 1's
-        gemm_tiles::transpose8(y, t);
-        for (int i = 0; i < 8; ++i) std::memcpy(&o.codes[2 * c + i / 4][i % 4][8 * h], t[i], sizeof(t[i]));
-      }
-    }
-    for (int r = 0; r < 16; ++r) {
-      const int8_t* sc = r < nr ? rows[r].scales(b) : nullptr;
-      for (int gg = 0; gg < 16; ++gg) o.scales[gg][r] = sc != nullptr ? sc[gg] : 0;
-      for (int j = 0; j < 8; ++j) {
-        o.scale_pairs[j][2 * r] = static_cast<int16_t>(sc != nullptr ? sc[2 * j] : 0);
-        o.scale_pairs[j][2 * r + 1] = static_cast<int16_t>(sc != nullptr ? sc[2 * j + 1] : 0);
-      }
-      o.d[r] = r < nr ? half[rows[r].d(b)] : 0.0f;
-    }
-  }
-}
 
 constexpr int kQ6KTokens = 8;
 
@@ -331,7 +295,7 @@ void tile16_q6_k(const RowGroup16Q6* w, int64_t nb, const BlockQ8_K* const* act,
       // The codes' +32: 32 * sum_g sc_g * bsum_g, by pairs of groups.
       __m512i off = _mm512_setzero_si512();
       for (int j = 0; j < 8; ++j) {
-        off = _mm512_add_epi32(off, _mm512_madd_epi16(_mm512_load_si512(wb.scale_pairs[j]), broadcast32(act[t][b].bsums + 2 * j)));
+        off = _mm512_add_epi32(off, _mm512_madd_epi16(_mm512_load_si512(wb.pairs[j]), broadcast32(act[t][b].bsums + 2 * j)));
       }
       const __m512i total = _mm512_sub_epi32(n[t], _mm512_slli_epi32(off, 5));
       acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(total), d), _mm512_set1_ps(act[t][b].d), acc[t]);
@@ -354,7 +318,7 @@ void gemm_q6_k_repacked(const GemmArgs& g) {
   __m512 res[kQ6KTokens];
   gemm_tiles::repacked_walk<16>(
       g, token_block(nb * static_cast<int64_t>(sizeof(BlockQ8_K))), kQ6KTokens, false,
-      [&](int64_t row0, int nr) { unpack_rows16_q6_k(g, row0, nr, nb, group.data()); },
+      [&](int64_t row0, int nr) { gemm_tiles::unpack_q6_k_rows(g, row0, nr, nb, group.data()); },
       [&](int64_t t, int nt, bool, int64_t row0, int nr) {
         const BlockQ8_K* acts[kQ6KTokens] = {};
         for (int i = 0; i < nt; ++i) acts[i] = act_row(t + i);

@@ -255,6 +255,28 @@ void unpack_q4_k_rows(const GemmArgs& g, int64_t row0, int nr, int64_t nb, Group
   }
 }
 
+// The 32-bit value at p in all 8 lanes (vbroadcastss: a load-port operation).
+inline __m256i broadcast32(const void* p) { return _mm256_castps_si256(_mm256_broadcast_ss(static_cast<const float*>(p))); }
+
+// lanes[r] -> output row row0 + r (r < nr) of activation row t, as the GemmArgs ask (accumulate, bias).
+inline void store_lanes(const GemmArgs& g, int64_t t, int64_t row0, int nr, const float* lanes) {
+  float* o = g.out + t * g.out_stride + row0;
+  for (int r = 0; r < nr; ++r) {
+    if (g.accumulate) {
+      o[r] += lanes[r];
+    } else {
+      o[r] = g.bias != nullptr ? lanes[r] + g.bias[row0 + r] : lanes[r];
+    }
+  }
+}
+
+// Lane r of v -> output row row0 + r (r < nr) of activation row t (store_lanes).
+inline void store_rows8(const GemmArgs& g, int64_t t, int64_t row0, int nr, __m256 v) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, v);
+  store_lanes(g, t, row0, nr, lanes);
+}
+
 // The activation side and weight scratch of a repacked Q4_K GEMM (Group: one super-block of its rows, unpacked):
 // each activation row's KPairSums, computed by prepare(), which also checks the arguments and says false when
 // there is nothing to do.
@@ -330,6 +352,48 @@ inline Q6RowBlocks q6_row_blocks(const GemmArgs& g, int64_t row) {
   const int64_t j = row % kInterleaveRows;
   return {g.w + static_cast<size_t>(row - j) * g.w_row_bytes, true, j};
 }
+
+// Rows row0 .. row0 + nr - 1 (nr <= Group::kRows, a multiple of 8) of a Q6_K matrix (either layout), all nb
+// super-blocks, into the rows-in-lanes groups of a tiled Q6_K GEMM: lane r of codes[g][i] holds row r's codes of
+// elements 16g + 4i .. + 3 (0..63); pairs[j] sc_2j and sc_2j+1 of row r in int16 lanes 2r and 2r + 1 (the codes'
+// +32, by a madd with the activation's group sums); d; the group scales go through Group::set_scale(g, r, sc), in
+// the form each GEMM's multiply reads. Rows past nr are zero.
+template <typename Group>
+void unpack_q6_k_rows(const GemmArgs& g, int64_t row0, int nr, int64_t nb, Group* out) {
+  constexpr int kRows = Group::kRows;
+  static_assert(kRows % 8 == 0);
+  const float* half = scalar::fp16_table();
+  Q6RowBlocks rows[kRows];
+  for (int r = 0; r < nr; ++r) rows[r] = q6_row_blocks(g, row0 + r);
+  for (int64_t b = 0; b < nb; ++b) {
+    Group& o = out[b];
+    for (int c = 0; c < 8; ++c) {  // chunk c = 4 * half + j: groups 2c and 2c + 1
+      const int hf = c / 4;
+      for (int h = 0; h < kRows / 8; ++h) {
+        __m256i y[8];
+        for (int j = 0; j < 8; ++j) {
+          const int r = 8 * h + j;
+          y[j] = r < nr ? q6_k_codes(load32(rows[r].ql(b, 2 * hf)), load32(rows[r].ql(b, 2 * hf + 1)),
+                                     load32(rows[r].qh(b, hf)), c % 4)
+                        : _mm256_setzero_si256();
+        }
+        alignas(32) uint32_t t[8][8];  // dwords 0..3 of chunk c are group 2c's, 4..7 group 2c + 1's
+        transpose8(y, t);
+        for (int i = 0; i < 8; ++i) std::memcpy(&o.codes[2 * c + i / 4][i % 4][8 * h], t[i], sizeof(t[i]));
+      }
+    }
+    for (int r = 0; r < kRows; ++r) {
+      const int8_t* sc = r < nr ? rows[r].scales(b) : nullptr;
+      for (int gg = 0; gg < 16; ++gg) o.set_scale(gg, r, sc != nullptr ? sc[gg] : 0);
+      for (int j = 0; j < 8; ++j) {
+        o.pairs[j][2 * r] = static_cast<int16_t>(sc != nullptr ? sc[2 * j] : 0);
+        o.pairs[j][2 * r + 1] = static_cast<int16_t>(sc != nullptr ? sc[2 * j + 1] : 0);
+      }
+      o.d[r] = r < nr ? half[rows[r].d(b)] : 0.0f;
+    }
+  }
+}
+
 
 // Q4_1: s_a of every block and activation row, transposed to [block][token] (m_pad tokens per block,
 // the rows past g.m repeating the last) for the tiles' min-term step.
