@@ -2,13 +2,13 @@
 //
 //   inferd-gemm-bench [gemm] [--k K] [--rows R] [--m M] [--reps N]
 //
-// For Q4_0, Q4_1 and Q8_0 a rows x k weight matrix (default 5632 x 2048, larger than L2) is multiplied
+// For each quantized type with a GEMM a rows x k weight matrix (default 5632 x 2048, larger than L2) is multiplied
 // with m (default 128) quantized activation rows, once with gemm_kernel() over the whole row range
 // and once the way the engine runs prefill without it: for each block of 32 rows, for each group of
 // kMaxDotRows activation rows, for each row, TypeKernels::dot. Best of N repetitions. Types with an
 // interleaved layout (inferd/weight_layout.h, as the weights segment stores them) are also run from
-// that layout: the "x16" column. INFERD_MATMUL_ORDER=vec_dot|repacked picks the order measured (Q4_0, Q4_K;
-// default repacked).
+// that layout: the "x16" column. INFERD_MATMUL_ORDER=vec_dot|repacked picks the order measured (default repacked:
+// llama.cpp's default, inferd/kernels/cpu.h; IQ4_NL has no GEMM in it, its batches take the dot).
 #include <algorithm>
 #include <cstddef>
 #include <chrono>
@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
   std::mt19937 rng(1);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ2_K,
-                     DType::kQ3_K, DType::kIQ4_XS}) {
+                     DType::kQ3_K, DType::kIQ4_XS, DType::kIQ4_NL}) {
     if (k % inferd::dtype_info(type)->block_size != 0) continue;  // K-quants need k % 256 == 0
     // The matmul order of the environment (INFERD_MATMUL_ORDER, inferd/kernels/cpu.h) for this matrix.
     const MatmulOrder order = matmul_order_for(type, rows);
@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
         quantize_row_ref(type, x.data(), w.data() + r * w_row, k);
       }
     } else {
-      // K-quants (no reference quantizer): random codes and scales, every fp16 d / dmin ~0.0078.
+      // K-quants and IQ4_NL (no reference quantizer): random codes and scales, every fp16 d / dmin ~0.0078.
       for (auto& b : w) b = static_cast<uint8_t>(rng());
       const size_t block = inferd::dtype_info(type)->block_bytes;
       const inferd::fp16_t d = 0x2000;
@@ -97,6 +97,8 @@ int main(int argc, char** argv) {
         } else if (type == DType::kQ2_K) {
           std::memcpy(&w[off + offsetof(inferd::BlockQ2_K, d)], &d, 2);
           std::memcpy(&w[off + offsetof(inferd::BlockQ2_K, dmin)], &d, 2);
+        } else if (type == DType::kIQ4_NL) {
+          std::memcpy(&w[off + offsetof(inferd::BlockIQ4_NL, d)], &d, 2);
         } else {
           std::memcpy(&w[off], &d, 2);
           std::memcpy(&w[off + 2], &d, 2);
