@@ -231,7 +231,6 @@ GemmFn gemm_kernel_for(DType type, WeightLayout layout, Isa isa, MatmulOrder ord
   }
   if (GemmFn fn = avx512 ? tiled_gemm<Isa::kAvx512>(type) : tiled_gemm<Isa::kAvx2>(type)) return fn;
   if (GemmFn fn = gemm_avx2::repacked_kernel(type)) return fn;
-  if (type == DType::kIQ4_NL) return nullptr;  // its batches take the repacked dot (the same order for every row)
   return gemm_kernel_for(type, layout, isa);  // a type the order does not change
 }
 

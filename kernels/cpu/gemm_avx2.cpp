@@ -34,8 +34,8 @@
 // Float steps per lane are exactly the contract's: scale = d_w * d_a (fp32), acc = fma(scale,
 // float(n), acc), block by block; Q4_1's summs = fma(m_w, s_a, summs) block by block, added last.
 //
-// At the end of the file: Q4_0's and Q4_K's GEMMs in MatmulOrder::kRepacked (inferd/kernels/cpu.h), llama.cpp's
-// repacked orders, with their own rows-in-lanes tiles.
+// At the end of the file: Q4_0's, IQ4_NL's and Q4_K's GEMMs in MatmulOrder::kRepacked (inferd/kernels/cpu.h),
+// llama.cpp's repacked orders, with their own rows-in-lanes tiles.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -321,6 +321,8 @@ template <DType kType>
 inline __m256i row_codes(const gemm_tiles::RowBlocks<typename Traits<kType>::WBlock>& row, int64_t b) {
   if constexpr (kType == DType::kQ8_0) {
     return load32(row.qs(b));
+  } else if constexpr (kType == DType::kIQ4_NL) {
+    return iq4_values(row.qs(b));  // the signed non-linear values
   } else {
     const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row.qs(b))));
     __m256i codes = _mm256_and_si256(_mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)),
@@ -488,8 +490,47 @@ struct RepackedScratch {
   std::vector<RowGroup8<false>> group;  // [block] of the current 8 rows
 };
 
-void gemm_q4_0_repacked(const GemmArgs& g) {
-  INFERD_ASSERT(g.type == DType::kQ4_0 && g.k % 32 == 0, "the repacked order's GEMM is Q4_0's");
+// ---- IQ4_NL in MatmulOrder::kRepacked ------------------------------------------------------------
+//
+// llama.cpp's iq4_nl_8x8 order (q4_0_8x8's kernels with the non-linear values; scalar.cpp's dot_iq4_nl_repacked):
+// per block the exact integer dot and one fma. Rows in lanes as Q4_0's (gemm_block32_repacked), the signed values in the
+// codes; they reach 127 in magnitude, so each activation dword's maddubs pair sums (ggml's sign trick) become
+// int32 at once by a madd (two of them would not fit int16): 5 operations per activation dword and 8 rows.
+
+constexpr int kRepackedNlTokens = 4;
+
+template <int T>
+void tile_repacked_iq4_nl(const RowGroup8<false>* w, int64_t nb, const RepackedActBlock* act, int64_t act_rows_apart,
+                          __m256 out[]) {
+  static_assert(T >= 1 && T <= kRepackedNlTokens);
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const RowGroup8<false>& wb = w[b];
+    __m256i n[T];
+    for (int t = 0; t < T; ++t) n[t] = _mm256_setzero_si256();
+    for (int i = 0; i < 8; ++i) {
+      const __m256i values = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb.codes[i]));
+      const __m256i magnitudes = _mm256_abs_epi8(values);
+      for (int t = 0; t < T; ++t) {
+        const __m256i y = _mm256_sign_epi8(broadcast32(&act[t * act_rows_apart + b].q[i]), values);
+        n[t] = _mm256_add_epi32(n[t], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitudes, y), ones16));
+      }
+    }
+    const __m256 dw = _mm256_load_ps(wb.d);
+    for (int t = 0; t < T; ++t) {
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(n[t]), _mm256_mul_ps(dw, _mm256_set1_ps(act[t * act_rows_apart + b].d)),
+                               acc[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) out[t] = acc[t];
+}
+
+template <DType kType>
+void gemm_block32_repacked(const GemmArgs& g) {
+  static_assert(kType == DType::kQ4_0 || kType == DType::kIQ4_NL);
+  INFERD_ASSERT(g.type == kType && g.k % 32 == 0, "this repacked GEMM is %s's", dtype_name(kType));
   INFERD_ASSERT(g.layout == WeightLayout::kRows || g.r0 % kInterleaveRows == 0, "an interleaved GEMM starts at a group");
   if (g.m <= 0 || g.r1 <= g.r0) return;
   const int64_t nb = g.k / 32;
@@ -509,19 +550,26 @@ void gemm_q4_0_repacked(const GemmArgs& g) {
       _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), sums);
       int32_t sum = 0;
       for (int32_t v : lanes) sum += v;
-      dst[b].start = -8 * sum;
+      dst[b].start = -8 * sum;  // Q4_0's -8 (IQ4_NL's values are signed already: unused)
       dst[b].d = half[a[b].d];
     }
   }
   // Activation rows per pass over a group: their blocks within ~256 KiB of L2 (as gemm_lanes).
   const int64_t token_block =
       std::clamp<int64_t>((256 * 1024) / (nb * static_cast<int64_t>(sizeof(RepackedActBlock))), 16, 64);
-  __m256 res[kRepackedTokens];
+  constexpr int kTokens = kType == DType::kQ4_0 ? kRepackedTokens : kRepackedNlTokens;
+  __m256 res[kTokens];
   gemm_tiles::repacked_walk<8>(
-      g, token_block, kRepackedTokens, false, [&](int64_t row0, int nr) { unpack_rows8<DType::kQ4_0>(g, row0, nr, nb, s.group.data()); },
+      g, token_block, kTokens, false, [&](int64_t row0, int nr) { unpack_rows8<kType>(g, row0, nr, nb, s.group.data()); },
       [&](int64_t t, int nt, bool, int64_t row0, int nr) {
         const RepackedActBlock* act = s.acts.data() + t * nb;
-        gemm_tiles::with_count<kRepackedTokens>(nt, [&](auto n) { tile_repacked<n>(s.group.data(), nb, act, nb, res); });
+        gemm_tiles::with_count<kTokens>(nt, [&](auto n) {
+          if constexpr (kType == DType::kQ4_0) {
+            tile_repacked<n>(s.group.data(), nb, act, nb, res);
+          } else {
+            tile_repacked_iq4_nl<n>(s.group.data(), nb, act, nb, res);
+          }
+        });
         for (int i = 0; i < nt; ++i) store_rows8(g, t + i, row0, nr, res[i]);
       });
 }
@@ -713,7 +761,9 @@ void gemm(const GemmArgs& g) {
 GemmFn repacked_kernel(DType type) {
   switch (type) {
     case DType::kQ4_0:
-      return &gemm_q4_0_repacked;
+      return &gemm_block32_repacked<DType::kQ4_0>;
+    case DType::kIQ4_NL:
+      return &gemm_block32_repacked<DType::kIQ4_NL>;
     case DType::kQ4_K:
       return &gemm_q4_k_repacked;
     default:

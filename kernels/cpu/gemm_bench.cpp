@@ -8,7 +8,7 @@
 // kMaxDotRows activation rows, for each row, TypeKernels::dot. Best of N repetitions. Types with an
 // interleaved layout (inferd/weight_layout.h, as the weights segment stores them) are also run from
 // that layout: the "x16" column. INFERD_MATMUL_ORDER=vec_dot|repacked picks the order measured (default repacked:
-// llama.cpp's default, inferd/kernels/cpu.h; IQ4_NL has no GEMM in it, its batches take the dot).
+// llama.cpp's default, inferd/kernels/cpu.h).
 #include <algorithm>
 #include <cstddef>
 #include <chrono>

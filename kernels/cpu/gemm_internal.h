@@ -21,8 +21,8 @@ void gemm_tiled(const GemmArgs& args);
 namespace gemm_avx2 {
 // AVX2 + FMA + F16C (no AVX-512): Q4_0, Q4_1 and Q8_0; nullptr for other types.
 GemmFn kernel(DType type);
-// The MatmulOrder::kRepacked GEMMs (Q4_0 and Q4_K, both layouts; on AVX2 and AVX-512 CPUs); nullptr for other
-// types.
+// The MatmulOrder::kRepacked GEMMs (Q4_0 and Q4_K, both layouts, and IQ4_NL; on AVX2 and AVX-512 CPUs); nullptr for
+// other types.
 GemmFn repacked_kernel(DType type);
 }  // namespace gemm_avx2
 

@@ -1,7 +1,7 @@
 // repacked_avx2.cpp — the MatmulOrder::kRepacked kernels of Q4_0 and IQ4_NL (inferd/kernels/cpu.h) for AVX2 + FMA
 // + F16C: the dot product, Q4_0's decode GEMV on interleaved weights, and the table of the repacked types (Q4_K's
-// kernels are in x86_kernels.inc, beside the integer sums they share with the vec_dot order). Q4_0's and Q4_K's
-// GEMMs are in gemm_avx2.cpp; IQ4_NL's batches take the dot (its order is the same for every activation row).
+// kernels are in x86_kernels.inc, beside the integer sums they share with the vec_dot order). Their GEMMs are in
+// gemm_avx2.cpp.
 //
 // The order: per 32-element block one exact integer dot n (weights -8..7, IQ4_NL's -127..113, times Q8_0
 // activations), then acc = fma(float(n), d_w * d_a, acc), block after block, one accumulator per output (llama.cpp's

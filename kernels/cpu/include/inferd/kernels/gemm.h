@@ -76,8 +76,8 @@ inline constexpr int64_t kTiledMinRows = 8;
 // AVX-512 VNNI where isa asks for it and the CPU has it; any m >= 1), and of the tiled types (the tiled GEMM from
 // kTiledMinRows rows, the vec_dot order's GEMM of `isa` below). Q4_0's equals type_kernels(kQ4_0, isa,
 // kRepacked)->dot bit for bit; Q4_K's equals that dot for the last m % 4 activation rows and llama.cpp's GEMM steps
-// for the others (cpu.h). IQ4_NL has none in this order (its dot serves every row: nullptr). On the scalar ISA:
-// the scalar definitions of Q4_K and the tiled types on the row layout, else nullptr.
+// for the others (cpu.h); IQ4_NL's (AVX2, on both ISAs) equals its dot in that order. On the scalar ISA: the scalar
+// definitions of Q4_K and the tiled types on the row layout, else nullptr.
 GemmFn gemm_kernel_for(DType type, WeightLayout layout, Isa isa, MatmulOrder order);
 
 }  // namespace inferd::kernels
