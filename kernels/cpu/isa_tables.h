@@ -19,7 +19,7 @@ fp16_t fp32_to_fp16(float f);
 // All 65536 halves as floats (256 KiB, built on first use): a scale conversion in a hot loop becomes
 // a load instead of a conversion competing with the dot product for the vector ports.
 const float* fp16_table();
-// The MatmulOrder::kRepacked kernels (cpu.h): Q4_0's and Q4_K's dot in that order, written out as its
+// The MatmulOrder::kRepacked kernels (cpu.h): Q4_0's, Q4_K's and IQ4_NL's dot in that order, written out as its
 // definition (the reference the AVX2 kernels equal bit for bit); nullptr for other types.
 const TypeKernels* repacked_type_kernels(DType type);
 // The activation rows of a batch whose values in that order are not those of repacked_type_kernels()' dot (the
@@ -37,7 +37,7 @@ namespace avx2 {
 const TypeKernels* type_kernels(DType type);
 const VectorKernels& vector_kernels(GgmlOrder order);
 // The MatmulOrder::kRepacked kernels (repacked_avx2.cpp): Q4_0's dot and dot_x16, Q4_K's dot, dot_w4 and
-// dot_x16; nullptr for other types.
+// dot_x16, IQ4_NL's dot; nullptr for other types.
 const TypeKernels* repacked_type_kernels(DType type);
 // Q4_K's kernels in that order (x86_kernels.inc, AVX2 build only), for repacked_type_kernels().
 void dot_q4_k_repacked(int64_t k, const void* w, const void* act, size_t stride, int nr, float* out);

@@ -105,8 +105,8 @@ class ScopedMatmulOrder {
 MatmulOrder matmul_order_for(DType type, int64_t rows, MatmulOrder order);
 inline MatmulOrder matmul_order_for(DType type, int64_t rows) { return matmul_order_for(type, rows, matmul_order()); }
 // The kernels that compute a matrix of `type` in `order` (as returned by matmul_order_for()): type_kernels()
-// for kVecDot; for kRepacked, Q4_0's and Q4_K's kernels in that order (AVX2 on AVX2 and AVX-512 CPUs; Q4_0's
-// dot_w4 nullptr).
+// for kVecDot; for kRepacked, Q4_0's, Q4_K's and IQ4_NL's kernels in that order (AVX2 on AVX2 and AVX-512 CPUs;
+// Q4_0's and IQ4_NL's dot_w4 nullptr, IQ4_NL's dot_x16 too), the vec_dot kernels of the tiled types (their decode).
 const TypeKernels* type_kernels(DType type, Isa isa, MatmulOrder order);
 
 // ---- Half precision and small vector helpers used by attention ---------------------------------
