@@ -322,10 +322,12 @@ inline char4 inferd_nibbles_c(ushort v) {
 //
 // Helpers: define_tt, quantize.cl's define_q8k_floats, exact_helpers, weights.cl's codes and
 // w_code.<type>, then k.helpers. Body: head, k.sums, k.scale_q6 or k.scale, k.dots, k.dmin (not Q6_K),
-// k.rows (Q4_K repacked: k.dots_repacked for k.dots); Q6_K: k.q6_offsets, then k.q6_x86 or k.q6_scalar; Q4_K /
-// Q5_K: k.mins, then k.mins_scalar, or k.mins_x86, k.mins_x86_q4_k or k.mins_x86_q5_k, k.acc_x86, or (Q4_K
-// repacked) k.mins_repacked; then
-// k.out, one of k.out_scalar, k.out_q6, k.out_q4_k, k.out_q5_k (kX86), k.out_repacked, and k.write.
+// k.rows (Q4_K repacked: k.dots_repacked for k.dots); Q6_K: k.q6_offsets (Q3_K, IQ4_XS: k.no_offsets), then
+// k.q6_x86 or k.q6_scalar; Q2_K: k.q2_x86 or k.q2_scalar; Q4_K / Q5_K: k.mins, then k.mins_scalar, or k.mins_x86,
+// k.mins_x86_q4_k or k.mins_x86_q5_k, k.acc_x86, or (Q4_K repacked) k.mins_repacked; then k.out, one of
+// k.out_scalar, k.out_q6, k.out_q4_k, k.out_q5_k (kX86), k.out_repacked, and k.write. In the repacked order the
+// other types' vec_dot steps and output go into the else branch of `if (n_t >= TILED_MIN_ROWS)`, whose first branch
+// takes k.tiled, k.tiled_q2 or k.tiled_mins and k.out_scalar (ops.cpp, matmul_exact_k_template).
 // Sub-block scale entries per super-block in wsub: 32 for Q2_K (its 16 scales and 16 mins), else 16.
 //@ k.subs
 #define SUBS @subs@
