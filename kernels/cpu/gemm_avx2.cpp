@@ -2,10 +2,10 @@
 // for CPUs with AVX2, FMA and F16C but no AVX-512 (and for IQ4_NL on AVX-512 CPUs too: its AVX-512
 // kernels have the same lanes, so this GEMM equals them bit for bit there as well).
 //
-// Two tilings. From 8 activation rows on, Q4_0, Q4_1, Q5_0 and Q8_0 take the "rows in lanes" tile
-// (below, gemm_lanes): 8 weight rows per register, no per-row scale permute; 1.3x the pair tile on the
-// 1.1B Q4_0 prefill, 1.4-2.3x on single-thread Q8_0 (AMD EPYC Zen 3, BENCHMARKS.md). IQ4_NL and steps
-// of fewer rows take the pair tile described next.
+// Two tilings. From 8 activation rows on, Q4_0, Q4_1 and Q5_0 take the "rows in lanes" tile (below,
+// gemm_lanes): 8 weight rows per register, no per-row scale permute; 1.3x the pair tile on the 1.1B Q4_0
+// prefill (AMD EPYC Zen 3, BENCHMARKS.md). Q8_0 takes its own rows-in-lanes tile on int16 codes
+// (gemm_lanes_q8_0). IQ4_NL and steps of fewer rows take the pair tile described next.
 //
 // Layout of the work. The activation rows are first packed, once per call, into ActBlocks (a row's
 // 32 quants of one block and the integer start value of each of the 8 int32 lanes) and into
@@ -236,20 +236,19 @@ struct TileOf {
   }
 };
 
-// ---- Rows in lanes: the tile for prefill steps of many tokens (Q4_0, Q4_1, Q5_0, Q8_0) ----
+// ---- Rows in lanes: the tile for prefill steps of many tokens (Q4_0, Q4_1, Q5_0) ----
 //
 // A ymm's 8 lanes are 8 weight rows and the contract's 8 lanes are 8 registers: acc[i] holds lane i of
 // (row r, activation row t) in its lane r. The 8 rows' scales d_w * d_a are one multiply per block, the
 // activation's 4 bytes of lane i are a broadcast, and nothing is permuted per row: per (row, activation
-// row, block) the work is the contract's cvt and fma plus maddubs, madd and the start value's add (Q8_0:
-// ggml's sign of the activation instead, as in the pair tile; Q4_1: neither). The
+// row, block) the work is the contract's cvt and fma plus maddubs, madd and the start value's add (Q4_1:
+// none). The
 // weights of 8 rows are unpacked once per token block into RowGroup8 blocks (codes transposed to dword i
 // of 8 rows) and read by every activation row from L1/L2.
 
 // One block column of 8 rows, unpacked: lane r of codes[i] holds row r's codes of elements 4i..4i+3 as
-// unsigned bytes (the nibble; Q5_0: nibble + 16 * fifth bit), Q8_0's as the signed quants (the tile takes |q| and
-// the sign trick from them; a separate copy of |q| made a k = 2048 group 37 KiB, past a 32 KiB L1: 3% slower on a
-// Zen 4); d its scale, m (Q4_1) its min. Rows past the range are zero.
+// unsigned bytes (the nibble; Q5_0: nibble + 16 * fifth bit); d its scale, m (Q4_1) its min. Rows past the range
+// are zero.
 template <bool kUnused = false>
 struct alignas(32) RowGroup8 {
   uint32_t codes[8][8];
@@ -316,12 +315,10 @@ void pack_lane_acts(const GemmArgs& g, int64_t nb, LaneActBlock* out) {
 }
 
 // The 32 codes of row `r`'s block b as bytes in element order (the tile() decoding, whole block): unsigned
-// for the 4- and 5-bit types, Q8_0's signed quants.
+// for the 4- and 5-bit types, IQ4_NL's signed values.
 template <DType kType>
 inline __m256i row_codes(const gemm_tiles::RowBlocks<typename Traits<kType>::WBlock>& row, int64_t b) {
-  if constexpr (kType == DType::kQ8_0) {
-    return load32(row.qs(b));
-  } else if constexpr (kType == DType::kIQ4_NL) {
+  if constexpr (kType == DType::kIQ4_NL) {
     return iq4_values(row.qs(b));  // the signed non-linear values
   } else {
     const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row.qs(b))));
@@ -364,6 +361,7 @@ void unpack_rows8(const GemmArgs& g, int64_t row0, int nr, int64_t nb, GroupOf<k
 // Lane r of the result: the contract's value for row r of the group and activation row `act`.
 template <DType kType>
 __m256 tile_lanes(const GroupOf<kType>* w, int64_t nb, const LaneActBlock* act) {
+  static_assert(kType == DType::kQ4_0 || kType == DType::kQ4_1 || kType == DType::kQ5_0);
   const __m256i ones16 = _mm256_set1_epi16(1);
   __m256 acc[8];
   for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
@@ -374,12 +372,8 @@ __m256 tile_lanes(const GroupOf<kType>* w, int64_t nb, const LaneActBlock* act) 
     const __m256 d = _mm256_mul_ps(_mm256_load_ps(wb.d), _mm256_set1_ps(a.d));
     if constexpr (kType == DType::kQ4_1) summs = _mm256_fmadd_ps(_mm256_load_ps(wb.m), _mm256_set1_ps(a.s), summs);
     for (int i = 0; i < 8; ++i) {
-      __m256i codes = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb.codes[i]));
-      __m256i y = broadcast32(&a.q[i]);
-      if constexpr (kType == DType::kQ8_0) {  // ggml's sign trick: |q| times a with q's sign
-        y = _mm256_sign_epi8(y, codes);
-        codes = _mm256_abs_epi8(codes);
-      }
+      const __m256i codes = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb.codes[i]));
+      const __m256i y = broadcast32(&a.q[i]);
       __m256i n = _mm256_madd_epi16(_mm256_maddubs_epi16(codes, y), ones16);
       if constexpr (kType == DType::kQ4_0 || kType == DType::kQ5_0) n = _mm256_add_epi32(n, broadcast32(&a.start[i]));
       acc[i] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(n), acc[i]);
@@ -411,6 +405,177 @@ void gemm_lanes(const GemmArgs& g) {
       const int nr = static_cast<int>(std::min<int64_t>(8, g.r1 - row0));
       unpack_rows8<kType>(g, row0, nr, nb, group);
       for (int64_t t = t0; t < t_end; ++t) store_rows8(g, t, row0, nr, tile_lanes<kType>(group, nb, s.acts.data() + t * nb));
+    }
+  }
+}
+
+// ---- Q8_0 rows in lanes with int16 codes ----
+//
+// The sign trick costs Q8_0 two extra operations per (8 rows, activation row, lane): vpsignb and vpabsb
+// run on the same two ports (FP0/FP1 on Zen 4; 0/1 on Intel) as maddubs, madd and the fma, and those
+// five made the tile port-bound at 2.5 cycles per 32 products. Here the weights of a group are widened to
+// int16 once per token block and the activations once per call: the lane's four products are two vpmaddwd
+// (int16 pairs, exact) and an add (any port), then the contract's cvt (FP2/FP3) and fma: three operations
+// on the multiply ports instead of five. The integers are the same four-product sums as ggml's
+// maddubs + madd (exact either way), so the result is the vec_dot order bit for bit.
+//
+// Per (group, block) the codes of lane i are two registers (elements 4i, 4i + 1 and 4i + 2, 4i + 3 of the 8
+// rows as int16 pairs); kQ8Tokens activation rows share each codes load, and the 8 lanes are run in passes of
+// kQ8Lanes so that the kQ8Tokens x kQ8Lanes accumulators stay in registers.
+constexpr int kQ8Tokens = 2;
+constexpr int kQ8Lanes = 4;
+// 24 blocks of codes: 13 KiB.
+constexpr int64_t kQ8ChunkBlocks = 24;
+
+struct alignas(32) RowGroup8Q8 {
+  uint32_t codes[16][8];  // [2i + h][row r]: row r's elements 4i + 2h, 4i + 2h + 1 as two int16
+  float d[8];
+};
+static_assert(sizeof(RowGroup8Q8) == 544);
+
+// One activation row's block widened: dword 2i + h holds elements 4i + 2h, 4i + 2h + 1 as two int16.
+struct LaneActQ8 {
+  uint32_t q[16];
+  float d;
+};
+static_assert(sizeof(LaneActQ8) == 68);
+
+
+struct Acc8 {
+  __m256 v[8];
+};
+
+struct LaneScratchQ8 {
+  std::vector<LaneActQ8> acts;     // [activation row][block]
+  std::vector<RowGroup8Q8> group;  // [block] of the current 8 rows
+  std::vector<Acc8> acc;           // [activation row of the token block]: the 8 lanes' accumulators
+};
+
+LaneScratchQ8& lane_scratch_q8() {
+  thread_local LaneScratchQ8 s;
+  return s;
+}
+
+// Activation rows' blocks chunk by chunk (kQ8ChunkBlocks blocks): chunk c0 / kQ8ChunkBlocks starts at c0 * m, and
+// in it row t's n blocks follow row t - 1's, so that a pass of every row over one chunk reads one stream.
+void pack_lane_acts_q8(const GemmArgs& g, int64_t nb, LaneActQ8* out) {
+  const float* half = scalar::fp16_table();
+  for (int64_t t = 0; t < g.m; ++t) {
+    const auto* a = reinterpret_cast<const BlockQ8_0*>(g.act + static_cast<size_t>(t) * g.act_stride);
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t c0 = b / kQ8ChunkBlocks * kQ8ChunkBlocks;
+      LaneActQ8& dst = out[c0 * g.m + t * std::min(kQ8ChunkBlocks, nb - c0) + (b - c0)];
+      const __m256i q = load32(a[b].qs);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst.q), _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst.q + 8), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)));
+      dst.d = half[a[b].d];
+    }
+  }
+}
+
+void unpack_rows8_q8(const GemmArgs& g, int64_t row0, int nr, int64_t nb, RowGroup8Q8* out) {
+  const float* half = scalar::fp16_table();
+  gemm_tiles::RowBlocks<BlockQ8_0> rows[8];
+  for (int r = 0; r < nr; ++r) rows[r] = gemm_tiles::row_blocks<BlockQ8_0>(g, row0 + r);
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i lo[8], hi[8];
+    for (int r = 0; r < 8; ++r) {
+      const __m256i q = r < nr ? load32(rows[r].qs(b)) : _mm256_setzero_si256();
+      lo[r] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q));
+      hi[r] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1));
+    }
+    RowGroup8Q8& o = out[b];
+    transpose8(lo, o.codes);
+    transpose8(hi, o.codes + 8);
+    for (int r = 0; r < 8; ++r) o.d[r] = r < nr ? half[rows[r].d(b)] : 0.0f;
+  }
+}
+
+// One lane's step: n = the lane's four-product sums of the 8 rows (two madds of int16 pairs), acc += d * n.
+inline __m256 q8_lane_step(__m256i c0, __m256i c1, const uint32_t* q, __m256 d, __m256 acc) {
+  const __m256i n = _mm256_add_epi32(_mm256_madd_epi16(c0, broadcast32(q)), _mm256_madd_epi16(c1, broadcast32(q + 1)));
+  return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(n), acc);
+}
+
+// Continues acc[t][kLane0 + i] (lane r: row r of the group) for activation rows act + t * act_rows_apart, t < T,
+// and the contract's lanes kLane0 + i, i < kQ8Lanes, over blocks w[0 .. n).
+template <int T, int kLane0>
+void tile_lanes_q8(const RowGroup8Q8* w, int64_t n, const LaneActQ8* act, int64_t act_rows_apart, __m256 (*acc)[8]) {
+  static_assert(T >= 1 && T <= kQ8Tokens && kQ8Lanes == 4);
+  constexpr int j0 = 2 * kLane0;
+  __m256 a00 = acc[0][kLane0], a01 = acc[0][kLane0 + 1], a02 = acc[0][kLane0 + 2], a03 = acc[0][kLane0 + 3];
+  [[maybe_unused]] __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+  if constexpr (T > 1) a10 = acc[1][kLane0], a11 = acc[1][kLane0 + 1], a12 = acc[1][kLane0 + 2], a13 = acc[1][kLane0 + 3];
+  const LaneActQ8* x0 = act;
+  const LaneActQ8* x1 = act + (T > 1 ? act_rows_apart : 0);
+  for (int64_t b = 0; b < n; ++b, ++w, ++x0, ++x1) {
+    const __m256 dw = _mm256_load_ps(w->d);
+    const __m256 d0 = _mm256_mul_ps(dw, _mm256_broadcast_ss(&x0->d));
+    [[maybe_unused]] const __m256 d1 = T > 1 ? _mm256_mul_ps(dw, _mm256_broadcast_ss(&x1->d)) : d0;
+    const auto* c = reinterpret_cast<const __m256i*>(w->codes[j0]);
+    __m256i c0 = _mm256_load_si256(c + 0), c1 = _mm256_load_si256(c + 1);
+    asm("" : "+x"(c0), "+x"(c1));  // in registers: both activation rows read them
+    a00 = q8_lane_step(c0, c1, x0->q + j0 + 0, d0, a00);
+    if constexpr (T > 1) a10 = q8_lane_step(c0, c1, x1->q + j0 + 0, d1, a10);
+    c0 = _mm256_load_si256(c + 2), c1 = _mm256_load_si256(c + 3);
+    asm("" : "+x"(c0), "+x"(c1));  // in registers: both activation rows read them
+    a01 = q8_lane_step(c0, c1, x0->q + j0 + 2, d0, a01);
+    if constexpr (T > 1) a11 = q8_lane_step(c0, c1, x1->q + j0 + 2, d1, a11);
+    c0 = _mm256_load_si256(c + 4), c1 = _mm256_load_si256(c + 5);
+    asm("" : "+x"(c0), "+x"(c1));  // in registers: both activation rows read them
+    a02 = q8_lane_step(c0, c1, x0->q + j0 + 4, d0, a02);
+    if constexpr (T > 1) a12 = q8_lane_step(c0, c1, x1->q + j0 + 4, d1, a12);
+    c0 = _mm256_load_si256(c + 6), c1 = _mm256_load_si256(c + 7);
+    asm("" : "+x"(c0), "+x"(c1));  // in registers: both activation rows read them
+    a03 = q8_lane_step(c0, c1, x0->q + j0 + 6, d0, a03);
+    if constexpr (T > 1) a13 = q8_lane_step(c0, c1, x1->q + j0 + 6, d1, a13);
+  }
+  acc[0][kLane0] = a00, acc[0][kLane0 + 1] = a01, acc[0][kLane0 + 2] = a02, acc[0][kLane0 + 3] = a03;
+  if constexpr (T > 1) acc[1][kLane0] = a10, acc[1][kLane0 + 1] = a11, acc[1][kLane0 + 2] = a12, acc[1][kLane0 + 3] = a13;
+}
+
+
+void gemm_lanes_q8_0(const GemmArgs& g) {
+  const int64_t nb = g.k / 32;
+  LaneScratchQ8& s = lane_scratch_q8();
+  if (s.acts.size() < static_cast<size_t>(g.m * nb)) s.acts.resize(static_cast<size_t>(g.m * nb));
+  if (s.group.size() < static_cast<size_t>(nb)) s.group.resize(static_cast<size_t>(nb));
+  pack_lane_acts_q8(g, nb, s.acts.data());
+  // Activation rows per unpacking of a group: their widened blocks (68 bytes each) within ~512 KiB of L2.
+  const int64_t token_block =
+      std::clamp<int64_t>((512 * 1024) / (nb * static_cast<int64_t>(sizeof(LaneActQ8))), 16, 128);
+  if (s.acc.size() < static_cast<size_t>(token_block)) s.acc.resize(static_cast<size_t>(token_block));
+  for (int64_t t0 = 0; t0 < g.m; t0 += token_block) {
+    const int64_t t_end = std::min(g.m, t0 + token_block);
+    for (int64_t row0 = g.r0; row0 < g.r1; row0 += 8) {
+      const int nr = static_cast<int>(std::min<int64_t>(8, g.r1 - row0));
+      unpack_rows8_q8(g, row0, nr, nb, s.group.data());
+      // The group's blocks in chunks whose codes (544 bytes a block) stay in L1 while every activation row of the
+      // token block passes over them; the accumulators wait in memory between chunks (the order per lane is
+      // unchanged: chunk after chunk, block after block).
+      std::fill(s.acc.begin(), s.acc.begin() + (t_end - t0), Acc8{});
+      for (int64_t c0 = 0; c0 < nb; c0 += kQ8ChunkBlocks) {
+        const int64_t n = std::min<int64_t>(kQ8ChunkBlocks, nb - c0);
+        const RowGroup8Q8* w = s.group.data() + c0;
+        for (int64_t t = t0; t < t_end; t += kQ8Tokens) {
+          const LaneActQ8* act = s.acts.data() + c0 * g.m + t * n;
+          __m256(*acc)[8] = &s.acc[static_cast<size_t>(t - t0)].v;
+          if (t + 1 < t_end) {
+            tile_lanes_q8<2, 0>(w, n, act, n, acc);
+            tile_lanes_q8<2, 4>(w, n, act, n, acc);
+          } else {
+            tile_lanes_q8<1, 0>(w, n, act, n, acc);
+            tile_lanes_q8<1, 4>(w, n, act, n, acc);
+          }
+        }
+      }
+      for (int64_t t = t0; t < t_end; ++t) {
+        // ggml's reduction, lane by lane: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
+        const __m256* a = s.acc[static_cast<size_t>(t - t0)].v;
+        const __m256 v = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
+                                       _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])));
+        store_rows8(g, t, row0, nr, v);
+      }
     }
   }
 }
@@ -724,7 +889,13 @@ void gemm(const GemmArgs& g) {
   if (g.m <= 0 || g.r1 <= g.r0) return;
   if constexpr (kType != DType::kIQ4_NL) {
     // Below 8 activation rows the unpacking of each 8-row group costs more than it saves (measured).
-    if (g.m >= 8) return gemm_lanes<kType>(g);
+    if (g.m >= 8) {
+      if constexpr (kType == DType::kQ8_0) {
+        return gemm_lanes_q8_0(g);
+      } else {
+        return gemm_lanes<kType>(g);
+      }
+    }
   }
   const int64_t nb = g.k / 32;
   const int64_t npairs = (g.m + 1) / 2;

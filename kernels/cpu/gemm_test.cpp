@@ -168,7 +168,8 @@ TEST(Gemm, KernelAvailability) {
 
 TEST(Gemm, BitIdenticalToContractAndCloseToScalarDot) {
   std::mt19937 rng(21);
-  const int64_t ms[] = {1, 2, 3, 5, 8, 13, 64};
+  // 130 activation rows: more than one token block of the rows-in-lanes GEMMs.
+  const int64_t ms[] = {1, 2, 3, 5, 8, 13, 64, 130};
   const int64_t ks[] = {32, 96, 576, 2048 + 32};
   for (DType type : kGemmTypes) {
     const TypeKernels* scalar = type_kernels(type, Isa::kScalar);
