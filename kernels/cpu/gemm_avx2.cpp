@@ -396,9 +396,8 @@ void gemm_lanes(const GemmArgs& g) {
   if (s.acts.size() < static_cast<size_t>(g.m * nb)) s.acts.resize(static_cast<size_t>(g.m * nb));
   GroupOf<kType>* group = s.group_of<kType>(nb);
   pack_lane_acts<kType>(g, nb, s.acts.data());
-  // Activation rows per pass over a group: their blocks (72 bytes each) within ~256 KiB of L2.
-  const int64_t token_block =
-      std::clamp<int64_t>((256 * 1024) / (nb * static_cast<int64_t>(sizeof(LaneActBlock))), 16, 64);
+  // Activation rows per pass over a group (gemm_tiles::token_block).
+  const int64_t token_block = gemm_tiles::token_block(nb * static_cast<int64_t>(sizeof(LaneActBlock)));
   for (int64_t t0 = 0; t0 < g.m; t0 += token_block) {
     const int64_t t_end = std::min(g.m, t0 + token_block);
     for (int64_t row0 = g.r0; row0 < g.r1; row0 += 8) {
@@ -541,9 +540,8 @@ void gemm_lanes_q8_0(const GemmArgs& g) {
   if (s.acts.size() < static_cast<size_t>(g.m * nb)) s.acts.resize(static_cast<size_t>(g.m * nb));
   if (s.group.size() < static_cast<size_t>(nb)) s.group.resize(static_cast<size_t>(nb));
   pack_lane_acts_q8(g, nb, s.acts.data());
-  // Activation rows per unpacking of a group: their widened blocks (68 bytes each) within ~512 KiB of L2.
-  const int64_t token_block =
-      std::clamp<int64_t>((512 * 1024) / (nb * static_cast<int64_t>(sizeof(LaneActQ8))), 16, 128);
+  // Activation rows per unpacking of a group (gemm_tiles::token_block).
+  const int64_t token_block = gemm_tiles::token_block(nb * static_cast<int64_t>(sizeof(LaneActQ8)));
   if (s.acc.size() < static_cast<size_t>(token_block)) s.acc.resize(static_cast<size_t>(token_block));
   for (int64_t t0 = 0; t0 < g.m; t0 += token_block) {
     const int64_t t_end = std::min(g.m, t0 + token_block);
@@ -719,9 +717,8 @@ void gemm_block32_repacked(const GemmArgs& g) {
       dst[b].d = half[a[b].d];
     }
   }
-  // Activation rows per pass over a group: their blocks within ~256 KiB of L2 (as gemm_lanes).
-  const int64_t token_block =
-      std::clamp<int64_t>((256 * 1024) / (nb * static_cast<int64_t>(sizeof(RepackedActBlock))), 16, 64);
+  // Activation rows per pass over a group (gemm_tiles::token_block).
+  const int64_t token_block = gemm_tiles::token_block(nb * static_cast<int64_t>(sizeof(RepackedActBlock)));
   constexpr int kTokens = kType == DType::kQ4_0 ? kRepackedTokens : kRepackedNlTokens;
   __m256 res[kTokens];
   gemm_tiles::repacked_walk<8>(
@@ -859,8 +856,8 @@ void gemm_q4_k_repacked(const GemmArgs& g) {
   if (!s.prepare(g)) return;
   const int64_t nb = g.k / kQK_K;
   auto act_row = [&](int64_t t) { return s.act_row(g, t); };
-  // Activation rows per pass over a group: their blocks within ~256 KiB of L2 (as gemm_lanes).
-  const int64_t token_block = std::clamp<int64_t>((256 * 1024) / (nb * static_cast<int64_t>(sizeof(BlockQ8_K))), 16, 64);
+  // Activation rows per pass over a group (gemm_tiles::token_block).
+  const int64_t token_block = gemm_tiles::token_block(nb * static_cast<int64_t>(sizeof(BlockQ8_K)));
   __m256 res[kRepackedKTokens];
   gemm_tiles::repacked_walk<8>(
       g, token_block, kRepackedKTokens, true, [&](int64_t row0, int nr) { gemm_tiles::unpack_q4_k_rows(g, row0, nr, nb, s.group.data()); },

@@ -522,9 +522,8 @@ void gemm_tiled_lanes(const GemmArgs& g) {
   thread_local std::vector<RowGroup8K> group;
   if (group.size() < static_cast<size_t>(nb)) group.resize(static_cast<size_t>(nb));
   auto act_row = [&](int64_t t) { return reinterpret_cast<const BlockQ8_K*>(g.act + static_cast<size_t>(t) * g.act_stride); };
-  // Activation rows per pass over a group: their blocks within ~256 KiB of L2.
-  const int64_t token_block =
-      std::clamp<int64_t>((256 * 1024) / (nb * static_cast<int64_t>(sizeof(BlockQ8_K))), 16, 64);
+  // Activation rows per pass over a group (gemm_tiles::token_block).
+  const int64_t token_block = gemm_tiles::token_block(nb * static_cast<int64_t>(sizeof(BlockQ8_K)));
   __m256 res[kQ6KTokens];
   gemm_tiles::repacked_walk<8>(
       g, token_block, kQ6KTokens, false,

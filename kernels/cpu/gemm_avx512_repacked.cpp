@@ -48,8 +48,8 @@ inline void store_rows16(const GemmArgs& g, int64_t t, int64_t row0, int nr, __m
   gemm_tiles::store_lanes(g, t, row0, nr, lanes);
 }
 
-// Activation rows per pass over a group of 16 rows: their blocks within ~256 KiB of L2.
-int64_t token_block(int64_t act_row_bytes) { return std::clamp<int64_t>((256 * 1024) / act_row_bytes, 16, 64); }
+// Activation rows per pass over a group of 16 rows: gemm_tiles::token_block.
+using gemm_tiles::token_block;
 
 // ---- Q4_0 ----------------------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 // inferd-gemm-bench: single-thread GMAC/s of the prefill GEMM (gemm.h) against the dot-kernel path.
 //
-//   inferd-gemm-bench [gemm] [--k K] [--rows R] [--m M] [--reps N]
+//   inferd-gemm-bench [gemm] [--k K] [--rows R] [--m M] [--reps N] [--type NAME]
 //
 // For each quantized type with a GEMM a rows x k weight matrix (default 5632 x 2048, larger than L2) is multiplied
 // with m (default 128) quantized activation rows, once with gemm_kernel() over the whole row range
@@ -8,7 +8,7 @@
 // kMaxDotRows activation rows, for each row, TypeKernels::dot. Best of N repetitions. Types with an
 // interleaved layout (inferd/weight_layout.h, as the weights segment stores them) are also run from
 // that layout: the "x16" column. INFERD_MATMUL_ORDER=vec_dot|repacked picks the order measured (default repacked:
-// llama.cpp's default, inferd/kernels/cpu.h).
+// llama.cpp's default, inferd/kernels/cpu.h). --type measures one type only (its name as dtype_name gives it: Q4_K).
 #include <algorithm>
 #include <cstddef>
 #include <chrono>
@@ -46,6 +46,7 @@ double best_seconds(int reps, F&& f) {
 int main(int argc, char** argv) {
   int64_t k = 2048, rows = 5632, m = 128;
   int reps = 5;
+  std::string only_type;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() { return i + 1 < argc ? std::atoll(argv[++i]) : 0; };
@@ -54,8 +55,9 @@ int main(int argc, char** argv) {
     else if (a == "--rows") rows = next();
     else if (a == "--m") m = next();
     else if (a == "--reps") reps = static_cast<int>(next());
+    else if (a == "--type" && i + 1 < argc) only_type = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [gemm] [--k K] [--rows R] [--m M] [--reps N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [gemm] [--k K] [--rows R] [--m M] [--reps N] [--type NAME]\n", argv[0]);
       return 2;
     }
   }
@@ -70,6 +72,7 @@ int main(int argc, char** argv) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ2_K,
                      DType::kQ3_K, DType::kIQ4_XS, DType::kIQ4_NL}) {
+    if (!only_type.empty() && only_type != inferd::dtype_name(type)) continue;
     if (k % inferd::dtype_info(type)->block_size != 0) continue;  // K-quants need k % 256 == 0
     // The matmul order of the environment (INFERD_MATMUL_ORDER, inferd/kernels/cpu.h) for this matrix.
     const MatmulOrder order = matmul_order_for(type, rows);
