@@ -809,6 +809,33 @@ float ulp_distance(float a, float b) {
   return std::fabs(a - b) / std::max(std::numeric_limits<float>::denorm_min(), std::fabs(std::nextafter(b, INFINITY) - b));
 }
 
+// exp over its whole range (underflow, subnormal results, overflow), densely: every ISA's vector exp (inside
+// exp_sum and swiglu) gives the scalar lanes' bits in both orders.
+TEST(GgmlMath, ExpAndSwigluAreBitIdenticalOnEveryIsaAcrossTheRange) {
+  const int64_t n = 1 << 18;
+  std::vector<float> x(n), u(n, 1.0f);
+  for (int64_t i = 0; i < n; ++i) x[i] = -110.0f + 205.0f * static_cast<float>(i) / static_cast<float>(n);
+  for (GgmlOrder order : {GgmlOrder::kAvx512, GgmlOrder::kAvx2}) {
+    SCOPED_TRACE(ggml_order_name(order));
+    const VectorKernels& ref = vector_kernels(Isa::kScalar, order);
+    std::vector<float> want_exp(n), want_swiglu(n), got(n);
+    const double want_sum = ref.exp_sum(n, x.data(), 0.0f, want_exp.data());
+    ref.swiglu(n, x.data(), u.data(), want_swiglu.data());
+    for (Isa isa : kAllIsas) {
+      if (!isa_available(isa) || isa == Isa::kScalar) continue;
+      const VectorKernels& vk = vector_kernels(isa, order);
+      EXPECT_EQ(vk.exp_sum(n, x.data(), 0.0f, got.data()), want_sum) << isa_name(isa);
+      int64_t differ = 0;
+      for (int64_t i = 0; i < n; ++i) differ += std::memcmp(&got[i], &want_exp[i], 4) != 0;
+      EXPECT_EQ(differ, 0) << isa_name(isa) << " exp";
+      vk.swiglu(n, x.data(), u.data(), got.data());
+      differ = 0;
+      for (int64_t i = 0; i < n; ++i) differ += std::memcmp(&got[i], &want_swiglu[i], 4) != 0;
+      EXPECT_EQ(differ, 0) << isa_name(isa) << " swiglu";
+    }
+  }
+}
+
 // In both float orders (llama.cpp's AVX-512 and AVX2 builds): every ISA gives the scalar lanes' bits.
 TEST(GgmlMath, ExpSiluSwigluRopeAreBitIdenticalOnEveryIsa) {
   for (GgmlOrder order : {GgmlOrder::kAvx512, GgmlOrder::kAvx2}) {
@@ -820,6 +847,10 @@ TEST(GgmlMath, ExpSiluSwigluRopeAreBitIdenticalOnEveryIsa) {
     x[1] = -200.0f;  // exp underflows to 0, silu to -0
     x[2] = 100.0f;   // exp overflows to inf
     x[3] = -87.0f;   // subnormal exp
+    // Around the AVX2 kernels' switch to the lanes' ldexp (|n| > 126) and into the subnormal range.
+    const float edges[] = {-86.5f, -87.4f, -87.35f, -88.0f, -88.7f, -89.5f, -95.0f, -100.0f, -103.0f, -103.9f,
+                           -104.0f, -104.5f, -86.0f, 86.5f, 87.35f, 87.4f, 88.0f, 88.5f, 88.8f, 89.0f, -0.0f, 1e-30f, -1e-30f};
+    for (size_t e = 0; e < std::size(edges); ++e) x[4 + 16 * e % (n - 4)] = edges[e];
     const VectorKernels& ref = vector_kernels(Isa::kScalar, order);
     std::vector<float> want_swiglu(n), want_exp(n);
     ref.swiglu(n, x.data(), u.data(), want_swiglu.data());
