@@ -25,9 +25,10 @@
 //  - Q4_0 and Q4_1 weights enter maddubs as unsigned nibbles 0..15 (|pair| <= 2 * 15 * 128); Q4_0's
 //    offset of 8 is removed by the lane's start value, -8 times the lane's activation sum. Q5_0's
 //    codes are nibble + 16 * fifth bit, 0..31 (|pair| <= 2 * 31 * 128), offset 16 removed likewise.
-//  - Q8_0 weights use ggml's sign trick: |w| (0..128 as u8) times sign(a, w) (|a| <= 127, as the
-//    activation quantizer produces), |pair| <= 2 * 128 * 127 < 32768. IQ4_NL's codes are looked up into
-//    their signed values (-127..113) and take the same path.
+//  - Q8_0 weights in the pair tile use ggml's sign trick: |w| (0..128 as u8) times sign(a, w) (|a| <= 127,
+//    as the activation quantizer produces), |pair| <= 2 * 128 * 127 < 32768 (its rows-in-lanes tile widens
+//    both sides to int16 instead: gemm_lanes_q8_0). IQ4_NL's codes are looked up into their signed values
+//    (-127..113) and take the same path.
 // IQ4_NL is the one type whose GEMM order is not its dot kernel's: ggml's vec_dot pairs its blocks into
 // two accumulators, while the matmuls of two or more activation rows go through llamafile's tinyBLAS,
 // which accumulates block after block into one, as here (tested against that order).
