@@ -513,27 +513,20 @@ void tile_lanes_q8(const RowGroup8Q8* w, int64_t n, const LaneActQ8* act, int64_
     const __m256 d0 = _mm256_mul_ps(dw, _mm256_broadcast_ss(&x0->d));
     [[maybe_unused]] const __m256 d1 = T > 1 ? _mm256_mul_ps(dw, _mm256_broadcast_ss(&x1->d)) : d0;
     const auto* c = reinterpret_cast<const __m256i*>(w->codes[j0]);
-    __m256i c0 = _mm256_load_si256(c + 0), c1 = _mm256_load_si256(c + 1);
-    asm("" : "+x"(c0), "+x"(c1));  // in registers: both activation rows read them
-    a00 = q8_lane_step(c0, c1, x0->q + j0 + 0, d0, a00);
-    if constexpr (T > 1) a10 = q8_lane_step(c0, c1, x1->q + j0 + 0, d1, a10);
-    c0 = _mm256_load_si256(c + 2), c1 = _mm256_load_si256(c + 3);
-    asm("" : "+x"(c0), "+x"(c1));  // in registers: both activation rows read them
-    a01 = q8_lane_step(c0, c1, x0->q + j0 + 2, d0, a01);
-    if constexpr (T > 1) a11 = q8_lane_step(c0, c1, x1->q + j0 + 2, d1, a11);
-    c0 = _mm256_load_si256(c + 4), c1 = _mm256_load_si256(c + 5);
-    asm("" : "+x"(c0), "+x"(c1));  // in registers: both activation rows read them
-    a02 = q8_lane_step(c0, c1, x0->q + j0 + 4, d0, a02);
-    if constexpr (T > 1) a12 = q8_lane_step(c0, c1, x1->q + j0 + 4, d1, a12);
-    c0 = _mm256_load_si256(c + 6), c1 = _mm256_load_si256(c + 7);
-    asm("" : "+x"(c0), "+x"(c1));  // in registers: both activation rows read them
-    a03 = q8_lane_step(c0, c1, x0->q + j0 + 6, d0, a03);
-    if constexpr (T > 1) a13 = q8_lane_step(c0, c1, x1->q + j0 + 6, d1, a13);
+    auto lane = [&](int i, __m256& acc0, __m256& acc1) {
+      __m256i c0 = _mm256_load_si256(c + 2 * i), c1 = _mm256_load_si256(c + 2 * i + 1);
+      asm("" : "+x"(c0), "+x"(c1));  // in registers: both activation rows read them
+      acc0 = q8_lane_step(c0, c1, x0->q + j0 + 2 * i, d0, acc0);
+      if constexpr (T > 1) acc1 = q8_lane_step(c0, c1, x1->q + j0 + 2 * i, d1, acc1);
+    };
+    lane(0, a00, a10);
+    lane(1, a01, a11);
+    lane(2, a02, a12);
+    lane(3, a03, a13);
   }
   acc[0][kLane0] = a00, acc[0][kLane0 + 1] = a01, acc[0][kLane0 + 2] = a02, acc[0][kLane0 + 3] = a03;
   if constexpr (T > 1) acc[1][kLane0] = a10, acc[1][kLane0 + 1] = a11, acc[1][kLane0 + 2] = a12, acc[1][kLane0 + 3] = a13;
 }
-
 
 void gemm_lanes_q8_0(const GemmArgs& g) {
   const int64_t nb = g.k / 32;
