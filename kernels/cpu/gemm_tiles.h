@@ -29,7 +29,6 @@
 namespace inferd::kernels::gemm_tiles {
 namespace {
 
-// out[i] lane r = dword i of y[r] (an 8 x 8 transpose of dwords).
 // Activation rows per unpacking of a weight group in the rows-in-lanes GEMMs: their packed blocks
 // (act_row_bytes each) within half of this CPU's L2 (256 KiB where it is not known), 16 to 128 rows. Every
 // group is unpacked once per token block: on a Zen 4 (1 MiB L2) 128 rows instead of 64 made the Q4_K, Q5_K and
@@ -42,6 +41,7 @@ inline int64_t token_block(int64_t act_row_bytes) {
   return std::clamp<int64_t>(budget / std::max<int64_t>(act_row_bytes, 1), 16, 128);
 }
 
+// out[i] lane r = dword i of y[r] (an 8 x 8 transpose of dwords).
 inline void transpose8(const __m256i y[8], uint32_t (*out)[8]) {
   __m256i t[8], u[8];
   for (int p = 0; p < 4; ++p) {
