@@ -250,16 +250,12 @@ struct TileOf {
 // One block column of 8 rows, unpacked: lane r of codes[i] holds row r's codes of elements 4i..4i+3 as
 // unsigned bytes (the nibble; Q5_0: nibble + 16 * fifth bit); d its scale, m (Q4_1) its min. Rows past the range
 // are zero.
-template <bool kUnused = false>
 struct alignas(32) RowGroup8 {
   uint32_t codes[8][8];
   float d[8];
   float m[8];
 };
-static_assert(sizeof(RowGroup8<false>) == 320);
-
-template <DType kType>
-using GroupOf = RowGroup8<false>;
+static_assert(sizeof(RowGroup8) == 320);
 
 // One activation row's block: its quants as 8 dwords (elements 4i..4i+3), each lane's start value, its
 // scale and (Q4_1) s.
@@ -273,13 +269,7 @@ static_assert(sizeof(LaneActBlock) == 72);
 
 struct LaneScratch {
   std::vector<LaneActBlock> acts;  // [activation row][block]
-  std::vector<RowGroup8<false>> group;  // [block] of the current 8 rows
-
-  template <DType kType>
-  GroupOf<kType>* group_of(int64_t nb) {
-    if (group.size() < static_cast<size_t>(nb)) group.resize(static_cast<size_t>(nb));
-    return group.data();
-  }
+  std::vector<RowGroup8> group;    // [block] of the current 8 rows
 };
 
 LaneScratch& lane_scratch() {
@@ -340,7 +330,7 @@ inline __m256i row_codes(const gemm_tiles::RowBlocks<typename Traits<kType>::WBl
 
 // Rows row0 .. row0 + nr - 1 (nr <= 8) of g's matrix, all nb blocks, into out.
 template <DType kType>
-void unpack_rows8(const GemmArgs& g, int64_t row0, int nr, int64_t nb, GroupOf<kType>* out) {
+void unpack_rows8(const GemmArgs& g, int64_t row0, int nr, int64_t nb, RowGroup8* out) {
   using WBlock = typename Traits<kType>::WBlock;
   const float* half = scalar::fp16_table();
   gemm_tiles::RowBlocks<WBlock> rows[8];
@@ -348,7 +338,7 @@ void unpack_rows8(const GemmArgs& g, int64_t row0, int nr, int64_t nb, GroupOf<k
   for (int64_t b = 0; b < nb; ++b) {
     __m256i y[8];
     for (int r = 0; r < 8; ++r) y[r] = r < nr ? row_codes<kType>(rows[r], b) : _mm256_setzero_si256();
-    GroupOf<kType>& o = out[b];
+    RowGroup8& o = out[b];
     transpose8(y, o.codes);
     for (int r = 0; r < 8; ++r) {
       o.d[r] = r < nr ? half[rows[r].d(b)] : 0.0f;
@@ -357,18 +347,16 @@ void unpack_rows8(const GemmArgs& g, int64_t row0, int nr, int64_t nb, GroupOf<k
   }
 }
 
-
-
 // Lane r of the result: the contract's value for row r of the group and activation row `act`.
 template <DType kType>
-__m256 tile_lanes(const GroupOf<kType>* w, int64_t nb, const LaneActBlock* act) {
+__m256 tile_lanes(const RowGroup8* w, int64_t nb, const LaneActBlock* act) {
   static_assert(kType == DType::kQ4_0 || kType == DType::kQ4_1 || kType == DType::kQ5_0);
   const __m256i ones16 = _mm256_set1_epi16(1);
   __m256 acc[8];
   for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
   [[maybe_unused]] __m256 summs = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const GroupOf<kType>& wb = w[b];
+    const RowGroup8& wb = w[b];
     const LaneActBlock& a = act[b];
     const __m256 d = _mm256_mul_ps(_mm256_load_ps(wb.d), _mm256_set1_ps(a.d));
     if constexpr (kType == DType::kQ4_1) summs = _mm256_fmadd_ps(_mm256_load_ps(wb.m), _mm256_set1_ps(a.s), summs);
@@ -395,7 +383,8 @@ void gemm_lanes(const GemmArgs& g) {
   const int64_t nb = g.k / 32;
   LaneScratch& s = lane_scratch();
   if (s.acts.size() < static_cast<size_t>(g.m * nb)) s.acts.resize(static_cast<size_t>(g.m * nb));
-  GroupOf<kType>* group = s.group_of<kType>(nb);
+  if (s.group.size() < static_cast<size_t>(nb)) s.group.resize(static_cast<size_t>(nb));
+  RowGroup8* group = s.group.data();
   pack_lane_acts<kType>(g, nb, s.acts.data());
   // Activation rows per pass over a group (gemm_tiles::token_block).
   const int64_t token_block = gemm_tiles::token_block(nb * static_cast<int64_t>(sizeof(LaneActBlock)));
@@ -598,7 +587,7 @@ constexpr int kRepackedTokens = 6;
 // accumulators are named registers, not arrays, and each sum is pinned after every step: left free, GCC 12
 // regrouped the integer adds into a tree over all 8 x T products and kept them on the stack.
 template <int T>
-void tile_repacked(const RowGroup8<false>* w, int64_t nb, const RepackedActBlock* act, int64_t act_rows_apart,
+void tile_repacked(const RowGroup8* w, int64_t nb, const RepackedActBlock* act, int64_t act_rows_apart,
                    __m256 out[]) {
   static_assert(T >= 1 && T <= 6);
   const __m256i ones16 = _mm256_set1_epi16(1);
@@ -614,7 +603,7 @@ void tile_repacked(const RowGroup8<false>* w, int64_t nb, const RepackedActBlock
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(n), _mm256_mul_ps(dw, _mm256_set1_ps(a.d)), acc);
   };
   for (int64_t b = 0; b < nb; ++b) {
-    const RowGroup8<false>& wb = w[b];
+    const RowGroup8& wb = w[b];
     __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0;
     for (int i = 0; i < 8; ++i) {
       const __m256i codes = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb.codes[i]));
@@ -645,7 +634,7 @@ void tile_repacked(const RowGroup8<false>* w, int64_t nb, const RepackedActBlock
 
 struct RepackedScratch {
   std::vector<RepackedActBlock> acts;   // [activation row][block]
-  std::vector<RowGroup8<false>> group;  // [block] of the current 8 rows
+  std::vector<RowGroup8> group;  // [block] of the current 8 rows
 };
 
 // ---- IQ4_NL in MatmulOrder::kRepacked ------------------------------------------------------------
@@ -658,14 +647,14 @@ struct RepackedScratch {
 constexpr int kRepackedNlTokens = 4;
 
 template <int T>
-void tile_repacked_iq4_nl(const RowGroup8<false>* w, int64_t nb, const RepackedActBlock* act, int64_t act_rows_apart,
+void tile_repacked_iq4_nl(const RowGroup8* w, int64_t nb, const RepackedActBlock* act, int64_t act_rows_apart,
                           __m256 out[]) {
   static_assert(T >= 1 && T <= kRepackedNlTokens);
   const __m256i ones16 = _mm256_set1_epi16(1);
   __m256 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const RowGroup8<false>& wb = w[b];
+    const RowGroup8& wb = w[b];
     __m256i n[T];
     for (int t = 0; t < T; ++t) n[t] = _mm256_setzero_si256();
     for (int i = 0; i < 8; ++i) {

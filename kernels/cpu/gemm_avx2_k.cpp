@@ -407,11 +407,11 @@ void gemm_rows(const GemmArgs& g) {
 // 127; two of them added in int16 stay below 32768), two madds with the group's scales make int32, two adds: 14
 // operations per 8 x 16 products against about 20 in the vec_dot tiles. 6 activation rows share each codes load.
 
-// One super-block of 8 rows, unpacked (Q6_K: gemm_tiles::unpack_q6_k_rows): lane r of codes[g][i] holds row r's codes (Q6_K 0..63, Q5_K 0..31) of
-// elements 16g + 4i .. + 3; scales[g] row r's scale of group g (Q5_K: of its sub-block g / 2) in int16 lanes 2r and
-// 2r + 1; pairs[j] in int16 lanes 2r, 2r + 1 the weights of the activation's group sums bsum_2j and bsum_2j+1 (Q6_K:
-// sc_2j and sc_2j+1, for the codes' +32; Q5_K: mn_j twice, the min term m); d and dmin the rows' scales. Rows past
-// the matrix are zero.
+// One super-block of 8 rows, unpacked (Q6_K: gemm_tiles::unpack_q6_k_rows): lane r of codes[g][i] holds row r's
+// codes (Q6_K 0..63, Q5_K 0..31) of elements 16g + 4i .. + 3; scales[g] row r's scale of group g (Q5_K: of its
+// sub-block g / 2) in int16 lanes 2r and 2r + 1; pairs[j] in int16 lanes 2r, 2r + 1 the weights of the activation's
+// group sums bsum_2j and bsum_2j+1 (Q6_K: sc_2j and sc_2j+1, for the codes' +32; Q5_K: mn_j twice, the min term m);
+// d and dmin the rows' scales. Rows past the matrix are zero.
 struct alignas(32) RowGroup8K {
   static constexpr int kRows = 8;
   uint32_t codes[16][4][8];
@@ -423,7 +423,6 @@ struct alignas(32) RowGroup8K {
   void set_scale(int g, int r, int16_t sc) { scales[g][2 * r] = scales[g][2 * r + 1] = sc; }
 };
 static_assert(sizeof(RowGroup8K) == 2880);
-
 
 void unpack_rows8_q5_k(const GemmArgs& g, int64_t row0, int nr, int64_t nb, RowGroup8K* out) {
   const float* half = scalar::fp16_table();
@@ -459,7 +458,6 @@ void unpack_rows8_q5_k(const GemmArgs& g, int64_t row0, int nr, int64_t nb, RowG
     }
   }
 }
-
 
 // Activation rows per tile: 6 accumulators beside 4 codes registers, the scales and the temporaries.
 constexpr int kQ6KTokens = 6;
@@ -510,7 +508,6 @@ void tile8_k(const RowGroup8K* w, int64_t nb, const BlockQ8_K* const* act, __m25
   }
   for (int t = 0; t < T; ++t) out[t] = acc[t];
 }
-
 
 template <DType kType>
 void gemm_tiled_lanes(const GemmArgs& g) {

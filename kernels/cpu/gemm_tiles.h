@@ -407,7 +407,6 @@ void unpack_q6_k_rows(const GemmArgs& g, int64_t row0, int nr, int64_t nb, Group
   }
 }
 
-
 // Q4_1: s_a of every block and activation row, transposed to [block][token] (m_pad tokens per block,
 // the rows past g.m repeating the last) for the tiles' min-term step.
 inline void pack_act_sums(const GemmArgs& g, int64_t nb, int64_t m_pad, float* out) {
