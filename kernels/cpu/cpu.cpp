@@ -168,7 +168,11 @@ MatmulOrder matmul_order_for(DType type, int64_t rows, MatmulOrder order) {
 
 const TypeKernels* type_kernels(DType type, Isa isa, MatmulOrder order) {
   if (order == MatmulOrder::kVecDot) return type_kernels(type, isa);
-  // One AVX2 set serves AVX-512 CPUs too (ggml's AVX-512 q4_0_8x8 kernels keep the same order).
+  // One AVX2 set serves AVX-512 CPUs too (ggml's AVX-512 q4_0_8x8 kernels keep the same order), but for Q4_K's
+  // decode GEMV, which has a 512-bit form.
+  if (isa == Isa::kAvx512 && cpu_has(Isa::kAvx512)) {
+    if (const TypeKernels* t = avx512::repacked_type_kernels(type)) return t;
+  }
   if (isa != Isa::kScalar && cpu_has(Isa::kAvx2)) {
     if (const TypeKernels* t = avx2::repacked_type_kernels(type)) return t;
   }

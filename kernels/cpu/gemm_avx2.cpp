@@ -172,7 +172,7 @@ void tile(const TileIo& io) {
         wabs[r] = _mm256_sign_epi8(wq[r], wq[r]);
       } else {
         // Low nibbles (elements 0..15) in the low 128 bits, high nibbles (16..31) in the high.
-        const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+        const __m256i both = _mm256_broadcastsi128_si256(rows[r].qs16(b));
         wq[r] = _mm256_and_si256(_mm256_srlv_epi32(both, nibble_shift), low_nibbles);
         if constexpr (kType == DType::kQ5_0) {
           // The fifth bit of element i is bit i of qh: 16 where it is set.
@@ -312,7 +312,7 @@ inline __m256i row_codes(const gemm_tiles::RowBlocks<typename Traits<kType>::WBl
   if constexpr (kType == DType::kIQ4_NL) {
     return iq4_values(row.qs(b));  // the signed non-linear values
   } else {
-    const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row.qs(b))));
+    const __m256i both = _mm256_broadcastsi128_si256(row.qs16(b));
     __m256i codes = _mm256_and_si256(_mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)),
                                      _mm256_set1_epi8(0x0F));
     if constexpr (kType == DType::kQ5_0) {

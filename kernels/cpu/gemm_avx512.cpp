@@ -159,7 +159,7 @@ void tile(const TileIo& io) {
         wq[r] = _mm512_mask_add_epi8(wq[r], _cvtu64_mask64(qh | qh << 32), wq[r], sixteen);
       } else {
         wq[r] = _mm512_and_si512(
-            _mm512_maskz_broadcast_i32x4(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs))), nibble_mask);
+            _mm512_maskz_broadcast_i32x4(0xFFFF, rows[r].qs16(b)), nibble_mask);
       }
       dw[r] = _mm512_set1_ps(half[rows[r].d(b)]);
     }

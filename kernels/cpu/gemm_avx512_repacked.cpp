@@ -76,7 +76,7 @@ void unpack_rows16_q4_0(const GemmArgs& g, int64_t row0, int nr, int64_t nb, Row
           continue;
         }
         // Elements 0..15 are the low nibbles, 16..31 the high ones.
-        const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[r].qs(b)));
+        const __m128i packed = rows[r].qs16(b);
         y[j] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), nibble);
       }
       gemm_tiles::transpose8_into<16>(y, o.codes, 8 * h);

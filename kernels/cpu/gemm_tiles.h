@@ -132,9 +132,19 @@ struct RowBlocks {
   size_t stride;
   size_t d_off, m_off, qs_off;
   size_t qh_off[2];  // Q5_0: its qh's two 16-bit halves (bits 0..15, 16..31)
+  size_t qs_piece;   // bytes from one 4-byte piece of the quants to the next (4: together; interleaved Q4_0: 32)
 
   const uint8_t* column(int64_t b) const { return base + static_cast<size_t>(b) * stride; }
+  // The block's quants where they are together (not interleaved Q4_0: qs16 reads those), or the first piece.
   const uint8_t* qs(int64_t b) const { return column(b) + qs_off; }
+  // The 16 quant bytes of a Q4_0, Q4_1, Q5_0 or IQ4_NL block, in either layout.
+  __m128i qs16(int64_t b) const {
+    const uint8_t* p = qs(b);
+    if (qs_piece == 4) return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    uint32_t v[4];
+    for (int c = 0; c < 4; ++c) std::memcpy(&v[c], p + qs_piece * static_cast<size_t>(c), 4);
+    return _mm_setr_epi32(static_cast<int>(v[0]), static_cast<int>(v[1]), static_cast<int>(v[2]), static_cast<int>(v[3]));
+  }
   fp16_t d(int64_t b) const { return load_fp16(column(b) + d_off); }
   fp16_t m(int64_t b) const { return load_fp16(column(b) + m_off); }  // Q4_1
   uint32_t qh(int64_t b) const {                                       // Q5_0
@@ -147,17 +157,21 @@ RowBlocks<WBlock> row_blocks(const GemmArgs& g, int64_t row) {
   constexpr size_t kQuantBytes = sizeof(WBlock::qs);
   constexpr size_t kFields = (sizeof(WBlock) - kQuantBytes) / 2;  // 16-bit header fields before qs
   if (g.layout == WeightLayout::kRows) {
-    return {g.w + static_cast<size_t>(row) * g.w_row_bytes, sizeof(WBlock), 0, 2, 2 * kFields, {2, 4}};
+    return {g.w + static_cast<size_t>(row) * g.w_row_bytes, sizeof(WBlock), 0, 2, 2 * kFields, {2, 4}, 4};
   }
   const auto j = static_cast<size_t>(row % kInterleaveRows);
-  // Q5_0Column places qh four rows at a time (the d and qs offsets are the generic ones).
+  // Q5_0Column places qh four rows at a time (the d and qs offsets are the generic ones); Q4_0Column the quants in
+  // 4-byte pieces.
   static_assert(!std::is_same_v<WBlock, BlockQ5_0> || (Q5_0Column::d(3) == 6 && Q5_0Column::qs(3) == 6 * kInterleaveRows + 3 * kQuantBytes));
+  constexpr bool kPieces = std::is_same_v<WBlock, BlockQ4_0>;
+  static_assert(!kPieces || (Q4_0Column::d(3) == 6 && Q4_0Column::qs(3, 1) == Q4_0Column::qs(3, 0) + 32));
   return {g.w + static_cast<size_t>(row - static_cast<int64_t>(j)) * g.w_row_bytes,
           kInterleaveRows * sizeof(WBlock),
           2 * j,
           2 * kInterleaveRows + 2 * j,
-          kFields * 2 * kInterleaveRows + j * kQuantBytes,
-          {Q5_0Column::qh(static_cast<int64_t>(j), 0), Q5_0Column::qh(static_cast<int64_t>(j), 1)}};
+          kPieces ? Q4_0Column::qs(static_cast<int64_t>(j), 0) : kFields * 2 * kInterleaveRows + j * kQuantBytes,
+          {Q5_0Column::qh(static_cast<int64_t>(j), 0), Q5_0Column::qh(static_cast<int64_t>(j), 1)},
+          kPieces ? size_t{32} : size_t{4}};
 }
 
 // The interleaved block column of a Q4_K / Q5_K matrix (inferd/weight_layout.h).

@@ -31,11 +31,25 @@ struct Shape {
     std::memcpy(block + 2 * kFields, column + quant_offset(j), kQuantBytes);
   }
 };
-using ShapeQ4_0 = Shape<1, sizeof(BlockQ4_0::qs)>;
 using ShapeQ4_1 = Shape<2, sizeof(BlockQ4_1::qs)>;
 using ShapeQ8_0 = Shape<1, sizeof(BlockQ8_0::qs)>;
-static_assert(ShapeQ4_0::kBlockBytes == sizeof(BlockQ4_0) && ShapeQ4_1::kBlockBytes == sizeof(BlockQ4_1) &&
-              ShapeQ8_0::kBlockBytes == sizeof(BlockQ8_0));
+static_assert(ShapeQ4_1::kBlockBytes == sizeof(BlockQ4_1) && ShapeQ8_0::kBlockBytes == sizeof(BlockQ8_0));
+
+// Q4_0: its own column arrangement (Q4_0Column): the quants in 4-byte pieces, 8 rows' pieces side by side.
+struct ShapeQ4_0 {
+  static constexpr size_t kBlockBytes = sizeof(BlockQ4_0);
+  static constexpr int64_t kBlockElems = 32;
+  static void to_column(const uint8_t* block, uint8_t* column, int64_t j) {
+    const auto& b = *reinterpret_cast<const BlockQ4_0*>(block);
+    std::memcpy(column + Q4_0Column::d(j), &b.d, 2);
+    for (int c = 0; c < 4; ++c) std::memcpy(column + Q4_0Column::qs(j, c), b.qs + 4 * c, 4);
+  }
+  static void from_column(const uint8_t* column, uint8_t* block, int64_t j) {
+    auto& b = *reinterpret_cast<BlockQ4_0*>(block);
+    std::memcpy(&b.d, column + Q4_0Column::d(j), 2);
+    for (int c = 0; c < 4; ++c) std::memcpy(b.qs + 4 * c, column + Q4_0Column::qs(j, c), 4);
+  }
+};
 
 // Q5_0: its own column arrangement (Q5_0Column): qh split into its two 16-bit halves.
 struct ShapeQ5_0 {
