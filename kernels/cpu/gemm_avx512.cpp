@@ -1,4 +1,5 @@
-// AVX-512 VNNI GEMM for Q4_0, Q4_1, Q5_0 and Q8_0 weights (see inferd/kernels/gemm.h for the contract).
+// AVX-512 VNNI GEMM for Q4_0, Q4_1, Q5_0 and Q8_0 weights (see inferd/kernels/gemm.h for the contract). Q8_0
+// has its own tile with weight rows in lanes (at the end of the file); the others share the pair tile below.
 //
 // Layout of the work. The activation rows are first packed, once per call, in pairs: for each pair
 // of activation rows and each 32-element block a PairBlock holds both rows' 32 quants side by side
@@ -9,10 +10,9 @@
 // accumulators, run over all blocks of k.
 //
 // Integer tricks (all exact):
-//  - vpdpbusd multiplies unsigned weight bytes by signed activation bytes. Q8_0 weights are made
-//    unsigned by flipping the sign bit (q + 128), Q4_0 weights are used as raw nibbles q (not
-//    q - 8); the start value of each lane (-128 or -8 times the lane's activation sum) removes the
-//    offset again.
+//  - vpdpbusd multiplies unsigned weight bytes by signed activation bytes. Q4_0 weights are used as
+//    raw nibbles q (not q - 8); the start value of each lane (-8 times the lane's activation sum)
+//    removes the offset again.
 //  - The two nibbles of a 4-bit block are separated by one AND with 0x0F / 0xF0 per 128-bit lane,
 //    so elements 16..31 enter as 16 q. Their lanes' integer sums are 16 times too large and their
 //    activation scale is stored divided by 16: (s / 16) * (16 n) == s * n exactly and s / 16 is a
@@ -72,9 +72,8 @@ void pack_pairs(const GemmArgs& g, int64_t nb, int64_t npairs, PairBlock* out) {
   // Q4_0 and Q4_1 take elements 16..31 as 16 times their nibble (see the top of the file).
   constexpr bool kTimes16 = kType == DType::kQ4_0 || kType == DType::kQ4_1;
   // Per-lane multipliers of the activation sums and of the scales.
-  const __m512i start_mul = kType == DType::kQ8_0   ? _mm512_set1_epi32(-128)
-                            : kType == DType::kQ5_0 ? _mm512_set1_epi32(-16)
-                                                    : _mm512_setr_epi32(-8, -8, -8, -8, -128, -128, -128, -128,
+  const __m512i start_mul = kType == DType::kQ5_0 ? _mm512_set1_epi32(-16)
+                                                  : _mm512_setr_epi32(-8, -8, -8, -8, -128, -128, -128, -128,
                                                                         -8, -8, -8, -8, -128, -128, -128, -128);
   const __m512 d_mul = kTimes16 ? _mm512_setr_ps(1, 1, 1, 1, 0.0625f, 0.0625f, 0.0625f, 0.0625f, 1, 1, 1, 1,
                                                  0.0625f, 0.0625f, 0.0625f, 0.0625f)
@@ -132,7 +131,6 @@ void tile(const TileIo& io) {
   const __m512i nibble_mask = _mm512_setr_epi64(0x0F0F0F0F0F0F0F0F, 0x0F0F0F0F0F0F0F0F, 0xF0F0F0F0F0F0F0F0,
                                                 0xF0F0F0F0F0F0F0F0, 0x0F0F0F0F0F0F0F0F, 0x0F0F0F0F0F0F0F0F,
                                                 0xF0F0F0F0F0F0F0F0, 0xF0F0F0F0F0F0F0F0);
-  const __m512i sign_bit = _mm512_set1_epi8(static_cast<char>(0x80));
   [[maybe_unused]] const __m512i high_shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
   [[maybe_unused]] const __m512i low4 = _mm512_set1_epi8(0x0F);
   [[maybe_unused]] const __m512i sixteen = _mm512_set1_epi8(16);
@@ -148,10 +146,7 @@ void tile(const TileIo& io) {
       // The first activation tile over a chunk streams its weights from memory (later ones find
       // them in L2): ask for them ahead, as the decode GEMV does.
       _mm_prefetch(reinterpret_cast<const char*>(qs) + kPrefetchBytes, _MM_HINT_T0);
-      if constexpr (kType == DType::kQ8_0) {
-        wq[r] = _mm512_xor_si512(
-            _mm512_maskz_broadcast_i64x4(0xFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs))), sign_bit);
-      } else if constexpr (kType == DType::kQ5_0) {
+      if constexpr (kType == DType::kQ5_0) {
         // 128-bit lanes 0 and 2: elements 0..15, lanes 1 and 3: elements 16..31, each + 16 where bit i of qh.
         const __m512i both = _mm512_maskz_broadcast_i32x4(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
         const uint64_t qh = rows[r].qh(b);
@@ -220,6 +215,128 @@ void gemm(const GemmArgs& g) {
   });
 }
 
+// ---- Q8_0: 16 weight rows in lanes ---------------------------------------------------------------
+// The contract's 8 lanes per row and block (lane i: the exact integer dot n_i of elements 4i..4i+3) become 8
+// registers per activation row, each holding lane i of 16 weight rows: codes[i] lane r is row r's quants 4i..4i+3 as
+// q + 128 (unsigned), and one vpdpbusd from the start value -128 * (the activation's 4 bytes summed) gives n_i of
+// the 16 rows. Per block, 16 rows and an activation row: 8 vpdpbusd, 8 fma and one multiply (d_w * d_a for the 16
+// rows), where the pair tile above spends 8 of each (a multiply per row and pair of activation rows). The lanes
+// are then reduced as ggml's: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
+
+// One block column of 16 rows, unpacked. Rows past the matrix are zero.
+struct alignas(64) RowGroup16Q8 {
+  uint32_t codes[8][16];  // [lane][row]: 4 quants + 128
+  float d[16];
+};
+static_assert(sizeof(RowGroup16Q8) == 576);
+
+void unpack_rows16_q8_0(const GemmArgs& g, int64_t row0, int nr, int64_t nb, RowGroup16Q8* out) {
+  const float* half = scalar::fp16_table();
+  const __m256i sign_bit = _mm256_set1_epi8(static_cast<char>(0x80));
+  gemm_tiles::RowBlocks<BlockQ8_0> rows[16];
+  for (int r = 0; r < nr; ++r) rows[r] = gemm_tiles::row_blocks<BlockQ8_0>(g, row0 + r);
+  for (int64_t b = 0; b < nb; ++b) {
+    RowGroup16Q8& o = out[b];
+    for (int h = 0; h < 2; ++h) {
+      __m256i y[8];
+      for (int j = 0; j < 8; ++j) {
+        const int r = 8 * h + j;
+        y[j] = r < nr ? _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[r].qs(b))), sign_bit)
+                      : _mm256_setzero_si256();
+      }
+      gemm_tiles::transpose8_into<16>(y, o.codes, 8 * h);
+    }
+    for (int r = 0; r < 16; ++r) o.d[r] = r < nr ? half[rows[r].d(b)] : 0.0f;
+  }
+}
+
+// One activation row's block: its 32 quants, the start value of each lane, its scale.
+struct alignas(4) ActBlockQ8 {
+  int8_t q[32];
+  int32_t start[8];
+  float d;
+};
+static_assert(sizeof(ActBlockQ8) == 68);
+
+// Activation rows per register tile: 8 accumulators each.
+constexpr int kQ8Tokens = 3;
+// (Blocks in chunks that stay in L1 while every activation row passes over them, the accumulators waiting in
+// memory between chunks, as the AVX2 tile does, were slower here: 93 against 99 GMAC/s at k = 2048 and 85 against
+// 88 at 5632 on a Zen 4 EPYC, inferd-gemm-bench.)
+
+// out[t] lane r: row r of the group against activation row t < T (act: T rows, act_rows_apart blocks apart), the
+// 8 lanes reduced as ggml's.
+template <int T>
+void tile16_q8_0(const RowGroup16Q8* w, int64_t nb, const ActBlockQ8* act, int64_t act_rows_apart, __m512 out[]) {
+  __m512 acc[T][8];
+  for (int t = 0; t < T; ++t) {
+    for (int i = 0; i < 8; ++i) acc[t][i] = _mm512_setzero_ps();
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    const RowGroup16Q8& wb = w[b];
+    const __m512 dw = _mm512_load_ps(wb.d);
+    __m512 scale[T];
+    for (int t = 0; t < T; ++t) scale[t] = _mm512_mul_ps(dw, _mm512_set1_ps(act[t * act_rows_apart + b].d));
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {
+      const __m512i codes = _mm512_load_si512(wb.codes[i]);
+      for (int t = 0; t < T; ++t) {
+        const ActBlockQ8& a = act[t * act_rows_apart + b];
+        int32_t y;
+        std::memcpy(&y, a.q + 4 * i, sizeof(y));
+        const __m512i n = _mm512_dpbusd_epi32(_mm512_set1_epi32(a.start[i]), codes, _mm512_set1_epi32(y));
+        acc[t][i] = _mm512_fmadd_ps(scale[t], _mm512_cvtepi32_ps(n), acc[t][i]);
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    const __m512* a = acc[t];
+    out[t] = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
+                           _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])));
+  }
+}
+
+struct Q8Scratch {
+  std::vector<ActBlockQ8> acts;     // [activation row][block]
+  std::vector<RowGroup16Q8> group;  // [block] of the current 16 rows
+};
+
+void gemm_q8_0(const GemmArgs& g) {
+  INFERD_ASSERT(g.type == DType::kQ8_0 && g.k % 32 == 0, "this GEMM is Q8_0's");
+  INFERD_ASSERT(g.layout == WeightLayout::kRows || g.r0 % kInterleaveRows == 0, "an interleaved GEMM starts at a group");
+  if (g.m <= 0 || g.r1 <= g.r0) return;
+  const int64_t nb = g.k / 32;
+  thread_local Q8Scratch s;
+  if (s.acts.size() < static_cast<size_t>(g.m * nb)) s.acts.resize(static_cast<size_t>(g.m * nb));
+  if (s.group.size() < static_cast<size_t>(nb)) s.group.resize(static_cast<size_t>(nb));
+  const float* half = scalar::fp16_table();
+  const __m256i ones = _mm256_set1_epi8(1);
+  for (int64_t t = 0; t < g.m; ++t) {
+    const auto* a = reinterpret_cast<const BlockQ8_0*>(g.act + static_cast<size_t>(t) * g.act_stride);
+    ActBlockQ8* dst = s.acts.data() + t * nb;
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst[b].q), q);
+      const __m256i sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, q);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst[b].start), _mm256_mullo_epi32(sums, _mm256_set1_epi32(-128)));
+      dst[b].d = half[a[b].d];
+    }
+  }
+  __m512 res[kQ8Tokens];
+  gemm_tiles::repacked_walk<16>(
+      g, gemm_tiles::token_block(nb * static_cast<int64_t>(sizeof(ActBlockQ8))), kQ8Tokens, false,
+      [&](int64_t row0, int nr) { unpack_rows16_q8_0(g, row0, nr, nb, s.group.data()); },
+      [&](int64_t t, int nt, bool, int64_t row0, int nr) {
+        const ActBlockQ8* act = s.acts.data() + t * nb;
+        gemm_tiles::with_count<kQ8Tokens>(nt, [&](auto n) { tile16_q8_0<n>(s.group.data(), nb, act, nb, res); });
+        for (int i = 0; i < nt; ++i) {
+          alignas(64) float lanes[16];
+          _mm512_store_ps(lanes, res[i]);
+          gemm_tiles::store_lanes(g, t + i, row0, nr, lanes);
+        }
+      });
+}
+
 }  // namespace
 
 GemmFn kernel(DType type) {
@@ -231,7 +348,7 @@ GemmFn kernel(DType type) {
     case DType::kQ5_0:
       return &gemm<DType::kQ5_0>;
     case DType::kQ8_0:
-      return &gemm<DType::kQ8_0>;
+      return &gemm_q8_0;
     default:
       return nullptr;
   }
