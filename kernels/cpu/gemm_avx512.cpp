@@ -74,7 +74,7 @@ void pack_pairs(const GemmArgs& g, int64_t nb, int64_t npairs, PairBlock* out) {
   // Per-lane multipliers of the activation sums and of the scales.
   const __m512i start_mul = kType == DType::kQ5_0 ? _mm512_set1_epi32(-16)
                                                   : _mm512_setr_epi32(-8, -8, -8, -8, -128, -128, -128, -128,
-                                                                        -8, -8, -8, -8, -128, -128, -128, -128);
+                                                                      -8, -8, -8, -8, -128, -128, -128, -128);
   const __m512 d_mul = kTimes16 ? _mm512_setr_ps(1, 1, 1, 1, 0.0625f, 0.0625f, 0.0625f, 0.0625f, 1, 1, 1, 1,
                                                  0.0625f, 0.0625f, 0.0625f, 0.0625f)
                                 : _mm512_set1_ps(1.0f);
@@ -282,9 +282,8 @@ void tile16_q8_0(const RowGroup16Q8* w, int64_t nb, const ActBlockQ8* act, int64
       const __m512i codes = _mm512_load_si512(wb.codes[i]);
       for (int t = 0; t < T; ++t) {
         const ActBlockQ8& a = act[t * act_rows_apart + b];
-        int32_t y;
-        std::memcpy(&y, a.q + 4 * i, sizeof(y));
-        const __m512i n = _mm512_dpbusd_epi32(_mm512_set1_epi32(a.start[i]), codes, _mm512_set1_epi32(y));
+        const __m512i y = gemm_tiles::broadcast32_x16(a.q + 4 * i);
+        const __m512i n = _mm512_dpbusd_epi32(_mm512_set1_epi32(a.start[i]), codes, y);
         acc[t][i] = _mm512_fmadd_ps(scale[t], _mm512_cvtepi32_ps(n), acc[t][i]);
       }
     }
@@ -329,11 +328,7 @@ void gemm_q8_0(const GemmArgs& g) {
       [&](int64_t t, int nt, bool, int64_t row0, int nr) {
         const ActBlockQ8* act = s.acts.data() + t * nb;
         gemm_tiles::with_count<kQ8Tokens>(nt, [&](auto n) { tile16_q8_0<n>(s.group.data(), nb, act, nb, res); });
-        for (int i = 0; i < nt; ++i) {
-          alignas(64) float lanes[16];
-          _mm512_store_ps(lanes, res[i]);
-          gemm_tiles::store_lanes(g, t + i, row0, nr, lanes);
-        }
+        for (int i = 0; i < nt; ++i) gemm_tiles::store_rows16(g, t + i, row0, nr, res[i]);
       });
 }
 

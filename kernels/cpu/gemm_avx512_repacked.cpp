@@ -34,19 +34,8 @@ namespace {
 
 using gemm_tiles::KPairSums;
 
-// The 32-bit value at p in all 16 lanes (vpbroadcastd from memory: a load-port operation).
-inline __m512i broadcast32(const void* p) {
-  int32_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return _mm512_set1_epi32(v);
-}
-
-// Lane r of v -> output row row0 + r (r < nr) of activation row t, as the GemmArgs ask.
-inline void store_rows16(const GemmArgs& g, int64_t t, int64_t row0, int nr, __m512 v) {
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, v);
-  gemm_tiles::store_lanes(g, t, row0, nr, lanes);
-}
+using gemm_tiles::broadcast32_x16;
+using gemm_tiles::store_rows16;
 
 // Activation rows per pass over a group of 16 rows: gemm_tiles::token_block.
 using gemm_tiles::token_block;
@@ -109,7 +98,9 @@ void tile16_q4_0(const RowGroup16* w, int64_t nb, const ActBlock40* act, int64_t
     for (int i = 0; i < 8; ++i) {
       const __m512i codes = _mm512_load_si512(wb.codes[i]);
 #pragma GCC unroll 12
-      for (int t = 0; t < T; ++t) n[t] = _mm512_dpbusd_epi32(n[t], codes, broadcast32(act[t * act_rows_apart + b].q + 4 * i));
+      for (int t = 0; t < T; ++t) {
+        n[t] = _mm512_dpbusd_epi32(n[t], codes, broadcast32_x16(act[t * act_rows_apart + b].q + 4 * i));
+      }
     }
     const __m512 d = _mm512_load_ps(wb.d);
     for (int t = 0; t < T; ++t) {
@@ -189,10 +180,12 @@ void tile16_q4_k(const RowGroup16K* w, int64_t nb, const BlockQ8_K* const* act, 
       const int32_t* p = reinterpret_cast<const int32_t*>(pairs[t][b].v);
       __m512i m;
       if (kPairs) {
-        m = _mm512_madd_epi16(_mm512_load_si512(wb.mins[j]), broadcast32(p + j));
+        m = _mm512_madd_epi16(_mm512_load_si512(wb.mins[j]), broadcast32_x16(p + j));
       } else {
-        m = _mm512_madd_epi16(_mm512_load_si512(wb.mins[0]), broadcast32(p));
-        for (int jj = 1; jj < 4; ++jj) m = _mm512_add_epi32(m, _mm512_madd_epi16(_mm512_load_si512(wb.mins[jj]), broadcast32(p + jj)));
+        m = _mm512_madd_epi16(_mm512_load_si512(wb.mins[0]), broadcast32_x16(p));
+        for (int jj = 1; jj < 4; ++jj) {
+          m = _mm512_add_epi32(m, _mm512_madd_epi16(_mm512_load_si512(wb.mins[jj]), broadcast32_x16(p + jj)));
+        }
       }
       const __m512 da = _mm512_set1_ps(act[t][b].d);
       _mm512_store_ps(acc[t], _mm512_fmadd_ps(_mm512_cvtepi32_ps(n[t]), _mm512_mul_ps(_mm512_load_ps(wb.d), da),
@@ -209,7 +202,7 @@ void tile16_q4_k(const RowGroup16K* w, int64_t nb, const BlockQ8_K* const* act, 
       for (int i = 0; i < 8; ++i) {
         const __m512i codes = _mm512_load_si512(wb.codes[s][i]);
 #pragma GCC unroll 8
-        for (int t = 0; t < T; ++t) sum[t] = _mm512_dpbusd_epi32(sum[t], codes, broadcast32(q[t] + off + 4 * i));
+        for (int t = 0; t < T; ++t) sum[t] = _mm512_dpbusd_epi32(sum[t], codes, broadcast32_x16(q[t] + off + 4 * i));
       }
       const __m512i sc = _mm512_load_si512(wb.scales[s]);
       for (int t = 0; t < T; ++t) n[t] = _mm512_add_epi32(n[t], _mm512_mullo_epi32(sum[t], sc));
@@ -285,7 +278,9 @@ void tile16_q6_k(const RowGroup16Q6* w, int64_t nb, const BlockQ8_K* const* act,
       for (int i = 0; i < 4; ++i) {
         const __m512i codes = _mm512_load_si512(wb.codes[gg][i]);
 #pragma GCC unroll 8
-        for (int t = 0; t < T; ++t) sum[t] = _mm512_dpbusd_epi32(sum[t], codes, broadcast32(act[t][b].qs + 16 * gg + 4 * i));
+        for (int t = 0; t < T; ++t) {
+          sum[t] = _mm512_dpbusd_epi32(sum[t], codes, broadcast32_x16(act[t][b].qs + 16 * gg + 4 * i));
+        }
       }
       const __m512i sc = _mm512_load_si512(wb.scales[gg]);
       for (int t = 0; t < T; ++t) n[t] = _mm512_add_epi32(n[t], _mm512_mullo_epi32(sum[t], sc));
@@ -295,7 +290,8 @@ void tile16_q6_k(const RowGroup16Q6* w, int64_t nb, const BlockQ8_K* const* act,
       // The codes' +32: 32 * sum_g sc_g * bsum_g, by pairs of groups.
       __m512i off = _mm512_setzero_si512();
       for (int j = 0; j < 8; ++j) {
-        off = _mm512_add_epi32(off, _mm512_madd_epi16(_mm512_load_si512(wb.pairs[j]), broadcast32(act[t][b].bsums + 2 * j)));
+        off = _mm512_add_epi32(
+            off, _mm512_madd_epi16(_mm512_load_si512(wb.pairs[j]), broadcast32_x16(act[t][b].bsums + 2 * j)));
       }
       const __m512i total = _mm512_sub_epi32(n[t], _mm512_slli_epi32(off, 5));
       acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(total), d), _mm512_set1_ps(act[t][b].d), acc[t]);

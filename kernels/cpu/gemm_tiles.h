@@ -304,6 +304,22 @@ inline void store_rows8(const GemmArgs& g, int64_t t, int64_t row0, int nr, __m2
   store_lanes(g, t, row0, nr, lanes);
 }
 
+#ifdef __AVX512F__
+// The AVX-512 GEMMs' forms (gemm_avx512*.cpp): the 32-bit value at p in all 16 lanes (vpbroadcastd from memory: a
+// load-port operation), and lane r of v -> output row row0 + r (r < nr) of activation row t (store_lanes).
+inline __m512i broadcast32_x16(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return _mm512_set1_epi32(v);
+}
+
+inline void store_rows16(const GemmArgs& g, int64_t t, int64_t row0, int nr, __m512 v) {
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, v);
+  store_lanes(g, t, row0, nr, lanes);
+}
+#endif
+
 // The activation side and weight scratch of a repacked Q4_K GEMM (Group: one super-block of its rows, unpacked):
 // each activation row's KPairSums, computed by prepare(), which also checks the arguments and says false when
 // there is nothing to do.

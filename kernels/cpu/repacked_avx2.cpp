@@ -70,13 +70,6 @@ void dot_block32(int64_t k, const void* w, const void* act, size_t stride, int n
 // so the hardware prefetcher alone falls behind).
 constexpr int kAheadColumns = 16;
 
-// The four bytes at p in every 32-bit lane.
-inline __m256i broadcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return _mm256_set1_epi32(v);
-}
-
 void dot_x16_q4_0(int64_t k, const void* group, const void* act, float* out) {
   constexpr size_t kColumn = Q4_0Column::kBytes;
   const auto* col = static_cast<const uint8_t*>(group);

@@ -20,6 +20,13 @@ inline float h2f(fp16_t h) { return _cvtsh_ss(h); }
 
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
+// The four bytes at p (any alignment) in every 32-bit lane: one vpbroadcastd from memory.
+inline __m256i broadcast4(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return _mm256_set1_epi32(v);
+}
+
 // The sum of the 8 int32 lanes (exact).
 inline int32_t hsum_i32(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
