@@ -574,8 +574,8 @@ using DotDefinition = float (*)(int64_t k, const uint8_t* w, const uint8_t* a);
 // takes (one of the first m - m % 4 of a batch), else its GEMV.
 using OrderDefinition = float (*)(int64_t k, const uint8_t* w, const uint8_t* a, bool gemm_row);
 
-// Every kernel of `type`'s repacked order (dot with 1..4 activation rows, dot_w4, dot_x16 on interleaved
-// weights, the GEMM on both layouts for 1..70 activation rows and ragged row ranges) equals `definition` bit
+// Every kernel of `type`'s repacked order (dot with 1..4 activation rows, dot_w4, dot_x16 and dot_x16_groups on
+// interleaved weights, the GEMM on both layouts for 1..70 activation rows and ragged row ranges) equals `definition` bit
 // for bit, on every ISA; and the order differs from vec_dot's (`vec_dot` its definition) in more than 100 outputs.
 void check_repacked_order(DType type, OrderDefinition definition, DotDefinition vec_dot, std::initializer_list<int64_t> ks,
                           uint32_t seed) {
@@ -640,6 +640,20 @@ void check_repacked_order(DType type, OrderDefinition definition, DotDefinition 
             }
           }
         }
+        // dot_x16_groups: all the groups in one call, and the last two.
+        if (tk->dot_x16_groups != nullptr) {
+          const int64_t groups = rows / kInterleaveRows;
+          for (int64_t t = 0; t < m; ++t) {
+            for (int64_t g0 : {int64_t{0}, groups - 2}) {
+              std::vector<float> y((groups - g0) * kInterleaveRows);
+              tk->dot_x16_groups(k, inter.data() + g0 * kInterleaveRows * row_bytes, kInterleaveRows * row_bytes,
+                                 static_cast<int>(groups - g0), p.act.data() + t * p.act_stride, y.data());
+              for (size_t i = 0; i < y.size(); ++i) {
+                ASSERT_EQ(y[i], want[t * rows + g0 * kInterleaveRows + i]) << "dot_x16_groups " << what << " row " << g0 * 16 + i;
+              }
+            }
+          }
+        }
         // The GEMM, both layouts where the type has two, ragged ranges. The scalar ISA: Q4_K's definition (its rows
         // depend on their place in the batch); none for Q4_0 and IQ4_NL (their dot serves every row).
         expect_repacked_gemm(p, inter, row_bytes, isa, type == DType::kQ4_K, want_gemm, what);
@@ -662,8 +676,8 @@ TEST(Gemm, RepackedOrderQ4_0EqualsItsDefinition) {
   EXPECT_FALSE(parse_matmul_order("fast", &parsed));
   check_repacked_order(
       DType::kQ4_0, [](int64_t k, const uint8_t* w, const uint8_t* a, bool) { return repacked_dot(k, w, a); },
-      [](int64_t k, const uint8_t* w, const uint8_t* a) { return contract_dot(DType::kQ4_0, k, w, a); }, {32, 576, 2048 + 32},
-      71);
+      [](int64_t k, const uint8_t* w, const uint8_t* a) { return contract_dot(DType::kQ4_0, k, w, a); },
+      {32, 576, 2048 + 32, 16384 + 64 /* past one run of the GEMVs' block starts */}, 71);
 }
 
 TEST(Gemm, RepackedOrderIQ4_NLEqualsItsDefinition) {

@@ -132,7 +132,7 @@ struct RowBlocks {
   size_t stride;
   size_t d_off, m_off, qs_off;
   size_t qh_off[2];  // Q5_0: its qh's two 16-bit halves (bits 0..15, 16..31)
-  size_t qs_piece;   // bytes from one 4-byte piece of the quants to the next (4: together; interleaved Q4_0: 32)
+  size_t qs_piece;   // bytes from one 4-byte piece of the quants to the next (4: together; interleaved Q4_0: 64)
 
   const uint8_t* column(int64_t b) const { return base + static_cast<size_t>(b) * stride; }
   // The block's quants where they are together (not interleaved Q4_0: qs16 reads those), or the first piece.
@@ -164,14 +164,14 @@ RowBlocks<WBlock> row_blocks(const GemmArgs& g, int64_t row) {
   // 4-byte pieces.
   static_assert(!std::is_same_v<WBlock, BlockQ5_0> || (Q5_0Column::d(3) == 6 && Q5_0Column::qs(3) == 6 * kInterleaveRows + 3 * kQuantBytes));
   constexpr bool kPieces = std::is_same_v<WBlock, BlockQ4_0>;
-  static_assert(!kPieces || (Q4_0Column::d(3) == 6 && Q4_0Column::qs(3, 1) == Q4_0Column::qs(3, 0) + 32));
+  static_assert(!kPieces || (Q4_0Column::d(3) == 6 && Q4_0Column::qs(3, 1) == Q4_0Column::qs(3, 0) + 64));
   return {g.w + static_cast<size_t>(row - static_cast<int64_t>(j)) * g.w_row_bytes,
           kInterleaveRows * sizeof(WBlock),
           2 * j,
           2 * kInterleaveRows + 2 * j,
           kPieces ? Q4_0Column::qs(static_cast<int64_t>(j), 0) : kFields * 2 * kInterleaveRows + j * kQuantBytes,
           {Q5_0Column::qh(static_cast<int64_t>(j), 0), Q5_0Column::qh(static_cast<int64_t>(j), 1)},
-          kPieces ? size_t{32} : size_t{4}};
+          kPieces ? size_t{64} : size_t{4}};
 }
 
 // The interleaved block column of a Q4_K / Q5_K matrix (inferd/weight_layout.h).

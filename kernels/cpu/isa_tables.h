@@ -48,8 +48,8 @@ void dot_x16_q4_k_repacked(int64_t k, const void* group, const void* act, float*
 namespace avx512 {
 const TypeKernels* type_kernels(DType type);
 const VectorKernels& vector_kernels(GgmlOrder order);
-// The MatmulOrder::kRepacked kernels with a 512-bit form (x86_interleaved.inc): Q4_K's dot_x16 (its other kernels
-// avx2::repacked_type_kernels()'); nullptr for other types.
+// The MatmulOrder::kRepacked kernels with a 512-bit form (x86_interleaved.inc): Q4_0's and Q4_K's dot_x16 (their
+// other kernels avx2::repacked_type_kernels()'); nullptr for other types.
 const TypeKernels* repacked_type_kernels(DType type);
 }  // namespace avx512
 

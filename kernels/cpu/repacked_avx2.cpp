@@ -9,13 +9,16 @@
 // dot_iq4_nl_repacked bit for bit.
 //
 // dot_x16 keeps the group's 16 rows in float lanes (two ymm of 8 rows), so the one fma per block and row is
-// two fmas per block column. The integer dots: a 32-byte load is one piece of Q4_0Column, 8 rows' quant bytes
+// two fmas per block column. The integer dots: a 32-byte load is half a piece of Q4_0Column, 8 rows' quant bytes
 // 4c..4c+3 (one row per 32-bit lane); its low nibbles (elements 4c..4c+3) and high nibbles (16+4c..16+4c+3) meet
 // the activation's matching four bytes, broadcast, by maddubs; the block's 8 such int16 pair sums add up in their
 // lanes and one madd leaves each row's int32: no horizontal sums (the row-contiguous column of the previous
 // layout needed three levels of vphaddw and a permute per 8 rows: 27 -> 32 GB/s from L2 on one Zen 4 core). The
-// nibbles enter as 0..15; the -8 is the block's -8 * sum(a), added to all rows.
+// nibbles enter as 0..15; the -8 is the block's -8 * sum(a), added to all rows, and computed once per call for
+// all its groups (dot_x16_groups).
 #include <immintrin.h>
+
+#include <algorithm>
 
 #include "isa_tables.h"
 #include "x86_common.h"
@@ -70,46 +73,60 @@ void dot_block32(int64_t k, const void* w, const void* act, size_t stride, int n
 // so the hardware prefetcher alone falls behind).
 constexpr int kAheadColumns = 16;
 
-void dot_x16_q4_0(int64_t k, const void* group, const void* act, float* out) {
+// Blocks (k = 16384) whose starts and scales wait in L1 (4 KiB), computed once for all the call's groups.
+constexpr int64_t kRun = 512;
+
+void dot_x16_groups_q4_0(int64_t k, const void* groups, size_t group_bytes, int n, const void* act, float* out) {
   constexpr size_t kColumn = Q4_0Column::kBytes;
-  const auto* col = static_cast<const uint8_t*>(group);
   const auto* a = static_cast<const BlockQ8_0*>(act);
-  const __m256i low4 = _mm256_set1_epi8(0x0F), ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
-  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  for (int64_t b = 0; b < k / 32; ++b, col += kColumn) {
-    for (size_t off = 0; off < kColumn; off += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(col) + kAheadColumns * kColumn + off, _MM_HINT_T0);
-    }
-    __m256i y_lo[4], y_hi[4];
-    for (int c = 0; c < 4; ++c) {
-      y_lo[c] = broadcast4(a[b].qs + 4 * c);
-      y_hi[c] = broadcast4(a[b].qs + 16 + 4 * c);
-    }
-    // -8 * sum(a) in every lane, without leaving the vector registers.
-    __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, load32(a[b].qs)), ones16);
-    s = _mm256_add_epi32(s, _mm256_permute2x128_si256(s, s, 0x01));
-    s = _mm256_add_epi32(s, _mm256_shuffle_epi32(s, 0x4E));
-    s = _mm256_add_epi32(s, _mm256_shuffle_epi32(s, 0xB1));
-    const __m256i start = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(s, 3));
-    const __m256 da = _mm256_set1_ps(h2f(a[b].d));
-    for (int h = 0; h < 2; ++h) {
-      // Rows 8h..8h+7, one per 32-bit lane: their int16 pair sums over the block's four pieces (codes 0..15,
-      // |sum| <= 8 * 2 * 15 * 127 < 32768), then one madd to the row's int32.
-      __m256i sum16 = _mm256_setzero_si256();
-      for (int c = 0; c < 4; ++c) {
-        const __m256i x = load32(col + Q4_0Column::qs(8 * h, c));
-        const __m256i lo = _mm256_maddubs_epi16(_mm256_and_si256(x, low4), y_lo[c]);
-        const __m256i hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(x, 4), low4), y_hi[c]);
-        sum16 = _mm256_add_epi16(sum16, _mm256_add_epi16(lo, hi));
+  const int64_t nb = k / 32;
+  const __m256i low4 = _mm256_set1_epi8(0x0F), ones16 = _mm256_set1_epi16(1);
+  alignas(32) int32_t start[kRun];
+  alignas(32) float scale[kRun];
+  for (int64_t b0 = 0; b0 < nb; b0 += kRun) {
+    const int64_t n_run = std::min(kRun, nb - b0);
+    q4_0_block_starts(a + b0, n_run, start, scale);
+    for (int g = 0; g < n; ++g) {
+      const uint8_t* col = static_cast<const uint8_t*>(groups) + g * group_bytes + static_cast<size_t>(b0) * kColumn;
+      __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+      if (b0 > 0) {
+        acc[0] = _mm256_loadu_ps(out + 16 * g);
+        acc[1] = _mm256_loadu_ps(out + 16 * g + 8);
       }
-      const __m256i n = _mm256_add_epi32(_mm256_madd_epi16(sum16, ones16), start);
-      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col + Q4_0Column::d(8 * h))));
-      acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(n), _mm256_mul_ps(d, da), acc[h]);
+      for (int64_t i = 0; i < n_run; ++i, col += kColumn) {
+        for (size_t off = 0; off < kColumn; off += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(col) + kAheadColumns * kColumn + off, _MM_HINT_T0);
+        }
+        const int8_t* y = a[b0 + i].qs;
+        __m256i y_lo[4], y_hi[4];
+        for (int c = 0; c < 4; ++c) {
+          y_lo[c] = broadcast4(y + 4 * c);
+          y_hi[c] = broadcast4(y + 16 + 4 * c);
+        }
+        const __m256i start_i = _mm256_set1_epi32(start[i]);
+        const __m256 da = _mm256_set1_ps(scale[i]);
+        for (int h = 0; h < 2; ++h) {
+          // Rows 8h..8h+7, one per 32-bit lane: their int16 pair sums over the block's four pieces (codes 0..15,
+          // |sum| <= 8 * 2 * 15 * 127 < 32768), then one madd to the row's int32.
+          __m256i sum16 = _mm256_setzero_si256();
+          for (int c = 0; c < 4; ++c) {
+            const __m256i x = load32(col + Q4_0Column::qs(8 * h, c));
+            const __m256i lo = _mm256_maddubs_epi16(_mm256_and_si256(x, low4), y_lo[c]);
+            const __m256i hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(x, 4), low4), y_hi[c]);
+            sum16 = _mm256_add_epi16(sum16, _mm256_add_epi16(lo, hi));
+          }
+          const __m256i n_h = _mm256_add_epi32(_mm256_madd_epi16(sum16, ones16), start_i);
+          const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col + Q4_0Column::d(8 * h))));
+          acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(n_h), _mm256_mul_ps(d, da), acc[h]);
+        }
+      }
+      _mm256_storeu_ps(out + 16 * g, acc[0]);
+      _mm256_storeu_ps(out + 16 * g + 8, acc[1]);
     }
   }
-  _mm256_storeu_ps(out, acc[0]);
-  _mm256_storeu_ps(out + 8, acc[1]);
 }
+
+void dot_x16_q4_0(int64_t k, const void* group, const void* act, float* out) { dot_x16_groups_q4_0(k, group, 0, 1, act, out); }
 
 }  // namespace
 
@@ -120,6 +137,7 @@ const TypeKernels* repacked_type_kernels(DType type) {
     t.dot = dot_block32<BlockQ4_0>;
     t.dot_w4 = nullptr;
     t.dot_x16 = dot_x16_q4_0;
+    t.dot_x16_groups = dot_x16_groups_q4_0;
     return t;
   }();
   static const TypeKernels kQ4_K = [] {

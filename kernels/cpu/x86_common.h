@@ -20,11 +20,35 @@ inline float h2f(fp16_t h) { return _cvtsh_ss(h); }
 
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
-// The four bytes at p (any alignment) in every 32-bit lane: one vpbroadcastd from memory.
-inline __m256i broadcast4(const void* p) {
+// The four bytes at p (any alignment) as one int32; broadcast4: in every 32-bit lane (one vpbroadcastd from memory).
+inline int32_t load_i32(const void* p) {
   int32_t v;
   std::memcpy(&v, p, sizeof(v));
-  return _mm256_set1_epi32(v);
+  return v;
+}
+inline __m256i broadcast4(const void* p) { return _mm256_set1_epi32(load_i32(p)); }
+
+// For Q4_0's repacked-order GEMVs: per Q8_0 activation block i < n, start[i] = -8 * (sum of its 32 codes) (the
+// weight codes enter as 0..15, so each row's exact integer starts there) and scale[i] = its d as float. Eight
+// blocks per pass: their lane sums in three levels of hadd.
+inline void q4_0_block_starts(const BlockQ8_0* a, int64_t n, int32_t* start, float* scale) {
+  const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+  for (int64_t i = 0; i < n; i += 8) {
+    __m256i s[8];
+    for (int64_t j = 0; j < 8; ++j) {
+      s[j] = i + j < n ? _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, load32(a[i + j].qs)), ones16) : _mm256_setzero_si256();
+    }
+    // q0: blocks i..i+3 (their low 128-bit halves' sums in the low half, the high halves' in the high), q1: the next 4.
+    const __m256i q0 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+    const __m256i q1 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
+    const __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(q0, q1, 0x20), _mm256_permute2x128_si256(q0, q1, 0x31));
+    alignas(32) int32_t v[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(v), _mm256_slli_epi32(sums, 3));
+    for (int64_t j = 0; j < 8 && i + j < n; ++j) {
+      start[i + j] = -v[j];
+      scale[i + j] = h2f(a[i + j].d);
+    }
+  }
 }
 
 // The sum of the 8 int32 lanes (exact).

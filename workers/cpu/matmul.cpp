@@ -84,16 +84,25 @@ void matmul_gathered(const MatmulJob& j, int64_t m, int max_nr, int64_t r0, int6
   }
 }
 
-// out[i] = dot(row r + i, act) for i < 16 (r a group start), in either layout: an interleaved matrix by its
-// kernel where the ISA has one, else row by row (gathered rows for an interleaved matrix).
-void group_dots(const WeightView& w, const kernels::TypeKernels* tk, int64_t r, const uint8_t* act, float* out) {
+// out[i] = dot(row r + i, act) for i < 16 * n (r a group start, n <= kMaxX16Groups), in either layout: an
+// interleaved matrix by its kernel where the ISA has one, else row by row (gathered rows for an interleaved matrix).
+void group_dots(const WeightView& w, const kernels::TypeKernels* tk, int64_t r, int n, const uint8_t* act, float* out) {
+  if (w.interleaved() && tk->dot_x16_groups != nullptr) {
+    tk->dot_x16_groups(w.cols, w.row(r), kInterleaveRows * w.row_bytes, n, act, out);
+    return;
+  }
   if (w.interleaved() && tk->dot_x16 != nullptr) {
-    tk->dot_x16(w.cols, w.row(r), act, out);
+    for (int g = 0; g < n; ++g) tk->dot_x16(w.cols, w.row(r + g * kInterleaveRows), act, out + g * kInterleaveRows);
     return;
   }
   thread_local std::vector<uint8_t> buf;
-  const WeightView v = row_layout_rows(w, r, kInterleaveRows, buf);
-  for (int64_t i = 0; i < kInterleaveRows; ++i) tk->dot(w.cols, v.row(i), act, 0, 1, out + i);
+  const WeightView v = row_layout_rows(w, r, n * kInterleaveRows, buf);
+  for (int64_t i = 0; i < n * kInterleaveRows; ++i) tk->dot(w.cols, v.row(i), act, 0, 1, out + i);
+}
+
+// Groups per group_dots() call on the decode path: up to kMaxX16Groups, fewer where [r, r1) ends first.
+int groups_from(int64_t r, int64_t r1) {
+  return static_cast<int>(std::min<int64_t>(kernels::kMaxX16Groups, (r1 - r + kInterleaveRows - 1) / kInterleaveRows));
 }
 
 }  // namespace
@@ -136,12 +145,15 @@ void matmul_rows(const MatmulJob& j, int64_t m, int max_nr, int64_t r0, int64_t 
     INFERD_ASSERT(max_nr == 1);
     // No prefetch by hand: the chunk is one sequential stream, which the hardware prefetcher follows (a
     // 4 KiB warm-up here cost the 1.1B Q4_K_M decode 9%: BENCHMARKS.md, "No software prefetch ...").
-    float y16[kInterleaveRows];
+    float y[kernels::kMaxX16Groups * kInterleaveRows];
     for (int64_t t = 0; t < m; ++t) {
       const uint8_t* at = act + static_cast<size_t>(t) * stride;
-      for (int64_t r = r0; r < r1; r += kInterleaveRows) {
-        tk->dot_x16(k, j.w->row(r), at, y16);
-        for (int i = 0; i < kInterleaveRows; ++i) store(t, r + i, y16[i]);
+      for (int64_t r = r0; r < r1;) {
+        const int n = groups_from(r, r1);
+        group_dots(*j.w, tk, r, n, at, y);
+        const int64_t end = std::min(r1, r + n * kInterleaveRows);
+        for (int64_t i = r; i < end; ++i) store(t, i, y[i - r]);
+        r = end;
       }
     }
     return;
@@ -213,17 +225,19 @@ void gate_up_rows(const WeightView& wg, const WeightView& wu, uint8_t* const* ac
       }
       return;
     }
-    // Decode: a group of 16 rows of gate and of up per step.
-    float g16[kInterleaveRows], u16[kInterleaveRows];
+    // Decode: up to kMaxX16Groups groups of 16 rows of gate, then of up, per step.
+    float gy[kernels::kMaxX16Groups * kInterleaveRows], uy[kernels::kMaxX16Groups * kInterleaveRows];
     for (int64_t t = 0; t < m; ++t) {
       const uint8_t* ag_t = act[ag] + static_cast<size_t>(t) * act_row_bytes[ag];
       const uint8_t* au_t = act[au] + static_cast<size_t>(t) * act_row_bytes[au];
-      for (int64_t r = r0; r < r1; r += kInterleaveRows) {
-        group_dots(wg, tg, r, ag_t, g16);
-        group_dots(wu, tu, r, au_t, u16);
-        // The 16 outputs at once, each exactly act_fn(g) * u (swiglu and geglu are elementwise and bit-identical
+      for (int64_t r = r0; r < r1;) {
+        const int n = groups_from(r, r1);
+        group_dots(wg, tg, r, n, ag_t, gy);
+        group_dots(wu, tu, r, n, au_t, uy);
+        // The outputs at once, each exactly act_fn(g) * u (swiglu and geglu are elementwise and bit-identical
         // to silu / gelu per element).
-        (geglu ? kernels::geglu : kernels::swiglu)(kInterleaveRows, g16, u16, h + t * n_ff + r);
+        (geglu ? kernels::geglu : kernels::swiglu)(n * kInterleaveRows, gy, uy, h + t * n_ff + r);
+        r += n * kInterleaveRows;
       }
     }
     return;

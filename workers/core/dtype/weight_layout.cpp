@@ -35,7 +35,7 @@ using ShapeQ4_1 = Shape<2, sizeof(BlockQ4_1::qs)>;
 using ShapeQ8_0 = Shape<1, sizeof(BlockQ8_0::qs)>;
 static_assert(ShapeQ4_1::kBlockBytes == sizeof(BlockQ4_1) && ShapeQ8_0::kBlockBytes == sizeof(BlockQ8_0));
 
-// Q4_0: its own column arrangement (Q4_0Column): the quants in 4-byte pieces, 8 rows' pieces side by side.
+// Q4_0: its own column arrangement (Q4_0Column): the quants in 4-byte pieces, the 16 rows' pieces side by side.
 struct ShapeQ4_0 {
   static constexpr size_t kBlockBytes = sizeof(BlockQ4_0);
   static constexpr int64_t kBlockElems = 32;

@@ -15,10 +15,11 @@
 //   i.e. each of the block's 16-bit header fields for the 16 rows, then the 16 rows' quants, every field
 //   of row j at index j. Quant bytes are unchanged (same nibble order as ggml), and Q4_1's and Q8_0's rows
 //   keep theirs together; Q4_0's go in 4-byte pieces instead (Q4_0Column):
-//     Q4_0:  d[16] (fp16), then for the rows 8h..8h+7 (h = 0, 1) and their quant bytes 4c..4c+3 (c = 0..3):
-//            row 8h + i's four bytes at 32 + 128 h + 32 c + 4 i            288 B (Q4_0Column)
-//            so one 32-byte load holds 8 rows' elements 4c..4c+3 (low nibbles) and 16+4c..16+4c+3 (high):
-//            a byte dot per 32-bit lane is one row's, and the sums over a block stay in their lanes.
+//     Q4_0:  d[16] (fp16), then for each piece c = 0..3 (quant bytes 4c..4c+3) the 16 rows' pieces:
+//            row j's four bytes at 32 + 64 c + 4 j                          288 B (Q4_0Column)
+//            so one 64-byte load holds the 16 rows' elements 4c..4c+3 (low nibbles) and 16+4c..16+4c+3
+//            (high), a 32-byte load those of 8 rows: a byte dot per 32-bit lane is one row's, and the sums
+//            over a block stay in their lanes.
 //     Q5_0:  d[16] (fp16)  qh, four rows at a time: for rows 4q..4q+3 at 32 + 16 q their bits 0..15 (2
 //            bytes per row), then at + 8 their bits 16..31 (the 64 bits of one AVX-512 byte mask),
 //            then qs[16][16] at 96                                                  352 B (Q5_0Column)
@@ -61,7 +62,7 @@ struct Q4_0Column {
   static constexpr size_t kBytes = 16 * 18;
   static constexpr size_t d(int64_t j) { return 2 * static_cast<size_t>(j); }
   static constexpr size_t qs(int64_t j, int c) {
-    return 32 + 128 * static_cast<size_t>(j / 8) + 32 * static_cast<size_t>(c) + 4 * static_cast<size_t>(j % 8);
+    return 32 + 64 * static_cast<size_t>(c) + 4 * static_cast<size_t>(j);
   }
 };
 static_assert(sizeof(BlockQ4_0) == 18 && Q4_0Column::qs(0, 0) == 32 && Q4_0Column::qs(15, 3) + 4 == Q4_0Column::kBytes);
