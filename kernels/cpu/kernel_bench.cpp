@@ -84,8 +84,9 @@ struct GgmlTraitsCpu {
 };
 using GgmlGetTraits = const GgmlTraitsCpu* (*)(int type);
 
-// One pass of the decode GEMV over `rows` rows of `type` at `w` (row layout: dot_w4; interleaved: dot_x16),
-// GB/s of weights, best of kReps.
+// One pass of the decode GEMV over `rows` rows of `type` at `w` (row layout: dot_w4; interleaved: dot_x16, or
+// dot_x16_groups kMaxX16Groups groups at a time where the type has it, as the engine calls them), GB/s of weights,
+// best of kReps.
 double stream(DType type, inferd::WeightLayout layout, const TypeKernels* k, const uint8_t* w, int64_t rows,
               const uint8_t* act, float* out) {
   const size_t row_bytes = inferd::dtype_row_bytes(type, kCols);
@@ -93,7 +94,15 @@ double stream(DType type, inferd::WeightLayout layout, const TypeKernels* k, con
     if (layout == inferd::WeightLayout::kRows) {
       for (int64_t r = 0; r < rows; r += 4) k->dot_w4(kCols, w + r * row_bytes, row_bytes, act, out + r);
     } else {
-      for (int64_t r = 0; r < rows; r += 16) k->dot_x16(kCols, w + r * row_bytes, act, out + r);
+      constexpr int64_t kChunk = 16 * kMaxX16Groups;
+      for (int64_t r = 0; r < rows; r += k->dot_x16_groups != nullptr ? kChunk : 16) {
+        if (k->dot_x16_groups == nullptr) {
+          k->dot_x16(kCols, w + r * row_bytes, act, out + r);
+        } else {
+          const int n = static_cast<int>(std::min<int64_t>(kChunk, rows - r) / 16);
+          k->dot_x16_groups(kCols, w + r * row_bytes, 16 * row_bytes, n, act, out + r);
+        }
+      }
     }
   });
   return static_cast<double>(rows) * row_bytes / s / 1e9;
