@@ -575,8 +575,9 @@ using DotDefinition = float (*)(int64_t k, const uint8_t* w, const uint8_t* a);
 using OrderDefinition = float (*)(int64_t k, const uint8_t* w, const uint8_t* a, bool gemm_row);
 
 // Every kernel of `type`'s repacked order (dot with 1..4 activation rows, dot_w4, dot_x16 and dot_x16_groups on
-// interleaved weights, the GEMM on both layouts for 1..70 activation rows and ragged row ranges) equals `definition` bit
-// for bit, on every ISA; and the order differs from vec_dot's (`vec_dot` its definition) in more than 100 outputs.
+// interleaved weights, the GEMM on both layouts for 1..70 activation rows and ragged row ranges) equals `definition`
+// bit for bit, on every ISA; and the order differs from vec_dot's (`vec_dot` its definition) in more than 100
+// outputs.
 void check_repacked_order(DType type, OrderDefinition definition, DotDefinition vec_dot, std::initializer_list<int64_t> ks,
                           uint32_t seed) {
   std::mt19937 rng(seed);
@@ -649,7 +650,8 @@ void check_repacked_order(DType type, OrderDefinition definition, DotDefinition 
               tk->dot_x16_groups(k, inter.data() + g0 * kInterleaveRows * row_bytes, kInterleaveRows * row_bytes,
                                  static_cast<int>(groups - g0), p.act.data() + t * p.act_stride, y.data());
               for (size_t i = 0; i < y.size(); ++i) {
-                ASSERT_EQ(y[i], want[t * rows + g0 * kInterleaveRows + i]) << "dot_x16_groups " << what << " row " << g0 * 16 + i;
+                ASSERT_EQ(y[i], want[t * rows + g0 * kInterleaveRows + i])
+                    << "dot_x16_groups " << what << " row " << g0 * 16 + i;
               }
             }
           }

@@ -115,18 +115,26 @@ double stream(DType type, inferd::WeightLayout layout, const TypeKernels* k, con
   return static_cast<double>(rows) * row_bytes / s / 1e9;
 }
 
-int bench_pages() {
-  constexpr size_t kHuge = size_t{2} << 20;
-  constexpr int64_t kStreamRows = 300000;  // x 1152 B = 345 MB of Q4_0
+// The decode GEMV benchmarks' types (those with an interleaved form) and activation row.
+constexpr DType kGemvTypes[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ8_0,
+                                DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+std::vector<float> gemv_activation() {
   std::vector<float> x(kCols);
   std::mt19937 rng(3);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (auto& v : x) v = normal(rng);
+  return x;
+}
+
+int bench_pages() {
+  constexpr size_t kHuge = size_t{2} << 20;
+  constexpr int64_t kStreamRows = 300000;  // x 1152 B = 345 MB of Q4_0
+  const std::vector<float> x = gemv_activation();
   std::vector<float> out(kStreamRows);
   std::printf("decode GEMV, %lld x %lld from a memfd, single thread, best of %d; GB/s of weights\n",
               static_cast<long long>(kStreamRows), static_cast<long long>(kCols), kReps);
   std::printf("%-6s %-7s %-14s %12s %12s\n", "type", "isa", "layout", "4 KiB pages", "2 MiB pages");
-  for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+  for (DType type : kGemvTypes) {
     const size_t row_bytes = inferd::dtype_row_bytes(type, kCols);
     const size_t bytes = static_cast<size_t>(kStreamRows) * row_bytes;
     const size_t mapped = (bytes + kHuge - 1) / kHuge * kHuge;
@@ -195,15 +203,12 @@ int bench_pages() {
 int bench_cached() {
   constexpr int64_t kCachedRows = 128;
   constexpr int kPasses = 400;
-  std::vector<float> x(kCols);
-  std::mt19937 rng(3);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (auto& v : x) v = normal(rng);
+  const std::vector<float> x = gemv_activation();
   std::vector<float> out(kCachedRows);
   std::printf("decode GEMV, %lld x %lld interleaved, in L2, single thread, %d passes, best of %d; GB/s of weights\n",
               static_cast<long long>(kCachedRows), static_cast<long long>(kCols), kPasses, kReps);
   std::printf("%-6s %-7s %10s\n", "type", "isa", "GB/s");
-  for (DType type : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+  for (DType type : kGemvTypes) {
     const size_t row_bytes = inferd::dtype_row_bytes(type, kCols);
     std::vector<uint8_t> rows = make_weights(type);
     rows.resize(row_bytes * kCachedRows);

@@ -116,7 +116,8 @@ void dot_x16_groups_q4_0(int64_t k, const void* groups, size_t group_bytes, int 
             sum16 = _mm256_add_epi16(sum16, _mm256_add_epi16(lo, hi));
           }
           const __m256i n_h = _mm256_add_epi32(_mm256_madd_epi16(sum16, ones16), start_i);
-          const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col + Q4_0Column::d(8 * h))));
+          const __m256 d =
+              _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col + Q4_0Column::d(8 * h))));
           acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(n_h), _mm256_mul_ps(d, da), acc[h]);
         }
       }
@@ -126,7 +127,9 @@ void dot_x16_groups_q4_0(int64_t k, const void* groups, size_t group_bytes, int 
   }
 }
 
-void dot_x16_q4_0(int64_t k, const void* group, const void* act, float* out) { dot_x16_groups_q4_0(k, group, 0, 1, act, out); }
+void dot_x16_q4_0(int64_t k, const void* group, const void* act, float* out) {
+  dot_x16_groups_q4_0(k, group, 0, 1, act, out);
+}
 
 }  // namespace
 

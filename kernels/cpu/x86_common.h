@@ -36,12 +36,14 @@ inline void q4_0_block_starts(const BlockQ8_0* a, int64_t n, int32_t* start, flo
   for (int64_t i = 0; i < n; i += 8) {
     __m256i s[8];
     for (int64_t j = 0; j < 8; ++j) {
-      s[j] = i + j < n ? _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, load32(a[i + j].qs)), ones16) : _mm256_setzero_si256();
+      s[j] = i + j < n ? _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, load32(a[i + j].qs)), ones16)
+                       : _mm256_setzero_si256();
     }
     // q0: blocks i..i+3 (their low 128-bit halves' sums in the low half, the high halves' in the high), q1: the next 4.
     const __m256i q0 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
     const __m256i q1 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
-    const __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(q0, q1, 0x20), _mm256_permute2x128_si256(q0, q1, 0x31));
+    const __m256i sums =
+        _mm256_add_epi32(_mm256_permute2x128_si256(q0, q1, 0x20), _mm256_permute2x128_si256(q0, q1, 0x31));
     alignas(32) int32_t v[8];
     _mm256_store_si256(reinterpret_cast<__m256i*>(v), _mm256_slli_epi32(sums, 3));
     for (int64_t j = 0; j < 8 && i + j < n; ++j) {

@@ -55,7 +55,8 @@ struct TypeKernels {
   // dot_x16 over n (1..kMaxX16Groups) consecutive groups `group_bytes` apart: out[16 g + j] is dot_x16's out[j]
   // for group g, the same bits. What the kernel derives from the activation alone (a block's sum, its scale as
   // float) it derives once for all n groups. nullptr: call dot_x16 per group.
-  void (*dot_x16_groups)(int64_t k, const void* groups, size_t group_bytes, int n, const void* act, float* out) = nullptr;
+  void (*dot_x16_groups)(int64_t k, const void* groups, size_t group_bytes, int n, const void* act,
+                         float* out) = nullptr;
 };
 // The most groups one dot_x16_groups call takes (256 rows).
 constexpr int kMaxX16Groups = 16;
