@@ -632,10 +632,6 @@ void tile_repacked(const RowGroup8* w, int64_t nb, const RepackedActBlock* act, 
   if constexpr (T > 5) out[5] = acc5;
 }
 
-struct RepackedScratch {
-  std::vector<RepackedActBlock> acts;   // [activation row][block]
-  std::vector<RowGroup8> group;  // [block] of the current 8 rows
-};
 
 // ---- IQ4_NL in MatmulOrder::kRepacked ------------------------------------------------------------
 //
@@ -677,30 +673,22 @@ void tile_repacked_iq4_nl(const RowGroup8* w, int64_t nb, const RepackedActBlock
 template <DType kType>
 void gemm_block32_repacked(const GemmArgs& g) {
   static_assert(kType == DType::kQ4_0 || kType == DType::kIQ4_NL);
-  INFERD_ASSERT(g.type == kType && g.k % 32 == 0, "this repacked GEMM is %s's", dtype_name(kType));
-  INFERD_ASSERT(g.layout == WeightLayout::kRows || g.r0 % kInterleaveRows == 0, "an interleaved GEMM starts at a group");
-  if (g.m <= 0 || g.r1 <= g.r0) return;
-  const int64_t nb = g.k / 32;
-  thread_local RepackedScratch s;
-  if (s.acts.size() < static_cast<size_t>(g.m * nb)) s.acts.resize(static_cast<size_t>(g.m * nb));
-  if (s.group.size() < static_cast<size_t>(nb)) s.group.resize(static_cast<size_t>(nb));
+  thread_local gemm_tiles::Block32Scratch<RepackedActBlock, RowGroup8> s;
   const float* half = scalar::fp16_table();
   const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
-  for (int64_t t = 0; t < g.m; ++t) {
-    const auto* a = reinterpret_cast<const BlockQ8_0*>(g.act + static_cast<size_t>(t) * g.act_stride);
-    RepackedActBlock* dst = s.acts.data() + t * nb;
-    for (int64_t b = 0; b < nb; ++b) {
-      const __m256i q = load32(a[b].qs);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst[b].q), q);
-      const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q), ones16);
-      alignas(32) int32_t lanes[8];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), sums);
-      int32_t sum = 0;
-      for (int32_t v : lanes) sum += v;
-      dst[b].start = -8 * sum;  // Q4_0's -8 (IQ4_NL's values are signed already: unused)
-      dst[b].d = half[a[b].d];
-    }
-  }
+  const bool work = s.prepare(g, kType, [&](const BlockQ8_0& a, RepackedActBlock& dst) {
+    const __m256i q = load32(a.qs);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst.q), q);
+    const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q), ones16);
+    alignas(32) int32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), sums);
+    int32_t sum = 0;
+    for (int32_t v : lanes) sum += v;
+    dst.start = -8 * sum;  // Q4_0's -8 (IQ4_NL's values are signed already: unused)
+    dst.d = half[a.d];
+  });
+  if (!work) return;
+  const int64_t nb = g.k / 32;
   // Activation rows per pass over a group (gemm_tiles::token_block).
   const int64_t token_block = gemm_tiles::token_block(nb * static_cast<int64_t>(sizeof(RepackedActBlock)));
   constexpr int kTokens = kType == DType::kQ4_0 ? kRepackedTokens : kRepackedNlTokens;

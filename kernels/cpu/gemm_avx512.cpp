@@ -295,32 +295,19 @@ void tile16_q8_0(const RowGroup16Q8* w, int64_t nb, const ActBlockQ8* act, int64
   }
 }
 
-struct Q8Scratch {
-  std::vector<ActBlockQ8> acts;     // [activation row][block]
-  std::vector<RowGroup16Q8> group;  // [block] of the current 16 rows
-};
-
 void gemm_q8_0(const GemmArgs& g) {
-  INFERD_ASSERT(g.type == DType::kQ8_0 && g.k % 32 == 0, "this GEMM is Q8_0's");
-  INFERD_ASSERT(g.layout == WeightLayout::kRows || g.r0 % kInterleaveRows == 0, "an interleaved GEMM starts at a group");
-  if (g.m <= 0 || g.r1 <= g.r0) return;
-  const int64_t nb = g.k / 32;
-  thread_local Q8Scratch s;
-  if (s.acts.size() < static_cast<size_t>(g.m * nb)) s.acts.resize(static_cast<size_t>(g.m * nb));
-  if (s.group.size() < static_cast<size_t>(nb)) s.group.resize(static_cast<size_t>(nb));
+  thread_local gemm_tiles::Block32Scratch<ActBlockQ8, RowGroup16Q8> s;
   const float* half = scalar::fp16_table();
   const __m256i ones = _mm256_set1_epi8(1);
-  for (int64_t t = 0; t < g.m; ++t) {
-    const auto* a = reinterpret_cast<const BlockQ8_0*>(g.act + static_cast<size_t>(t) * g.act_stride);
-    ActBlockQ8* dst = s.acts.data() + t * nb;
-    for (int64_t b = 0; b < nb; ++b) {
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[b].qs));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst[b].q), q);
-      const __m256i sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, q);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst[b].start), _mm256_mullo_epi32(sums, _mm256_set1_epi32(-128)));
-      dst[b].d = half[a[b].d];
-    }
-  }
+  const bool work = s.prepare(g, DType::kQ8_0, [&](const BlockQ8_0& a, ActBlockQ8& dst) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.qs));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst.q), q);
+    const __m256i sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, q);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst.start), _mm256_mullo_epi32(sums, _mm256_set1_epi32(-128)));
+    dst.d = half[a.d];
+  });
+  if (!work) return;
+  const int64_t nb = g.k / 32;
   __m512 res[kQ8Tokens];
   gemm_tiles::repacked_walk<16>(
       g, gemm_tiles::token_block(nb * static_cast<int64_t>(sizeof(ActBlockQ8))), kQ8Tokens, false,

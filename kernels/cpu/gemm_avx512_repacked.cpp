@@ -110,31 +110,18 @@ void tile16_q4_0(const RowGroup16* w, int64_t nb, const ActBlock40* act, int64_t
   for (int t = 0; t < T; ++t) out[t] = acc[t];
 }
 
-struct Q4_0Scratch {
-  std::vector<ActBlock40> acts;   // [activation row][block]
-  std::vector<RowGroup16> group;  // [block] of the current 16 rows
-};
-
 void gemm_q4_0_repacked(const GemmArgs& g) {
-  INFERD_ASSERT(g.type == DType::kQ4_0 && g.k % 32 == 0, "this GEMM is Q4_0's");
-  INFERD_ASSERT(g.layout == WeightLayout::kRows || g.r0 % kInterleaveRows == 0, "an interleaved GEMM starts at a group");
-  if (g.m <= 0 || g.r1 <= g.r0) return;
-  const int64_t nb = g.k / 32;
-  thread_local Q4_0Scratch s;
-  if (s.acts.size() < static_cast<size_t>(g.m * nb)) s.acts.resize(static_cast<size_t>(g.m * nb));
-  if (s.group.size() < static_cast<size_t>(nb)) s.group.resize(static_cast<size_t>(nb));
+  thread_local gemm_tiles::Block32Scratch<ActBlock40, RowGroup16> s;
   const float* half = scalar::fp16_table();
-  for (int64_t t = 0; t < g.m; ++t) {
-    const auto* a = reinterpret_cast<const BlockQ8_0*>(g.act + static_cast<size_t>(t) * g.act_stride);
-    ActBlock40* dst = s.acts.data() + t * nb;
-    for (int64_t b = 0; b < nb; ++b) {
-      std::memcpy(dst[b].q, a[b].qs, 32);
-      int32_t sum = 0;
-      for (int j = 0; j < 32; ++j) sum += a[b].qs[j];
-      dst[b].start = -8 * sum;
-      dst[b].d = half[a[b].d];
-    }
-  }
+  const bool work = s.prepare(g, DType::kQ4_0, [&](const BlockQ8_0& a, ActBlock40& dst) {
+    std::memcpy(dst.q, a.qs, 32);
+    int32_t sum = 0;
+    for (int j = 0; j < 32; ++j) sum += a.qs[j];
+    dst.start = -8 * sum;
+    dst.d = half[a.d];
+  });
+  if (!work) return;
+  const int64_t nb = g.k / 32;
   __m512 res[kQ4_0Tokens];
   gemm_tiles::repacked_walk<16>(
       g, token_block(nb * static_cast<int64_t>(sizeof(ActBlock40))), kQ4_0Tokens, false,

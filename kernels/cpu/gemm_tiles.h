@@ -320,6 +320,36 @@ inline void store_rows16(const GemmArgs& g, int64_t t, int64_t row0, int nr, __m
 }
 #endif
 
+// Whether the GEMM has rows to compute (an interleaved one must start at a group).
+inline bool has_work(const GemmArgs& g) {
+  INFERD_ASSERT(g.layout == WeightLayout::kRows || g.r0 % kInterleaveRows == 0, "an interleaved GEMM starts at a group");
+  return g.m > 0 && g.r1 > g.r0;
+}
+
+// The activation side and weight scratch of a GEMM over 32-element blocks with Q8_0 activations (Act: one
+// activation block as the tile reads it; Group: one block column of the current rows, unpacked). prepare() checks
+// the arguments, says false when there is nothing to do, and fills acts[t * nb + b] by convert(block b of activation
+// row t, that Act).
+template <typename Act, typename Group>
+struct Block32Scratch {
+  std::vector<Act> acts;     // [activation row][block]
+  std::vector<Group> group;  // [block] of the current rows
+
+  template <typename Convert>
+  bool prepare(const GemmArgs& g, DType type, Convert&& convert) {
+    INFERD_ASSERT(g.type == type && g.k % 32 == 0, "this GEMM is %s's", dtype_name(type));
+    if (!has_work(g)) return false;
+    const int64_t nb = g.k / 32;
+    if (acts.size() < static_cast<size_t>(g.m * nb)) acts.resize(static_cast<size_t>(g.m * nb));
+    if (group.size() < static_cast<size_t>(nb)) group.resize(static_cast<size_t>(nb));
+    for (int64_t t = 0; t < g.m; ++t) {
+      const auto* a = reinterpret_cast<const BlockQ8_0*>(g.act + static_cast<size_t>(t) * g.act_stride);
+      for (int64_t b = 0; b < nb; ++b) convert(a[b], acts[static_cast<size_t>(t * nb + b)]);
+    }
+    return true;
+  }
+};
+
 // The activation side and weight scratch of a repacked Q4_K GEMM (Group: one super-block of its rows, unpacked):
 // each activation row's KPairSums, computed by prepare(), which also checks the arguments and says false when
 // there is nothing to do.
@@ -333,8 +363,7 @@ struct RepackedKScratch {
   }
   bool prepare(const GemmArgs& g) {
     INFERD_ASSERT(g.type == DType::kQ4_K && g.k % kQK_K == 0, "this GEMM is Q4_K's");
-    INFERD_ASSERT(g.layout == WeightLayout::kRows || g.r0 % kInterleaveRows == 0, "an interleaved GEMM starts at a group");
-    if (g.m <= 0 || g.r1 <= g.r0) return false;
+    if (!has_work(g)) return false;
     const int64_t nb = g.k / kQK_K;
     if (pairs.size() < static_cast<size_t>(g.m * nb)) pairs.resize(static_cast<size_t>(g.m * nb));
     if (group.size() < static_cast<size_t>(nb)) group.resize(static_cast<size_t>(nb));

@@ -18,8 +18,6 @@
 // all its groups (dot_x16_groups).
 #include <immintrin.h>
 
-#include <algorithm>
-
 #include "isa_tables.h"
 #include "x86_common.h"
 #include "inferd/weight_layout.h"
@@ -73,58 +71,49 @@ void dot_block32(int64_t k, const void* w, const void* act, size_t stride, int n
 // so the hardware prefetcher alone falls behind).
 constexpr int kAheadColumns = 16;
 
-// Blocks (k = 16384) whose starts and scales wait in L1 (4 KiB), computed once for all the call's groups.
-constexpr int64_t kRun = 512;
-
-void dot_x16_groups_q4_0(int64_t k, const void* groups, size_t group_bytes, int n, const void* act, float* out) {
+// One run of q4_0_group_runs (x86_common.h) for one group.
+void q4_0_run_x16(const uint8_t* col, const BlockQ8_0* a, int64_t n_run, const int32_t* start, const float* scale,
+                  bool resume, float* out) {
   constexpr size_t kColumn = Q4_0Column::kBytes;
-  const auto* a = static_cast<const BlockQ8_0*>(act);
-  const int64_t nb = k / 32;
   const __m256i low4 = _mm256_set1_epi8(0x0F), ones16 = _mm256_set1_epi16(1);
-  alignas(32) int32_t start[kRun];
-  alignas(32) float scale[kRun];
-  for (int64_t b0 = 0; b0 < nb; b0 += kRun) {
-    const int64_t n_run = std::min(kRun, nb - b0);
-    q4_0_block_starts(a + b0, n_run, start, scale);
-    for (int g = 0; g < n; ++g) {
-      const uint8_t* col = static_cast<const uint8_t*>(groups) + g * group_bytes + static_cast<size_t>(b0) * kColumn;
-      __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-      if (b0 > 0) {
-        acc[0] = _mm256_loadu_ps(out + 16 * g);
-        acc[1] = _mm256_loadu_ps(out + 16 * g + 8);
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  if (resume) {
+    acc[0] = _mm256_loadu_ps(out);
+    acc[1] = _mm256_loadu_ps(out + 8);
+  }
+  for (int64_t i = 0; i < n_run; ++i, col += kColumn) {
+    for (size_t off = 0; off < kColumn; off += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(col) + kAheadColumns * kColumn + off, _MM_HINT_T0);
+    }
+    const int8_t* y = a[i].qs;
+    __m256i y_lo[4], y_hi[4];
+    for (int c = 0; c < 4; ++c) {
+      y_lo[c] = broadcast4(y + 4 * c);
+      y_hi[c] = broadcast4(y + 16 + 4 * c);
+    }
+    const __m256i start_i = _mm256_set1_epi32(start[i]);
+    const __m256 da = _mm256_set1_ps(scale[i]);
+    for (int h = 0; h < 2; ++h) {
+      // Rows 8h..8h+7, one per 32-bit lane: their int16 pair sums over the block's four pieces (codes 0..15,
+      // |sum| <= 8 * 2 * 15 * 127 < 32768), then one madd to the row's int32.
+      __m256i sum16 = _mm256_setzero_si256();
+      for (int c = 0; c < 4; ++c) {
+        const __m256i x = load32(col + Q4_0Column::qs(8 * h, c));
+        const __m256i lo = _mm256_maddubs_epi16(_mm256_and_si256(x, low4), y_lo[c]);
+        const __m256i hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(x, 4), low4), y_hi[c]);
+        sum16 = _mm256_add_epi16(sum16, _mm256_add_epi16(lo, hi));
       }
-      for (int64_t i = 0; i < n_run; ++i, col += kColumn) {
-        for (size_t off = 0; off < kColumn; off += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(col) + kAheadColumns * kColumn + off, _MM_HINT_T0);
-        }
-        const int8_t* y = a[b0 + i].qs;
-        __m256i y_lo[4], y_hi[4];
-        for (int c = 0; c < 4; ++c) {
-          y_lo[c] = broadcast4(y + 4 * c);
-          y_hi[c] = broadcast4(y + 16 + 4 * c);
-        }
-        const __m256i start_i = _mm256_set1_epi32(start[i]);
-        const __m256 da = _mm256_set1_ps(scale[i]);
-        for (int h = 0; h < 2; ++h) {
-          // Rows 8h..8h+7, one per 32-bit lane: their int16 pair sums over the block's four pieces (codes 0..15,
-          // |sum| <= 8 * 2 * 15 * 127 < 32768), then one madd to the row's int32.
-          __m256i sum16 = _mm256_setzero_si256();
-          for (int c = 0; c < 4; ++c) {
-            const __m256i x = load32(col + Q4_0Column::qs(8 * h, c));
-            const __m256i lo = _mm256_maddubs_epi16(_mm256_and_si256(x, low4), y_lo[c]);
-            const __m256i hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(x, 4), low4), y_hi[c]);
-            sum16 = _mm256_add_epi16(sum16, _mm256_add_epi16(lo, hi));
-          }
-          const __m256i n_h = _mm256_add_epi32(_mm256_madd_epi16(sum16, ones16), start_i);
-          const __m256 d =
-              _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col + Q4_0Column::d(8 * h))));
-          acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(n_h), _mm256_mul_ps(d, da), acc[h]);
-        }
-      }
-      _mm256_storeu_ps(out + 16 * g, acc[0]);
-      _mm256_storeu_ps(out + 16 * g + 8, acc[1]);
+      const __m256i n_h = _mm256_add_epi32(_mm256_madd_epi16(sum16, ones16), start_i);
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(col + Q4_0Column::d(8 * h))));
+      acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(n_h), _mm256_mul_ps(d, da), acc[h]);
     }
   }
+  _mm256_storeu_ps(out, acc[0]);
+  _mm256_storeu_ps(out + 8, acc[1]);
+}
+
+void dot_x16_groups_q4_0(int64_t k, const void* groups, size_t group_bytes, int n, const void* act, float* out) {
+  q4_0_group_runs(k, groups, group_bytes, n, act, out, q4_0_run_x16);
 }
 
 void dot_x16_q4_0(int64_t k, const void* group, const void* act, float* out) {

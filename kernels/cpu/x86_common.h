@@ -8,10 +8,12 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
 #include "inferd/dtype.h"
+#include "inferd/weight_layout.h"
 
 namespace inferd::kernels {
 namespace {
@@ -49,6 +51,31 @@ inline void q4_0_block_starts(const BlockQ8_0* a, int64_t n, int32_t* start, flo
     for (int64_t j = 0; j < 8 && i + j < n; ++j) {
       start[i + j] = -v[j];
       scale[i + j] = h2f(a[i + j].d);
+    }
+  }
+}
+
+// Blocks (k = 16384) per run of Q4_0's repacked-order dot_x16_groups: a run's starts and scales wait in L1 (4 KiB).
+constexpr int64_t kQ4_0Run = 512;
+
+// The walk both ISAs' Q4_0 dot_x16_groups take: per run of up to kQ4_0Run blocks its q4_0_block_starts, once, then
+// for each group g < n run(col, y, n_run, start, scale, resume, out + 16 g): col the group's first block column of
+// the run, y the run's activation blocks, resume whether the 16 accumulators continue from out (every run but the
+// first) instead of starting at 0.
+template <typename Run>
+inline void q4_0_group_runs(int64_t k, const void* groups, size_t group_bytes, int n, const void* act, float* out,
+                            Run&& run) {
+  const auto* a = static_cast<const BlockQ8_0*>(act);
+  const int64_t nb = k / 32;
+  alignas(64) int32_t start[kQ4_0Run];
+  alignas(64) float scale[kQ4_0Run];
+  for (int64_t b0 = 0; b0 < nb; b0 += kQ4_0Run) {
+    const int64_t n_run = std::min(kQ4_0Run, nb - b0);
+    q4_0_block_starts(a + b0, n_run, start, scale);
+    for (int g = 0; g < n; ++g) {
+      const uint8_t* col =
+          static_cast<const uint8_t*>(groups) + g * group_bytes + static_cast<size_t>(b0) * Q4_0Column::kBytes;
+      run(col, a + b0, n_run, start, scale, b0 > 0, out + 16 * g);
     }
   }
 }
