@@ -206,9 +206,9 @@ void tile_k_min_rows(const RowIo& io) {
     summs[t] = 0.0f;
   }
   for (int64_t i = 0; i < io.nb; ++i) {
-    prefetch_ahead(b.qs(i, 0), sizeof(Block));
+    prefetch_ahead(b.block(i), sizeof(Block));
     uint32_t sm[4];
-    unpack_k4_scales(b.scales(i), sm);
+    unpack_k4_scales(b.scales(i).v, sm);
     const __m128i sm_bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sm));
     const __m128i mins = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm_bytes, sm_bytes));
     const auto* sc = reinterpret_cast<const uint8_t*>(sm);
@@ -232,7 +232,7 @@ void tile_k_min_rows(const RowIo& io) {
     if constexpr (kHigh) hbits = load32(b.qh(i));
 #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
-      const __m256i x = load32(b.qs(i, c));
+      const __m256i x = b.chunk(i, c);
       __m256i lo = _mm256_and_si256(x, nibble);
       __m256i hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), nibble);
       if constexpr (kHigh) {
@@ -384,19 +384,23 @@ void gemm_rows(const GemmArgs& g) {
       }
     }
   }
-  gemm_tiles::walk<1, kRowPairs>(g, npairs, [&](int64_t r, int nr, int64_t p0, int np, float (*res)[2 * kRowPairs]) {
-    const BlockQ8_K* acts[2 * kRowPairs];
-    for (int t = 0; t < 2 * np; ++t) {
-      const int64_t row = std::min(2 * p0 + t, g.m - 1);  // an odd last row is computed twice
-      acts[t] = reinterpret_cast<const BlockQ8_K*>(g.act + static_cast<size_t>(row) * g.act_stride);
-    }
-    const PairSums* tile_pairs[2 * kRowPairs] = {};
-    if constexpr (kMinPairs) {
-      for (int t = 0; t < 2 * np; ++t) tile_pairs[t] = pairs.data() + std::min(2 * p0 + t, g.m - 1) * nb;
-    }
-    gemm_tiles::TileTable<Tile, 1, kRowPairs>::kTable[nr - 1][np - 1](
-        RowIo{&g, r, acts, nb, res, tile_pairs});
-  });
+  gemm_tiles::RowLayoutView view(g);
+  gemm_tiles::walk<1, kRowPairs>(
+      g, npairs,
+      [&](int64_t r, int nr, int64_t p0, int np, float (*res)[2 * kRowPairs]) {
+        const BlockQ8_K* acts[2 * kRowPairs];
+        for (int t = 0; t < 2 * np; ++t) {
+          const int64_t row = std::min(2 * p0 + t, g.m - 1);  // an odd last row is computed twice
+          acts[t] = reinterpret_cast<const BlockQ8_K*>(g.act + static_cast<size_t>(row) * g.act_stride);
+        }
+        const PairSums* tile_pairs[2 * kRowPairs] = {};
+        if constexpr (kMinPairs) {
+          for (int t = 0; t < 2 * np; ++t) tile_pairs[t] = pairs.data() + std::min(2 * p0 + t, g.m - 1) * nb;
+        }
+        gemm_tiles::TileTable<Tile, 1, kRowPairs>::kTable[nr - 1][np - 1](
+            RowIo{&view.args(), view.row(r), acts, nb, res, tile_pairs});
+      },
+      [&](int64_t rc, int64_t rc_end) { view.load(rc, rc_end); });
 }
 
 // ---- Q5_K and Q6_K in the tiled order, 8 rows in lanes ----------------------------------------------------
@@ -438,7 +442,7 @@ void unpack_rows8_q5_k(const GemmArgs& g, int64_t row0, int nr, int64_t nb, RowG
           y[r] = _mm256_setzero_si256();
           continue;
         }
-        const __m256i x = load32(rows[r].qs(b, s / 2));
+        const __m256i x = rows[r].chunk(b, s / 2);
         const __m256i low4 = s % 2 == 0 ? _mm256_and_si256(x, nibble) : _mm256_and_si256(_mm256_srli_epi16(x, 4), nibble);
         const __m256i fifth = _mm256_and_si256(_mm256_srli_epi16(load32(rows[r].qh(b)), s), one);
         y[r] = _mm256_or_si256(low4, _mm256_slli_epi16(fifth, 4));
@@ -449,7 +453,7 @@ void unpack_rows8_q5_k(const GemmArgs& g, int64_t row0, int nr, int64_t nb, RowG
     }
     for (int r = 0; r < 8; ++r) {
       uint32_t sm[4] = {};
-      if (r < nr) unpack_k4_scales(rows[r].scales(b), sm);
+      if (r < nr) unpack_k4_scales(rows[r].scales(b).v, sm);
       const auto* bytes = reinterpret_cast<const uint8_t*>(sm);  // scales 0..7, mins 8..15
       for (int gg = 0; gg < 16; ++gg) o.scales[gg][2 * r] = o.scales[gg][2 * r + 1] = bytes[gg / 2];
       for (int j = 0; j < 8; ++j) o.pairs[j][2 * r] = o.pairs[j][2 * r + 1] = bytes[8 + j];

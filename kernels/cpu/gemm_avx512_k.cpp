@@ -130,13 +130,13 @@ void tile_k_min(const TileIo& io) {
     for (int r = 0; r < R; ++r) {
       const gemm_tiles::KRowBlocks<Block>& blk = rows[r];
       alignas(16) uint32_t sm_words[4];
-      unpack_k4_scales(blk.scales(b), sm_words);
+      unpack_k4_scales(blk.scales(b).v, sm_words);
       const auto* sm = reinterpret_cast<const uint8_t*>(sm_words);  // scales 0..7, mins 8..15
       __m512i wq[8];
       [[maybe_unused]] __m512i hbits;
       if constexpr (kHigh) hbits = twice(load32(blk.qh(b)));
       for (int c = 0; c < 4; ++c) {
-        const __m512i x = twice(load32(blk.qs(b, c)));
+        const __m512i x = twice(blk.chunk(b, c));
         wq[2 * c] = _mm512_and_si512(x, nibble);
         wq[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(x, 4), nibble);
         if constexpr (kHigh) {
@@ -283,10 +283,14 @@ void gemm(const GemmArgs& g) {
   std::vector<KPairBlock>& pairs = scratch();
   if (pairs.size() < static_cast<size_t>(npairs * nb)) pairs.resize(static_cast<size_t>(npairs * nb));
   pack_pairs(g, nb, npairs, pairs.data());
-  gemm_tiles::walk<kRows, kPairs>(g, npairs, [&](int64_t r, int nr, int64_t p0, int np, float (*res)[2 * kPairs]) {
-    const TileIo io{&g, r, pairs.data() + p0 * nb, nb, res};
-    gemm_tiles::TileTable<TileOf<kType>, kRows, kPairs>::kTable[nr - 1][np - 1](io);
-  });
+  gemm_tiles::RowLayoutView view(g);
+  gemm_tiles::walk<kRows, kPairs>(
+      g, npairs,
+      [&](int64_t r, int nr, int64_t p0, int np, float (*res)[2 * kPairs]) {
+        const TileIo io{&view.args(), view.row(r), pairs.data() + p0 * nb, nb, res};
+        gemm_tiles::TileTable<TileOf<kType>, kRows, kPairs>::kTable[nr - 1][np - 1](io);
+      },
+      [&](int64_t rc, int64_t rc_end) { view.load(rc, rc_end); });
 }
 
 }  // namespace

@@ -201,12 +201,36 @@ struct KRowBlocks {
   fp16_t dmin(int64_t b) const {
     return load_fp16(interleaved ? block(b) + Column::dmin(j) : block(b) + offsetof(Block, dmin));
   }
-  const uint8_t* scales(int64_t b) const {
-    return interleaved ? block(b) + Column::scales(j) : block(b) + offsetof(Block, scales);
+  // The packed scales and mins (12 bytes, unpack_k4_scales()), then 4 zero bytes.
+  struct Scales {
+    alignas(16) uint8_t v[16];
+  };
+  Scales scales(int64_t b) const {
+    Scales s{};
+    if constexpr (std::is_same_v<Block, BlockQ4_K>) {
+      if (interleaved) {  // byte by byte (Q4KColumn)
+        for (int i = 0; i < 12; ++i) s.v[i] = block(b)[Q4KColumn::scale(j, i)];
+        return s;
+      }
+    } else {
+      if (interleaved) {
+        std::memcpy(s.v, block(b) + Column::scales(j), 12);
+        return s;
+      }
+    }
+    std::memcpy(s.v, block(b) + offsetof(Block, scales), 12);
+    return s;
   }
-  // Quant chunk c (32 bytes: sub-blocks 2c and 2c + 1).
-  const uint8_t* qs(int64_t b, int c) const {
-    return interleaved ? block(b) + Column::qs(j, c) : block(b) + offsetof(Block, qs) + 32 * static_cast<size_t>(c);
+  // Quant chunk c (32 bytes: sub-blocks 2c (low nibbles) and 2c + 1 (high)). Not for interleaved Q4_K, whose chunks
+  // are 8 pieces 64 bytes apart: its GEMMs read the pieces (unpack_q4_k_rows) or a RowLayoutView.
+  __m256i chunk(int64_t b, int c) const {
+    if constexpr (std::is_same_v<Block, BlockQ4_K>) {
+      INFERD_ASSERT(!interleaved, "Q4KColumn's chunks are pieces");
+    } else {
+      if (interleaved) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block(b) + Column::qs(j, c)));
+    }
+    return _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(block(b) + offsetof(Block, qs) + 32 * static_cast<size_t>(c)));
   }
   // Q5_K's fifth bits (32 bytes).
   const uint8_t* qh(int64_t b) const {
@@ -225,7 +249,7 @@ KRowBlocks<Block> k_row_blocks(const GemmArgs& g, int64_t row) {
 // Sub-block s (32 elements, in order) of super-block b of a Q4_K row: its codes 0..15 as bytes (chunk s / 2's low
 // nibbles for even s, high nibbles for odd s).
 inline __m256i q4_k_sub_block_codes(const KRowBlocks<BlockQ4_K>& row, int64_t b, int s) {
-  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row.qs(b, s / 2)));
+  const __m256i x = row.chunk(b, s / 2);
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   return s % 2 == 0 ? _mm256_and_si256(x, nibble) : _mm256_and_si256(_mm256_srli_epi16(x, 4), nibble);
 }
@@ -256,10 +280,25 @@ void unpack_q4_k_rows(const GemmArgs& g, int64_t row0, int nr, int64_t nb, Group
   const float* half = scalar::fp16_table();
   KRowBlocks<BlockQ4_K> rows[kRows];
   for (int r = 0; r < nr; ++r) rows[r] = k_row_blocks<BlockQ4_K>(g, row0 + r);
+  const bool pieces = g.layout == WeightLayout::kInterleaved16;
+  INFERD_ASSERT(!pieces || row0 % 8 == 0, "8 rows of one interleaved group per slice");
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
   for (int64_t b = 0; b < nb; ++b) {
     Group& o = out[b];
-    for (int s = 0; s < 8; ++s) {
-      for (int h = 0; h < kRows / 8; ++h) {
+    for (int h = 0; h < kRows / 8; ++h) {
+      if (pieces) {  // Q4KColumn's pieces are 8 rows' codes side by side already
+        for (int c = 0; c < 4; ++c) {
+          for (int t = 0; t < 8; ++t) {
+            const __m256i x = 8 * h < nr ? load32(rows[8 * h].block(b) + Q4KColumn::qs(rows[8 * h].j, c, t))
+                                         : _mm256_setzero_si256();
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(&o.codes[2 * c][t][8 * h]), _mm256_and_si256(x, nibble));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(&o.codes[2 * c + 1][t][8 * h]),
+                                _mm256_and_si256(_mm256_srli_epi16(x, 4), nibble));
+          }
+        }
+        continue;
+      }
+      for (int s = 0; s < 8; ++s) {
         __m256i y[8];
         for (int j = 0; j < 8; ++j) {
           const int r = 8 * h + j;
@@ -270,7 +309,7 @@ void unpack_q4_k_rows(const GemmArgs& g, int64_t row0, int nr, int64_t nb, Group
     }
     for (int r = 0; r < kRows; ++r) {
       uint8_t sm[16] = {};  // scales 0..7, mins 8..15
-      if (r < nr) unpack_k4_scales(rows[r].scales(b), reinterpret_cast<uint32_t*>(sm));
+      if (r < nr) unpack_k4_scales(rows[r].scales(b).v, reinterpret_cast<uint32_t*>(sm));
       for (int s = 0; s < 8; ++s) o.set_scale(s, r, sm[s]);
       for (int j = 0; j < 4; ++j) {
         o.mins[j][2 * r] = sm[8 + 2 * j];
@@ -502,17 +541,18 @@ struct TileTable {
 };
 
 // Walks rows [g.r0, g.r1) in chunks whose weights stay in L2 while every activation tile passes over
-// them; for each tile of up to kRows rows and kPairs activation pairs calls
-// run_tile(first_row, n_rows, first_pair, n_pairs, res), which fills res[i][t] (row first_row + i,
+// them: on_chunk(first_row, end_row) before each chunk, then for each tile of up to kRows rows and kPairs activation
+// pairs run_tile(first_row, n_rows, first_pair, n_pairs, res), which fills res[i][t] (row first_row + i,
 // activation row 2 * first_pair + t), then stores res into g.out as the contract says (bias or accumulate).
-template <int kRows, int kPairs, typename RunTile>
-void walk(const GemmArgs& g, int64_t npairs, RunTile&& run_tile) {
+template <int kRows, int kPairs, typename RunTile, typename OnChunk>
+void walk(const GemmArgs& g, int64_t npairs, RunTile&& run_tile, OnChunk&& on_chunk) {
   constexpr size_t kChunkBytes = 256 * 1024;
   const int64_t chunk_rows =
       std::max<int64_t>(kRows, static_cast<int64_t>(kChunkBytes / g.w_row_bytes) / kRows * kRows);
   alignas(64) float res[kRows][2 * kPairs];
   for (int64_t rc = g.r0; rc < g.r1; rc += chunk_rows) {
     const int64_t rc_end = std::min(g.r1, rc + chunk_rows);
+    on_chunk(rc, rc_end);
     for (int64_t p0 = 0; p0 < npairs; p0 += kPairs) {
       const int np = static_cast<int>(std::min<int64_t>(kPairs, npairs - p0));
       const int64_t t_end = std::min(g.m, 2 * (p0 + np));
@@ -534,6 +574,39 @@ void walk(const GemmArgs& g, int64_t npairs, RunTile&& run_tile) {
     }
   }
 }
+template <int kRows, int kPairs, typename RunTile>
+void walk(const GemmArgs& g, int64_t npairs, RunTile&& run_tile) {
+  walk<kRows, kPairs>(g, npairs, run_tile, [](int64_t, int64_t) {});
+}
+
+// The weights that the row-by-row (vec_dot-order) K-quant tiles read: g's own, except where g's blocks are
+// Q4KColumn's pieces, from which those tiles would gather each row's chunks 4 bytes at a time (a third to a half of
+// their speed): there load(), the walk's on_chunk, deinterleaves the groups of the chunk's rows once into a
+// thread-local buffer in the row layout, and args() and row() address them there.
+class RowLayoutView {
+ public:
+  explicit RowLayoutView(const GemmArgs& g)
+      : g_(g), view_(g), active_(g.type == DType::kQ4_K && g.layout == WeightLayout::kInterleaved16) {
+    view_.layout = WeightLayout::kRows;
+  }
+  void load(int64_t first_row, int64_t end_row) {
+    if (!active_) return;
+    thread_local std::vector<uint8_t> rows;
+    first_ = first_row / kInterleaveRows * kInterleaveRows;
+    const int64_t groups = (end_row - first_ + kInterleaveRows - 1) / kInterleaveRows;
+    rows.resize(static_cast<size_t>(groups * kInterleaveRows) * g_.w_row_bytes);
+    deinterleave_groups(g_.type, g_.k, groups, g_.w + static_cast<size_t>(first_) * g_.w_row_bytes, rows.data());
+    view_.w = rows.data();
+  }
+  const GemmArgs& args() const { return active_ ? view_ : g_; }
+  int64_t row(int64_t r) const { return active_ ? r - first_ : r; }
+
+ private:
+  const GemmArgs& g_;
+  GemmArgs view_;
+  bool active_;
+  int64_t first_ = 0;
+};
 
 }  // namespace
 }  // namespace inferd::kernels::gemm_tiles

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <type_traits>
 #include <vector>
 
 #include "inferd/status.h"
@@ -71,31 +70,52 @@ struct ShapeQ5_0 {
   }
 };
 
-// Q4_K and Q5_K: their own column arrangements (Q4KColumn, Q5KColumn; Q5_K adds its qh).
-template <typename Block, typename Column>
-struct ShapeK {
-  static constexpr size_t kBlockBytes = sizeof(Block);
+// Q4_K: its own column arrangement (Q4KColumn): the scales byte by byte and the quants in 4-byte pieces, the 16
+// rows' side by side.
+struct ShapeQ4_K {
+  static constexpr size_t kBlockBytes = sizeof(BlockQ4_K);
   static constexpr int64_t kBlockElems = kQK_K;
-  static constexpr bool kHigh = std::is_same_v<Block, BlockQ5_K>;
   static void to_column(const uint8_t* block, uint8_t* column, int64_t j) {
-    const auto& b = *reinterpret_cast<const Block*>(block);
-    std::memcpy(column + Column::d(j), &b.d, 2);
-    std::memcpy(column + Column::dmin(j), &b.dmin, 2);
-    std::memcpy(column + Column::scales(j), b.scales, sizeof(b.scales));
-    if constexpr (kHigh) std::memcpy(column + Column::qh(j), b.qh, sizeof(b.qh));
-    for (int c = 0; c < 4; ++c) std::memcpy(column + Column::qs(j, c), b.qs + 32 * c, 32);
+    const auto& b = *reinterpret_cast<const BlockQ4_K*>(block);
+    std::memcpy(column + Q4KColumn::d(j), &b.d, 2);
+    std::memcpy(column + Q4KColumn::dmin(j), &b.dmin, 2);
+    for (int i = 0; i < 12; ++i) column[Q4KColumn::scale(j, i)] = b.scales[i];
+    for (int c = 0; c < 4; ++c) {
+      for (int t = 0; t < 8; ++t) std::memcpy(column + Q4KColumn::qs(j, c, t), b.qs + 32 * c + 4 * t, 4);
+    }
   }
   static void from_column(const uint8_t* column, uint8_t* block, int64_t j) {
-    auto& b = *reinterpret_cast<Block*>(block);
-    std::memcpy(&b.d, column + Column::d(j), 2);
-    std::memcpy(&b.dmin, column + Column::dmin(j), 2);
-    std::memcpy(b.scales, column + Column::scales(j), sizeof(b.scales));
-    if constexpr (kHigh) std::memcpy(b.qh, column + Column::qh(j), sizeof(b.qh));
-    for (int c = 0; c < 4; ++c) std::memcpy(b.qs + 32 * c, column + Column::qs(j, c), 32);
+    auto& b = *reinterpret_cast<BlockQ4_K*>(block);
+    std::memcpy(&b.d, column + Q4KColumn::d(j), 2);
+    std::memcpy(&b.dmin, column + Q4KColumn::dmin(j), 2);
+    for (int i = 0; i < 12; ++i) b.scales[i] = column[Q4KColumn::scale(j, i)];
+    for (int c = 0; c < 4; ++c) {
+      for (int t = 0; t < 8; ++t) std::memcpy(b.qs + 32 * c + 4 * t, column + Q4KColumn::qs(j, c, t), 4);
+    }
   }
 };
-using ShapeQ4_K = ShapeK<BlockQ4_K, Q4KColumn>;
-using ShapeQ5_K = ShapeK<BlockQ5_K, Q5KColumn>;
+
+// Q5_K: its own column arrangement (Q5KColumn): each row pair's qh before its quant chunks.
+struct ShapeQ5_K {
+  static constexpr size_t kBlockBytes = sizeof(BlockQ5_K);
+  static constexpr int64_t kBlockElems = kQK_K;
+  static void to_column(const uint8_t* block, uint8_t* column, int64_t j) {
+    const auto& b = *reinterpret_cast<const BlockQ5_K*>(block);
+    std::memcpy(column + Q5KColumn::d(j), &b.d, 2);
+    std::memcpy(column + Q5KColumn::dmin(j), &b.dmin, 2);
+    std::memcpy(column + Q5KColumn::scales(j), b.scales, sizeof(b.scales));
+    std::memcpy(column + Q5KColumn::qh(j), b.qh, sizeof(b.qh));
+    for (int c = 0; c < 4; ++c) std::memcpy(column + Q5KColumn::qs(j, c), b.qs + 32 * c, 32);
+  }
+  static void from_column(const uint8_t* column, uint8_t* block, int64_t j) {
+    auto& b = *reinterpret_cast<BlockQ5_K*>(block);
+    std::memcpy(&b.d, column + Q5KColumn::d(j), 2);
+    std::memcpy(&b.dmin, column + Q5KColumn::dmin(j), 2);
+    std::memcpy(b.scales, column + Q5KColumn::scales(j), sizeof(b.scales));
+    std::memcpy(b.qh, column + Q5KColumn::qh(j), sizeof(b.qh));
+    for (int c = 0; c < 4; ++c) std::memcpy(b.qs + 32 * c, column + Q5KColumn::qs(j, c), 32);
+  }
+};
 
 // Q6_K: its own column arrangement (Q6KColumn).
 struct ShapeQ6_K {

@@ -41,7 +41,8 @@
 namespace inferd::ipc {
 
 inline constexpr char kWeightsMagic[8] = {'I', 'N', 'F', 'D', 'W', 'G', 'T', '1'};
-inline constexpr uint32_t kWeightsVersion = 4;  // 2: TensorEntry::layout; 3: Q4_0Column; 4: its 16-row pieces
+inline constexpr uint32_t kWeightsVersion = 5;  // 2: TensorEntry::layout; 3: Q4_0Column; 4: its 16-row pieces;
+                                                // 5: Q4KColumn's pieces and scale bytes
 inline constexpr size_t kWeightsHeaderBytes = 4096;
 inline constexpr size_t kHugePageBytes = size_t{2} << 20;
 

@@ -23,11 +23,15 @@
 //     Q5_0:  d[16] (fp16)  qh, four rows at a time: for rows 4q..4q+3 at 32 + 16 q their bits 0..15 (2
 //            bytes per row), then at + 8 their bits 16..31 (the 64 bits of one AVX-512 byte mask),
 //            then qs[16][16] at 96                                                  352 B (Q5_0Column)
-//     Q4_K:  d[16] (fp16)  dmin[16] (fp16)  scales[16][12]  then the quants of row pairs (2p, 2p + 1)
-//            at 256 + 256 p: chunk c (32 bytes: sub-blocks 2c and 2c + 1) of row 2p at + 64 c, of row
-//            2p + 1 at + 64 c + 32                                                  2304 B (Q4KColumn)
-//     Q5_K:  as Q4_K, with each row pair's qh (32 bytes per row: row 2p's, then row 2p + 1's) before its
-//            quant chunks: pair p at 256 + 320 p, chunk c at + 64 + 64 c               2816 B (Q5KColumn)
+//     Q4_K:  d[16] (fp16)  dmin[16] (fp16)  then the packed scales byte by byte: byte i (0..11) of the
+//            16 rows at 64 + 16 i + j; then the quants in 4-byte pieces as Q4_0's: piece t (bytes 4t..4t+3)
+//            of chunk c (32 bytes: sub-blocks 2c and 2c + 1) of the 16 rows at 256 + 512 c + 64 t + 4 j
+//                                                                                   2304 B (Q4KColumn)
+//            so one 64-byte load holds the 16 rows' elements 4t..4t+3 of sub-blocks 2c (low nibbles) and
+//            2c + 1 (high), one row per 32-bit lane, and three 64-byte loads all 16 rows' scales and mins.
+//     Q5_K:  d[16] (fp16)  dmin[16] (fp16)  scales[16][12]  then row pairs (2p, 2p + 1) at 256 + 320 p:
+//            their qh (32 bytes per row: row 2p's, then row 2p + 1's), then chunk c (32 bytes: sub-blocks
+//            2c and 2c + 1) of row 2p at + 64 + 64 c, of row 2p + 1 at + 64 + 64 c + 32   2816 B (Q5KColumn)
 //     Q6_K:  d[16] (fp16)  scales[16][16] (int8)  then row pairs (2p, 2p + 1) at 288 + 384 p: six
 //            32-byte chunks k (ql[0..31], ql[32..63], ql[64..95], ql[96..127], qh[0..31], qh[32..63]),
 //            row 2p's at + 64 k, row 2p + 1's at + 64 k + 32                       3360 B (Q6KColumn)
@@ -80,17 +84,19 @@ struct Q5_0Column {
 static_assert(sizeof(BlockQ5_0) == 22 && Q5_0Column::qh(15, 1) + 2 == Q5_0Column::qs(0) &&
               Q5_0Column::qs(15) + 16 == Q5_0Column::kBytes);
 
-// Byte offsets inside a Q4_K block column of a group (row j = 0..15, chunk c = 0..3).
+// Byte offsets inside a Q4_K block column of a group (row j = 0..15; scale byte i = 0..11; chunk c = 0..3 and
+// its piece t = 0..7: the row's quant bytes 32c + 4t .. + 3).
 struct Q4KColumn {
   static constexpr size_t kBytes = 16 * 144;
   static constexpr size_t d(int64_t j) { return 2 * static_cast<size_t>(j); }
   static constexpr size_t dmin(int64_t j) { return 32 + 2 * static_cast<size_t>(j); }
-  static constexpr size_t scales(int64_t j) { return 64 + 12 * static_cast<size_t>(j); }
-  static constexpr size_t qs(int64_t j, int c) {
-    return 256 + 256 * static_cast<size_t>(j / 2) + 64 * static_cast<size_t>(c) + 32 * static_cast<size_t>(j % 2);
+  static constexpr size_t scale(int64_t j, int i) { return 64 + 16 * static_cast<size_t>(i) + static_cast<size_t>(j); }
+  static constexpr size_t qs(int64_t j, int c, int t) {
+    return 256 + 512 * static_cast<size_t>(c) + 64 * static_cast<size_t>(t) + 4 * static_cast<size_t>(j);
   }
 };
-static_assert(sizeof(BlockQ4_K) == 144 && Q4KColumn::qs(15, 3) + 32 == Q4KColumn::kBytes);
+static_assert(sizeof(BlockQ4_K) == 144 && Q4KColumn::scale(15, 11) + 1 == Q4KColumn::qs(0, 0, 0) &&
+              Q4KColumn::qs(15, 3, 7) + 4 == Q4KColumn::kBytes);
 
 // Byte offsets inside a Q5_K block column of a group (row j = 0..15, chunk c = 0..3).
 struct Q5KColumn {
