@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <numeric>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -268,11 +269,12 @@ inline void k_pair_sums(const BlockQ8_K* a, int64_t nb, KPairSums* out) {
   }
 }
 
-// Rows row0 .. row0 + nr - 1 (nr <= Group::kRows, a multiple of 8) of a Q4_K matrix (either layout), all nb
+// Rows row0 .. row0 + nr - 1 (nr <= Group::kRows; row0 a multiple of 8) of a Q4_K matrix (either layout), all nb
 // super-blocks, into the rows-in-lanes groups of a repacked Q4_K GEMM: lane r of codes[s][i] holds row r's codes of
 // elements 32s + 4i .. + 3 (0..15); mins[j] holds mn_2j and mn_2j+1 of row r in int16 lanes 2r and 2r + 1; d and
 // dmin; the sub-block scales go through Group::set_scale(s, r, sc), in the form each GEMM's multiply reads. Rows
-// past nr are zero.
+// past nr have zero scales, mins, d and dmin (their codes are zero, or in the interleaved layout those of the group's
+// next rows, which the pieces hold side by side), so their lanes compute 0.
 template <typename Group>
 void unpack_q4_k_rows(const GemmArgs& g, int64_t row0, int nr, int64_t nb, Group* out) {
   constexpr int kRows = Group::kRows;
@@ -547,8 +549,9 @@ struct TileTable {
 template <int kRows, int kPairs, typename RunTile, typename OnChunk>
 void walk(const GemmArgs& g, int64_t npairs, RunTile&& run_tile, OnChunk&& on_chunk) {
   constexpr size_t kChunkBytes = 256 * 1024;
-  const int64_t chunk_rows =
-      std::max<int64_t>(kRows, static_cast<int64_t>(kChunkBytes / g.w_row_bytes) / kRows * kRows);
+  // Interleaved weights: whole 16-row groups per chunk, so that no group is deinterleaved twice (RowLayoutView).
+  const int64_t step = g.layout == WeightLayout::kInterleaved16 ? std::lcm<int64_t>(kRows, kInterleaveRows) : kRows;
+  const int64_t chunk_rows = std::max<int64_t>(step, static_cast<int64_t>(kChunkBytes / g.w_row_bytes) / step * step);
   alignas(64) float res[kRows][2 * kPairs];
   for (int64_t rc = g.r0; rc < g.r1; rc += chunk_rows) {
     const int64_t rc_end = std::min(g.r1, rc + chunk_rows);

@@ -28,7 +28,7 @@
 //            of chunk c (32 bytes: sub-blocks 2c and 2c + 1) of the 16 rows at 256 + 512 c + 64 t + 4 j
 //                                                                                   2304 B (Q4KColumn)
 //            so one 64-byte load holds the 16 rows' elements 4t..4t+3 of sub-blocks 2c (low nibbles) and
-//            2c + 1 (high), one row per 32-bit lane, and three 64-byte loads all 16 rows' scales and mins.
+//            2c + 1 (high), one row per 32-bit lane, and 192 bytes hold all 16 rows' scales and mins.
 //     Q5_K:  d[16] (fp16)  dmin[16] (fp16)  scales[16][12]  then row pairs (2p, 2p + 1) at 256 + 320 p:
 //            their qh (32 bytes per row: row 2p's, then row 2p + 1's), then chunk c (32 bytes: sub-blocks
 //            2c and 2c + 1) of row 2p at + 64 + 64 c, of row 2p + 1 at + 64 + 64 c + 32   2816 B (Q5KColumn)
