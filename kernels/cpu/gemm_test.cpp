@@ -304,6 +304,45 @@ TEST(Gemm, InterleavedWeightsGiveTheRowLayoutsBits) {
   }
 }
 
+// Interleaved Q4_K through GEMMs that walk several L2 chunks of rows: the vec_dot order's tiles read each chunk
+// deinterleaved once (RowLayoutView), the repacked GEMM the pieces themselves; both must give the row layout's bits
+// for row ranges that start and end inside chunks and groups.
+TEST(Gemm, InterleavedQ4_KAcrossChunksGivesTheRowLayoutsBits) {
+  std::mt19937 rng(41);
+  const DType type = DType::kQ4_K;
+  const int64_t k = 2048, rows = 512, m = 9;  // 1152-byte rows: a chunk is 224 rows
+  Problem p = make_k_problem(rng, type, k, rows, m);
+  const size_t row_bytes = dtype_row_bytes(type, k);
+  std::vector<uint8_t> packed(row_bytes * rows), inter(row_bytes * rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(packed.data() + r * row_bytes, p.w.data() + r * p.w_row_bytes, row_bytes);
+  }
+  interleave_groups(type, k, rows / kInterleaveRows, packed.data(), inter.data());
+  for (MatmulOrder order : {MatmulOrder::kVecDot, MatmulOrder::kRepacked}) {
+    for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+      if (!isa_available(isa)) continue;
+      const GemmFn rows_fn = gemm_kernel_for(type, WeightLayout::kRows, isa, order);
+      const GemmFn inter_fn = gemm_kernel_for(type, WeightLayout::kInterleaved16, isa, order);
+      ASSERT_NE(rows_fn, nullptr);
+      ASSERT_NE(inter_fn, nullptr);
+      for (const auto& range : {std::pair<int64_t, int64_t>{0, rows}, {16, 501}, {224, 240}, {208, 449}}) {
+        const int64_t out_stride = rows + 1;
+        std::vector<float> want(out_stride * m, kSentinel), got(out_stride * m, kSentinel);
+        GemmArgs a{type, k, packed.data(), row_bytes, range.first, range.second, p.act.data(), p.act_stride,
+                   m, want.data(), out_stride, false, p.bias.data()};
+        rows_fn(a);
+        a.w = inter.data();
+        a.out = got.data();
+        a.layout = WeightLayout::kInterleaved16;
+        inter_fn(a);
+        ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+            << matmul_order_name(order) << " " << isa_name(isa) << " rows [" << range.first << "," << range.second
+            << ")";
+      }
+    }
+  }
+}
+
 // The K-quant GEMMs have no contract emulation of their own: each ISA's must equal that ISA's x86 dot
 // kernel (which equals ggml's vec_dot) bit for bit. Q2_K, Q3_K and IQ4_XS have one GEMM (AVX2) for both ISAs.
 TEST(Gemm, KQuantsBitIdenticalToDot) {
@@ -591,7 +630,9 @@ void check_repacked_order(DType type, OrderDefinition definition, DotDefinition 
                                                                   : make_problem(rng, type, k, rows, m);
       const size_t row_bytes = dtype_row_bytes(type, k);
       std::vector<uint8_t> packed(row_bytes * rows), inter(row_bytes * rows);
-      for (int64_t r = 0; r < rows; ++r) std::memcpy(packed.data() + r * row_bytes, p.w.data() + r * p.w_row_bytes, row_bytes);
+      for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(packed.data() + r * row_bytes, p.w.data() + r * p.w_row_bytes, row_bytes);
+  }
       if (interleavable(type)) interleave_groups(type, k, rows / kInterleaveRows, packed.data(), inter.data());
       // want: one activation row at a time (the dot kernels); want_gemm: as the m-row GEMM computes them.
       std::vector<float> want(rows * m), want_gemm(rows * m);
@@ -760,7 +801,9 @@ TEST(Gemm, RepackedOrderOfTheTiledTypesIsTheTiledGemmFrom8Rows) {
         const Problem p = make_k_problem(rng, type, k, rows, m);
         const size_t row_bytes = dtype_row_bytes(type, k);
         std::vector<uint8_t> packed(row_bytes * rows), inter(row_bytes * rows);
-        for (int64_t r = 0; r < rows; ++r) std::memcpy(packed.data() + r * row_bytes, p.w.data() + r * p.w_row_bytes, row_bytes);
+        for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(packed.data() + r * row_bytes, p.w.data() + r * p.w_row_bytes, row_bytes);
+  }
         if (interleavable(type)) interleave_groups(type, k, rows / kInterleaveRows, packed.data(), inter.data());
         for (Isa isa : kAllIsas) {
           if (!isa_available(isa)) continue;
